@@ -1,0 +1,64 @@
+"""The one protocol through which decode loops reach a model.
+
+Every model (decoder-only GPT, T5 encoder-decoder, ...) is a *frozen, hashable dataclass* holding only
+static configuration, so it can be passed to `jax.jit` as a static argument without recompiling per
+call. Parameters and caches are pytrees passed separately.
+
+The decode loops see a model only as a *decoder stream*: a sequence of token ids per row, fed in
+chunks through `extend`. For a decoder-only model the prompt is the start of that stream; for an
+encoder-decoder model the encoder input is consumed once by `init_cache` (encoder forward and the
+cross-attention keys/values go into the cache) and the stream starts with the decoder start token.
+
+Cache contract (all implementations):
+  * `extend(params, cache, tokens[B, T], start[B])` writes keys/values of the T new tokens at
+    positions `start[b] .. start[b] + T - 1` of row b and returns the logits at those positions.
+  * A query at position j attends to cache positions 0..j of its own row (causal), plus, for an
+    encoder-decoder, the non-padding encoder positions.
+  * Entries at positions > j are never read by a query at j. Hence "rolling back" rejected tokens
+    needs no cache surgery: the decode loop simply re-feeds from the committed length, overwriting
+    the stale entries before anything can attend to them.
+  * T=1 is ordinary decoding, T=gamma+1 is the verify call; both go through the same code path, so
+    cached chunked decoding equals the full no-cache forward (tested).
+"""
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+import jax
+
+Params = Any
+Cache = Any
+
+
+class CachedLM(Protocol):
+  """A language model with a chunked, per-row-offset KV cache."""
+
+  @property
+  def vocab_size(self) -> int:
+    ...
+
+  def init_cache(self, params: Params, batch_size: int, max_length: int,
+                 encoder_tokens: jax.Array | None = None) -> Cache:
+    """Returns an empty cache for `max_length` decoder positions.
+
+    For encoder-decoder models this runs the encoder once on `encoder_tokens` ([B, S] int32, 0 =
+    padding) and stores the cross-attention keys/values in the cache. Decoder-only models require
+    `encoder_tokens is None`.
+    """
+    ...
+
+  def extend(self, params: Params, cache: Cache, tokens: jax.Array,
+             start: jax.Array) -> tuple[jax.Array, Cache]:
+    """Cached forward over T new tokens per row.
+
+    Args:
+      params: the model's parameters.
+      cache: from `init_cache` or a previous `extend`.
+      tokens: [B, T] int32 token ids.
+      start: [B] int32, the position of tokens[:, 0] in each row.
+
+    Returns:
+      logits: [B, T, V] float32; logits[b, t] predicts the token at position start[b] + t + 1.
+      cache: the updated cache.
+    """
+    ...
