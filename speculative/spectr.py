@@ -1,0 +1,382 @@
+"""SpecTr token-level draft selection (Sun et al., NeurIPS 2023, "SpecTr: Fast Speculative Decoding
+via Optimal Transport"): K-draft sequential selection (k-Seq) with the optimal rho* and the exact
+OTM-k optimum of tiny problems by linear programming.
+
+NOTATION IS SpecTr's, NOT Leviathan's: here `p` is the DRAFT distribution and `q` the TARGET.
+(In Leviathan et al. and in sampling.py, p is the target and q the draft.)
+
+The problem (optimal transport with membership cost, OTM-k): given K i.i.d. draft tokens
+X_1..X_K ~ p, output one token Y whose distribution is exactly q, maximizing the acceptance
+probability P(Y in {X_1, .., X_K}).
+
+k-Seq (the paper's Algorithm 2 / its token-level selection) with a parameter rho >= 1:
+  for i = 1..K: accept X_i with probability min(1, q(X_i) / (rho p(X_i)));
+  the first accepted X_i is the output; if none is accepted, Y ~ p_res.
+
+Derivation of the residual (why the output is exactly q). Let
+    beta(rho) = sum_x min(p(x), q(x)/rho)          (probability that one draft is accepted).
+Draft i is the first accepted and equals x with probability (1 - beta)^(i-1) min(p(x), q(x)/rho), so
+    P(accepted, Y = x) = min(p(x), q(x)/rho) * g(beta),   g(beta) = sum_{j=0}^{K-1} (1 - beta)^j
+                                                                   = (1 - (1 - beta)^K) / beta,
+    P(accepted)        = beta g(beta) = 1 - (1 - beta)^K,
+and the residual that makes P(Y = x) = q(x) is
+    p_res(x) = [q(x) - min(p(x), q(x)/rho) g(beta)] / (1 - beta)^K.
+It is a distribution iff every numerator is >= 0. For x with rho p(x) >= q(x) the numerator is
+q(x) (1 - g(beta)/rho); for rho p(x) < q(x) it is q(x) - p(x) g(beta) > q(x) (1 - g(beta)/rho).
+So p_res is valid iff  beta(rho) = 0  or  rho >= g(beta(rho)), i.e. iff
+    f(rho) = rho beta(rho) - (1 - (1 - beta(rho))^K) >= 0.
+rho beta(rho) = sum_x min(rho p(x), q(x)) is non-decreasing in rho and beta(rho) is non-increasing,
+so f is non-decreasing; f(1) = beta(1) - 1 + (1 - beta(1))^K <= 0 and f(K) >= 0 (Bernoulli:
+(1 - beta)^K >= 1 - K beta). The acceptance 1 - (1 - beta(rho))^K is non-increasing in rho, so the
+best valid rho is the smallest root
+    rho* = min{rho in [1, K] : f(rho) >= 0},
+found by bisection (`rho_star`). At rho* the acceptance equals sum_x min(rho* p(x), q(x)) >=
+sum_x min(p(x), q(x)), the single-draft (Leviathan) acceptance. K = 1 gives g = 1, rho* = 1, and
+k-Seq is exactly Leviathan's rule. (Derived here from the algorithm's definition; it agrees with
+the paper's residual, its Eq. for p_res, and is checked analytically and by sampling in
+tests/test_spectr.py.)
+
+Numerics: g(beta) is evaluated as the polynomial sum_{j<K} (1 - beta)^j (no division by beta, exact
+as beta -> 0 where g -> K); the acceptance test is the division-free  u rho p(X_i) <= q(X_i); the
+residual numerator is clamped at 0 and normalized by its own sum, and falls back to q when that
+sum is 0 (then a rejection has probability 0 up to rounding, e.g. p == q). No NaNs for one-hot,
+disjoint or identical p and q.
+
+Sequence-level selection (the paper's Algorithm 3, K draft sequences) is planned; see the TODO at
+the end of this module.
+"""
+from __future__ import annotations
+
+import itertools
+from typing import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+DEFAULT_BISECTION_ITERS = 40
+
+
+def _as_distributions(p: jax.Array, q: jax.Array) -> tuple[jax.Array, jax.Array]:
+  """float32 [..., V] draft and target distributions with matching shapes (ValueError if not)."""
+  p = jnp.asarray(p, jnp.float32)
+  q = jnp.asarray(q, jnp.float32)
+  if p.shape != q.shape:
+    raise ValueError(f"draft p and target q must have the same shape [..., vocab]; got {p.shape} "
+                     f"and {q.shape} (mismatched vocabularies?)")
+  if p.ndim < 1 or p.shape[-1] < 1:
+    raise ValueError(f"p and q need a vocabulary axis; got shape {p.shape}")
+  return p, q
+
+
+def _check_num_drafts(k: int) -> int:
+  if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or int(k) < 1:
+    raise ValueError(f"the number of drafts K must be a Python int >= 1; got {k!r}")
+  return int(k)
+
+
+def beta(rho: jax.Array, p: jax.Array, q: jax.Array) -> jax.Array:
+  """beta_{p,q}(rho) = sum_x min(p(x), q(x) / rho): the acceptance probability of one draft.
+
+  Args:
+    rho: [...] float32, >= 1 (broadcasts against the batch axes of p).
+    p: [..., V] draft distribution.
+    q: [..., V] target distribution.
+
+  Returns:
+    [...] float32 in [0, 1] (clipped: rounding can push the sum a hair above 1).
+  """
+  p, q = _as_distributions(p, q)
+  rho = jnp.asarray(rho, jnp.float32)
+  value = jnp.sum(jnp.minimum(p, q / rho[..., None]), axis=-1)  # [...]
+  return jnp.clip(value, 0.0, 1.0)
+
+
+def _geometric_sum(beta_value: jax.Array, k: int) -> jax.Array:
+  """g(beta) = sum_{j=0}^{k-1} (1 - beta)^j = (1 - (1 - beta)^k) / beta, without the division."""
+  one_minus = 1.0 - jnp.clip(beta_value, 0.0, 1.0)  # [...]
+  powers = one_minus[..., None] ** jnp.arange(k, dtype=jnp.float32)  # [..., k]
+  return jnp.sum(powers, axis=-1)
+
+
+def acceptance_probability(rho: jax.Array, p: jax.Array, q: jax.Array, k: int) -> jax.Array:
+  """P(some draft is accepted) under k-Seq with parameter rho: 1 - (1 - beta(rho))^k, as
+  beta g(beta). [...] float32."""
+  k = _check_num_drafts(k)
+  b = beta(rho, p, q)
+  return b * _geometric_sum(b, k)
+
+
+def _is_valid_rho(rho: jax.Array, p: jax.Array, q: jax.Array, k: int) -> jax.Array:
+  """f(rho) >= 0, i.e. beta(rho) == 0 or rho >= g(beta(rho)) (residual non-negative). [...] bool."""
+  b = beta(rho, p, q)
+  return (b <= 0.0) | (rho >= _geometric_sum(b, k))
+
+
+def rho_star(p: jax.Array, q: jax.Array, k: int,
+             num_iters: int = DEFAULT_BISECTION_ITERS) -> jax.Array:
+  """Optimal k-Seq parameter: the smallest rho in [1, k] with 1 - (1-beta(rho))^k <= rho beta(rho).
+
+  f(rho) = rho beta(rho) - (1 - (1 - beta(rho))^k) is non-decreasing with f(1) <= 0 <= f(k) (module
+  docstring), so bisection keeps `hi` valid (f(hi) >= 0, checked in float32 as rho >= g(beta)) and
+  `lo` invalid; after `num_iters` halvings hi - rho* <= (k - 1) / 2^num_iters and `hi` is returned,
+  so the result always yields a non-negative residual. Edge cases: rho* = 1 exactly when rho = 1 is
+  already valid, which covers k = 1, p == q (beta(1) = 1) and disjoint supports (beta == 0, where
+  any rho is valid and the acceptance is 0). jit-able; fixed iteration count.
+
+  Args:
+    p: [..., V] draft distribution.
+    q: [..., V] target distribution.
+    k: number of i.i.d. drafts (static Python int >= 1).
+    num_iters: bisection steps (static).
+
+  Returns:
+    [...] float32 in [1, k].
+  """
+  k = _check_num_drafts(k)
+  p, q = _as_distributions(p, q)
+  batch_shape = p.shape[:-1]
+  one = jnp.ones(batch_shape, jnp.float32)
+  if k == 1:
+    return one
+  valid_at_one = _is_valid_rho(one, p, q, k)  # [...]
+
+  def body(_, bounds):
+    lo, hi = bounds
+    mid = 0.5 * (lo + hi)
+    ok = _is_valid_rho(mid, p, q, k)
+    return jnp.where(ok, lo, mid), jnp.where(ok, mid, hi)
+
+  _, hi = jax.lax.fori_loop(0, int(num_iters), body, (one, jnp.full(batch_shape, float(k))))
+  return jnp.where(valid_at_one, one, hi)
+
+
+def k_sequential_residual(p: jax.Array, q: jax.Array, k: int, rho: jax.Array) -> jax.Array:
+  """The residual p_res that is sampled when no draft is accepted (module docstring).
+
+  p_res ∝ max(0, q - min(p, q/rho) g(beta(rho))), normalized by its own sum; q itself when that
+  sum is 0 (a rejection then has probability 0, e.g. p == q). [..., V] float32.
+  """
+  k = _check_num_drafts(k)
+  p, q = _as_distributions(p, q)
+  rho = jnp.asarray(rho, jnp.float32)
+  g = _geometric_sum(beta(rho, p, q), k)  # [...]
+  numerator = jnp.maximum(q - jnp.minimum(p, q / rho[..., None]) * g[..., None], 0.0)  # [..., V]
+  total = jnp.sum(numerator, axis=-1, keepdims=True)  # [..., 1]
+  safe_total = jnp.where(total > 0.0, total, 1.0)
+  return jnp.where(total > 0.0, numerator / safe_total, q)
+
+
+def k_sequential_output_distribution(p: jax.Array, q: jax.Array, k: int,
+                                     rho: jax.Array | None = None) -> jax.Array:
+  """The exact distribution of k-Seq's output, computed analytically (should equal q).
+
+  P(Y = x) = min(p(x), q(x)/rho) g(beta) + (1 - beta)^k p_res(x). [..., V] float32. For tests and
+  diagnostics; with rho = None uses rho*.
+  """
+  k = _check_num_drafts(k)
+  p, q = _as_distributions(p, q)
+  rho = rho_star(p, q, k) if rho is None else jnp.asarray(rho, jnp.float32)
+  b = beta(rho, p, q)  # [...]
+  accepted = jnp.minimum(p, q / rho[..., None]) * _geometric_sum(b, k)[..., None]  # [..., V]
+  rejected = (1.0 - b) ** k  # [...]
+  return accepted + rejected[..., None] * k_sequential_residual(p, q, k, rho)
+
+
+def sample_from_probabilities(probs: jax.Array, uniform: jax.Array) -> jax.Array:
+  """Inverse-CDF sample: the first index whose cumulative probability exceeds uniform * total.
+
+  Args:
+    probs: [..., V] non-negative weights (need not sum exactly to 1; total must be > 0).
+    uniform: [...] in [0, 1).
+
+  Returns:
+    [...] int32. Zero-weight entries are never returned (for uniform < 1).
+  """
+  cdf = jnp.cumsum(probs, axis=-1)  # [..., V]
+  threshold = jnp.asarray(uniform, probs.dtype) * cdf[..., -1]  # [...]
+  index = jnp.sum(cdf <= threshold[..., None], axis=-1)  # [...]
+  return jnp.minimum(index, probs.shape[-1] - 1).astype(jnp.int32)
+
+
+def k_sequential_select(p: jax.Array, q: jax.Array, draft_tokens: jax.Array,
+                        accept_uniforms: jax.Array, residual_uniform: jax.Array,
+                        rho: jax.Array | None = None
+                        ) -> tuple[jax.Array, jax.Array, jax.Array]:
+  """k-Seq: accept the first draft i with u_i rho p(X_i) <= q(X_i), else sample the residual.
+
+  The draft tokens must be K i.i.d. samples from p for the output to be distributed as q.
+  Acceptance is tested without division (u_i * rho * p(X_i) <= q(X_i)) and additionally requires
+  q(X_i) > 0, so a token the target rules out is never emitted even for u_i == 0 (this differs
+  from `u p <= q` only at u == 0). jit-able; K is static (from the shape of draft_tokens).
+
+  Args:
+    p: [..., V] draft distribution (the one the drafts were sampled from).
+    q: [..., V] target distribution.
+    draft_tokens: [..., K] int, X_1..X_K.
+    accept_uniforms: [..., K] float in [0, 1), u_1..u_K.
+    residual_uniform: [...] float in [0, 1), for the residual sample.
+    rho: [...] optional precomputed rho (default: rho_star(p, q, K)); any valid rho keeps the
+      output exact, rho* maximizes acceptance.
+
+  Returns:
+    token: [...] int32, the selected token (distributed as q).
+    accepted_index: [...] int32, index in 0..K-1 of the accepted draft, or -1 if none was accepted.
+    acceptance_probability: [...] float32, 1 - (1 - beta(rho))^K.
+  """
+  p, q = _as_distributions(p, q)
+  draft_tokens = jnp.asarray(draft_tokens)
+  accept_uniforms = jnp.asarray(accept_uniforms, jnp.float32)
+  residual_uniform = jnp.asarray(residual_uniform, jnp.float32)
+  batch_shape = p.shape[:-1]
+  if draft_tokens.ndim != p.ndim or draft_tokens.shape[:-1] != batch_shape:
+    raise ValueError(f"draft_tokens must be [..., K] with batch shape {batch_shape}; got "
+                     f"{draft_tokens.shape}")
+  if accept_uniforms.shape != draft_tokens.shape:
+    raise ValueError(f"accept_uniforms must match draft_tokens {draft_tokens.shape}; got "
+                     f"{accept_uniforms.shape}")
+  if residual_uniform.shape != batch_shape:
+    raise ValueError(f"residual_uniform must have the batch shape {batch_shape}; got "
+                     f"{residual_uniform.shape}")
+  if not jnp.issubdtype(draft_tokens.dtype, jnp.integer):
+    raise ValueError(f"draft_tokens must be integer token ids; got dtype {draft_tokens.dtype}")
+  k = _check_num_drafts(draft_tokens.shape[-1])
+  rho = rho_star(p, q, k) if rho is None else jnp.asarray(rho, jnp.float32)  # [...]
+
+  p_drafts = jnp.take_along_axis(p, draft_tokens, axis=-1)  # [..., K]
+  q_drafts = jnp.take_along_axis(q, draft_tokens, axis=-1)  # [..., K]
+  accepted = (accept_uniforms * rho[..., None] * p_drafts <= q_drafts) & (q_drafts > 0.0)
+  any_accepted = jnp.any(accepted, axis=-1)  # [...]
+  first = jnp.argmax(accepted, axis=-1).astype(jnp.int32)  # [...], 0 when none (masked below)
+  accepted_token = jnp.take_along_axis(draft_tokens, first[..., None], axis=-1)[..., 0]
+
+  residual = k_sequential_residual(p, q, k, rho)  # [..., V]
+  residual_token = sample_from_probabilities(residual, residual_uniform)  # [...]
+
+  token = jnp.where(any_accepted, accepted_token, residual_token).astype(jnp.int32)
+  accepted_index = jnp.where(any_accepted, first, -1).astype(jnp.int32)
+  return token, accepted_index, acceptance_probability(rho, p, q, k)
+
+
+def k_sequential_sample(key: jax.Array, p: jax.Array, q: jax.Array, k: int
+                        ) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
+  """Draws K i.i.d. drafts from p and selects with `k_sequential_select` (simulation helper).
+
+  Args:
+    key: PRNG key (split three ways: drafts, acceptance uniforms, residual uniform).
+    p: [..., V] draft distribution.
+    q: [..., V] target distribution.
+    k: number of drafts (static).
+
+  Returns:
+    (token [...], accepted_index [...], acceptance_probability [...], draft_tokens [..., K]).
+  """
+  k = _check_num_drafts(k)
+  p, q = _as_distributions(p, q)
+  batch_shape = p.shape[:-1]
+  draft_key, accept_key, residual_key = jax.random.split(key, 3)
+  # log(0) = -inf: zero-probability drafts are never drawn.
+  logits = jnp.log(p)[..., None, :]  # [..., 1, V]
+  draft_tokens = jax.random.categorical(draft_key, logits, axis=-1,
+                                        shape=batch_shape + (k,)).astype(jnp.int32)  # [..., K]
+  accept_uniforms = jax.random.uniform(accept_key, batch_shape + (k,))  # [..., K]
+  residual_uniform = jax.random.uniform(residual_key, batch_shape)  # [...]
+  token, index, prob = k_sequential_select(p, q, draft_tokens, accept_uniforms, residual_uniform)
+  return token, index, prob, draft_tokens
+
+
+# ----------------------------------------------------------------------------------------------
+# The OTM-k optimum for tiny vocabularies (ground truth for tests and analysis; numpy / scipy).
+# ----------------------------------------------------------------------------------------------
+
+
+def _check_small_problem(p: Sequence[float], q: Sequence[float], k: int,
+                         max_tuples: int) -> tuple[np.ndarray, np.ndarray, int]:
+  p = np.asarray(p, np.float64)
+  q = np.asarray(q, np.float64)
+  k = _check_num_drafts(k)
+  if p.ndim != 1 or p.shape != q.shape:
+    raise ValueError(f"p and q must be 1-D distributions of equal length; got {p.shape}, {q.shape}")
+  for name, d in (("p", p), ("q", q)):
+    if np.any(~np.isfinite(d)) or np.any(d < 0) or abs(d.sum() - 1.0) > 1e-6:
+      raise ValueError(f"{name} must be a probability vector (non-negative, sums to 1); got {d}")
+  if len(p) ** k > max_tuples:
+    raise ValueError(f"V^K = {len(p)}^{k} draft tuples exceed {max_tuples}; the exact OTM-k "
+                     "solvers are for tiny vocabularies only")
+  return p / p.sum(), q / q.sum(), k
+
+
+def otm_k_acceptance_lp(p: Sequence[float], q: Sequence[float], k: int,
+                        max_tuples: int = 4096) -> float:
+  """The optimal OTM-k acceptance probability, by linear programming (scipy HiGHS).
+
+  OTM-k: over couplings pi(t, y) of the draft tuple (X_1..X_K) ~ p^{⊗K} (t in V^K) with an output
+  Y ~ q, maximize P(Y in {X_1..X_K}) = sum_{t, y in t} pi(t, y). Only the "accepting" entries
+  (y in t) enter the objective, and any partial coupling of them extends to a full coupling (couple
+  the leftover masses of the two marginals arbitrarily, e.g. independently), so the LP solved is
+  the equivalent transport / max-flow form over those entries alone:
+      maximize sum pi(t, y)   s.t.  sum_{y in t} pi(t, y) <= prod_i p(t_i),
+                                    sum_{t ∋ y}  pi(t, y) <= q(y),       pi >= 0,
+  which is always feasible (pi = 0), so rounding in the marginals cannot make it infeasible.
+  Enumerates V^K tuples, so only for tiny problems (V <= 4, K <= 3 or so).
+
+  Args:
+    p: [V] draft distribution.  q: [V] target distribution.  k: number of drafts.
+
+  Returns:
+    The optimum as a float in [0, 1].
+  """
+  from scipy.optimize import linprog  # Local: scipy is only needed for this ground truth.
+
+  p, q, k = _check_small_problem(p, q, k, max_tuples)
+  vocab = len(p)
+  tuples = list(itertools.product(range(vocab), repeat=k))
+  edges = [(t, y) for t, draws in enumerate(tuples) for y in sorted(set(draws))]  # y in tuple t
+  a_ub = np.zeros((len(tuples) + vocab, len(edges)))
+  for e, (t, y) in enumerate(edges):
+    a_ub[t, e] = 1.0
+    a_ub[len(tuples) + y, e] = 1.0
+  tuple_mass = np.array([np.prod(p[list(draws)]) for draws in tuples])
+  b_ub = np.concatenate([tuple_mass, q])
+  result = linprog(-np.ones(len(edges)), A_ub=a_ub, b_ub=b_ub, bounds=(0, None), method="highs")
+  if not result.success:
+    raise RuntimeError(f"OTM-k linear program failed: {result.message}")
+  return float(np.clip(-result.fun, 0.0, 1.0))
+
+
+def otm_k_acceptance_mincut(p: Sequence[float], q: Sequence[float], k: int,
+                            max_subsets: int = 1 << 16) -> float:
+  """The OTM-k optimum in closed form: min over subsets S of V of q(S) + 1 - p(S)^K.
+
+  The LP of `otm_k_acceptance_lp` is a bipartite flow problem (draft tuples -> allowed outputs, an
+  output y allowed for tuple t iff y in t); by max-flow/min-cut its value is
+  min_A [q(V \\ A) + P(some X_i in A)] over output sets A, i.e. with S = V \\ A,
+  min_S [q(S) + 1 - p(S)^K]. Enumerates 2^V subsets (V <= 16); an independent check of the LP.
+  """
+  p = np.asarray(p, np.float64)
+  q = np.asarray(q, np.float64)
+  vocab = len(p)
+  if 2 ** vocab > max_subsets:
+    raise ValueError(f"2^V = 2^{vocab} subsets exceed {max_subsets}")
+  p, q, k = _check_small_problem(p, q, k, max_tuples=np.inf)
+  masks = ((np.arange(2 ** vocab)[:, None] >> np.arange(vocab)) & 1).astype(np.float64)  # [2^V, V]
+  values = masks @ q + 1.0 - (masks @ p) ** k
+  return float(np.clip(values.min(), 0.0, 1.0))
+
+
+# ----------------------------------------------------------------------------------------------
+# TODO(sequence level, the paper's Algorithm 3): planned API, not implemented yet.
+#
+#   spectr_sequence_select(draft_probs [B, K, gamma, V], target_probs [B, K, gamma+1, V],
+#                          draft_tokens [B, K, gamma], key, rho_fn=rho_star)
+#       -> (tokens [B, gamma+1], num_emitted [B], accepted_branch [B])
+#
+# Walk the K draft sequences position by position as a tree: at depth j the surviving branches
+# (those whose prefixes equal the tokens emitted so far) hold i.i.d. draws from the draft's
+# conditional; run k-Seq among them with that depth's (draft, target) conditionals and the number
+# of surviving branches as K (rho* recomputed per depth). If a branch is accepted, keep only the
+# branches agreeing with it and go one deeper; otherwise emit the residual sample and stop. After
+# gamma accepted positions emit the bonus token from the target's (gamma+1)-th conditional of the
+# accepted branch. Needs the decode loop's batched verify over K branches ([B*K, gamma+1]) and
+# per-branch caches, so it lives next to decoding.py once that exists.
+# ----------------------------------------------------------------------------------------------

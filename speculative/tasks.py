@@ -1,0 +1,301 @@
+"""seqio tasks: the local LibreOffice En-De corpus and the paper's TFDS-backed WMT / CNN-DM tasks.
+
+`register_tasks()` (idempotent, no network, no TFDS access) adds to `seqio.TaskRegistry`:
+
+  libreoffice_ende                   the shipped corpus `data/libreoffice_ende/{train,validation,test}.tsv.gz`
+                                     (en<TAB>de), inputs "translate English to German: " + en, targets de,
+                                     vocabulary `data/libreoffice_ende/spm8k.model` (8000 pieces), BLEU.
+  speculative_wmt_t2t_ende_v003      = t5's `wmt_t2t_ende_v003`: TFDS `wmt_t2t_translate/de-en:1.0.0`,
+                                     same prefix, BLEU.
+  speculative_cnn_dailymail_v002     = t5's `cnn_dailymail_v002`: TFDS `cnn_dailymail:3.4.0`,
+                                     inputs "summarize: " + article, targets highlights, ROUGE.
+
+The two TFDS tasks carry a `speculative_` prefix so they never clash with t5's own registry (a user who
+imports `t5.data.tasks` keeps t5's definitions; ours are the same pipelines without the t5 dependency).
+Their vocabulary defaults to the public T5 vocabulary path `gs://t5-data/vocabs/cc_all.32000/
+sentencepiece.model` with 100 extra ids (T5's default, 32100 ids); it is a path string only, opened on
+first use, and TFDS is touched only when a dataset is requested, so registering works offline.
+Pass `tfds_vocabulary=` (a path or a `seqio.Vocabulary`) to use another one, e.g. a local copy.
+
+Every task runs the T5 pipeline: text preprocessor -> `seqio.preprocessors.tokenize` (keeps the
+`*_pretokenized` strings) -> `CacheDatasetPlaceholder` -> `append_eos_after_trim`; the postprocessor
+turns decoded bytes into stripped text; metrics follow t5.evaluation.metrics (BLEU: sacrebleu corpus
+BLEU with the "intl" tokenizer; ROUGE: rouge1/rouge2/rougeLsum F-measure, the deterministic mean as in
+t5's `rouge_mean`, not the bootstrap).
+
+Helpers for the batch job (no TensorFlow needed): `load_split`, `make_inputs`; and `get_vocabulary`.
+seqio and TensorFlow are imported only by the functions that need them, so importing this module is cheap.
+"""
+from __future__ import annotations
+
+import functools
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
+
+from speculative import corpus
+
+if TYPE_CHECKING:  # imported lazily at run time (TensorFlow is slow to import)
+  import seqio
+  import tensorflow as tf
+
+DATA_DIR = Path(__file__).resolve().parents[1] / "data" / "libreoffice_ende"
+VOCAB_PATH = DATA_DIR / "spm8k.model"
+TRANSLATE_EN_DE_PREFIX = "translate English to German: "
+SUMMARIZE_PREFIX = "summarize: "
+T5_PUBLIC_VOCAB_PATH = "gs://t5-data/vocabs/cc_all.32000/sentencepiece.model"
+T5_PUBLIC_VOCAB_EXTRA_IDS = 100
+
+LIBREOFFICE_TASK = "libreoffice_ende"
+WMT_ENDE_TASK = "speculative_wmt_t2t_ende_v003"
+CNN_DAILYMAIL_TASK = "speculative_cnn_dailymail_v002"
+WMT_ENDE_TFDS = "wmt_t2t_translate/de-en:1.0.0"
+CNN_DAILYMAIL_TFDS = "cnn_dailymail:3.4.0"
+SPLITS = corpus.SPLITS
+
+
+# ------------------------------------------------------------------------------------------------
+# Helpers for the batch job.
+
+def make_inputs(source: str) -> str:
+  """The model input for an English source sentence: "translate English to German: " + source."""
+  if not isinstance(source, str):
+    raise TypeError(f"source must be a str, got {type(source).__name__}")
+  return TRANSLATE_EN_DE_PREFIX + source
+
+
+def split_path(split: str, data_dir: str | Path | None = None) -> Path:
+  """Path of a split's TSV file; ValueError for an unknown split name."""
+  if split not in SPLITS:
+    raise ValueError(f"unknown split {split!r}; expected one of {SPLITS}")
+  return Path(data_dir or DATA_DIR) / f"{split}.tsv.gz"
+
+
+def load_split(split: str, data_dir: str | Path | None = None) -> list[tuple[str, str]]:
+  """All (en, de) pairs of a split of the LibreOffice corpus, in file order."""
+  path = split_path(split, data_dir)
+  if not path.exists():
+    raise FileNotFoundError(f"{path} is missing; build it with scripts/make_corpus.py")
+  return corpus.read_tsv_gz(path)
+
+
+@functools.lru_cache(maxsize=None)
+def _sentencepiece_vocabulary(path: str, extra_ids: int) -> "seqio.SentencePieceVocabulary":
+  import seqio  # pylint: disable=g-import-not-at-top
+  return seqio.SentencePieceVocabulary(path, extra_ids=extra_ids)
+
+
+def get_vocabulary(path: str | Path | None = None, extra_ids: int = 0,
+                   ) -> "seqio.SentencePieceVocabulary":
+  """The seqio vocabulary of a SentencePiece model (default: the shipped `spm8k.model`, no extra ids:
+  pad=0, eos=1, unk=2, vocab_size 8000). One instance per (path, extra_ids); the model file is read on
+  first use, so a remote path (gs://...) is not opened here."""
+  path = str(path if path is not None else VOCAB_PATH)
+  if extra_ids < 0:
+    raise ValueError(f"extra_ids must be >= 0, got {extra_ids}")
+  return _sentencepiece_vocabulary(path, int(extra_ids))
+
+
+# ------------------------------------------------------------------------------------------------
+# Metrics and postprocessing (t5.evaluation.metrics conventions).
+
+def bleu(targets: Sequence[Any], predictions: Sequence[str], tokenize: str = "intl",
+         ) -> dict[str, float]:
+  """Corpus BLEU (sacrebleu, exp smoothing, case-sensitive) -> {'bleu': score in [0, 100]}.
+
+  `targets` is one reference string per prediction, or one list of references per prediction (all
+  lists of the same length).
+  """
+  import sacrebleu  # pylint: disable=g-import-not-at-top
+  if len(targets) != len(predictions):
+    raise ValueError(f"bleu: {len(targets)} targets but {len(predictions)} predictions")
+  if not predictions:
+    raise ValueError("bleu: no predictions")
+  if isinstance(targets[0], (list, tuple)):
+    num_references = len(targets[0])
+    if any(len(refs) != num_references for refs in targets):
+      raise ValueError("bleu: every prediction needs the same number of references")
+    references = [[refs[i] for refs in targets] for i in range(num_references)]
+  else:
+    references = [list(targets)]
+  score = sacrebleu.corpus_bleu(list(predictions), references, smooth_method="exp", smooth_value=0.0,
+                                force=False, lowercase=False, tokenize=tokenize,
+                                use_effective_order=False)
+  return {"bleu": float(score.score)}
+
+
+def rouge(targets: Sequence[str], predictions: Sequence[str],
+          score_keys: Sequence[str] = ("rouge1", "rouge2", "rougeLsum")) -> dict[str, float]:
+  """Mean ROUGE F-measure x 100 over examples (deterministic; t5's `rouge_mean`)."""
+  from rouge_score import rouge_scorer  # pylint: disable=g-import-not-at-top
+  if len(targets) != len(predictions):
+    raise ValueError(f"rouge: {len(targets)} targets but {len(predictions)} predictions")
+  if not predictions:
+    raise ValueError("rouge: no predictions")
+  scorer = rouge_scorer.RougeScorer(rouge_types=list(score_keys))
+  # rougeLsum splits summaries on newlines: put one sentence per line, as t5 does.
+  prepare = lambda text: text.replace(" . ", " .\n")
+  totals = {key: 0.0 for key in score_keys}
+  for target, prediction in zip(targets, predictions):
+    scores = scorer.score(target=prepare(target), prediction=prepare(prediction))
+    for key in score_keys:
+      totals[key] += scores[key].fmeasure
+  return {key: 100.0 * total / len(predictions) for key, total in totals.items()}
+
+
+def postprocess_text(output: Any, example: Mapping[str, Any] | None = None,
+                     is_target: bool = False) -> str:
+  """seqio postprocess_fn: decoded model output (or a `*_pretokenized` target) -> stripped str."""
+  del example, is_target
+  if isinstance(output, bytes):
+    output = output.decode("utf-8")
+  elif hasattr(output, "numpy"):  # a scalar tf.Tensor
+    output = output.numpy().decode("utf-8")
+  return str(output).strip()
+
+
+# ------------------------------------------------------------------------------------------------
+# Preprocessors (tf.data).
+
+def parse_tsv_line(dataset: "tf.data.Dataset", source_key: str = "en", target_key: str = "de",
+                   ) -> "tf.data.Dataset":
+  """{'line': "en<TAB>de"} or a dataset of lines -> {source_key: en, target_key: de}."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
+  def parse(line):
+    fields = tf.strings.split(line, "\t", maxsplit=1)
+    # A malformed line (no tab) must fail loudly, not shift the fields.
+    tf.debugging.assert_equal(tf.size(fields), 2, message="TSV line without exactly one tab")
+    return {source_key: fields[0], target_key: fields[1]}
+
+  return dataset.map(parse, num_parallel_calls=tf.data.AUTOTUNE)
+
+
+def translate(dataset: "tf.data.Dataset", source_key: str, target_key: str,
+              prefix: str = TRANSLATE_EN_DE_PREFIX) -> "tf.data.Dataset":
+  """{source_key, target_key} -> {'inputs': prefix + source, 'targets': target} (t5 `translate`)."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
+  def convert(example):
+    return {"inputs": tf.strings.join([prefix, example[source_key]]),
+            "targets": example[target_key]}
+
+  return dataset.map(convert, num_parallel_calls=tf.data.AUTOTUNE)
+
+
+def summarize(dataset: "tf.data.Dataset", article_key: str = "article",
+              summary_key: str = "highlights", prefix: str = SUMMARIZE_PREFIX) -> "tf.data.Dataset":
+  """{article_key, summary_key} -> {'inputs': prefix + article, 'targets': summary} (t5 `summarize`)."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
+  def convert(example):
+    return {"inputs": tf.strings.join([prefix, example[article_key]]),
+            "targets": example[summary_key]}
+
+  return dataset.map(convert, num_parallel_calls=tf.data.AUTOTUNE)
+
+
+def tokenization_preprocessors() -> list[Any]:
+  """The T5 tail of every task: tokenize (keeping `*_pretokenized`), cache placeholder, EOS."""
+  import seqio  # pylint: disable=g-import-not-at-top
+  return [seqio.preprocessors.tokenize, seqio.CacheDatasetPlaceholder(),
+          seqio.preprocessors.append_eos_after_trim]
+
+
+def output_features(vocabulary: "seqio.Vocabulary") -> dict[str, "seqio.Feature"]:
+  """T5's output features: `inputs` and `targets`, both with EOS, one shared vocabulary."""
+  import seqio  # pylint: disable=g-import-not-at-top
+  return {"inputs": seqio.Feature(vocabulary=vocabulary, add_eos=True, required=False),
+          "targets": seqio.Feature(vocabulary=vocabulary, add_eos=True)}
+
+
+def libreoffice_text_preprocessors() -> list[Any]:
+  """TSV line -> {'inputs', 'targets'} text, before tokenization."""
+  return [functools.partial(parse_tsv_line, source_key="en", target_key="de"),
+          functools.partial(translate, source_key="en", target_key="de")]
+
+
+def wmt_ende_text_preprocessors() -> list[Any]:
+  """TFDS `wmt_t2t_translate/de-en` record {'de', 'en'} -> {'inputs', 'targets'} text."""
+  return [functools.partial(translate, source_key="en", target_key="de")]
+
+
+def cnn_dailymail_text_preprocessors() -> list[Any]:
+  """TFDS `cnn_dailymail` record {'article', 'highlights', 'id'} -> {'inputs', 'targets'} text."""
+  return [functools.partial(summarize, article_key="article", summary_key="highlights")]
+
+
+# ------------------------------------------------------------------------------------------------
+# Sources and registration.
+
+def _read_gzip_lines(filepattern: str) -> "tf.data.Dataset":
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  return tf.data.TextLineDataset(filepattern, compression_type="GZIP")
+
+
+def libreoffice_source(data_dir: str | Path | None = None) -> "seqio.DataSource":
+  """A seqio source of the corpus' gzip TSV lines, one file per split (yields {'text': line})."""
+  import seqio  # pylint: disable=g-import-not-at-top
+  data_dir = Path(data_dir or DATA_DIR)
+  num_examples = None
+  stats_path = data_dir / "stats.json"
+  if stats_path.exists():
+    stats = json.loads(stats_path.read_text(encoding="utf-8"))
+    num_examples = {split: stats["splits"][split]["pairs"] for split in SPLITS
+                    if split in stats.get("splits", {})}
+  return seqio.FileDataSource(
+      read_file_fn=_read_gzip_lines,
+      split_to_filepattern={split: str(split_path(split, data_dir)) for split in SPLITS},
+      num_input_examples=num_examples)
+
+
+def _as_vocabulary(vocabulary: "str | Path | seqio.Vocabulary", extra_ids: int,
+                   ) -> "seqio.Vocabulary":
+  if isinstance(vocabulary, (str, Path)):
+    return get_vocabulary(vocabulary, extra_ids=extra_ids)
+  return vocabulary
+
+
+def _add_task(name: str, **kwargs: Any) -> None:
+  import seqio  # pylint: disable=g-import-not-at-top
+  if name in seqio.TaskRegistry.names():
+    seqio.TaskRegistry.remove(name)  # re-registering replaces: register_tasks() is idempotent
+  seqio.TaskRegistry.add(name, **kwargs)
+
+
+def register_tasks(vocabulary: "str | Path | seqio.Vocabulary | None" = None,
+                   tfds_vocabulary: "str | Path | seqio.Vocabulary" = T5_PUBLIC_VOCAB_PATH,
+                   tfds_extra_ids: int = T5_PUBLIC_VOCAB_EXTRA_IDS,
+                   data_dir: str | Path | None = None) -> list[str]:
+  """Registers the three tasks (replacing earlier registrations of the same names); returns the names.
+
+  Args:
+    vocabulary: vocabulary of `libreoffice_ende` (default: the shipped spm8k.model, no extra ids).
+    tfds_vocabulary: vocabulary of the two TFDS tasks: a SentencePiece model path (not opened here)
+      or a `seqio.Vocabulary`. Default: the public T5 vocabulary.
+    tfds_extra_ids: extra ids when `tfds_vocabulary` is a path (T5 uses 100).
+    data_dir: directory of the LibreOffice split files (default: data/libreoffice_ende).
+  """
+  import seqio  # pylint: disable=g-import-not-at-top
+  local_vocabulary = _as_vocabulary(vocabulary if vocabulary is not None else VOCAB_PATH, 0)
+  tfds_vocab = _as_vocabulary(tfds_vocabulary, tfds_extra_ids)
+  tail = tokenization_preprocessors()
+  _add_task(LIBREOFFICE_TASK,
+            source=libreoffice_source(data_dir),
+            preprocessors=libreoffice_text_preprocessors() + tail,
+            output_features=output_features(local_vocabulary),
+            postprocess_fn=postprocess_text,
+            metric_fns=[bleu])
+  _add_task(WMT_ENDE_TASK,
+            source=seqio.TfdsDataSource(tfds_name=WMT_ENDE_TFDS),
+            preprocessors=wmt_ende_text_preprocessors() + tail,
+            output_features=output_features(tfds_vocab),
+            postprocess_fn=postprocess_text,
+            metric_fns=[bleu])
+  _add_task(CNN_DAILYMAIL_TASK,
+            source=seqio.TfdsDataSource(tfds_name=CNN_DAILYMAIL_TFDS),
+            preprocessors=cnn_dailymail_text_preprocessors() + tail,
+            output_features=output_features(tfds_vocab),
+            postprocess_fn=postprocess_text,
+            metric_fns=[rouge])
+  return [LIBREOFFICE_TASK, WMT_ENDE_TASK, CNN_DAILYMAIL_TASK]
