@@ -1,0 +1,143 @@
+"""The batch job: predictions, greedy identity, metrics, resuming after a kill, bad input."""
+import dataclasses
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import jax
+import pytest
+
+from speculative import checkpoints
+from speculative import infer
+from speculative.models.t5 import T5, T5Config
+
+REPO = Path(__file__).resolve().parents[1]
+SOURCES = ["Click OK.", "Open the file menu and choose Save.", "Hello", "Select a cell range.",
+           "Press Enter to perform the search.", "Choose Format - Cells."]
+
+
+def _config(decoder_layers: int) -> T5Config:
+  return T5Config(vocab_size=8000, dtype="float32", emb_dim=16, num_heads=2, num_encoder_layers=1,
+                  num_decoder_layers=decoder_layers, head_dim=8, mlp_dim=32,
+                  mlp_activations=("gelu", "linear"), dropout_rate=0.0,
+                  logits_via_embedding=False, float32_attention_logits=False)
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+  root = tmp_path_factory.mktemp("infer")
+  target, draft = _config(2), _config(1)
+  checkpoints.save_params(T5(target).init_params(jax.random.PRNGKey(0)), root / "t.msgpack",
+                          dtype=None)
+  checkpoints.save_params(T5(draft).init_params(jax.random.PRNGKey(1)), root / "d.msgpack",
+                          dtype=None)
+  (root / "in.tsv").write_text("".join(f"{s}\tRef {i}\n" for i, s in enumerate(SOURCES)))
+  kwargs = dict(target_config=target, target_checkpoint=str(root / "t.msgpack"),
+                draft_config=draft, draft_checkpoint=str(root / "d.msgpack"),
+                input_file=str(root / "in.tsv"), input_prefix="translate English to German: ",
+                task_feature_lengths={"inputs": 24, "targets": 12}, batch_size=2, gamma=3,
+                progress=False)
+  return root, kwargs
+
+
+def test_predictions_metrics_and_greedy_identity(setup):
+  root, kwargs = setup
+  out = root / "run1"
+  summary = infer.infer(output_dir=str(out), **kwargs)
+  assert summary["identical_outputs"] == len(SOURCES)
+  for mode in infer.MODES:
+    lines = (out / f"predictions-{mode}.jsonl").read_text().splitlines()
+    records = [json.loads(line) for line in lines]
+    assert [r["index"] for r in records] == list(range(len(SOURCES)))
+    assert all(1 <= r["num_tokens"] <= 12 for r in records)
+    assert all(r["reference"] == f"Ref {r['index']}" for r in records)
+  spec = summary["speculative"]
+  assert spec["generated_tokens"] == summary["baseline"]["generated_tokens"]
+  # Every target call emits at least one token, so block efficiency is in [1, gamma + 1].
+  assert 1.0 <= spec["block_efficiency"] <= 4.0
+  assert 0.0 <= spec["alpha"] <= 1.0 and 0.0 <= spec["acceptance_rate"] <= 1.0
+  assert summary["baseline"]["block_efficiency"] == 1.0
+  assert json.loads((out / "metrics.json").read_text())["examples"] == len(SOURCES)
+  assert "Walltime speedup" in (out / "report.md").read_text()
+  assert not [p for p in os.listdir(out) if ".tmp-" in p]
+
+
+def test_resume_does_not_redo_finished_examples(setup, monkeypatch):
+  root, kwargs = setup
+  out = root / "run2"
+  first = infer.infer(output_dir=str(out), num_examples=2, **kwargs)
+  assert first["examples"] == 2
+  calls = []
+  original = infer._record
+  monkeypatch.setattr(infer, "_record", lambda example, *a: calls.append(example.index) or
+                      original(example, *a))
+  infer.infer(output_dir=str(out), **kwargs)
+  # Examples 0 and 1 were done; only 2..5 are decoded, once per mode.
+  assert sorted(set(calls)) == [2, 3, 4, 5] and len(calls) == 8
+  reference = infer.infer(output_dir=str(root / "run3"), **kwargs)
+  resumed = [json.loads(l)["tokens"] for l in (out / "predictions-speculative.jsonl").open()]
+  fresh = [json.loads(l)["tokens"] for l in (root / "run3" / "predictions-speculative.jsonl")
+           .open()]
+  assert resumed == fresh and reference["examples"] == len(SOURCES)
+
+
+def test_killed_job_resumes_without_losing_or_duplicating(setup, tmp_path):
+  """SIGKILL the real CLI mid-run; the rerun completes every example exactly once."""
+  root, kwargs = setup
+  out = tmp_path / "killed"
+  bindings = [
+      "infer.target_config = @target/t5.T5Config()", "infer.draft_config = @draft/t5.T5Config()",
+      f"infer.target_checkpoint = '{root / 't.msgpack'}'",
+      f"infer.draft_checkpoint = '{root / 'd.msgpack'}'",
+      f"infer.input_file = '{root / 'in.tsv'}'", f"infer.output_dir = '{out}'",
+      "infer.task_feature_lengths = {'inputs': 24, 'targets': 12}",
+      "infer.batch_size = 1", "infer.gamma = 3", "infer.progress = False"]
+  for scope, layers in (("target", 2), ("draft", 1)):
+    bindings += [f"{scope}/t5.T5Config.{k} = {v}" for k, v in dict(
+        vocab_size=8000, emb_dim=16, num_heads=2, num_encoder_layers=1,
+        num_decoder_layers=layers, head_dim=8, mlp_dim=32).items()]
+  gin_file = tmp_path / "job.gin"
+  gin_file.write_text("\n".join(bindings) + "\n")
+  cmd = [sys.executable, "-m", "speculative.infer", f"--gin_file={gin_file}"]
+  proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+  spec_file = out / "predictions-speculative.jsonl"
+  deadline = time.time() + 240
+  while time.time() < deadline and proc.poll() is None:
+    if spec_file.exists() and spec_file.read_text().count("\n") >= 2:
+      break
+    time.sleep(0.05)
+  proc.send_signal(signal.SIGKILL)
+  proc.wait()
+  done_before = spec_file.read_text().count("\n") if spec_file.exists() else 0
+  assert done_before < len(SOURCES), "the job finished before it could be killed"
+  subprocess.run(cmd, cwd=REPO, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+  for mode in infer.MODES:
+    indices = [json.loads(l)["index"] for l in (out / f"predictions-{mode}.jsonl").open()]
+    assert indices == list(range(len(SOURCES)))
+  metrics = json.loads((out / "metrics.json").read_text())
+  assert metrics["identical_outputs"] == len(SOURCES)
+
+
+def test_bad_inputs_raise_clear_errors(setup, tmp_path):
+  root, kwargs = setup
+  with pytest.raises(FileNotFoundError, match="checkpoint does not exist"):
+    infer.infer(output_dir=str(tmp_path / "a"), **{**kwargs, "target_checkpoint": "/nope"})
+  with pytest.raises(ValueError, match="gamma"):
+    infer.infer(output_dir=str(tmp_path / "b"), **{**kwargs, "gamma": 0})
+  with pytest.raises(ValueError, match="temperature"):
+    infer.infer(output_dir=str(tmp_path / "c"), **{**kwargs, "temperature": -1.0})
+  empty = tmp_path / "empty.tsv"
+  empty.write_text("Click OK.\n\n")
+  with pytest.raises(ValueError, match="empty input line"):
+    infer.infer(output_dir=str(tmp_path / "d"), **{**kwargs, "input_file": str(empty)})
+  corrupt = tmp_path / "corrupt.msgpack"
+  corrupt.write_bytes(b"\x00garbage")
+  with pytest.raises(ValueError):
+    infer.infer(output_dir=str(tmp_path / "e"), **{**kwargs, "draft_checkpoint": str(corrupt)})
+  mismatched = dataclasses.replace(_config(1), vocab_size=4000)
+  with pytest.raises(ValueError, match="vocab"):
+    infer.infer(output_dir=str(tmp_path / "f"), **{**kwargs, "draft_config": mismatched})
