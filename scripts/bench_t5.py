@@ -1,0 +1,100 @@
+"""Per-token greedy decoding walltime of our T5 (speculative.models.t5) at T5 1.1 shapes.
+
+Command (from the repo root):
+  .venv/bin/python scripts/bench_t5.py [--sizes small base] [--new_tokens 64] [--repeats 3]
+
+Random-init weights (vocab 32128, float32), batch 1, a 64-token encoder input, 64 greedy tokens
+through a jitted `lax.fori_loop` of `init_cache` + `extend(T=1)`. Each configuration is compiled and
+warmed up first; the time of a whole decode call (encoder + cache init + 64 steps, with
+`block_until_ready`) is divided by the number of new tokens; the median of `--repeats` runs is
+reported. Runs twice per size: cross-attention K/V computed once in `init_cache` (ours) and
+recomputed at every step (stock T5X behaviour). Prints one line per configuration and a Markdown
+table. DESIGN.md section 8: stock T5X on this machine, small ~18 ms/token, base ~37 ms/token.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from speculative.models.t5 import T5, T5Config
+
+SHAPES = {  # emb_dim, num_heads, encoder/decoder layers, head_dim, mlp_dim
+    'tiny': (8, 4, 2, 3, 16),
+    'small': (512, 6, 8, 64, 1024),
+    'base': (768, 12, 12, 64, 2048),
+    'large': (1024, 16, 24, 64, 2816),
+}
+
+
+def make_greedy(model: T5, new_tokens: int):
+  """Jitted greedy decode: [B, S] encoder tokens -> [B, new_tokens] tokens."""
+
+  @jax.jit
+  def greedy(params, encoder_tokens):
+    batch = encoder_tokens.shape[0]
+    cache = model.init_cache(params, batch, new_tokens, encoder_tokens)
+    tokens = jnp.zeros((batch, new_tokens + 1), jnp.int32)  # position 0: start token
+
+    def step(i, carry):
+      cache, tokens = carry
+      logits, cache = model.extend(params, cache, tokens[:, i][:, None],
+                                   jnp.full((batch,), i, jnp.int32))  # [B, 1, V]
+      return cache, tokens.at[:, i + 1].set(jnp.argmax(logits[:, 0], -1).astype(jnp.int32))
+
+    _, tokens = jax.lax.fori_loop(0, new_tokens, step, (cache, tokens))
+    return tokens[:, 1:]
+
+  return greedy
+
+
+def main() -> None:
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument('--sizes', nargs='+', default=['small', 'base'], choices=sorted(SHAPES))
+  parser.add_argument('--new_tokens', type=int, default=64)
+  parser.add_argument('--encoder_length', type=int, default=64)
+  parser.add_argument('--repeats', type=int, default=3)
+  args = parser.parse_args()
+
+  rows = []
+  for size in args.sizes:
+    d, h, layers, dh, f = SHAPES[size]
+    config = T5Config(vocab_size=32128, emb_dim=d, num_heads=h, num_encoder_layers=layers,
+                      num_decoder_layers=layers, head_dim=dh, mlp_dim=f)
+    params = jax.jit(T5(config).init_params)(jax.random.PRNGKey(0))
+    n_params = sum(x.size for x in jax.tree.leaves(params))
+    rng = np.random.default_rng(0)
+    encoder_tokens = jnp.asarray(rng.integers(2, 32128, (1, args.encoder_length)), jnp.int32)
+    outputs = {}
+    for cache_cross_kv in (True, False):
+      greedy = make_greedy(T5(config, cache_cross_kv=cache_cross_kv), args.new_tokens)
+      start = time.perf_counter()
+      outputs[cache_cross_kv] = np.asarray(greedy(params, encoder_tokens).block_until_ready())
+      compile_s = time.perf_counter() - start
+      greedy(params, encoder_tokens).block_until_ready()  # warm-up
+      times = []
+      for _ in range(args.repeats):
+        start = time.perf_counter()
+        greedy(params, encoder_tokens).block_until_ready()
+        times.append(time.perf_counter() - start)
+      ms = 1e3 * statistics.median(times) / args.new_tokens
+      label = 'once (ours)' if cache_cross_kv else 'every step (T5X)'
+      print(f'{size:6s} {n_params / 1e6:6.1f}M params  cross-KV {label:17s} '
+            f'{ms:7.2f} ms/token  (runs {[round(t, 3) for t in times]} s, first call incl. '
+            f'compile {compile_s:.1f} s)', flush=True)
+      rows.append((size, n_params, label, ms, compile_s))
+    assert (outputs[True] == outputs[False]).all(), 'cross-KV caching changed the greedy tokens'
+  print(f'\njax {jax.__version__}, {os.cpu_count()} CPUs, load average {os.getloadavg()}')
+  print('| size | params | cross-attention K/V | ms/token | first call (s) |')
+  print('|---|---|---|---|---|')
+  for size, n_params, label, ms, compile_s in rows:
+    print(f'| {size} | {n_params / 1e6:.1f}M | {label} | {ms:.2f} | {compile_s:.1f} |')
+
+
+if __name__ == '__main__':
+  main()

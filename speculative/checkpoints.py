@@ -1,0 +1,413 @@
+"""Reading and writing T5X checkpoints without t5x, plus compact weight files.
+
+T5X checkpoint layout (`t5x.checkpoints.Checkpointer`, format version 3):
+
+  <model_dir>/checkpoint_<step>/
+    checkpoint                       msgpack (flax serialization) of
+                                     {'version': 3, 'optimizer': {'target': params,
+                                      'state': {'step': step, 'param_states': ...}}}
+    target.encoder.layers_0.mlp.wi_0.kernel/   one gzip-compressed zarr array per large leaf,
+    ...                                        named by its path with '.' for '/'
+
+In the msgpack a leaf stored in tensorstore is a spec dict `{'driver': 'zarr', 'kvstore': {'driver':
+'file', 'path': 'target....'}, 'metadata': {...}, 'dtype': ...}` whose path is relative to the
+checkpoint directory; other leaves are inline arrays (msgpack ext type 1, flax serialization).
+
+`load_t5x_checkpoint` returns the `target` tree (the model parameters, no 'params' key), which is
+exactly the `speculative.models.t5.T5` parameter tree. `save_t5x_checkpoint` writes the same layout
+atomically (temp dir + rename) so that stock T5X restores it. `save_params`/`load_params` read and
+write a single flax-msgpack file (optionally bfloat16/float16 storage) for shipping weights.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+import re
+import shutil
+import tempfile
+import time
+from typing import Any, Mapping, Optional, Union
+
+import flax
+from flax import serialization
+import jax
+import jax.numpy as jnp
+import msgpack
+import numpy as np
+
+Params = Any
+PathLike = Union[str, os.PathLike]
+
+T5X_CHECKPOINT_VERSION = 3
+_CHECKPOINT_FILE = 'checkpoint'
+_STEP_DIR = re.compile(r'checkpoint_(\d+)')
+# T5X aims for 64 MiB zarr chunks.
+_CHUNK_BYTES = 64 * 1024 * 1024
+
+
+class CheckpointError(ValueError):
+  """A checkpoint is missing, corrupt, or does not match the model."""
+
+
+# ----------------------------------------------------------------------------------------------
+# Locating checkpoints.
+# ----------------------------------------------------------------------------------------------
+def checkpoint_steps(model_dir: PathLike) -> list[int]:
+  """Steps of the complete `checkpoint_<step>` directories in `model_dir`, ascending."""
+  model_dir = Path(model_dir)
+  steps = []
+  for child in model_dir.iterdir():
+    match = _STEP_DIR.fullmatch(child.name)
+    if match and (child / _CHECKPOINT_FILE).is_file():
+      steps.append(int(match.group(1)))
+  return sorted(steps)
+
+
+def find_checkpoint_dir(path: PathLike) -> Path:
+  """Resolves `path` to a `checkpoint_<step>` directory.
+
+  `path` may be a checkpoint directory, its `checkpoint` msgpack file, or a model directory holding
+  `checkpoint_<step>` subdirectories (the latest complete step is chosen).
+  """
+  path = Path(path)
+  if not path.exists():
+    raise FileNotFoundError(f'T5X checkpoint path does not exist: {path}')
+  if path.is_file():
+    if path.name != _CHECKPOINT_FILE:
+      raise CheckpointError(f'not a T5X checkpoint file (expected a file named '
+                            f'{_CHECKPOINT_FILE!r} or a checkpoint directory): {path}')
+    return path.parent
+  if (path / _CHECKPOINT_FILE).is_file():
+    return path
+  if _STEP_DIR.fullmatch(path.name):
+    hint = ''
+    if (path / 'state').is_dir() or (path / '_CHECKPOINT_METADATA').exists():
+      hint = ' (this looks like an Orbax checkpoint, which is not supported)'
+    raise FileNotFoundError(f'T5X checkpoint directory {path} has no {_CHECKPOINT_FILE!r} msgpack '
+                            f'file{hint}; it may be incomplete')
+  steps = checkpoint_steps(path)
+  if not steps:
+    raise FileNotFoundError(f'no T5X checkpoint in {path}: neither a {_CHECKPOINT_FILE!r} file nor '
+                            'complete checkpoint_<step> subdirectories')
+  return path / f'checkpoint_{steps[-1]}'
+
+
+# ----------------------------------------------------------------------------------------------
+# Reading.
+# ----------------------------------------------------------------------------------------------
+def _is_ts_spec(value: Any) -> bool:
+  return isinstance(value, Mapping) and 'driver' in value and 'kvstore' in value
+
+
+def _read_msgpack(checkpoint_dir: Path) -> dict:
+  file = checkpoint_dir / _CHECKPOINT_FILE
+  data = file.read_bytes()
+  try:
+    contents = serialization.msgpack_restore(data)
+  except (msgpack.exceptions.UnpackException, msgpack.exceptions.ExtraData, ValueError,
+          TypeError, KeyError) as e:
+    raise CheckpointError(f'corrupt T5X checkpoint msgpack {file}: {type(e).__name__}: {e}') from e
+  if not isinstance(contents, dict) or 'optimizer' not in contents:
+    keys = sorted(contents) if isinstance(contents, dict) else type(contents).__name__
+    raise CheckpointError(f'{file} is not a T5X checkpoint: expected top-level keys '
+                          f"'version' and 'optimizer', got {keys}")
+  version = contents.get('version', 0)
+  if int(np.asarray(version)) < 3:
+    raise CheckpointError(f'{file}: T5X checkpoint version {version} is not supported (need 3; '
+                          'version 2 stored bfloat16 as uint16)')
+  optimizer = contents['optimizer']
+  if not isinstance(optimizer, dict) or 'target' not in optimizer:
+    raise CheckpointError(f"{file}: 'optimizer' has no 'target' (the model parameters)")
+  return contents
+
+
+def _absolute_spec(spec: Mapping[str, Any], checkpoint_dir: Path, name: str) -> tuple[dict, Path]:
+  """A tensorstore spec with the kvstore path made absolute (file driver), and that path."""
+  spec = dict(spec)
+  kvstore = dict(spec['kvstore']) if isinstance(spec['kvstore'], Mapping) else {}
+  # T5X writes GCS specs with the path at the top level; read them from the local directory.
+  relative = kvstore.get('path', spec.pop('path', None))
+  if relative is None:
+    raise CheckpointError(f'tensorstore spec for {name} has no path: {spec}')
+  array_dir = checkpoint_dir / str(relative)
+  spec['kvstore'] = {'driver': 'file', 'path': str(array_dir)}
+  return spec, array_dir
+
+
+def _read_tree(tree: Any, checkpoint_dir: Path, prefix: str, dtype: Optional[np.dtype]) -> Any:
+  """Replaces every leaf of `tree` (inline array or tensorstore spec) by a numpy array."""
+  import tensorstore as ts  # deferred: only checkpoint I/O needs it
+
+  flat = flax.traverse_util.flatten_dict(tree, is_leaf=lambda _, v: _is_ts_spec(v), sep='/')
+  pending = {}
+  out = {}
+  for key, leaf in flat.items():
+    name = f'{prefix}/{key}'
+    if _is_ts_spec(leaf):
+      spec, array_dir = _absolute_spec(leaf, checkpoint_dir, name)
+      if not (array_dir / '.zarray').is_file():
+        raise CheckpointError(f'missing array {name}: zarr directory {array_dir} does not exist '
+                              'or has no .zarray (incomplete or corrupt checkpoint)')
+      try:
+        store = ts.open(spec, open=True, read=True).result()
+        pending[key] = store.read()
+      except Exception as e:  # tensorstore raises ValueError/RuntimeError subclasses
+        raise CheckpointError(f'cannot open array {name} at {array_dir}: {e}') from e
+    else:
+      out[key] = np.asarray(leaf)
+  for key, future in pending.items():
+    try:
+      out[key] = np.asarray(future.result())
+    except Exception as e:
+      raise CheckpointError(f'cannot read array {prefix}/{key}: {e}') from e
+  if dtype is not None:
+    out = {k: (v.astype(dtype) if _is_float(v) and v.dtype != dtype else v)
+           for k, v in out.items()}
+  return flax.traverse_util.unflatten_dict({tuple(k.split('/')): v for k, v in out.items()})
+
+
+def _is_float(x: np.ndarray) -> bool:
+  return jnp.issubdtype(x.dtype, jnp.floating)
+
+
+def read_t5x_checkpoint(path: PathLike, *, dtype: Optional[Any] = np.float32,
+                        include_state: bool = False) -> dict[str, Any]:
+  """Reads a T5X checkpoint into numpy arrays.
+
+  Args:
+    path: checkpoint dir, its `checkpoint` file, or a model dir (latest step).
+    dtype: cast floating-point parameters to this dtype (None keeps the stored dtype).
+    include_state: also read `state` (step and optimizer `param_states`, stored dtypes).
+
+  Returns:
+    {'target': params, 'step': int, 'path': checkpoint dir} plus 'state' if requested.
+  """
+  checkpoint_dir = find_checkpoint_dir(path)
+  contents = _read_msgpack(checkpoint_dir)
+  optimizer = contents['optimizer']
+  np_dtype = None if dtype is None else jnp.dtype(dtype)
+  result = {'target': _read_tree(optimizer['target'], checkpoint_dir, 'target', np_dtype),
+            'path': checkpoint_dir}
+  state = optimizer.get('state', {})
+  step = state.get('step') if isinstance(state, dict) else None
+  match = _STEP_DIR.fullmatch(checkpoint_dir.name)
+  result['step'] = int(np.asarray(step)) if step is not None and not _is_ts_spec(step) else (
+      int(match.group(1)) if match else None)
+  if include_state:
+    result['state'] = _read_tree(state, checkpoint_dir, 'state', None) if state else {}
+  return result
+
+
+def load_t5x_checkpoint(path: PathLike, *, dtype: Optional[Any] = np.float32) -> Params:
+  """The model parameters (T5X `target`) of a T5X checkpoint, as a nested dict of numpy arrays.
+
+  Optimizer state is not read. Floating-point arrays are cast to `dtype` (e.g. bfloat16 -> float32);
+  `dtype=None` keeps the stored dtypes.
+  """
+  return read_t5x_checkpoint(path, dtype=dtype)['target']
+
+
+# ----------------------------------------------------------------------------------------------
+# Validation.
+# ----------------------------------------------------------------------------------------------
+def _flat_shapes(tree_or_shapes: Any) -> dict[str, tuple[int, ...]]:
+  if isinstance(tree_or_shapes, Mapping) and tree_or_shapes and all(
+      isinstance(k, str) and not isinstance(v, Mapping) and isinstance(v, (tuple, list))
+      for k, v in tree_or_shapes.items()):
+    return {k: tuple(int(d) for d in v) for k, v in tree_or_shapes.items()}
+  flat = flax.traverse_util.flatten_dict(flax.core.unfreeze(tree_or_shapes), sep='/')
+  return {k: tuple(np.shape(v)) for k, v in flat.items()}
+
+
+def validate_params(params: Params, expected_shapes: Any, *, name: str = 'params') -> None:
+  """Raises `CheckpointError` naming every missing, unexpected or mis-shaped array.
+
+  Args:
+    params: a nested dict of arrays.
+    expected_shapes: flat {'encoder/layers_0/attention/query/kernel': shape} (e.g.
+      `T5.param_shapes()`) or a nested tree of arrays / `jax.ShapeDtypeStruct`s.
+    name: what `params` is, for the message (e.g. the checkpoint path).
+  """
+  got = _flat_shapes(params)
+  want = _flat_shapes(expected_shapes)
+  missing = sorted(set(want) - set(got))
+  unexpected = sorted(set(got) - set(want))
+  mismatched = sorted(k for k in set(want) & set(got) if want[k] != got[k])
+  if not (missing or unexpected or mismatched):
+    return
+  lines = [f'{name} do not match the model:']
+  def listing(title, keys, fmt):
+    if keys:
+      shown = ', '.join(fmt(k) for k in keys[:10])
+      more = f' ... and {len(keys) - 10} more' if len(keys) > 10 else ''
+      lines.append(f'  {len(keys)} {title}: {shown}{more}')
+  listing('missing', missing, lambda k: f'{k} {want[k]}')
+  listing('unexpected', unexpected, lambda k: f'{k} {got[k]}')
+  listing('shape mismatch', mismatched, lambda k: f'{k} has {got[k]}, model expects {want[k]}')
+  raise CheckpointError('\n'.join(lines))
+
+
+# ----------------------------------------------------------------------------------------------
+# Writing.
+# ----------------------------------------------------------------------------------------------
+def _chunk_shape(shape: tuple[int, ...], itemsize: int) -> list[int]:
+  """Largest chunk (by shrinking the biggest dims to divisors) within T5X's 64 MiB target."""
+  target = max(1, _CHUNK_BYTES // itemsize)
+  divisors = [[d for d in range(1, size + 1) if size % d == 0] or [1] for size in shape]
+  while int(np.prod([d[-1] for d in divisors])) > target:
+    biggest = max(range(len(shape)), key=lambda i: divisors[i][-1])
+    divisors[biggest].pop()
+  return [d[-1] for d in divisors]
+
+
+def _to_numpy(x: Any, dtype: Optional[np.dtype]) -> np.ndarray:
+  arr = np.asarray(jax.device_get(x))
+  if dtype is not None and _is_float(arr) and arr.dtype != dtype:
+    arr = arr.astype(dtype)
+  return arr
+
+
+def _write_tree(tree: Any, checkpoint_dir: Path, prefix: str, dtype: Optional[np.dtype],
+                min_tensorstore_size: int) -> Any:
+  """Writes large leaves as zarr arrays; returns the tree to serialize (specs or inline arrays)."""
+  import tensorstore as ts  # deferred: only checkpoint I/O needs it
+
+  flat = flax.traverse_util.flatten_dict(flax.core.unfreeze(tree), sep='/', keep_empty_nodes=True)
+  written = {}
+  futures = []
+  for key, leaf in flat.items():
+    if isinstance(leaf, Mapping) or leaf is flax.traverse_util.empty_node:
+      written[key] = {}
+      continue
+    arr = _to_numpy(leaf, dtype)
+    if arr.ndim == 0 or arr.size < min_tensorstore_size:
+      written[key] = arr
+      continue
+    relative = f'{prefix}/{key}'.replace('/', '.')
+    spec = {
+        'driver': 'zarr',
+        'dtype': jnp.dtype(arr.dtype).name,
+        'kvstore': {'driver': 'file', 'path': relative},
+        'metadata': {
+            'compressor': {'id': 'gzip', 'level': 1},
+            'shape': list(arr.shape),
+            'chunks': _chunk_shape(arr.shape, arr.dtype.itemsize),
+        },
+    }
+    absolute = dict(spec, kvstore={'driver': 'file', 'path': str(checkpoint_dir / relative)})
+    store = ts.open(absolute, create=True, open=True).result()
+    futures.append(store.write(arr))
+    written[key] = spec
+  for future in futures:
+    future.result()
+  return flax.traverse_util.unflatten_dict({tuple(k.split('/')): v for k, v in written.items()})
+
+
+def save_t5x_checkpoint(params: Params, directory: PathLike, step: int, *,
+                        dtype: Optional[Any] = None, optimizer_state: Optional[Params] = None,
+                        overwrite: bool = False) -> Path:
+  """Writes `params` as a T5X checkpoint `<directory>/checkpoint_<step>/` and returns its path.
+
+  Every parameter is a gzip zarr array (as T5X writes partitioned parameters); the msgpack holds
+  `{'version': 3, 'optimizer': {'target': specs, 'state': {'step': step, 'param_states': ...}}}`.
+  The checkpoint is built in a temporary sibling directory and renamed into place, so a crash never
+  leaves a half-written `checkpoint_<step>`.
+
+  Args:
+    params: the model parameters (nested dict, no 'params' key).
+    directory: the model directory.
+    step: the training step (names the directory; stored as int32).
+    dtype: cast floating-point parameters to this storage dtype (e.g. 'bfloat16'); None keeps them.
+    optimizer_state: T5X `param_states` tree to store (e.g. Adafactor m/v/v_row/v_col); None
+      writes an empty one (enough for T5X inference/eval restores, which read only the target).
+    overwrite: replace an existing `checkpoint_<step>` (otherwise FileExistsError).
+  """
+  step = int(step)
+  if step < 0:
+    raise ValueError(f'step must be >= 0, got {step}')
+  if not isinstance(params, Mapping) or not params:
+    raise ValueError('params must be a non-empty nested dict of arrays')
+  if 'params' in params and len(params) == 1:
+    raise ValueError("params has a single 'params' key; pass params['params'] (T5X's target tree "
+                     "has no 'params' level)")
+  directory = Path(directory)
+  directory.mkdir(parents=True, exist_ok=True)
+  final_dir = directory / f'checkpoint_{step}'
+  if final_dir.exists() and not overwrite:
+    raise FileExistsError(f'checkpoint already exists: {final_dir} (pass overwrite=True)')
+  np_dtype = None if dtype is None else jnp.dtype(dtype)
+  tmp_dir = Path(tempfile.mkdtemp(prefix=f'checkpoint_{step}.tmp-{int(time.time())}-',
+                                  dir=directory))
+  try:
+    target = _write_tree(params, tmp_dir, 'target', np_dtype, min_tensorstore_size=1)
+    param_states = {}
+    if optimizer_state is not None:
+      # T5X keeps tiny factored-away states (shape [1]) inline in the msgpack.
+      param_states = _write_tree(optimizer_state, tmp_dir, 'state/param_states', None,
+                                 min_tensorstore_size=2)
+    contents = {'version': T5X_CHECKPOINT_VERSION,
+                'optimizer': {'target': target,
+                              'state': {'step': np.asarray(step, np.int32),
+                                        'param_states': param_states}}}
+    with open(tmp_dir / _CHECKPOINT_FILE, 'wb') as f:
+      f.write(serialization.msgpack_serialize(contents))
+      f.flush()
+      os.fsync(f.fileno())
+    if final_dir.exists():  # overwrite: move the old one aside first, drop it after the rename
+      old_dir = Path(tempfile.mkdtemp(prefix=f'checkpoint_{step}.old-', dir=directory))
+      os.rename(final_dir, old_dir / 'old')
+      os.rename(tmp_dir, final_dir)
+      shutil.rmtree(old_dir, ignore_errors=True)
+    else:
+      os.rename(tmp_dir, final_dir)
+  except BaseException:
+    shutil.rmtree(tmp_dir, ignore_errors=True)
+    raise
+  return final_dir
+
+
+# ----------------------------------------------------------------------------------------------
+# Compact single-file weights.
+# ----------------------------------------------------------------------------------------------
+def save_params(params: Params, path: PathLike, dtype: Optional[Any] = 'bfloat16') -> Path:
+  """Writes params as one flax-msgpack file, floats cast to `dtype` (None keeps them); atomic."""
+  path = Path(path)
+  path.parent.mkdir(parents=True, exist_ok=True)
+  np_dtype = None if dtype is None else jnp.dtype(dtype)
+  tree = jax.tree.map(lambda x: _to_numpy(x, np_dtype), flax.core.unfreeze(params))
+  data = serialization.msgpack_serialize(tree)
+  fd, tmp = tempfile.mkstemp(prefix=path.name + '.tmp-', dir=path.parent)
+  try:
+    with os.fdopen(fd, 'wb') as f:
+      f.write(data)
+      f.flush()
+      os.fsync(f.fileno())
+    os.replace(tmp, path)
+  except BaseException:
+    if os.path.exists(tmp):
+      os.remove(tmp)
+    raise
+  return path
+
+
+def load_params(path: PathLike, dtype: Optional[Any] = np.float32) -> Params:
+  """Reads params from a `save_params` file (or, if `path` is a directory, a T5X checkpoint).
+
+  Floating-point arrays are cast to `dtype` (None keeps the stored dtype).
+  """
+  path = Path(path)
+  if path.is_dir():
+    return load_t5x_checkpoint(path, dtype=dtype)
+  if not path.is_file():
+    raise FileNotFoundError(f'params file does not exist: {path}')
+  try:
+    tree = serialization.msgpack_restore(path.read_bytes())
+  except (msgpack.exceptions.UnpackException, msgpack.exceptions.ExtraData, ValueError,
+          TypeError, KeyError) as e:
+    raise CheckpointError(f'corrupt params file {path}: {type(e).__name__}: {e}') from e
+  if not isinstance(tree, dict):
+    raise CheckpointError(f'params file {path} does not hold a dict of arrays')
+  if set(tree) == {'version', 'optimizer'}:
+    raise CheckpointError(f'{path} is a T5X checkpoint msgpack; pass its directory instead')
+  np_dtype = None if dtype is None else jnp.dtype(dtype)
+  return jax.tree.map(lambda x: _to_numpy(x, np_dtype), tree)

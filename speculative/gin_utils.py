@@ -1,0 +1,30 @@
+"""Gin registration of the project's configurable classes.
+
+Runner modules (`speculative.train`, `speculative.infer`, `speculative.benchmark`) call
+`register_configurables()` before parsing gin files; library modules never import gin. Each entry
+of `CONFIGURABLES` is (python module, attribute, gin module), so `configs/models/t5_1_1_small.gin`
+can say `t5_1_1_small/t5.T5Config.emb_dim = 512`. Add new configurables by appending to the list.
+"""
+from __future__ import annotations
+
+import importlib
+
+# (python module, attribute, gin module): registered as `<gin module>.<attribute>`.
+CONFIGURABLES: list[tuple[str, str, str]] = [
+    ('speculative.models.t5', 'T5Config', 't5'),
+    ('speculative.models.t5', 'T5', 't5'),
+]
+
+_registered: set[tuple[str, str]] = set()
+
+
+def register_configurables() -> None:
+  """Registers every entry of `CONFIGURABLES` with gin (idempotent)."""
+  import gin  # deferred: only runners need gin
+
+  for module_name, attribute, gin_module in CONFIGURABLES:
+    if (gin_module, attribute) in _registered:
+      continue
+    target = getattr(importlib.import_module(module_name), attribute)
+    gin.external_configurable(target, attribute, module=gin_module)
+    _registered.add((gin_module, attribute))

@@ -1,0 +1,273 @@
+"""Tests of T5X checkpoint reading/writing without t5x (speculative/checkpoints.py).
+
+The fixture `../shared/fixtures/t5x_tiny/ckpt/checkpoint_0` was written by stock T5X; loading it
+must give exactly the arrays of `params.msgpack`. Saving must produce the same layout (msgpack with
+relative tensorstore specs + gzip zarr arrays), round-trip exactly (also with bfloat16 storage),
+be atomic, and every broken input must raise an error that names the problem.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+import shutil
+
+import flax
+from flax import serialization
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from speculative import checkpoints
+from speculative.checkpoints import CheckpointError
+
+REPO = Path(__file__).resolve().parents[1]
+FIXTURE = REPO.parent / 'shared' / 'fixtures' / 't5x_tiny'
+needs_fixture = pytest.mark.skipif(
+    not (FIXTURE / 'ckpt' / 'checkpoint_0' / 'checkpoint').is_file(),
+    reason=f'T5X fixture checkpoint not found under {FIXTURE} (../shared is missing)')
+
+
+def _flat(tree):
+  return flax.traverse_util.flatten_dict(tree, sep='/')
+
+
+def _assert_trees_equal(a, b):
+  fa, fb = _flat(a), _flat(b)
+  assert fa.keys() == fb.keys()
+  for k in fa:
+    assert fa[k].dtype == fb[k].dtype, (k, fa[k].dtype, fb[k].dtype)
+    assert fa[k].shape == fb[k].shape, (k, fa[k].shape, fb[k].shape)
+    np.testing.assert_array_equal(np.asarray(fa[k]), np.asarray(fb[k]), err_msg=k)
+
+
+def _small_params():
+  rng = np.random.default_rng(0)
+  return {
+      'token_embedder': {'embedding': rng.normal(size=(11, 4)).astype(np.float32)},
+      'encoder': {'layers_0': {'mlp': {'wi_0': {'kernel': rng.normal(size=(4, 6)).astype(
+          np.float32)}}}, 'encoder_norm': {'scale': np.ones((4,), np.float32)}},
+      'decoder': {'relpos_bias': {'rel_embedding': rng.normal(size=(2, 32)).astype(np.float32)}},
+  }
+
+
+@pytest.fixture(scope='module')
+def fixture_params():
+  return serialization.msgpack_restore((FIXTURE / 'params.msgpack').read_bytes())
+
+
+# ------------------------------------------------------------------------------------------------
+# Reading the real T5X checkpoint.
+# ------------------------------------------------------------------------------------------------
+@needs_fixture
+@pytest.mark.parametrize('where', ['ckpt/checkpoint_0', 'ckpt', 'ckpt/checkpoint_0/checkpoint'])
+def test_fixture_checkpoint_equals_params_msgpack(fixture_params, where):
+  params = checkpoints.load_t5x_checkpoint(FIXTURE / where)
+  _assert_trees_equal(params, fixture_params)
+
+
+@needs_fixture
+def test_fixture_checkpoint_state_and_model_shapes(fixture_params):
+  from speculative.models.t5 import T5, T5Config
+  import json
+  result = checkpoints.read_t5x_checkpoint(FIXTURE / 'ckpt', include_state=True)
+  assert result['step'] == 0 and result['path'].name == 'checkpoint_0'
+  states = result['state']['param_states']['token_embedder']['embedding']
+  assert states['v'].shape == (32128, 8) and states['m'].shape == (1,)  # Adafactor, inline + zarr
+  config = json.loads((FIXTURE / 'decode_results.json').read_text())['T5Config']
+  checkpoints.validate_params(result['target'], T5(T5Config(**config)).param_shapes())
+
+
+# ------------------------------------------------------------------------------------------------
+# Writing.
+# ------------------------------------------------------------------------------------------------
+def test_save_layout_is_t5x(tmp_path):
+  params = _small_params()
+  out = checkpoints.save_t5x_checkpoint(params, tmp_path, 5)
+  assert out == tmp_path / 'checkpoint_5'
+  assert sorted(p.name for p in tmp_path.iterdir()) == ['checkpoint_5']  # no temp dirs left
+  contents = serialization.msgpack_restore((out / 'checkpoint').read_bytes())
+  assert set(contents) == {'version', 'optimizer'} and contents['version'] == 3
+  assert int(contents['optimizer']['state']['step']) == 5
+  spec = contents['optimizer']['target']['token_embedder']['embedding']
+  assert spec['driver'] == 'zarr' and spec['kvstore'] == {
+      'driver': 'file', 'path': 'target.token_embedder.embedding'}  # relative to checkpoint dir
+  assert spec['metadata']['compressor']['id'] == 'gzip'
+  assert (out / 'target.token_embedder.embedding' / '.zarray').is_file()
+  assert (out / 'target.encoder.layers_0.mlp.wi_0.kernel' / '.zarray').is_file()
+
+
+@pytest.mark.parametrize('dtype', [None, 'bfloat16'])
+def test_save_load_round_trip(tmp_path, dtype):
+  params = _small_params()
+  optimizer_state = {'token_embedder': {'embedding': {
+      'v': np.full((11, 4), 0.5, np.float32), 'm': np.zeros((1,), np.float32)}}}
+  checkpoints.save_t5x_checkpoint(params, tmp_path, 3, dtype=dtype,
+                                  optimizer_state=optimizer_state)
+  stored = checkpoints.load_t5x_checkpoint(tmp_path, dtype=None)
+  expected = params if dtype is None else flax.traverse_util.unflatten_dict(
+      {k: v.astype(jnp.bfloat16) for k, v in _flat(params).items()}, sep='/')
+  _assert_trees_equal(stored, expected)
+  as_f32 = checkpoints.load_t5x_checkpoint(tmp_path)  # default: cast to float32
+  assert all(v.dtype == np.float32 for v in _flat(as_f32).values())
+  state = checkpoints.read_t5x_checkpoint(tmp_path, include_state=True)['state']
+  _assert_trees_equal(state['param_states'], optimizer_state)
+
+
+@needs_fixture
+def test_fixture_resave_round_trip(tmp_path, fixture_params):
+  checkpoints.save_t5x_checkpoint(fixture_params, tmp_path, 0)
+  _assert_trees_equal(checkpoints.load_t5x_checkpoint(tmp_path), fixture_params)
+
+
+def test_latest_step_is_chosen_and_incomplete_ignored(tmp_path):
+  params = _small_params()
+  checkpoints.save_t5x_checkpoint(params, tmp_path, 3)
+  later = {**params, 'encoder': {**params['encoder'],
+                                 'encoder_norm': {'scale': np.full((4,), 2.0, np.float32)}}}
+  checkpoints.save_t5x_checkpoint(later, tmp_path, 10)
+  (tmp_path / 'checkpoint_20').mkdir()  # e.g. an interrupted foreign writer: no msgpack
+  (tmp_path / 'checkpoint_30.tmp-123').mkdir()
+  assert checkpoints.checkpoint_steps(tmp_path) == [3, 10]
+  loaded = checkpoints.read_t5x_checkpoint(tmp_path)
+  assert loaded['step'] == 10
+  np.testing.assert_array_equal(loaded['target']['encoder']['encoder_norm']['scale'], 2.0)
+
+
+def test_save_is_atomic_on_failure(tmp_path, monkeypatch):
+  def boom(*args, **kwargs):
+    raise RuntimeError('disk full')
+  monkeypatch.setattr(checkpoints.serialization, 'msgpack_serialize', boom)
+  with pytest.raises(RuntimeError, match='disk full'):
+    checkpoints.save_t5x_checkpoint(_small_params(), tmp_path, 1)
+  assert list(tmp_path.iterdir()) == []  # neither checkpoint_1 nor a temp dir
+
+
+def test_save_refuses_to_overwrite_unless_asked(tmp_path):
+  params = _small_params()
+  checkpoints.save_t5x_checkpoint(params, tmp_path, 1)
+  with pytest.raises(FileExistsError, match='checkpoint_1'):
+    checkpoints.save_t5x_checkpoint(params, tmp_path, 1)
+  params['encoder']['encoder_norm']['scale'] = np.full((4,), 3.0, np.float32)
+  checkpoints.save_t5x_checkpoint(params, tmp_path, 1, overwrite=True)
+  assert sorted(p.name for p in tmp_path.iterdir()) == ['checkpoint_1']
+  np.testing.assert_array_equal(
+      checkpoints.load_t5x_checkpoint(tmp_path)['encoder']['encoder_norm']['scale'], 3.0)
+  with pytest.raises(ValueError, match="'params'"):
+    checkpoints.save_t5x_checkpoint({'params': params}, tmp_path, 2)
+
+
+def test_save_load_params_file(tmp_path):
+  params = _small_params()
+  path = checkpoints.save_params(params, tmp_path / 'w.msgpack')  # bfloat16 storage by default
+  stored = serialization.msgpack_restore(path.read_bytes())
+  assert stored['token_embedder']['embedding'].dtype == jnp.bfloat16
+  loaded = checkpoints.load_params(path)
+  expected = {k: v.astype(jnp.bfloat16).astype(np.float32) for k, v in _flat(params).items()}
+  _assert_trees_equal(loaded, flax.traverse_util.unflatten_dict(expected, sep='/'))
+  exact = checkpoints.load_params(checkpoints.save_params(params, tmp_path / 'f.msgpack', None))
+  _assert_trees_equal(exact, params)
+  assert [p.name for p in sorted(tmp_path.iterdir())] == ['f.msgpack', 'w.msgpack']
+
+
+# ------------------------------------------------------------------------------------------------
+# Clear errors.
+# ------------------------------------------------------------------------------------------------
+@pytest.fixture
+def saved(tmp_path):
+  return checkpoints.save_t5x_checkpoint(_small_params(), tmp_path / 'model', 4)
+
+
+def test_error_missing_directory(tmp_path):
+  with pytest.raises(FileNotFoundError, match='does not exist'):
+    checkpoints.load_t5x_checkpoint(tmp_path / 'nope')
+  (tmp_path / 'empty').mkdir()
+  with pytest.raises(FileNotFoundError, match='no T5X checkpoint'):
+    checkpoints.load_t5x_checkpoint(tmp_path / 'empty')
+
+
+def test_error_missing_checkpoint_file(saved):
+  os.remove(saved / 'checkpoint')
+  with pytest.raises(FileNotFoundError, match="no 'checkpoint' msgpack"):
+    checkpoints.load_t5x_checkpoint(saved)
+
+
+def test_error_corrupt_msgpack(saved):
+  data = (saved / 'checkpoint').read_bytes()
+  (saved / 'checkpoint').write_bytes(data[:len(data) // 2])  # truncated
+  with pytest.raises(CheckpointError, match='corrupt T5X checkpoint msgpack'):
+    checkpoints.load_t5x_checkpoint(saved)
+  (saved / 'checkpoint').write_bytes(serialization.msgpack_serialize({'a': np.zeros(2)}))
+  with pytest.raises(CheckpointError, match="'version' and 'optimizer'"):
+    checkpoints.load_t5x_checkpoint(saved)
+
+
+def test_error_missing_zarr_array(saved):
+  shutil.rmtree(saved / 'target.encoder.layers_0.mlp.wi_0.kernel')
+  with pytest.raises(CheckpointError,
+                     match='missing array target/encoder/layers_0/mlp/wi_0/kernel'):
+    checkpoints.load_t5x_checkpoint(saved)
+
+
+def test_error_corrupt_zarr_chunk(saved):
+  array_dir = saved / 'target.token_embedder.embedding'
+  for chunk in array_dir.iterdir():
+    if not chunk.name.startswith('.'):
+      chunk.write_bytes(b'not gzip')
+  with pytest.raises(CheckpointError, match='target/token_embedder/embedding'):
+    checkpoints.load_t5x_checkpoint(saved)
+
+
+def test_validate_params_names_problems():
+  params = _small_params()
+  expected = {k: v.shape for k, v in _flat(params).items()}
+  checkpoints.validate_params(params, expected)
+  expected['decoder/logits_dense/kernel'] = (4, 11)
+  expected['token_embedder/embedding'] = (12, 4)
+  del expected['encoder/encoder_norm/scale']
+  with pytest.raises(CheckpointError) as info:
+    checkpoints.validate_params(params, expected, name='ckpt X')
+  message = str(info.value)
+  assert 'ckpt X do not match' in message
+  assert '1 missing: decoder/logits_dense/kernel (4, 11)' in message
+  assert '1 unexpected: encoder/encoder_norm/scale (4,)' in message
+  assert 'token_embedder/embedding has (11, 4), model expects (12, 4)' in message
+
+
+def test_error_corrupt_params_file(tmp_path):
+  (tmp_path / 'bad.msgpack').write_bytes(b'\xc1\xc1garbage')
+  with pytest.raises(CheckpointError, match='corrupt params file'):
+    checkpoints.load_params(tmp_path / 'bad.msgpack')
+  with pytest.raises(FileNotFoundError):
+    checkpoints.load_params(tmp_path / 'missing.msgpack')
+
+
+def test_saved_checkpoint_restores_like_t5x(tmp_path):
+  """Replays stock T5X's restore path (t5x.checkpoints `restore` + `_read_ts`) on our output.
+
+  T5X turns each msgpack spec dict into a `ts.Spec`, drops metadata chunks/compressor, joins the
+  relative kvstore path to the checkpoint dir, checks the metadata shape, optionally wraps a
+  'cast' driver (restore_dtype) and reads with jax's `async_deserialize` onto a sharding.
+  """
+  import asyncio
+  import jax
+  import tensorstore as ts
+  from jax.experimental.array_serialization import serialization as array_serialization
+
+  params = _small_params()
+  out = checkpoints.save_t5x_checkpoint(params, tmp_path, 2, dtype='bfloat16')
+  contents = serialization.msgpack_restore((out / 'checkpoint').read_bytes())
+  specs = flax.traverse_util.flatten_dict(
+      contents['optimizer']['target'], is_leaf=lambda _, v: isinstance(v, dict) and 'driver' in v,
+      sep='/')
+  assert specs.keys() == _flat(params).keys()
+  sharding = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+  for name, spec_dict in specs.items():
+    spec = ts.Spec(spec_dict).to_json()
+    del spec['metadata']['chunks']
+    del spec['metadata']['compressor']
+    spec['kvstore']['path'] = os.path.join(str(out), spec['kvstore']['path'])
+    assert tuple(spec['metadata']['shape']) == _flat(params)[name].shape
+    spec = {'base': spec, 'driver': 'cast', 'dtype': 'float32'}  # restore_dtype=float32
+    restored = asyncio.run(array_serialization.async_deserialize(sharding, spec))
+    np.testing.assert_array_equal(
+        np.asarray(restored), _flat(params)[name].astype(jnp.bfloat16).astype(np.float32))
