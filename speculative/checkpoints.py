@@ -182,7 +182,7 @@ def read_t5x_checkpoint(path: PathLike, *, dtype: Optional[Any] = np.float32,
   Returns:
     {'target': params, 'step': int, 'path': checkpoint dir} plus 'state' if requested.
   """
-  checkpoint_dir = find_checkpoint_dir(path)
+  checkpoint_dir = Path(os.path.abspath(find_checkpoint_dir(path)))  # tensorstore rejects ".."
   contents = _read_msgpack(checkpoint_dir)
   optimizer = contents['optimizer']
   np_dtype = None if dtype is None else jnp.dtype(dtype)
@@ -330,7 +330,7 @@ def save_t5x_checkpoint(params: Params, directory: PathLike, step: int, *,
   if 'params' in params and len(params) == 1:
     raise ValueError("params has a single 'params' key; pass params['params'] (T5X's target tree "
                      "has no 'params' level)")
-  directory = Path(directory)
+  directory = Path(os.path.abspath(directory))  # tensorstore rejects ".." in relative paths
   directory.mkdir(parents=True, exist_ok=True)
   final_dir = directory / f'checkpoint_{step}'
   if final_dir.exists() and not overwrite:

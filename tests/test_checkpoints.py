@@ -271,3 +271,13 @@ def test_saved_checkpoint_restores_like_t5x(tmp_path):
     restored = asyncio.run(array_serialization.async_deserialize(sharding, spec))
     np.testing.assert_array_equal(
         np.asarray(restored), _flat(params)[name].astype(jnp.bfloat16).astype(np.float32))
+
+
+def test_relative_paths_with_parent_components_round_trip(tmp_path, monkeypatch):
+  """tensorstore rejects '..' in file paths; save and load must resolve them first."""
+  (tmp_path / 'cwd').mkdir()
+  monkeypatch.chdir(tmp_path / 'cwd')
+  params = {'layer': {'kernel': np.arange(12, dtype=np.float32).reshape(3, 4)}}
+  checkpoints.save_t5x_checkpoint(params, '../model_dir', 7)
+  restored = checkpoints.load_t5x_checkpoint('../model_dir')
+  np.testing.assert_array_equal(restored['layer']['kernel'], params['layer']['kernel'])
