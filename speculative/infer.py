@@ -14,7 +14,8 @@ the walltime speedup. It writes, atomically, under `output_dir`:
 An interrupted job resumes: finished examples are read back and not decoded again.
 
 In the T5X style, the run file names the task (`MIXTURE_OR_TASK_NAME`, a seqio task; or
-`INPUT_FILE`, a TSV `source<TAB>reference` / plain text file), `TASK_FEATURE_LENGTHS`, the target and
+`INPUT_FILE`, a TSV `source<TAB>reference` / plain text file, tokenized with `vocabulary_path`,
+default the shipped 8k vocabulary), `TASK_FEATURE_LENGTHS`, the target and
 draft model configs and checkpoints (a T5X checkpoint directory or a `.msgpack` params file), `GAMMA`,
 `TEMPERATURE` and `INFER_OUTPUT_DIR`.
 """
@@ -95,12 +96,11 @@ def examples_from_task(task_name: str, split: str, inputs_length: int,
   from speculative import tasks
   tasks.register_tasks()
   task = seqio.get_mixture_or_task(task_name)
-  vocabulary = task.output_features["inputs"].vocabulary
   dataset = task.get_dataset(sequence_length=None, split=split, shuffle=False, use_cached=False)
   if num_examples is not None:
     dataset = dataset.take(num_examples)
   examples = []
-  for record in dataset.as_numpy_iterator():
+  for record in dataset.as_numpy_iterator():  # seqio appended EOS
     tokens = np.asarray(record["inputs"], np.int32)
     text = record.get("inputs_pretokenized", b"")
     reference = record.get("targets_pretokenized")
@@ -112,7 +112,6 @@ def examples_from_task(task_name: str, split: str, inputs_length: int,
     examples.append(Example(len(examples), text.decode() if isinstance(text, bytes) else str(text),
                             reference.decode() if isinstance(reference, bytes) else reference,
                             tokens, truncated))
-  del vocabulary
   if not examples:
     raise ValueError(f"task {task_name!r} split {split!r} has no examples")
   return examples
@@ -222,7 +221,7 @@ def _record(example: Example, vocabulary, tokens: np.ndarray, length: int, metri
   }
 
 
-def summarize(records: Sequence[dict], with_bleu: bool) -> dict[str, float]:
+def summarize(records: Sequence[dict], metric_fns: Sequence[Any] = ()) -> dict[str, float]:
   """Totals over a mode's records (DESIGN.md section 7 definitions)."""
   tokens = sum(r["num_tokens"] for r in records)
   calls = sum(r["target_calls"] for r in records)
@@ -239,11 +238,10 @@ def summarize(records: Sequence[dict], with_bleu: bool) -> dict[str, float]:
   if drafted:
     out["alpha"] = sum(r["alpha_sum"] for r in records) / drafted
     out["acceptance_rate"] = sum(r["accepted"] for r in records) / drafted
-  if with_bleu and all(r["reference"] is not None for r in records):
-    from speculative import tasks
+  if metric_fns and all(r["reference"] is not None for r in records):
     ordered = sorted(records, key=lambda r: r["index"])
-    out["bleu"] = tasks.bleu([r["reference"] for r in ordered],
-                             [r["prediction"] for r in ordered])["bleu"]
+    for metric_fn in metric_fns:  # seqio-style: (targets, predictions) -> {name: value}
+      out.update(metric_fn([r["reference"] for r in ordered], [r["prediction"] for r in ordered]))
   return out
 
 
@@ -256,6 +254,7 @@ def infer(*,
           split: str = "test",
           input_file: str | None = None,
           input_prefix: str = "",
+          vocabulary_path: str | None = None,
           num_examples: int | None = None,
           draft_config: t5_lib.T5Config | None = None,
           draft_checkpoint: str | None = None,
@@ -287,10 +286,17 @@ def infer(*,
   sampling_params.validate()
 
   from speculative import tasks
-  vocabulary = tasks.get_vocabulary()
   if mixture_or_task_name is not None:
+    import seqio
+    tasks.register_tasks()
+    # Predictions are decoded with the task's own output vocabulary (e.g. 32k for the TFDS tasks).
+    task = seqio.get_mixture_or_task(mixture_or_task_name)
+    vocabulary = task.output_features["targets"].vocabulary
+    metric_fns = list(getattr(task, "metric_fns", ()))
     examples = examples_from_task(mixture_or_task_name, split, inputs_length, num_examples)
   else:
+    vocabulary = tasks.get_vocabulary(vocabulary_path)
+    metric_fns = [tasks.bleu]
     examples = examples_from_file(input_file, vocabulary, inputs_length, input_prefix,
                                   num_examples)
   n_truncated = sum(e.truncated for e in examples)
@@ -372,7 +378,7 @@ def infer(*,
                              "machine": _machine()}
   for run in runs:
     records = [run.records[i] for i in indices]
-    summary[run.name] = summarize(records, with_bleu=True)
+    summary[run.name] = summarize(records, metric_fns)
     summary[run.name]["compile_s"] = run.compile_s
   if len(runs) == 2:
     base, spec = (summary["baseline"], summary["speculative"])
