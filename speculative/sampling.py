@@ -1,0 +1,293 @@
+"""Standardized sampling and the vectorized speculative acceptance rule.
+
+Two concerns live here, both pure array functions (no models):
+
+1. **Standardized sampling** (Leviathan et al. 2023, Sec. 2.2). Argmax, temperature, top-k and top-p
+   are all expressed as a transform `logits[..., V] -> probs[..., V]` that is applied identically to
+   the draft and the target; speculative acceptance then works on the two probability vectors.
+   The *strategy* (which filters exist) is a static, hashable `SamplingConfig`; the *values*
+   (temperature, k, p) are arrays in `SamplingParams`, so a new temperature does not recompile.
+
+2. **Speculative acceptance** (Alg. 1, vectorized over [batch, gamma]): accept draft token x_i while
+   `r_i * q_i(x_i) <= p_i(x_i)`, then sample the correction from norm(max(0, p - q)) at the first
+   rejected position, or the bonus token from p_{gamma+1} when everything was accepted.
+
+Conventions:
+  * Probabilities are float32. A logits row that contains NaN or +inf, or is entirely -inf, has no
+    distribution: its probs are NaN (never silently a valid-looking distribution), so the decode
+    loops can flag it and the caller raises. `check_finite` raises eagerly for callers outside jit.
+  * Sampling from a probability vector is Gumbel-max on log(probs): zero-probability tokens are
+    never drawn and the vector need not be normalized (used for the residual).
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+
+# --------------------------------------------------------------------------------------------------
+# Standardized sampling.
+# --------------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplingConfig:
+  """Static sampling strategy (hashable; a jit static argument).
+
+  Attributes:
+    greedy: argmax (one-hot distribution); `SamplingParams` are ignored. A run-time temperature of 0
+      also gives argmax, without recompiling.
+    top_k: apply a top-k filter with the run-time value `SamplingParams.top_k` (0 = keep all).
+    top_p: apply a nucleus filter with the run-time value `SamplingParams.top_p` (1 = keep all).
+      With both filters, top-k is applied first and top-p on the renormalized top-k distribution.
+  """
+  greedy: bool = False
+  top_k: bool = False
+  top_p: bool = False
+
+  def __post_init__(self):
+    for name in ('greedy', 'top_k', 'top_p'):
+      if not isinstance(getattr(self, name), (bool, np.bool_)):
+        raise ValueError(f'SamplingConfig.{name} must be a bool (the run-time value goes in '
+                         f'SamplingParams), got {getattr(self, name)!r}')
+    if self.greedy and (self.top_k or self.top_p):
+      raise ValueError('SamplingConfig(greedy=True) ignores top-k/top-p; set top_k=top_p=False')
+
+
+def _is_concrete(x: Any) -> bool:
+  return not isinstance(x, jax.core.Tracer)
+
+
+@flax.struct.dataclass
+class SamplingParams:
+  """Run-time sampling values (arrays, so changing them does not recompile).
+
+  Attributes:
+    temperature: [] float32, >= 0. 0 means argmax.
+    top_k: [] int32, >= 0. 0 means no top-k filter. Ties with the k-th logit are kept.
+    top_p: [] float32 in (0, 1]. 1 means no nucleus filter. Ties with the last kept prob are kept.
+  """
+  temperature: jax.Array
+  top_k: jax.Array
+  top_p: jax.Array
+
+  @classmethod
+  def create(cls, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0) -> 'SamplingParams':
+    """Validated constructor; always returns strongly typed f32/int32 scalars (stable jit cache)."""
+    params = cls(temperature=jnp.asarray(temperature, jnp.float32),
+                 top_k=jnp.asarray(top_k, jnp.int32),
+                 top_p=jnp.asarray(top_p, jnp.float32))
+    params.validate()
+    return params
+
+  def validate(self) -> None:
+    """Raises ValueError for out-of-range values (only checks concrete, non-traced values)."""
+    for name in ('temperature', 'top_k', 'top_p'):
+      if np.ndim(getattr(self, name)) != 0:
+        raise ValueError(f'SamplingParams.{name} must be a scalar, got shape '
+                         f'{np.shape(getattr(self, name))}')
+    if _is_concrete(self.temperature):
+      t = float(self.temperature)
+      if not np.isfinite(t) or t < 0:
+        raise ValueError(f'temperature must be a finite number >= 0 (0 = argmax), got {t}')
+    if _is_concrete(self.top_k):
+      k = int(self.top_k)
+      if k < 0:
+        raise ValueError(f'top_k must be >= 0 (0 = disabled), got {k}')
+    if _is_concrete(self.top_p):
+      p = float(self.top_p)
+      if not 0.0 < p <= 1.0:
+        raise ValueError(f'top_p must be in (0, 1] (1 = disabled), got {p}')
+
+
+def make_sampling(temperature: float = 1.0, top_k: int = 0,
+                  top_p: float = 1.0) -> tuple[SamplingConfig, SamplingParams]:
+  """Convenience: the minimal static strategy for these values, plus the run-time values.
+
+  temperature 0 -> greedy; top_k > 0 enables top-k; top_p < 1 enables top-p. Use an explicit
+  `SamplingConfig(top_k=True, top_p=True)` instead when sweeping values without recompiling.
+  """
+  params = SamplingParams.create(temperature, top_k, top_p)
+  greedy = float(temperature) == 0.0
+  config = SamplingConfig(greedy=greedy, top_k=not greedy and int(top_k) > 0,
+                          top_p=not greedy and float(top_p) < 1.0)
+  return config, params
+
+
+def _top_k_filter(scaled: jax.Array, k: jax.Array) -> jax.Array:
+  """Sets entries below the k-th largest to -inf (dynamic k; k <= 0 keeps all)."""
+  vocab = scaled.shape[-1]
+  sorted_desc = -jnp.sort(-scaled, axis=-1)  # [..., V]
+  kth_index = jnp.clip(k - 1, 0, vocab - 1)
+  kth = sorted_desc[..., kth_index][..., None]  # [..., 1]
+  keep = (scaled >= kth) | (k <= 0)
+  return jnp.where(keep, scaled, -jnp.inf)
+
+
+def _top_p_filter(scaled: jax.Array, top_p: jax.Array) -> jax.Array:
+  """Keeps the smallest set of most likely tokens with mass >= top_p (top_p >= 1 keeps all)."""
+  probs = jax.nn.softmax(scaled, axis=-1)  # [..., V]
+  sorted_desc = -jnp.sort(-probs, axis=-1)
+  mass_before = jnp.cumsum(sorted_desc, axis=-1) - sorted_desc  # exclusive cumulative mass
+  # The most likely token is always kept (mass_before = 0 < top_p); the threshold is the smallest
+  # kept probability, and every token at least that likely is kept (ties included).
+  kept_sorted = mass_before < top_p
+  threshold = jnp.min(jnp.where(kept_sorted, sorted_desc, jnp.inf), axis=-1, keepdims=True)
+  keep = (probs >= threshold) | (top_p >= 1.0)
+  return jnp.where(keep, scaled, -jnp.inf)
+
+
+def invalid_logits(logits: jax.Array) -> jax.Array:
+  """[..., V] -> [...] bool: the row has a NaN or +inf, or every entry is -inf."""
+  has_nan = jnp.any(jnp.isnan(logits), axis=-1)
+  row_max = jnp.max(logits, axis=-1)
+  return has_nan | ~jnp.isfinite(row_max)
+
+
+def check_finite(logits: jax.Array, what: str = 'logits') -> None:
+  """Eager check (outside jit): raises ValueError naming the problem if any row is invalid."""
+  bad = np.asarray(invalid_logits(jnp.asarray(logits)))
+  if bad.any():
+    where = np.argwhere(bad)[:5].tolist()
+    raise ValueError(f'{what} contain NaN/+inf or an all -inf row at indices {where} '
+                     f'({int(bad.sum())} rows); the model produced no valid distribution')
+
+
+def probs_from_logits(logits: jax.Array, config: SamplingConfig,
+                      params: SamplingParams) -> jax.Array:
+  """The standardized transform: logits [..., V] -> probabilities [..., V] (float32).
+
+  Rows with invalid logits (see `invalid_logits`) become all-NaN so the caller can detect them.
+  """
+  logits = logits.astype(jnp.float32)
+  vocab = logits.shape[-1]
+  argmax_probs = jax.nn.one_hot(jnp.argmax(logits, axis=-1), vocab, dtype=jnp.float32)
+  if config.greedy:
+    probs = argmax_probs
+  else:
+    temperature = params.temperature
+    safe_temperature = jnp.where(temperature > 0, temperature, 1.0)
+    # Subtract the max first: dividing by a tiny temperature then cannot overflow to inf.
+    row_max = jnp.max(logits, axis=-1, keepdims=True)
+    scaled = (logits - jax.lax.stop_gradient(row_max)) / safe_temperature  # [..., V], max 0
+    if config.top_k:
+      scaled = _top_k_filter(scaled, params.top_k)
+    if config.top_p:
+      scaled = _top_p_filter(scaled, params.top_p)
+    probs = jax.nn.softmax(scaled, axis=-1)
+    probs = jnp.where(temperature > 0, probs, argmax_probs)
+  return jnp.where(invalid_logits(logits)[..., None], jnp.nan, probs)
+
+
+def sample_from_probs(key: jax.Array, probs: jax.Array) -> jax.Array:
+  """Draws one token from an (unnormalized) probability vector [V] by Gumbel-max; int32 []."""
+  gumbel = jax.random.gumbel(key, probs.shape, jnp.float32)
+  return jnp.argmax(jnp.log(probs) + gumbel, axis=-1).astype(jnp.int32)
+
+
+def sample_rows(keys: jax.Array, probs: jax.Array) -> jax.Array:
+  """One token per row: keys [B] (one PRNG key per row), probs [B, V] -> [B] int32."""
+  assert probs.ndim == 2 and keys.shape == probs.shape[:1], (keys.shape, probs.shape)
+  return jax.vmap(sample_from_probs)(keys, probs)
+
+
+# --------------------------------------------------------------------------------------------------
+# Speculative acceptance.
+# --------------------------------------------------------------------------------------------------
+
+
+def accept_test(uniforms: jax.Array, draft_prob: jax.Array, target_prob: jax.Array) -> jax.Array:
+  """The acceptance rule, elementwise: accept x iff r * q(x) <= p(x) (and p(x) > 0).
+
+  Equivalent to r < min(1, p(x)/q(x)) without a division. The `p(x) > 0` guard only matters for
+  r == 0 or q(x) == 0, events of probability zero for a properly sampled draft: it makes sure a
+  token the target rules out is never accepted. (This is the one place a lenience hook would go.)
+  """
+  return (uniforms * draft_prob <= target_prob) & (target_prob > 0)
+
+
+@flax.struct.dataclass
+class AcceptResult:
+  """Outcome of one vectorized acceptance step.
+
+  Attributes:
+    num_accepted: [B] int32, n in [0, gamma]: the accepted prefix length of the draft.
+    next_token: [B] int32, the correction (sampled from the residual at position n) or, when no
+      draft token remained to verify at position n, a sample from p at that position (the bonus).
+    tokens: [B, gamma+1] int32, the emitted block: tokens[:, :n] are the accepted drafts,
+      tokens[:, n] is next_token; entries after n are filler (the rejected drafts, then 0).
+    min_mass: [B, gamma] float32, sum_x min(p_i(x), q_i(x)) at every drafted position (the
+      per-position acceptance probability, Corollary 3.6); 0 at positions >= num_drafted.
+  """
+  num_accepted: jax.Array
+  next_token: jax.Array
+  tokens: jax.Array
+  min_mass: jax.Array
+
+
+def speculative_accept(draft_tokens: jax.Array, draft_probs: jax.Array, target_probs: jax.Array,
+                       keys: jax.Array, num_drafted: jax.Array | None = None) -> AcceptResult:
+  """Speculative acceptance (Alg. 1) for a batch of rows.
+
+  Args:
+    draft_tokens: [B, gamma] int32, x_1..x_gamma.
+    draft_probs: [B, gamma, V] float32, q_i (the distribution x_i was sampled from).
+    target_probs: [B, gamma+1, V] float32, p_1..p_{gamma+1} (p_i conditions on x_1..x_{i-1}).
+    keys: [B] PRNG keys, one per row (each used once: split into uniforms and the final sample).
+    num_drafted: [B] int32 in [0, gamma], how many draft tokens each row really proposed (default
+      gamma). Positions >= num_drafted count as "nothing to verify": the row emits a sample from p
+      at position n = (accepted prefix) exactly as after gamma accepted drafts. Since p at position i
+      only conditions on x_1..x_{i-1}, the filler draft tokens there cannot influence the result.
+
+  Returns:
+    AcceptResult. Exactness: tokens[:, :n+1] is distributed as n+1 tokens sampled from the target
+    (for any q), and no NaN is produced for valid p, q (p == q, one-hot, disjoint supports, q(x)=0).
+  """
+  assert draft_tokens.ndim == 2, draft_tokens.shape
+  batch, gamma = draft_tokens.shape
+  vocab = target_probs.shape[-1]
+  assert draft_probs.shape == (batch, gamma, vocab), (draft_probs.shape, draft_tokens.shape)
+  assert target_probs.shape == (batch, gamma + 1, vocab), (target_probs.shape, draft_tokens.shape)
+  assert keys.shape == (batch,), keys.shape
+  if num_drafted is None:
+    num_drafted = jnp.full((batch,), gamma, jnp.int32)
+  positions = jnp.arange(gamma, dtype=jnp.int32)
+  drafted = positions[None, :] < num_drafted[:, None]  # [B, gamma]
+  # Undrafted positions have no draft distribution: q = 0 there, so the residual is p itself.
+  draft_probs = jnp.where(drafted[..., None], draft_probs.astype(jnp.float32), 0.0)
+  target_probs = target_probs.astype(jnp.float32)
+
+  uniform_keys = jax.vmap(lambda k: jax.random.fold_in(k, 0))(keys)
+  sample_keys = jax.vmap(lambda k: jax.random.fold_in(k, 1))(keys)
+  uniforms = jax.vmap(lambda k: jax.random.uniform(k, (gamma,), jnp.float32))(uniform_keys)
+
+  index = draft_tokens[..., None].astype(jnp.int32)  # [B, gamma, 1]
+  target_at_draft = jnp.take_along_axis(target_probs[:, :gamma], index, axis=-1)[..., 0]
+  draft_at_draft = jnp.take_along_axis(draft_probs, index, axis=-1)[..., 0]  # [B, gamma]
+  accepted = accept_test(uniforms, draft_at_draft, target_at_draft) & drafted  # [B, gamma]
+  # n = length of the all-accepted prefix (everything after the first rejection is discarded).
+  num_accepted = jnp.sum(jnp.cumprod(accepted.astype(jnp.int32), axis=1), axis=1)  # [B]
+
+  draft_padded = jnp.concatenate([draft_probs, jnp.zeros((batch, 1, vocab), jnp.float32)], axis=1)
+  at_n = num_accepted[:, None, None]
+  target_n = jnp.take_along_axis(target_probs, at_n, axis=1)[:, 0]  # [B, V]
+  draft_n = jnp.take_along_axis(draft_padded, at_n, axis=1)[:, 0]  # [B, V]
+  residual = jnp.maximum(target_n - draft_n, 0.0)  # [B, V], unnormalized
+  # residual == 0 everywhere iff p == q at n, where a rejection has probability 0; fall back to p
+  # so the (unused) sample is well defined instead of NaN.
+  residual_mass = jnp.sum(residual, axis=-1, keepdims=True)
+  next_dist = jnp.where(residual_mass > 0, residual, target_n)
+  next_token = sample_rows(sample_keys, next_dist)  # [B]
+
+  block = jnp.concatenate([draft_tokens.astype(jnp.int32),
+                           jnp.zeros((batch, 1), jnp.int32)], axis=1)  # [B, gamma+1]
+  block = jnp.where(jnp.arange(gamma + 1)[None, :] == num_accepted[:, None],
+                    next_token[:, None], block)
+  min_mass = jnp.sum(jnp.minimum(target_probs[:, :gamma], draft_probs), axis=-1)  # [B, gamma]
+  return AcceptResult(num_accepted=num_accepted.astype(jnp.int32), next_token=next_token,
+                      tokens=block, min_mass=min_mass)

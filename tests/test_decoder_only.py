@@ -1,0 +1,126 @@
+"""Tests for speculative/models/decoder_only.py: cached chunked decoding == full forward, per-row
+offsets and overwriting stale entries, input validation, and the lm1b gin shapes."""
+from pathlib import Path
+
+import gin
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from speculative.models.decoder_only import DecoderOnlyConfig, DecoderOnlyLM
+
+REPO = Path(__file__).resolve().parents[1]
+
+VARIANTS = {
+    'rotary_rmsnorm_untied': DecoderOnlyConfig(vocab_size=11, d_model=32, d_ff=48, num_layers=2,
+                                               num_heads=4),
+    'learned_layernorm_tied': DecoderOnlyConfig(vocab_size=11, d_model=24, d_ff=40, num_layers=2,
+                                                num_heads=3, positions='learned',
+                                                max_positions=16, norm='layernorm',
+                                                tie_embeddings=True),
+}
+
+
+@gin.configurable
+def _pick_lm1b_models(target=gin.REQUIRED, draft=gin.REQUIRED):
+  return target, draft
+
+
+@pytest.mark.parametrize('name', sorted(VARIANTS))
+def test_cached_chunks_equal_full_forward(name):
+  model = DecoderOnlyLM(VARIANTS[name])
+  params = model.init_params(jax.random.key(0))
+  tokens = jax.random.randint(jax.random.key(1), (2, 10), 0, model.vocab_size)
+  full = jax.jit(model.forward)(params, tokens)  # [2, 10, V]
+  assert full.dtype == jnp.float32 and full.shape == (2, 10, model.vocab_size)
+  cache = model.init_cache(params, 2, 12)
+  extend = jax.jit(model.extend)
+  chunks = []
+  for lo, hi in [(0, 3), (3, 4), (4, 7), (7, 10)]:  # T = 3, 1, 3, 3
+    logits, cache = extend(params, cache, tokens[:, lo:hi], jnp.full((2,), lo, jnp.int32))
+    chunks.append(logits)
+  np.testing.assert_allclose(np.concatenate(chunks, axis=1), full, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize('name', sorted(VARIANTS))
+def test_per_row_offsets_and_overwritten_stale_entries(name):
+  """Rows at different offsets; garbage written past a row's length is overwritten on re-feed."""
+  model = DecoderOnlyLM(VARIANTS[name])
+  params = model.init_params(jax.random.key(0))
+  tokens = jax.random.randint(jax.random.key(2), (2, 9), 0, model.vocab_size)
+  full = np.asarray(jax.jit(model.forward)(params, tokens))
+  cache = model.init_cache(params, 2, 12)
+  extend = jax.jit(model.extend)
+  # Both rows: positions 0..3, then junk at 4..7 (a "rejected" draft), never attended to later.
+  _, cache = extend(params, cache, tokens[:, :4], jnp.zeros((2,), jnp.int32))
+  junk = (tokens[:, 4:8] + 1) % model.vocab_size
+  _, cache = extend(params, cache, junk, jnp.full((2,), 4, jnp.int32))
+  # Row 0 re-feeds from position 2 (identical entries), row 1 from 4: T=4 at start [2, 4].
+  start = jnp.array([2, 4], jnp.int32)
+  chunk = jnp.stack([tokens[0, 2:6], tokens[1, 4:8]])
+  logits, cache = extend(params, cache, chunk, start)
+  np.testing.assert_allclose(logits[0], full[0, 2:6], atol=1e-5, rtol=1e-5)
+  np.testing.assert_allclose(logits[1], full[1, 4:8], atol=1e-5, rtol=1e-5)
+  # Continue both rows to the end one token at a time (the T=1 decode path).
+  start_t = jnp.array([6, 8], jnp.int32)
+  step_tokens = jnp.stack([tokens[0, 6], tokens[1, 8]])[:, None]
+  logits, cache = extend(params, cache, step_tokens, start_t)
+  np.testing.assert_allclose(logits[0, 0], full[0, 6], atol=1e-5, rtol=1e-5)
+  np.testing.assert_allclose(logits[1, 0], full[1, 8], atol=1e-5, rtol=1e-5)
+
+
+def test_logits_depend_on_the_prefix_only():
+  """Causality of the full forward: changing token t leaves logits before t unchanged."""
+  model = DecoderOnlyLM(VARIANTS['rotary_rmsnorm_untied'])
+  params = model.init_params(jax.random.key(0))
+  tokens = jax.random.randint(jax.random.key(3), (1, 8), 0, model.vocab_size)
+  changed = tokens.at[0, 5].set((tokens[0, 5] + 1) % model.vocab_size)
+  forward = jax.jit(model.forward)
+  a, b = forward(params, tokens), forward(params, changed)
+  np.testing.assert_array_equal(a[0, :5], b[0, :5])
+  assert np.abs(np.asarray(a[0, 5:] - b[0, 5:])).max() > 1e-4
+
+
+def test_bad_inputs_raise():
+  with pytest.raises(ValueError, match='divisible'):
+    DecoderOnlyConfig(d_model=10, num_heads=3)
+  with pytest.raises(ValueError, match='positions'):
+    DecoderOnlyConfig(positions='alibi')
+  with pytest.raises(ValueError, match='norm'):
+    DecoderOnlyConfig(norm='batchnorm')
+  with pytest.raises(ValueError, match='vocab_size'):
+    DecoderOnlyConfig(vocab_size=0)
+  model = DecoderOnlyLM(VARIANTS['learned_layernorm_tied'])
+  with pytest.raises(ValueError, match='max_positions'):
+    model.init_cache(None, 1, 17)
+  with pytest.raises(ValueError, match='encoder_tokens'):
+    model.init_cache(None, 1, 8, encoder_tokens=jnp.ones((1, 3), jnp.int32))
+
+
+def _param_count(model):
+  shapes = jax.eval_shape(model.init_params, jax.random.key(0))
+  return sum(int(np.prod(x.shape)) for x in jax.tree.leaves(shapes))
+
+
+def test_lm1b_gin_shapes():
+  """The gin files build the paper's lm1b pair: ~97M target, ~6M draft, shared 8k vocab."""
+  files = [str(REPO / 'configs/models' / name) for name in ('lm1b_target.gin', 'lm1b_draft.gin')]
+  with gin.unlock_config():
+    gin.clear_config()
+    gin.parse_config_files_and_bindings(
+        files, ['_pick_lm1b_models.target = %TARGET_MODEL',
+                '_pick_lm1b_models.draft = %DRAFT_MODEL'],
+        finalize_config=False)
+    try:
+      target, draft = _pick_lm1b_models()
+    finally:
+      gin.clear_config()
+  assert isinstance(target, DecoderOnlyLM) and isinstance(draft, DecoderOnlyLM)
+  assert (target.config.d_model, target.config.d_ff, target.config.num_layers,
+          target.config.num_heads, target.vocab_size) == (768, 3072, 12, 12, 8192)
+  assert (draft.config.d_model, draft.config.d_ff, draft.config.num_layers,
+          draft.config.num_heads, draft.vocab_size) == (256, 1024, 2, 4, 8192)
+  hash((target, draft))  # usable as jit static arguments
+  assert 90e6 < _param_count(target) < 100e6
+  assert 5e6 < _param_count(draft) < 7e6
