@@ -42,17 +42,21 @@ residual numerator is clamped at 0 and normalized by its own sum, and falls back
 sum is 0 (then a rejection has probability 0 up to rounding, e.g. p == q). No NaNs for one-hot,
 disjoint or identical p and q.
 
-Sequence-level selection (the paper's Algorithm 3, K draft sequences) is planned; see the TODO at
-the end of this module.
+Sequence-level selection (the paper's Algorithm 3, K draft sequences of length L): see
+`spectr_sequence_select` at the end of this module; the decode loop around it is
+speculative/spectr_decoding.py.
 """
 from __future__ import annotations
 
 import itertools
 from typing import Sequence
 
+import flax.struct
 import jax
 import jax.numpy as jnp
 import numpy as np
+
+from speculative import sampling as sampling_lib
 
 DEFAULT_BISECTION_ITERS = 40
 
@@ -365,18 +369,216 @@ def otm_k_acceptance_mincut(p: Sequence[float], q: Sequence[float], k: int,
 
 
 # ----------------------------------------------------------------------------------------------
-# TODO(sequence level, the paper's Algorithm 3): planned API, not implemented yet.
-#
-#   spectr_sequence_select(draft_probs [B, K, gamma, V], target_probs [B, K, gamma+1, V],
-#                          draft_tokens [B, K, gamma], key, rho_fn=rho_star)
-#       -> (tokens [B, gamma+1], num_emitted [B], accepted_branch [B])
-#
-# Walk the K draft sequences position by position as a tree: at depth j the surviving branches
-# (those whose prefixes equal the tokens emitted so far) hold i.i.d. draws from the draft's
-# conditional; run k-Seq among them with that depth's (draft, target) conditionals and the number
-# of surviving branches as K (rho* recomputed per depth). If a branch is accepted, keep only the
-# branches agreeing with it and go one deeper; otherwise emit the residual sample and stop. After
-# gamma accepted positions emit the bonus token from the target's (gamma+1)-th conditional of the
-# accepted branch. Needs the decode loop's batched verify over K branches ([B*K, gamma+1]) and
-# per-branch caches, so it lives next to decoding.py once that exists.
+# Sequence level (the paper's Algorithm 3): K i.i.d. draft sequences of length L.
 # ----------------------------------------------------------------------------------------------
+
+
+def _geometric_sum_counted(beta_value: jax.Array, count: jax.Array, max_count: int) -> jax.Array:
+  """g(beta) = sum_{j < count} (1 - beta)^j for a run-time count in [0, max_count]. [...] float32.
+
+  Equals `_geometric_sum(beta, count)` (the masked terms are exact zeros); count == 1 gives 1.0
+  exactly, count == 0 gives 0.
+  """
+  one_minus = 1.0 - jnp.clip(beta_value, 0.0, 1.0)  # [...]
+  exponents = jnp.arange(max_count, dtype=jnp.float32)  # [max_count]
+  powers = one_minus[..., None] ** exponents  # [..., max_count]
+  powers = jnp.where(exponents < count[..., None], powers, 0.0)
+  return jnp.sum(powers, axis=-1)
+
+
+def rho_star_counted(p: jax.Array, q: jax.Array, count: jax.Array, max_count: int,
+                     num_iters: int = DEFAULT_BISECTION_ITERS) -> jax.Array:
+  """`rho_star` with a run-time number of drafts per row: count [...] int32 in [0, max_count].
+
+  At depth i of the sequence-level selection only the drafts whose prefix agrees with the tokens
+  emitted so far take part, so K varies per row and per depth; `max_count` (static) bounds it.
+  Bisection on [1, max(count, 1)] exactly as in `rho_star`; count <= 1 gives rho = 1 exactly (a
+  single draft is Leviathan's rule; with no draft rho is irrelevant).
+
+  Args:
+    p: [..., V] draft distribution.
+    q: [..., V] target distribution.
+    count: [...] int, the number of i.i.d. drafts of this row.
+    max_count: static upper bound of count (>= 1).
+    num_iters: bisection steps (static).
+
+  Returns:
+    [...] float32 in [1, max(count, 1)].
+  """
+  max_count = _check_num_drafts(max_count)
+  p, q = _as_distributions(p, q)
+  count = jnp.asarray(count, jnp.int32)
+  batch_shape = p.shape[:-1]
+  if count.shape != batch_shape:
+    raise ValueError(f"count must have the batch shape {batch_shape}; got {count.shape}")
+  one = jnp.ones(batch_shape, jnp.float32)
+  if max_count == 1:
+    return one
+
+  def is_valid(rho):
+    b = beta(rho, p, q)
+    return (b <= 0.0) | (rho >= _geometric_sum_counted(b, count, max_count))
+
+  def body(_, bounds):
+    lo, hi = bounds
+    mid = 0.5 * (lo + hi)
+    ok = is_valid(mid)
+    return jnp.where(ok, lo, mid), jnp.where(ok, mid, hi)
+
+  upper = jnp.maximum(count, 1).astype(jnp.float32)
+  _, hi = jax.lax.fori_loop(0, int(num_iters), body, (one, upper))
+  return jnp.where(is_valid(one), one, hi)
+
+
+@flax.struct.dataclass
+class SequenceSelection:
+  """Outcome of the sequence-level selection for a batch of rows (K drafts of length L each).
+
+  Attributes:
+    num_accepted: [B] int32, n in [0, L]: the number of depths at which a draft was accepted.
+    next_token: [B] int32, the token emitted after them: the k-Seq residual sample at depth n, or
+      the bonus token from the target's conditional at depth L when n == L (or a sample from the
+      target's conditional at depth n when no draft reached that depth; see `num_drafted`).
+    tokens: [B, L+1] int32, the emitted block: tokens[:, :n] are the accepted draft tokens,
+      tokens[:, n] is next_token, entries after n are filler (the chosen branch's drafts, then 0).
+    branch: [B] int32 in [0, K): a draft whose first n tokens equal tokens[:, :n] (the draft whose
+      caches the decode loop adopts).
+    acceptance_sum: [B] float32, sum over the depths where a selection ran of the k-Seq acceptance
+      probability 1 - (1 - beta(rho*))^k with k the number of drafts still in the running there.
+    single_draft_acceptance_sum: [B] float32, the same sum of sum_x min(p(x), q(x)) (what one draft
+      would be accepted with at those conditionals; Leviathan's alpha).
+    num_selections: [B] int32, the number of depths where a selection ran (min(n + 1, L), less when
+      drafts were shorter than L).
+  """
+  num_accepted: jax.Array
+  next_token: jax.Array
+  tokens: jax.Array
+  branch: jax.Array
+  acceptance_sum: jax.Array
+  single_draft_acceptance_sum: jax.Array
+  num_selections: jax.Array
+
+
+def spectr_sequence_select(draft_tokens: jax.Array, draft_probs: jax.Array,
+                           target_probs: jax.Array, accept_uniforms: jax.Array,
+                           sample_keys: jax.Array, num_drafted: jax.Array | None = None,
+                           num_iters: int = DEFAULT_BISECTION_ITERS) -> SequenceSelection:
+  """The paper's Algorithm 3 with k-Seq (rho*) as the token-level selection, vectorized over rows.
+
+  The K drafts of a row form a tree walked depth by depth. At depth i (0-based) the drafts still
+  in the running ("survivors": those whose first i tokens equal the i tokens emitted so far) hold
+  i.i.d. samples of the draft's conditional p(. | prefix) (their tokens at depth i were drawn
+  independently of everything that decided the survival). k-Seq among the k survivors (rho* for
+  that k, acceptance uniforms u[i, j] per draft j, in draft order) outputs a token distributed as
+  the target's conditional q(. | prefix):
+    * a draft is accepted: emit its token, keep the survivors that carry the same token, go deeper;
+    * none is accepted: emit the k-Seq residual sample and stop (the first correction).
+  After L accepted depths, emit the bonus token from q(. | all L tokens) of a surviving draft. Every
+  emitted token is then distributed as the target's conditional given the tokens before it, so a
+  decode loop that repeats this is exact. (Algorithm 3 as printed continues while the output token
+  equals some survivor's token; after a residual sample that is an event of probability zero at the
+  exact rho* — every survivor's token x has rho* p(x) >= q(x), where the residual has no mass — so
+  stopping at the first correction is the same rule, and it needs one sample per step.)
+
+  With K = 1 this is Leviathan's Algorithm 1 operation for operation (rho = 1, g = 1, the same
+  acceptance test and the same unnormalized residual max(0, q - p), the same Gumbel-max sample with
+  the same key), so `speculative_accept` and this function emit the same tokens for the same
+  uniforms and keys (tested through the decode loops).
+
+  NOTATION: p is the DRAFT, q the TARGET (SpecTr's; the reverse of sampling.py).
+
+  Args:
+    draft_tokens: [B, K, L] int32, K i.i.d. draft sequences per row.
+    draft_probs: [B, K, L, V] float32, draft_probs[b, j, i] is the distribution token i of draft j
+      was drawn from (it conditions on draft j's tokens before i).
+    target_probs: [B, K, L+1, V] float32, target_probs[b, j, i] is the target's conditional given
+      draft j's first i tokens (the verify call over [last token, draft j]).
+    accept_uniforms: [B, L, K] float32 in [0, 1), u for (depth, draft).
+    sample_keys: [B] PRNG keys, one per row, used once (residual or bonus sample).
+    num_drafted: [B, K] int32 in [0, L], tokens each draft really proposed (default L). Positions
+      at or beyond it take no part; when no survivor has a token at depth i the row emits a sample
+      of q at depth i, as `speculative_accept` does. Exactness then needs num_drafted to depend
+      only on the draft's own earlier tokens (a stopping rule), so survivors agree on it.
+    num_iters: bisection steps for rho* (static).
+
+  Returns:
+    SequenceSelection.
+  """
+  draft_tokens = jnp.asarray(draft_tokens)
+  if draft_tokens.ndim != 3:
+    raise ValueError(f"draft_tokens must be [batch, K, L]; got shape {draft_tokens.shape}")
+  batch, k, length = draft_tokens.shape
+  vocab = target_probs.shape[-1]
+  if draft_probs.shape != (batch, k, length, vocab):
+    raise ValueError(f"draft_probs must be [batch, K, L, V] = {(batch, k, length, vocab)}; got "
+                     f"{draft_probs.shape}")
+  if target_probs.shape != (batch, k, length + 1, vocab):
+    raise ValueError(f"target_probs must be [batch, K, L+1, V] = {(batch, k, length + 1, vocab)}; "
+                     f"got {target_probs.shape}")
+  if accept_uniforms.shape != (batch, length, k):
+    raise ValueError(f"accept_uniforms must be [batch, L, K] = {(batch, length, k)}; got "
+                     f"{accept_uniforms.shape}")
+  if sample_keys.shape != (batch,):
+    raise ValueError(f"sample_keys must be [batch] = {(batch,)}; got {sample_keys.shape}")
+  if num_drafted is None:
+    num_drafted = jnp.full((batch, k), length, jnp.int32)
+  if num_drafted.shape != (batch, k):
+    raise ValueError(f"num_drafted must be [batch, K] = {(batch, k)}; got {num_drafted.shape}")
+  draft_tokens = draft_tokens.astype(jnp.int32)
+  draft_probs = draft_probs.astype(jnp.float32)
+  target_probs = target_probs.astype(jnp.float32)
+  accept_uniforms = accept_uniforms.astype(jnp.float32)
+  rows = jnp.arange(batch)
+
+  def depth_step(i, carry):
+    alive, running, num_accepted, next_dist, acceptance, single, selections = carry
+    participants = alive & (i < num_drafted)  # [B, K]
+    count = jnp.sum(participants, axis=1).astype(jnp.int32)  # [B]
+    has_drafts = count > 0
+    # Survivors share their prefix, so any one of them gives the conditionals p and q at depth i.
+    representative = jnp.argmax(participants, axis=1)  # [B]
+    p = draft_probs[rows, representative, i]  # [B, V]
+    q = target_probs[rows, representative, i]  # [B, V]
+    p = jnp.where(has_drafts[:, None], p, 0.0)  # no draft here: the residual below is q itself
+    rho = rho_star_counted(p, q, count, k, num_iters)  # [B]
+    tokens_here = draft_tokens[:, :, i]  # [B, K]
+    p_at = jnp.take_along_axis(p, tokens_here, axis=1)  # [B, K]
+    q_at = jnp.take_along_axis(q, tokens_here, axis=1)  # [B, K]
+    accepted = (participants & (accept_uniforms[:, i, :] * rho[:, None] * p_at <= q_at)
+                & (q_at > 0.0))  # [B, K]
+    any_accepted = jnp.any(accepted, axis=1)  # [B]
+    first = jnp.argmax(accepted, axis=1)  # [B]
+    emitted = jnp.take_along_axis(tokens_here, first[:, None], axis=1)[:, 0]  # [B]
+
+    beta_rho = beta(rho, p, q)  # [B]
+    g = _geometric_sum_counted(beta_rho, count, k)  # [B]
+    # Unnormalized residual (Gumbel-max needs no normalization); q when it has no mass.
+    residual = jnp.maximum(q - jnp.minimum(p, q / rho[:, None]) * g[:, None], 0.0)  # [B, V]
+    residual = jnp.where(jnp.sum(residual, axis=1, keepdims=True) > 0.0, residual, q)
+
+    selecting = running & has_drafts
+    advance = running & any_accepted
+    next_dist = jnp.where((running & ~any_accepted)[:, None], residual, next_dist)
+    alive = jnp.where(advance[:, None], participants & (tokens_here == emitted[:, None]), alive)
+    acceptance = acceptance + jnp.where(selecting, beta_rho * g, 0.0)
+    single = single + jnp.where(selecting, jnp.sum(jnp.minimum(p, q), axis=1), 0.0)
+    return (alive, advance, num_accepted + advance.astype(jnp.int32), next_dist, acceptance,
+            single, selections + selecting.astype(jnp.int32))
+
+  init = (jnp.ones((batch, k), bool), jnp.ones((batch,), bool), jnp.zeros((batch,), jnp.int32),
+          jnp.zeros((batch, vocab), jnp.float32), jnp.zeros((batch,), jnp.float32),
+          jnp.zeros((batch,), jnp.float32), jnp.zeros((batch,), jnp.int32))
+  alive, running, num_accepted, next_dist, acceptance, single, selections = jax.lax.fori_loop(
+      0, length, depth_step, init)
+  branch = jnp.argmax(alive, axis=1).astype(jnp.int32)  # [B]; all K alive when n == 0
+  bonus = target_probs[rows, branch, length]  # [B, V]
+  next_dist = jnp.where(running[:, None], bonus, next_dist)
+  next_token = sampling_lib.sample_rows(sample_keys, next_dist)  # [B]
+
+  chosen = draft_tokens[rows, branch]  # [B, L]
+  block = jnp.concatenate([chosen, jnp.zeros((batch, 1), jnp.int32)], axis=1)  # [B, L+1]
+  block = jnp.where(jnp.arange(length + 1)[None, :] == num_accepted[:, None],
+                    next_token[:, None], block)
+  return SequenceSelection(num_accepted=num_accepted, next_token=next_token, tokens=block,
+                           branch=branch, acceptance_sum=acceptance,
+                           single_draft_acceptance_sum=single, num_selections=selections)
