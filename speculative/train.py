@@ -7,7 +7,8 @@ Run (the embedded pair; see configs/train/ for the exact files and expected outp
 Prints a tqdm bar with the running loss, writes T5X-layout checkpoints to `output_dir/checkpoint_<step>/`
 every `checkpoint_every` steps (with the optax state beside them, so an interrupted run resumes from
 its last checkpoint), evaluates validation loss/accuracy, and at the end exports compact weights
-(`export_path`, bfloat16 flax msgpack) for shipping.
+(`export_path`, bfloat16 flax msgpack) for shipping. To ship the newest checkpoint of a run that
+stopped early: add --gin_bindings="train.export_only = True".
 
 Batching: examples are bucketed by length into a few fixed (inputs, targets) shapes, each with a
 batch size chosen to keep tokens per batch roughly constant, so only a few shapes compile and little
@@ -17,7 +18,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import gzip
 import json
 import logging
 import os
@@ -32,9 +32,11 @@ import optax
 from flax import serialization
 
 from speculative import checkpoints
+from speculative import corpus
+from speculative import tasks
 from speculative.models import t5 as t5_lib
 
-INPUT_PREFIX = "translate English to German: "
+INPUT_PREFIX = tasks.TRANSLATE_EN_DE_PREFIX
 EOS_ID = 1
 PAD_ID = 0
 
@@ -52,23 +54,13 @@ class Bucket:
   batch_size: int
 
 
-# (inputs_length, targets_length); batch sizes are set from `tokens_per_batch` in `train`.
-DEFAULT_BUCKETS = (Bucket(24, 24, 0), Bucket(48, 48, 0), Bucket(96, 96, 0), Bucket(192, 192, 0))
+# Bucket lengths (inputs and targets); batch sizes are set from `tokens_per_batch` in `train`.
+DEFAULT_BUCKET_LENGTHS = (24, 48, 96, 192)
 
 
 def read_tsv(path: str) -> list[tuple[str, str]]:
-  """Reads `source<TAB>target` lines from a (gzipped) TSV file."""
-  opener = gzip.open if path.endswith(".gz") else open
-  pairs = []
-  with opener(path, "rt", encoding="utf-8") as f:
-    for line_no, line in enumerate(f, 1):
-      line = line.rstrip("\n")
-      if not line:
-        continue
-      parts = line.split("\t")
-      if len(parts) != 2:
-        raise ValueError(f"{path}:{line_no}: expected 2 tab-separated fields, got {len(parts)}")
-      pairs.append((parts[0], parts[1]))
+  """`source<TAB>target` pairs of a (gzipped) TSV file; ValueError when it holds none."""
+  pairs = corpus.read_tsv_gz(path)
   if not pairs:
     raise ValueError(f"{path}: no examples")
   return pairs
@@ -291,6 +283,7 @@ def train(*,
           weight_decay: float = 0.01,
           clip_norm: float = 1.0,
           tokens_per_batch: int = 3072,
+          bucket_lengths: Sequence[int] = DEFAULT_BUCKET_LENGTHS,
           checkpoint_every: int = 500,
           eval_every: int = 1000,
           max_validation_examples: int = 500,
@@ -300,8 +293,13 @@ def train(*,
           distill_weight: float = 0.0,
           export_path: str | None = None,
           export_dtype: str = "bfloat16",
-          max_steps_this_run: int | None = None) -> dict[str, float]:
-  """Trains (or resumes) and returns the last metrics. See the module docstring."""
+          max_steps_this_run: int | None = None,
+          export_only: bool = False) -> dict[str, float]:
+  """Trains (or resumes) and returns the last metrics. See the module docstring.
+
+  `export_only`: write `export_path` from the newest checkpoint in `output_dir` without training
+  (to ship a model from a run that was stopped before `num_steps`).
+  """
   if num_steps < 1:
     raise ValueError(f"num_steps must be >= 1, got {num_steps}")
   if not 0.0 <= distill_weight <= 1.0:
@@ -311,9 +309,9 @@ def train(*,
   from tqdm import tqdm
 
   # Batch size per bucket keeps the padded tokens per batch near `tokens_per_batch`.
-  buckets = tuple(Bucket(b.inputs_length, b.targets_length,
-                         max(1, tokens_per_batch // (b.inputs_length + b.targets_length)))
-                  for b in DEFAULT_BUCKETS)
+  if not bucket_lengths or list(bucket_lengths) != sorted(bucket_lengths):
+    raise ValueError(f"bucket_lengths must be non-empty and ascending, got {bucket_lengths}")
+  buckets = tuple(Bucket(n, n, max(1, tokens_per_batch // (2 * n))) for n in bucket_lengths)
   train_examples = tokenize_pairs(read_tsv(train_tsv), spm_model)
   val_examples = tokenize_pairs(read_tsv(validation_tsv)[:max_validation_examples], spm_model)
   logging.info("train examples %d, buckets %s", len(train_examples), buckets)
@@ -335,6 +333,15 @@ def train(*,
     params, opt_state = restore_train_state(output_dir, start_step, params, opt_state)
     print(f"resumed from {output_dir}/checkpoint_{start_step}")
   os.makedirs(output_dir, exist_ok=True)
+
+  if export_only:
+    if not start_step:
+      raise ValueError(f"export_only: no checkpoint in {output_dir}")
+    if not export_path:
+      raise ValueError("export_only needs export_path")
+    checkpoints.save_params(jax.device_get(params), export_path, dtype=export_dtype)
+    print(f"exported step {start_step} ({n_params / 1e6:.1f}M params) to {export_path}")
+    return {"step": start_step}
 
   step_config = StepConfig(model=model, distill_weight=distill_weight)
   train_step = make_train_step(step_config, optimizer, teacher)
