@@ -12,6 +12,20 @@ Two concerns live here, both pure array functions (no models):
    `r_i * q_i(x_i) <= p_i(x_i)`, then sample the correction from norm(max(0, p - q)) at the first
    rejected position, or the bonus token from p_{gamma+1} when everything was accepted.
 
+3. **Lenience** (paper Appendix A.5; APPROXIMATE, changes the output when l < 1). A run-time value
+   l in (0, 1]; l = 1 (the default) is the exact rule above, bit for bit.
+   * Sampling form: accept x iff `r * l * q(x) <= p(x)`, correction from norm(max(0, p - l q)).
+     A token is then emitted with probability
+         P(x) = min(q(x), p(x)/l) + (1 - alpha_l) norm(max(0, p - l q))(x)  <=  p(x) / l,
+     so no token is ever sampled with more than 1/l times its target probability (rare tokens stay
+     rare; there is no lower bound, so diversity can drop). alpha_l = sum_x min(q(x), p(x)/l).
+     Same rule and formulas as `analysis.lenient_alpha` / `analysis.lenient_output_distribution`.
+   * Argmax form (the standardized p, q are one-hot there, so the sampling form is vacuous): accept
+     the draft token x iff `p(x) >= l * max_y p(y)`, with p the target's own distribution
+     softmax(logits) at temperature 1 before any filter; on rejection (and for the bonus) the
+     target's argmax. Guarantee: every emitted token is at most 1/l times less likely than the
+     target's argmax under the target model (l = 1: exactly greedy).
+
 Conventions:
   * Probabilities are float32. A logits row that contains NaN or +inf, or is entirely -inf, has no
     distribution: its probs are NaN (never silently a valid-looking distribution), so the decode
@@ -201,14 +215,55 @@ def sample_rows(keys: jax.Array, probs: jax.Array) -> jax.Array:
 # --------------------------------------------------------------------------------------------------
 
 
-def accept_test(uniforms: jax.Array, draft_prob: jax.Array, target_prob: jax.Array) -> jax.Array:
+def check_lenience(lenience: Any) -> None:
+  """Raises ValueError unless lenience is a scalar in (0, 1] (only checks concrete values)."""
+  if np.ndim(lenience) != 0:
+    raise ValueError(f'lenience must be a scalar in (0, 1], got shape {np.shape(lenience)}')
+  if _is_concrete(lenience):
+    value = float(lenience)
+    if not 0.0 < value <= 1.0:  # also rejects NaN
+      raise ValueError(f'lenience must be in (0, 1] (1 = exact speculative decoding), got {value}')
+
+
+def accept_test(uniforms: jax.Array, draft_prob: jax.Array, target_prob: jax.Array,
+                lenience: jax.Array | float | None = None) -> jax.Array:
   """The acceptance rule, elementwise: accept x iff r * q(x) <= p(x) (and p(x) > 0).
 
   Equivalent to r < min(1, p(x)/q(x)) without a division. The `p(x) > 0` guard only matters for
   r == 0 or q(x) == 0, events of probability zero for a properly sampled draft: it makes sure a
-  token the target rules out is never accepted. (This is the one place a lenience hook would go.)
+  token the target rules out is never accepted.
+
+  Lenience (the sampling form, APPROXIMATE for l < 1): accept iff r * (l * q(x)) <= p(x), i.e. with
+  probability min(1, p(x) / (l q(x))). l = 1 (or None) is the exact rule, bit for bit.
   """
+  if lenience is not None:
+    draft_prob = lenience * draft_prob
   return (uniforms * draft_prob <= target_prob) & (target_prob > 0)
+
+
+def lenient_argmax_accept(target_logits: jax.Array, draft_tokens: jax.Array,
+                          lenience: jax.Array | float) -> jax.Array:
+  """The argmax form of lenience: [B, gamma] bool, p(x_i) >= l * max_y p(y) and l < 1.
+
+  Args:
+    target_logits: [B, gamma, V] the target's logits at the drafted positions (raw: the rule uses
+      the model's own distribution softmax(logits) at temperature 1, because under argmax decoding
+      the standardized p is one-hot and no lenience could apply to it).
+    draft_tokens: [B, gamma] int32.
+    lenience: [] l in (0, 1]. At l = 1 this is all False, so the caller's exact argmax rule alone
+      decides (no tie-breaking differences from comparing probabilities).
+
+  Computed in log space without a softmax: log p(x) - log max p = logit(x) - max logit >= log l.
+  A token with a -inf logit (p = 0) is never accepted.
+  """
+  assert target_logits.ndim == 3 and target_logits.shape[:2] == draft_tokens.shape, (
+      target_logits.shape, draft_tokens.shape)
+  logits = target_logits.astype(jnp.float32)
+  at_draft = jnp.take_along_axis(logits, draft_tokens[..., None].astype(jnp.int32),
+                                 axis=-1)[..., 0]  # [B, gamma]
+  gap = at_draft - jnp.max(logits, axis=-1)  # [B, gamma], <= 0
+  lenience = jnp.asarray(lenience, jnp.float32)
+  return (gap >= jnp.log(lenience)) & jnp.isfinite(at_draft) & (lenience < 1.0)
 
 
 @flax.struct.dataclass
@@ -231,7 +286,9 @@ class AcceptResult:
 
 
 def speculative_accept(draft_tokens: jax.Array, draft_probs: jax.Array, target_probs: jax.Array,
-                       keys: jax.Array, num_drafted: jax.Array | None = None) -> AcceptResult:
+                       keys: jax.Array, num_drafted: jax.Array | None = None, *,
+                       lenience: jax.Array | float | None = None,
+                       lenient_accepts: jax.Array | None = None) -> AcceptResult:
   """Speculative acceptance (Alg. 1) for a batch of rows.
 
   Args:
@@ -243,6 +300,13 @@ def speculative_accept(draft_tokens: jax.Array, draft_probs: jax.Array, target_p
       gamma). Positions >= num_drafted count as "nothing to verify": the row emits a sample from p
       at position n = (accepted prefix) exactly as after gamma accepted drafts. Since p at position i
       only conditions on x_1..x_{i-1}, the filler draft tokens there cannot influence the result.
+    lenience: [] l in (0, 1] or None (exact). APPROXIMATE for l < 1: the sampling form of the module
+      docstring (accept iff r * l * q(x) <= p(x), correction from norm(max(0, p - l q))); then
+      `min_mass` is the lenient acceptance probability sum_x min(q(x), p(x)/l). l = 1 gives the
+      same result as None, bit for bit (in a different compiled program the
+      alpha sums may round differently in the last bit).
+    lenient_accepts: [B, gamma] bool or None: positions accepted regardless of r (the argmax form,
+      `lenient_argmax_accept`); they count as acceptance probability 1 in `min_mass`.
 
   Returns:
     AcceptResult. Exactness: tokens[:, :n+1] is distributed as n+1 tokens sampled from the target
@@ -269,7 +333,11 @@ def speculative_accept(draft_tokens: jax.Array, draft_probs: jax.Array, target_p
   index = draft_tokens[..., None].astype(jnp.int32)  # [B, gamma, 1]
   target_at_draft = jnp.take_along_axis(target_probs[:, :gamma], index, axis=-1)[..., 0]
   draft_at_draft = jnp.take_along_axis(draft_probs, index, axis=-1)[..., 0]  # [B, gamma]
-  accepted = accept_test(uniforms, draft_at_draft, target_at_draft) & drafted  # [B, gamma]
+  accepted = accept_test(uniforms, draft_at_draft, target_at_draft, lenience)  # [B, gamma]
+  if lenient_accepts is not None:
+    assert lenient_accepts.shape == (batch, gamma), lenient_accepts.shape
+    accepted = accepted | lenient_accepts
+  accepted = accepted & drafted
   # n = length of the all-accepted prefix (everything after the first rejection is discarded).
   num_accepted = jnp.sum(jnp.cumprod(accepted.astype(jnp.int32), axis=1), axis=1)  # [B]
 
@@ -277,6 +345,8 @@ def speculative_accept(draft_tokens: jax.Array, draft_probs: jax.Array, target_p
   at_n = num_accepted[:, None, None]
   target_n = jnp.take_along_axis(target_probs, at_n, axis=1)[:, 0]  # [B, V]
   draft_n = jnp.take_along_axis(draft_padded, at_n, axis=1)[:, 0]  # [B, V]
+  if lenience is not None:
+    draft_n = lenience * draft_n  # the lenient correction norm(max(0, p - l q))
   residual = jnp.maximum(target_n - draft_n, 0.0)  # [B, V], unnormalized
   # residual == 0 everywhere iff p == q at n, where a rejection has probability 0; fall back to p
   # so the (unused) sample is well defined instead of NaN.
@@ -288,6 +358,12 @@ def speculative_accept(draft_tokens: jax.Array, draft_probs: jax.Array, target_p
                            jnp.zeros((batch, 1), jnp.int32)], axis=1)  # [B, gamma+1]
   block = jnp.where(jnp.arange(gamma + 1)[None, :] == num_accepted[:, None],
                     next_token[:, None], block)
-  min_mass = jnp.sum(jnp.minimum(target_probs[:, :gamma], draft_probs), axis=-1)  # [B, gamma]
+  if lenience is None:
+    min_mass = jnp.sum(jnp.minimum(target_probs[:, :gamma], draft_probs), axis=-1)  # [B, gamma]
+  else:
+    # sum_x min(q, p/l): equal to sum_x min(p, q) (same float ops) at l = 1.
+    min_mass = jnp.sum(jnp.minimum(target_probs[:, :gamma] / lenience, draft_probs), axis=-1)
+  if lenient_accepts is not None:
+    min_mass = jnp.where(lenient_accepts & drafted, 1.0, min_mass)
   return AcceptResult(num_accepted=num_accepted.astype(jnp.int32), next_token=next_token,
                       tokens=block, min_mass=min_mass)
