@@ -1,0 +1,82 @@
+"""Training: the loss falls, checkpoints are T5X layout, and a resumed run equals an uninterrupted one."""
+import dataclasses
+import gzip
+import json
+
+import jax
+import numpy as np
+import pytest
+
+from speculative import checkpoints
+from speculative import tasks
+from speculative import train
+from speculative.models.t5 import T5, T5Config
+
+TINY = T5Config(vocab_size=8000, dtype="float32", emb_dim=32, num_heads=2, num_encoder_layers=1,
+                num_decoder_layers=1, head_dim=16, mlp_dim=64, mlp_activations=("gelu", "linear"),
+                dropout_rate=0.1, logits_via_embedding=False, float32_attention_logits=False)
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+  root = tmp_path_factory.mktemp("train_data")
+  pairs = tasks.load_split("validation")[:96]
+  for name, chunk in (("train", pairs[:64]), ("validation", pairs[64:])):
+    with gzip.open(root / f"{name}.tsv.gz", "wt", encoding="utf-8") as f:
+      f.writelines(f"{en}\t{de}\n" for en, de in chunk)
+  return dict(train_tsv=str(root / "train.tsv.gz"), validation_tsv=str(root / "validation.tsv.gz"),
+              spm_model=str(tasks.VOCAB_PATH), tokens_per_batch=1024, bucket_lengths=(64,), learning_rate=3e-3,
+              warmup_steps=5, eval_every=1000, checkpoint_every=1000)
+
+
+def _log(output_dir):
+  return [json.loads(line) for line in open(f"{output_dir}/train_log.jsonl")]
+
+
+def test_loss_falls_and_exports(data, tmp_path):
+  out = tmp_path / "run"
+  train.train(model_config=TINY, output_dir=str(out), num_steps=40,
+              export_path=str(tmp_path / "model.msgpack"), **{**data, "eval_every": 20})
+  log = _log(out)
+  assert [m["step"] for m in log] == [20, 40]
+  assert log[-1]["val_nll"] < log[0]["val_nll"] - 0.3  # the model learns the data
+  exported = checkpoints.load_params(tmp_path / "model.msgpack")
+  checkpoints.validate_params(exported, T5(TINY).param_shapes())
+  t5x_params = checkpoints.load_t5x_checkpoint(out)  # T5X layout, newest step
+  checkpoints.validate_params(t5x_params, T5(TINY).param_shapes())
+
+
+def test_resumed_run_equals_uninterrupted(data, tmp_path):
+  full, split = tmp_path / "full", tmp_path / "split"
+  common = dict(model_config=TINY, num_steps=12, **{**data, "checkpoint_every": 6})
+  train.train(output_dir=str(full), **common)
+  train.train(output_dir=str(split), max_steps_this_run=6, **common)  # "interrupted" at step 6
+  assert checkpoints.checkpoint_steps(split) == [6]
+  train.train(output_dir=str(split), **common)  # resumes from checkpoint_6
+  a = checkpoints.load_t5x_checkpoint(full / "checkpoint_12")
+  b = checkpoints.load_t5x_checkpoint(split / "checkpoint_12")
+  jax.tree_util.tree_map(lambda x, y: np.testing.assert_allclose(x, y, rtol=1e-6, atol=1e-6), a, b)
+
+
+def test_bad_arguments(data, tmp_path):
+  with pytest.raises(ValueError, match="num_steps"):
+    train.train(model_config=TINY, output_dir=str(tmp_path), num_steps=0, **data)
+  with pytest.raises(ValueError, match="teacher"):
+    train.train(model_config=TINY, output_dir=str(tmp_path), num_steps=2, distill_weight=0.5,
+                **data)
+  empty = tmp_path / "empty.tsv.gz"
+  with gzip.open(empty, "wt") as f:
+    f.write("")
+  with pytest.raises(ValueError, match="no examples"):
+    train.train(model_config=TINY, output_dir=str(tmp_path), num_steps=2,
+                **{**data, "train_tsv": str(empty)})
+
+
+def test_distillation_step_runs(data, tmp_path):
+  teacher_dir = tmp_path / "teacher"
+  checkpoints.save_t5x_checkpoint(T5(TINY).init_params(jax.random.PRNGKey(3)), teacher_dir, 0)
+  student = dataclasses.replace(TINY, emb_dim=16, head_dim=8, mlp_dim=32)
+  metrics = train.train(model_config=student, output_dir=str(tmp_path / "student"), num_steps=3,
+                        teacher_config=TINY, teacher_checkpoint=str(teacher_dir),
+                        distill_weight=0.5, **data)
+  assert np.isfinite(metrics["val_nll"])
