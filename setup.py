@@ -31,7 +31,6 @@ setup(
     version="0.1.0",
     description="Exact speculative decoding and SpecTr for T5X-style models in JAX/Flax",
     packages=find_packages(include=["speculative", "speculative.*"]),
-    package_data={"speculative": ["../configs/**/*.gin"]},
     python_requires=">=3.10",
     install_requires=INSTALL_REQUIRES,
     extras_require={"test": ["pytest==9.0.3", "pytest-xdist==3.8.0"]},
