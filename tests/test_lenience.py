@@ -22,6 +22,8 @@ from speculative import drafters
 from speculative import sampling as S
 from speculative.models.decoder_only import DecoderOnlyConfig, DecoderOnlyLM
 
+import model_utils
+
 FALSE_FAILURE_RATE = 1e-4  # per test
 V = 6
 NUM_SAMPLES = 100_000
@@ -143,22 +145,7 @@ def test_argmax_form_accepts_exactly_the_tokens_within_l_of_the_max():
 # --------------------------------------------------------------------------------------------------
 
 
-def _random_params(model, seed, logit_scale=1.0):
-  rng = np.random.default_rng(seed)
-  shapes = jax.eval_shape(model.init_params, jax.random.key(0))
-
-  def make(path, leaf):
-    name = jax.tree_util.keystr(path)
-    if leaf.ndim == 1:
-      value = np.ones(leaf.shape) if 'scale' in name else np.zeros(leaf.shape)
-    elif 'embedder' in name:
-      value = rng.normal(size=leaf.shape)
-    else:
-      value = rng.normal(size=leaf.shape) / np.sqrt(leaf.shape[0])
-      if 'logits_dense' in name:
-        value = value * logit_scale
-    return jnp.asarray(value, jnp.float32)
-  return jax.tree_util.tree_map_with_path(make, shapes)
+_random_params = model_utils.random_params
 
 
 LM_VOCAB = 8

@@ -26,27 +26,13 @@ from speculative import spectr_decoding
 from speculative.models.decoder_only import DecoderOnlyConfig, DecoderOnlyLM
 from speculative.models.t5 import T5, T5Config
 
+import model_utils
+
 FALSE_FAILURE_RATE = 1e-4  # per test
 FILTERS = S.SamplingConfig(top_k=True, top_p=True)  # greedy = run-time temperature 0, one compile
 
 
-def _random_params(model, seed, logit_scale=1.0):
-  """Random weights of the real init's shapes and scales, without compiling an initializer."""
-  rng = np.random.default_rng(seed)
-  shapes = jax.eval_shape(model.init_params, jax.random.key(0))
-
-  def make(path, leaf):
-    name = jax.tree_util.keystr(path)
-    if leaf.ndim == 1:
-      value = np.ones(leaf.shape) if 'scale' in name else np.zeros(leaf.shape)
-    elif 'embedder' in name:
-      value = rng.normal(size=leaf.shape)
-    else:
-      value = rng.normal(size=leaf.shape) / np.sqrt(leaf.shape[0])
-      if 'logits_dense' in name:
-        value = value * logit_scale
-    return jnp.asarray(value, jnp.float32)
-  return jax.tree_util.tree_map_with_path(make, shapes)
+_random_params = model_utils.random_params
 
 
 def _values(temperature=1.0, top_k=0, top_p=1.0):
