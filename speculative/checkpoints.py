@@ -372,10 +372,16 @@ def save_t5x_checkpoint(params: Params, directory: PathLike, step: int, *,
 def save_params(params: Params, path: PathLike, dtype: Optional[Any] = 'bfloat16') -> Path:
   """Writes params as one flax-msgpack file, floats cast to `dtype` (None keeps them); atomic."""
   path = Path(path)
-  path.parent.mkdir(parents=True, exist_ok=True)
   np_dtype = None if dtype is None else jnp.dtype(dtype)
   tree = jax.tree.map(lambda x: _to_numpy(x, np_dtype), flax.core.unfreeze(params))
-  data = serialization.msgpack_serialize(tree)
+  write_atomic(path, serialization.msgpack_serialize(tree))
+  return path
+
+
+def write_atomic(path: PathLike, data: bytes) -> None:
+  """Writes `data` to `path` via a temp file + fsync + rename: never a half-written file."""
+  path = Path(path)
+  path.parent.mkdir(parents=True, exist_ok=True)
   fd, tmp = tempfile.mkstemp(prefix=path.name + '.tmp-', dir=path.parent)
   try:
     with os.fdopen(fd, 'wb') as f:
@@ -387,7 +393,6 @@ def save_params(params: Params, path: PathLike, dtype: Optional[Any] = 'bfloat16
     if os.path.exists(tmp):
       os.remove(tmp)
     raise
-  return path
 
 
 def load_params(path: PathLike, dtype: Optional[Any] = np.float32) -> Params:

@@ -8,6 +8,8 @@ can say `t5_1_1_small/t5.T5Config.emb_dim = 512`. Add new configurables by appen
 from __future__ import annotations
 
 import importlib
+import logging
+from typing import Any, Callable, Sequence
 
 # (python module, attribute, gin module): registered as `<gin module>.<attribute>`.
 CONFIGURABLES: list[tuple[str, str, str]] = [
@@ -28,3 +30,24 @@ def register_configurables() -> None:
     target = getattr(importlib.import_module(module_name), attribute)
     gin.external_configurable(target, attribute, module=gin_module)
     _registered.add((gin_module, attribute))
+
+
+def run_gin_main(fn: Callable[..., Any], name: str, description: str,
+                 argv: Sequence[str] | None = None, log_level: int = logging.WARNING) -> Any:
+  """The runners' command line: `--gin_file` (repeatable) and `--gin_bindings`, then `fn()`.
+
+  `fn` is registered with gin as `name` (e.g. `infer`), so the gin files bind `name.arg = ...`.
+  """
+  import argparse
+
+  import gin  # deferred: only runners need gin
+
+  parser = argparse.ArgumentParser(description=description)
+  parser.add_argument('--gin_file', action='append', required=True)
+  parser.add_argument('--gin_bindings', action='append', default=[])
+  args = parser.parse_args(argv)
+  logging.basicConfig(level=log_level)
+  register_configurables()
+  configurable = gin.external_configurable(fn, name)
+  gin.parse_config_files_and_bindings(args.gin_file, args.gin_bindings)
+  return configurable()

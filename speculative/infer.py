@@ -25,7 +25,6 @@ import dataclasses
 import json
 import logging
 import os
-import tempfile
 import time
 from typing import Any, Iterable, Sequence
 
@@ -149,20 +148,8 @@ def load_model(config: t5_lib.T5Config, checkpoint: str) -> tuple[t5_lib.T5, Any
 
 
 def write_atomic(path: str, text: str) -> None:
-  """Writes `text` to `path` via a temp file + rename: readers never see a half-written file."""
-  directory = os.path.dirname(os.path.abspath(path))
-  os.makedirs(directory, exist_ok=True)
-  fd, tmp = tempfile.mkstemp(prefix=os.path.basename(path) + ".tmp-", dir=directory)
-  try:
-    with os.fdopen(fd, "w", encoding="utf-8") as f:
-      f.write(text)
-      f.flush()
-      os.fsync(f.fileno())
-    os.replace(tmp, path)
-  except BaseException:
-    if os.path.exists(tmp):
-      os.remove(tmp)
-    raise
+  """Writes `text` (UTF-8) atomically: readers never see a half-written file."""
+  checkpoints.write_atomic(path, text.encode("utf-8"))
 
 
 def read_predictions(path: str) -> dict[int, dict]:
@@ -429,20 +416,8 @@ def format_report(summary: dict[str, Any]) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-  import argparse
-
-  import gin
-
   from speculative import gin_utils
-  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument("--gin_file", action="append", required=True)
-  parser.add_argument("--gin_bindings", action="append", default=[])
-  args = parser.parse_args(argv)
-  logging.basicConfig(level=logging.WARNING)
-  gin_utils.register_configurables()
-  configurable_infer = gin.external_configurable(infer, "infer")
-  gin.parse_config_files_and_bindings(args.gin_file, args.gin_bindings)
-  configurable_infer()
+  gin_utils.run_gin_main(infer, "infer", __doc__.splitlines()[0], argv, logging.WARNING)
 
 
 if __name__ == "__main__":

@@ -238,11 +238,8 @@ def save_train_state(output_dir: str, step: int, params, opt_state, keep: int = 
   """Writes checkpoint_<step> (T5X layout) and its optax state atomically; keeps the newest `keep`."""
   # overwrite: a crash between the two writes leaves params without optax state; redo both.
   path = checkpoints.save_t5x_checkpoint(jax.device_get(params), output_dir, step, overwrite=True)
-  state_bytes = serialization.to_bytes(jax.device_get(opt_state))
-  tmp = os.path.join(path, "optax_state.msgpack.tmp")
-  with open(tmp, "wb") as f:
-    f.write(state_bytes)
-  os.replace(tmp, os.path.join(path, "optax_state.msgpack"))
+  checkpoints.write_atomic(os.path.join(path, "optax_state.msgpack"),
+                           serialization.to_bytes(jax.device_get(opt_state)))
   for old in sorted(_latest_step_list(output_dir))[:-keep]:
     shutil.rmtree(os.path.join(output_dir, f"checkpoint_{old}"), ignore_errors=True)
   return path
@@ -390,20 +387,8 @@ def train(*,
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-  import argparse
-
-  import gin
-
   from speculative import gin_utils
-  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument("--gin_file", action="append", required=True)
-  parser.add_argument("--gin_bindings", action="append", default=[])
-  args = parser.parse_args(argv)
-  logging.basicConfig(level=logging.INFO)
-  gin_utils.register_configurables()
-  configurable_train = gin.external_configurable(train, "train")
-  gin.parse_config_files_and_bindings(args.gin_file, args.gin_bindings)
-  configurable_train()
+  gin_utils.run_gin_main(train, "train", __doc__.splitlines()[0], argv, logging.INFO)
 
 
 if __name__ == "__main__":
