@@ -24,3 +24,20 @@ def random_params(model, seed, logit_scale=1.0):
         value = value * logit_scale
     return jnp.asarray(value, jnp.float32)
   return jax.tree_util.tree_map_with_path(make, shapes)
+
+
+def pooled_chi_square(counts, exact):
+  """Chi-square of observed `counts` against `len(samples) * exact` probabilities.
+
+  Bins with expected count >= 5 are kept; the smaller ones are pooled into one bin so the
+  chi-square approximation holds. Returns (statistic, degrees of freedom, p-value).
+  """
+  from scipy import stats
+  expected = counts.sum() * exact
+  big = expected >= 5
+  observed_bins = np.append(counts[big], counts[~big].sum())
+  expected_bins = np.append(expected[big], expected[~big].sum())
+  keep = expected_bins > 0
+  statistic = np.sum((observed_bins[keep] - expected_bins[keep]) ** 2 / expected_bins[keep])
+  dof = keep.sum() - 1
+  return statistic, dof, stats.chi2.sf(statistic, dof)
