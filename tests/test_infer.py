@@ -66,6 +66,21 @@ def test_predictions_metrics_and_greedy_identity(setup):
   assert not [p for p in os.listdir(out) if ".tmp-" in p]
 
 
+def test_adaptive_gamma_stays_exact_and_lenience_is_marked_approximate(setup):
+  root, kwargs = setup
+  adaptive = infer.infer(output_dir=str(root / "adaptive"), draft_stop_below=0.5,
+                         adaptive_verify=True, **kwargs)
+  assert adaptive["identical_outputs"] == len(SOURCES)  # exact: same greedy tokens
+  assert "adaptive gamma" in (root / "adaptive" / "report.md").read_text()
+  # Lenience changes the output, so greedy identity is not asserted, and the report says so.
+  with pytest.warns(UserWarning, match="APPROXIMATE"):
+    lenient = infer.infer(output_dir=str(root / "lenient"), lenience=0.3, **kwargs)
+  assert lenient["lenience"] == 0.3
+  assert "APPROXIMATE" in (root / "lenient" / "report.md").read_text()
+  with pytest.raises(ValueError, match="lenience"):
+    infer.infer(output_dir=str(root / "bad"), lenience=0.0, **kwargs)
+
+
 def test_resume_does_not_redo_finished_examples(setup, monkeypatch):
   root, kwargs = setup
   out = root / "run2"
