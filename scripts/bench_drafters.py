@@ -118,16 +118,8 @@ def _ints(text: str) -> list[int]:
 
 def load_t5_config(gin_file: str, macro: str) -> t5_lib.T5Config:
   """The T5Config a model gin file binds to `macro` (e.g. EMBEDDED_TARGET)."""
-  import gin  # pylint: disable=g-import-not-at-top
   from speculative import gin_utils  # pylint: disable=g-import-not-at-top
-  gin_utils.register_configurables()
-  gin.clear_config()
-  gin.parse_config_file(str(REPO / gin_file))
-  config = gin.query_parameter(f'%{macro}')
-  config = config.scoped_configurable_fn() if hasattr(config, 'scoped_configurable_fn') else config
-  if not isinstance(config, t5_lib.T5Config):
-    raise ValueError(f'{gin_file}: %{macro} is not a T5Config ({type(config).__name__})')
-  return config
+  return gin_utils.load_macro(str(REPO / gin_file), macro, t5_lib.T5Config)
 
 
 def load_model(gin_file: str, macro: str, checkpoint: str, allow_random_init: bool,

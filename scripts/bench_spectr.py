@@ -47,7 +47,6 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-import gin
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -70,18 +69,10 @@ EOS_ID = 1
 SPECTR_TABLE4 = {(1, 4): 2.21, (8, 4): 2.99, (1, 8): 2.33, (8, 8): 3.27}
 
 
-@gin.configurable
-def _embedded_configs(target=gin.REQUIRED, draft=gin.REQUIRED):
-  return target, draft
-
-
 def load_configs() -> tuple[t5_lib.T5Config, t5_lib.T5Config]:
-  gin_utils.register_configurables()
-  gin.parse_config_files_and_bindings(
-      [str(REPO / 'configs/models/embedded_target.gin'),
-       str(REPO / 'configs/models/embedded_draft.gin')],
-      ['_embedded_configs.target = %EMBEDDED_TARGET', '_embedded_configs.draft = %EMBEDDED_DRAFT'])
-  return _embedded_configs()
+  return tuple(gin_utils.load_macro(str(REPO / f'configs/models/embedded_{name}.gin'),
+                                    f'EMBEDDED_{name.upper()}', t5_lib.T5Config)
+               for name in ('target', 'draft'))
 
 
 def build(config: t5_lib.T5Config, checkpoint: str, allow_random: bool, seed: int,

@@ -32,6 +32,23 @@ def register_configurables() -> None:
     _registered.add((gin_module, attribute))
 
 
+def load_macro(gin_file: str, macro: str, expected_type: type | None = None) -> Any:
+  """The value a gin file binds to `macro` (e.g. EMBEDDED_TARGET in configs/models/*.gin), with
+  configurable references evaluated. Clears the global gin config first."""
+  import gin  # deferred: only runners need gin
+
+  register_configurables()
+  gin.clear_config()
+  gin.parse_config_file(str(gin_file))
+  value = gin.query_parameter(f'%{macro}')
+  if isinstance(value, gin.config.ConfigurableReference):
+    value = value.scoped_configurable_fn()
+  if expected_type is not None and not isinstance(value, expected_type):
+    raise ValueError(f'{gin_file}: %{macro} is a {type(value).__name__}, not a '
+                     f'{expected_type.__name__}')
+  return value
+
+
 def run_gin_main(fn: Callable[..., Any], name: str, description: str,
                  argv: Sequence[str] | None = None, log_level: int = logging.WARNING) -> Any:
   """The runners' command line: `--gin_file` (repeatable) and `--gin_bindings`, then `fn()`.
