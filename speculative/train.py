@@ -322,8 +322,12 @@ def train(*,
   teacher = teacher_params = None
   if distill_weight > 0:
     teacher = t5_lib.T5(teacher_config)
-    teacher_params = jax.tree_util.tree_map(
-        jnp.asarray, checkpoints.load_t5x_checkpoint(teacher_checkpoint))
+    if not os.path.exists(teacher_checkpoint):
+      raise FileNotFoundError(f"teacher checkpoint does not exist: {teacher_checkpoint}")
+    # A T5X checkpoint dir or a shipped .msgpack (e.g. the bf16 target exactly as it is served).
+    teacher_params = checkpoints.load_params(teacher_checkpoint, dtype=np.float32)
+    checkpoints.validate_params(teacher_params, teacher.param_shapes(), name=teacher_checkpoint)
+    teacher_params = jax.tree_util.tree_map(jnp.asarray, teacher_params)
 
   start_step = _latest_step(output_dir) or 0
   if start_step:

@@ -80,3 +80,14 @@ def test_distillation_step_runs(data, tmp_path):
                         teacher_config=TINY, teacher_checkpoint=str(teacher_dir),
                         distill_weight=0.5, **data)
   assert np.isfinite(metrics["val_nll"])
+  # The teacher may also be a shipped bf16 .msgpack (the target exactly as it is served).
+  shipped = tmp_path / "teacher.msgpack"
+  checkpoints.save_params(T5(TINY).init_params(jax.random.PRNGKey(3)), shipped)
+  metrics = train.train(model_config=student, output_dir=str(tmp_path / "student2"), num_steps=2,
+                        teacher_config=TINY, teacher_checkpoint=str(shipped),
+                        distill_weight=1.0, **data)
+  assert np.isfinite(metrics["val_nll"])
+  with pytest.raises(FileNotFoundError, match="teacher"):
+    train.train(model_config=student, output_dir=str(tmp_path / "student3"), num_steps=2,
+                teacher_config=TINY, teacher_checkpoint=str(tmp_path / "missing"),
+                distill_weight=0.5, **data)
