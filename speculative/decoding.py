@@ -113,11 +113,12 @@ class DecodeState:
 
 
 # --------------------------------------------------------------------------------------------------
-# Shared pieces.
+# Loop building blocks, shared with spectr_decoding.py (same stream conventions, per-row RNG
+# and commit rule).
 # --------------------------------------------------------------------------------------------------
 
 
-def _row_keys(rng: jax.Array, row_ids: jax.Array, step: jax.Array, use: int) -> jax.Array:
+def row_keys(rng: jax.Array, row_ids: jax.Array, step: jax.Array, use: int) -> jax.Array:
   """[B] keys: fold_in(fold_in(fold_in(rng, row), step), use); `use` separates consumers."""
   def one(row):
     return jax.random.fold_in(jax.random.fold_in(jax.random.fold_in(rng, row), step), use)
@@ -130,9 +131,9 @@ def _write_block(tokens: jax.Array, block: jax.Array, start: jax.Array) -> jax.A
       tokens, block, start)
 
 
-def _commit(state: DecodeState, block: jax.Array, num_emitted: jax.Array,
-            prompt_lengths: jax.Array, max_new_tokens: int,
-            eos_id: int | None) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
+def commit_tokens(state: DecodeState, block: jax.Array, num_emitted: jax.Array,
+                  prompt_lengths: jax.Array, max_new_tokens: int,
+                  eos_id: int | None) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
   """Writes an emitted block [B, T] (first num_emitted[b] valid) and applies EOS / max length.
 
   Returns (tokens, lengths, done, active) where `active` marks rows that were not done before.
@@ -153,7 +154,7 @@ def _commit(state: DecodeState, block: jax.Array, num_emitted: jax.Array,
   return tokens, lengths, done, active
 
 
-def _result(state: DecodeState, prompt_lengths: jax.Array, max_new_tokens: int) -> DecodeResult:
+def make_result(state: DecodeState, prompt_lengths: jax.Array, max_new_tokens: int) -> DecodeResult:
   generated = state.lengths - prompt_lengths  # [B]
   index = prompt_lengths[:, None] + jnp.arange(max_new_tokens)[None, :]  # [B, max_new]
   index = jnp.minimum(index, state.tokens.shape[1] - 1)
@@ -163,17 +164,17 @@ def _result(state: DecodeState, prompt_lengths: jax.Array, max_new_tokens: int) 
                       metrics=state.metrics)
 
 
-def _init_buffer(prompt_tokens: jax.Array, max_length: int) -> jax.Array:
+def init_buffer(prompt_tokens: jax.Array, max_length: int) -> jax.Array:
   batch, prompt_len = prompt_tokens.shape
   return jnp.zeros((batch, max_length), jnp.int32).at[:, :prompt_len].set(prompt_tokens)
 
 
-def _last_tokens(tokens: jax.Array, lengths: jax.Array) -> jax.Array:
+def last_tokens(tokens: jax.Array, lengths: jax.Array) -> jax.Array:
   """[B]: the last committed token of each row."""
   return jnp.take_along_axis(tokens, (lengths - 1)[:, None], axis=1)[:, 0]
 
 
-def _has_nan(probs: jax.Array) -> jax.Array:
+def has_nan(probs: jax.Array) -> jax.Array:
   """[B, ..., V] -> [B] bool."""
   return jnp.any(jnp.isnan(probs.reshape(probs.shape[0], -1)), axis=1)
 
@@ -194,26 +195,27 @@ def _autoregressive_jit(target_params, prompt_tokens, prompt_lengths, encoder_to
   # Prefill: positions [0, lengths-1) must be correct before the first step; entries past a row's
   # length are stale and overwritten before anything attends to them.
   _, cache = target.extend(target_params, cache, prompt_tokens, jnp.zeros((batch,), jnp.int32))
-  state = DecodeState(step=jnp.zeros((), jnp.int32), tokens=_init_buffer(prompt_tokens, max_length),
+  state = DecodeState(step=jnp.zeros((), jnp.int32), tokens=init_buffer(prompt_tokens, max_length),
                       lengths=prompt_lengths, done=jnp.zeros((batch,), bool), target_cache=cache,
                       draft_state=None, metrics=DecodeMetrics.zeros(batch))
 
   def body(state: DecodeState) -> DecodeState:
-    last = _last_tokens(state.tokens, state.lengths)  # [B]
+    last = last_tokens(state.tokens, state.lengths)  # [B]
     logits, cache = target.extend(target_params, state.target_cache, last[:, None],
                                   state.lengths - 1)  # [B, 1, V]
     probs = sampling_lib.probs_from_logits(logits[:, 0], sampling, sampling_params)  # [B, V]
-    token = sampling_lib.sample_rows(_row_keys(rng, row_ids, state.step, 0), probs)  # [B]
-    tokens, lengths, done, active = _commit(state, token[:, None], jnp.ones((batch,), jnp.int32),
-                                            prompt_lengths, max_new_tokens, eos_id)
+    token = sampling_lib.sample_rows(row_keys(rng, row_ids, state.step, 0), probs)  # [B]
+    tokens, lengths, done, active = commit_tokens(
+        state, token[:, None], jnp.ones((batch,), jnp.int32), prompt_lengths, max_new_tokens,
+        eos_id)
     metrics = state.metrics.replace(
         target_calls=state.metrics.target_calls + active,
-        invalid=state.metrics.invalid | (active & _has_nan(probs)))
+        invalid=state.metrics.invalid | (active & has_nan(probs)))
     return DecodeState(step=state.step + 1, tokens=tokens, lengths=lengths, done=done,
                        target_cache=cache, draft_state=None, metrics=metrics)
 
   state = jax.lax.while_loop(lambda s: ~jnp.all(s.done), body, state)
-  return _result(state, prompt_lengths, max_new_tokens)
+  return make_result(state, prompt_lengths, max_new_tokens)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -258,14 +260,14 @@ def _speculative_jit(target_params, draft_params, prompt_tokens, prompt_lengths,
   _, cache = target.extend(target_params, cache, prompt_tokens, jnp.zeros((batch,), jnp.int32))
   draft_state = drafter.init(draft_params, prompt_tokens, prompt_lengths, max_length,
                              draft_encoder_tokens)
-  state = DecodeState(step=jnp.zeros((), jnp.int32), tokens=_init_buffer(prompt_tokens, max_length),
+  state = DecodeState(step=jnp.zeros((), jnp.int32), tokens=init_buffer(prompt_tokens, max_length),
                       lengths=prompt_lengths, done=jnp.zeros((batch,), bool), target_cache=cache,
                       draft_state=draft_state, metrics=DecodeMetrics.zeros(batch))
 
   def body(state: DecodeState) -> DecodeState:
     proposal, draft_state = drafter.propose(
         draft_params, state.draft_state, state.tokens, state.lengths, gamma,
-        _row_keys(rng, row_ids, state.step, 0), sampling, sampling_params)
+        row_keys(rng, row_ids, state.step, 0), sampling, sampling_params)
     assert proposal.tokens.shape == (batch, gamma), proposal.tokens.shape
     assert proposal.probs.shape == (batch, gamma, target.vocab_size), proposal.probs.shape
     drafted = jnp.arange(gamma)[None, :] < proposal.num_drafted[:, None]  # [B, gamma]
@@ -273,7 +275,7 @@ def _speculative_jit(target_params, draft_params, prompt_tokens, prompt_lengths,
     # conditions on earlier tokens), but an out-of-range id could make NaN keys/values in the cache.
     draft_tokens = jnp.where(drafted, proposal.tokens, 0)  # [B, gamma]
     # One verify call over [last committed token, x_1..x_gamma] at start = lengths-1.
-    last = _last_tokens(state.tokens, state.lengths)  # [B]
+    last = last_tokens(state.tokens, state.lengths)  # [B]
     verify_tokens = jnp.concatenate([last[:, None], draft_tokens], axis=1)  # [B, gamma+1]
     width = None
     if adaptive_verify:  # only as wide as the longest proposal of a row that is not done
@@ -281,7 +283,7 @@ def _speculative_jit(target_params, draft_params, prompt_tokens, prompt_lengths,
     logits, cache = _verify(target, target_params, state.target_cache, verify_tokens,
                             state.lengths - 1, width)  # [B, gamma+1, V]
     target_probs = sampling_lib.probs_from_logits(logits, sampling, sampling_params)
-    accept_keys = _row_keys(rng, row_ids, state.step, 1)
+    accept_keys = row_keys(rng, row_ids, state.step, 1)
     if lenience is None:
       result = sampling_lib.speculative_accept(draft_tokens, proposal.probs, target_probs,
                                                accept_keys, proposal.num_drafted)
@@ -295,12 +297,12 @@ def _speculative_jit(target_params, draft_params, prompt_tokens, prompt_lengths,
       result = sampling_lib.speculative_accept(
           draft_tokens, proposal.probs, target_probs, accept_keys, proposal.num_drafted,
           lenience=lenience, lenient_accepts=lenient_accepts)
-    tokens, lengths, done, active = _commit(state, result.tokens, result.num_accepted + 1,
-                                            prompt_lengths, max_new_tokens, eos_id)
+    tokens, lengths, done, active = commit_tokens(state, result.tokens, result.num_accepted + 1,
+                                                  prompt_lengths, max_new_tokens, eos_id)
     # Only the distributions that can matter: q at drafted positions, p at positions <= num_drafted.
     verified = jnp.arange(gamma + 1)[None, :] <= proposal.num_drafted[:, None]  # [B, gamma+1]
-    invalid = (_has_nan(jnp.where(verified[..., None], target_probs, 0.0)) |
-               _has_nan(jnp.where(drafted[..., None], proposal.probs, 0.0)))
+    invalid = (has_nan(jnp.where(verified[..., None], target_probs, 0.0)) |
+               has_nan(jnp.where(drafted[..., None], proposal.probs, 0.0)))
     metrics = DecodeMetrics(
         target_calls=state.metrics.target_calls + active,
         drafted=state.metrics.drafted + jnp.where(active, proposal.num_drafted, 0),
@@ -311,7 +313,7 @@ def _speculative_jit(target_params, draft_params, prompt_tokens, prompt_lengths,
                        target_cache=cache, draft_state=draft_state, metrics=metrics)
 
   state = jax.lax.while_loop(lambda s: ~jnp.all(s.done), body, state)
-  return _result(state, prompt_lengths, max_new_tokens)
+  return make_result(state, prompt_lengths, max_new_tokens)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -328,15 +330,15 @@ def _as_key(rng: Any) -> jax.Array:
   return jax.random.wrap_key_data(rng.astype(jnp.uint32))
 
 
-def _check_positive_int(name: str, value: Any) -> None:
+def check_positive_int(name: str, value: Any) -> None:
   if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < 1:
     raise ValueError(f'{name} must be an int >= 1, got {value!r}')
 
 
-def _prepare(target: CachedLM, prompt_tokens, prompt_lengths, encoder_tokens, max_new_tokens,
-             eos_id, sampling, sampling_params, rng, row_ids):
+def prepare_inputs(target: CachedLM, prompt_tokens, prompt_lengths, encoder_tokens,
+                   max_new_tokens, eos_id, sampling, sampling_params, rng, row_ids):
   """Validates and normalizes the inputs shared by both decoders."""
-  _check_positive_int('max_new_tokens', max_new_tokens)
+  check_positive_int('max_new_tokens', max_new_tokens)
   if not isinstance(sampling, sampling_lib.SamplingConfig):
     raise ValueError(f'sampling must be a SamplingConfig, got {type(sampling).__name__}')
   if sampling_params is None:
@@ -404,7 +406,7 @@ def _prepare(target: CachedLM, prompt_tokens, prompt_lengths, encoder_tokens, ma
           row_ids)
 
 
-def _raise_if_invalid(result: DecodeResult, check_finite: bool) -> None:
+def raise_if_invalid(result: DecodeResult, check_finite: bool) -> None:
   if check_finite and not isinstance(result.metrics.invalid, jax.core.Tracer):
     invalid = np.asarray(result.metrics.invalid)
     if invalid.any():
@@ -440,12 +442,12 @@ def autoregressive_decode(target: CachedLM, target_params: Any, prompt_tokens: j
     DecodeResult with tokens [B, max_new_tokens], lengths [B] and metrics (target_calls).
   """
   (prompt_tokens, prompt_lengths, encoder_tokens, eos_id, sampling_params, rng,
-   row_ids) = _prepare(target, prompt_tokens, prompt_lengths, encoder_tokens, max_new_tokens,
-                       eos_id, sampling, sampling_params, rng, row_ids)
+   row_ids) = prepare_inputs(target, prompt_tokens, prompt_lengths, encoder_tokens,
+                             max_new_tokens, eos_id, sampling, sampling_params, rng, row_ids)
   result = _autoregressive_jit(target_params, prompt_tokens, prompt_lengths, encoder_tokens,
                                sampling_params, rng, row_ids, target=target, sampling=sampling,
                                max_new_tokens=int(max_new_tokens), eos_id=eos_id)
-  _raise_if_invalid(result, check_finite)
+  raise_if_invalid(result, check_finite)
   return result
 
 
@@ -481,13 +483,13 @@ def speculative_decode(target: CachedLM, target_params: Any, drafter: Drafter, d
   Returns:
     DecodeResult; metrics hold target_calls, drafted, accepted, alpha_sum per row.
   """
-  _check_positive_int('gamma', gamma)
+  check_positive_int('gamma', gamma)
   if drafter.vocab_size != target.vocab_size:
     raise ValueError(f'draft and target vocabularies differ: draft vocab_size '
                      f'{drafter.vocab_size} != target vocab_size {target.vocab_size}')
   (prompt_tokens, prompt_lengths, encoder_tokens, eos_id, sampling_params, rng,
-   row_ids) = _prepare(target, prompt_tokens, prompt_lengths, encoder_tokens, max_new_tokens,
-                       eos_id, sampling, sampling_params, rng, row_ids)
+   row_ids) = prepare_inputs(target, prompt_tokens, prompt_lengths, encoder_tokens,
+                             max_new_tokens, eos_id, sampling, sampling_params, rng, row_ids)
   if draft_encoder_tokens is None:
     draft_encoder_tokens = encoder_tokens
   elif encoder_tokens is None:
@@ -505,5 +507,5 @@ def speculative_decode(target: CachedLM, target_params: Any, drafter: Drafter, d
                             lenience, target=target, drafter=drafter, sampling=sampling,
                             gamma=int(gamma), max_new_tokens=int(max_new_tokens), eos_id=eos_id,
                             adaptive_verify=bool(adaptive_verify))
-  _raise_if_invalid(result, check_finite)
+  raise_if_invalid(result, check_finite)
   return result

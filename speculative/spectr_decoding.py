@@ -24,7 +24,7 @@ flags and metrics stay per original row ([B, ...]). A step:
      correct. Cache leaves that the target's `extend` passes through unchanged (e.g. a T5's encoder
      output and cross-attention keys/values) are identical in all K copies and are not copied.
 
-Keys (row b, step s; `_row_keys` of decoding.py = fold_in(fold_in(fold_in(rng, row_id), s), use)):
+Keys (row b, step s; `decoding.row_keys` = fold_in(fold_in(fold_in(rng, row_id), s), use)):
   * draft copy 0 uses use=0, the key speculative_decode's drafter gets; copy j >= 1 uses
     fold_in(use=2 key, j);
   * use=1 is split as in `speculative_accept`: fold_in(., 0) gives the acceptance uniforms, shape
@@ -55,14 +55,6 @@ from speculative import sampling as sampling_lib
 from speculative import spectr
 from speculative.drafters import Drafter
 from speculative.models.interface import CachedLM
-
-# Reused from decoding.py (same stream conventions, same per-row RNG, same commit rule).
-_row_keys = decoding._row_keys  # pylint: disable=protected-access
-_commit = decoding._commit  # pylint: disable=protected-access
-_result = decoding._result  # pylint: disable=protected-access
-_init_buffer = decoding._init_buffer  # pylint: disable=protected-access
-_last_tokens = decoding._last_tokens  # pylint: disable=protected-access
-_has_nan = decoding._has_nan  # pylint: disable=protected-access
 
 # Key `use` ids (see the module docstring); 0 and 1 are decoding.py's.
 _USE_DRAFT, _USE_SELECT, _USE_EXTRA_DRAFTS = 0, 1, 2
@@ -145,10 +137,10 @@ def _adopt_rows(new: Any, old: Any, index: jax.Array) -> Any:
 
 def _copy_keys(rng: jax.Array, row_ids: jax.Array, step: jax.Array, num_drafts: int) -> jax.Array:
   """[B*K] draft keys: copy 0 = speculative_decode's draft key, copy j >= 1 from a separate use."""
-  first = _row_keys(rng, row_ids, step, _USE_DRAFT)[:, None]  # [B, 1]
+  first = decoding.row_keys(rng, row_ids, step, _USE_DRAFT)[:, None]  # [B, 1]
   if num_drafts == 1:
     return first[:, 0]
-  extra = _row_keys(rng, row_ids, step, _USE_EXTRA_DRAFTS)  # [B]
+  extra = decoding.row_keys(rng, row_ids, step, _USE_EXTRA_DRAFTS)  # [B]
   copies = jnp.arange(1, num_drafts, dtype=jnp.int32)
   others = jax.vmap(lambda key: jax.vmap(lambda j: jax.random.fold_in(key, j))(copies))(extra)
   return jnp.concatenate([first, others], axis=1).reshape(-1)  # [B*K], row-major (b, j)
@@ -172,7 +164,7 @@ def _spectr_jit(target_params, draft_params, prompt_tokens, prompt_lengths, enco
   draft_state = drafter.init(draft_params, prompt_tokens, prompt_lengths, max_length,
                              draft_encoder_tokens)
   state = SpecTrState(
-      step=jnp.zeros((), jnp.int32), tokens=_init_buffer(prompt_tokens, max_length),
+      step=jnp.zeros((), jnp.int32), tokens=decoding.init_buffer(prompt_tokens, max_length),
       lengths=prompt_lengths, done=jnp.zeros((batch,), bool),
       target_cache=_repeat_rows(cache, k, batch, 'target cache'),
       draft_state=_repeat_rows(draft_state, k, batch, 'draft state'),
@@ -189,14 +181,14 @@ def _spectr_jit(target_params, draft_params, prompt_tokens, prompt_lengths, enco
     drafted = jnp.arange(length)[None, :] < proposal.num_drafted[:, None]  # [K*B, L]
     draft_tokens = jnp.where(drafted, proposal.tokens, 0)  # [K*B, L] (filler -> 0, as decoding)
     # One verify call over all K drafts: [last committed token, x^j_1..x^j_L] at start = length-1.
-    last = _last_tokens(tokens_k, lengths_k)  # [K*B]
+    last = decoding.last_tokens(tokens_k, lengths_k)  # [K*B]
     verify_tokens = jnp.concatenate([last[:, None], draft_tokens], axis=1)  # [K*B, L+1]
     logits, cache = target.extend(target_params, state.target_cache, verify_tokens,
                                   lengths_k - 1)  # [K*B, L+1, V]
     target_probs = sampling_lib.probs_from_logits(logits, sampling, sampling_params)
     draft_probs = jnp.where(drafted[..., None], proposal.probs, 0.0)  # [K*B, L, V]
 
-    select_keys = _row_keys(rng, row_ids, state.step, _USE_SELECT)  # [B]
+    select_keys = decoding.row_keys(rng, row_ids, state.step, _USE_SELECT)  # [B]
     uniform_keys = jax.vmap(lambda key: jax.random.fold_in(key, 0))(select_keys)
     sample_keys = jax.vmap(lambda key: jax.random.fold_in(key, 1))(select_keys)
     uniforms = jax.vmap(lambda key: jax.random.uniform(key, (length, k), jnp.float32))(
@@ -205,8 +197,9 @@ def _spectr_jit(target_params, draft_params, prompt_tokens, prompt_lengths, enco
         draft_tokens.reshape(batch, k, length), draft_probs.reshape(batch, k, length, vocab),
         target_probs.reshape(batch, k, length + 1, vocab), uniforms, sample_keys,
         proposal.num_drafted.reshape(batch, k), num_iters=num_iters)
-    tokens, lengths, done, active = _commit(state, selection.tokens, selection.num_accepted + 1,
-                                            prompt_lengths, max_new_tokens, eos_id)
+    tokens, lengths, done, active = decoding.commit_tokens(
+        state, selection.tokens, selection.num_accepted + 1, prompt_lengths, max_new_tokens,
+        eos_id)
     # Every copy of row b adopts the chosen branch's caches (rows b*K + branch[b]).
     source = jnp.arange(batch, dtype=jnp.int32) * k + selection.branch  # [B]
     index = jnp.repeat(source, k, axis=0)  # [K*B]
@@ -215,8 +208,8 @@ def _spectr_jit(target_params, draft_params, prompt_tokens, prompt_lengths, enco
 
     num_drafted = proposal.num_drafted.reshape(batch, k)
     verified = jnp.arange(length + 1)[None, :] <= proposal.num_drafted[:, None]  # [K*B, L+1]
-    invalid_k = (_has_nan(jnp.where(verified[..., None], target_probs, 0.0)) |
-                 _has_nan(draft_probs))  # [K*B]
+    invalid_k = (decoding.has_nan(jnp.where(verified[..., None], target_probs, 0.0)) |
+                 decoding.has_nan(draft_probs))  # [K*B]
     invalid = jnp.any(invalid_k.reshape(batch, k), axis=1)  # [B]
     metrics = state.metrics
     metrics = SpecTrMetrics(
@@ -232,7 +225,7 @@ def _spectr_jit(target_params, draft_params, prompt_tokens, prompt_lengths, enco
                        target_cache=cache, draft_state=draft_state, metrics=metrics)
 
   state = jax.lax.while_loop(lambda s: ~jnp.all(s.done), body, state)
-  return _result(state, prompt_lengths, max_new_tokens)
+  return decoding.make_result(state, prompt_lengths, max_new_tokens)
 
 
 def spectr_decode(target: CachedLM, target_params: Any, drafter: Drafter, draft_params: Any,
@@ -259,14 +252,14 @@ def spectr_decode(target: CachedLM, target_params: Any, drafter: Drafter, draft_
   Returns:
     decoding.DecodeResult whose `metrics` is a SpecTrMetrics (per original row).
   """
-  decoding._check_positive_int('num_drafts', num_drafts)  # pylint: disable=protected-access
-  decoding._check_positive_int('draft_length', draft_length)  # pylint: disable=protected-access
-  decoding._check_positive_int('num_iters', num_iters)  # pylint: disable=protected-access
+  decoding.check_positive_int('num_drafts', num_drafts)
+  decoding.check_positive_int('draft_length', draft_length)
+  decoding.check_positive_int('num_iters', num_iters)
   if drafter.vocab_size != target.vocab_size:
     raise ValueError(f'draft and target vocabularies differ: draft vocab_size '
                      f'{drafter.vocab_size} != target vocab_size {target.vocab_size}')
   (prompt_tokens, prompt_lengths, encoder_tokens, eos_id, sampling_params, rng,
-   row_ids) = decoding._prepare(  # pylint: disable=protected-access
+   row_ids) = decoding.prepare_inputs(
        target, prompt_tokens, prompt_lengths, encoder_tokens, max_new_tokens, eos_id, sampling,
        sampling_params, rng, row_ids)
   if draft_encoder_tokens is None:
@@ -280,7 +273,7 @@ def spectr_decode(target: CachedLM, target_params: Any, drafter: Drafter, draft_
                        target=target, drafter=drafter, sampling=sampling,
                        num_drafts=int(num_drafts), draft_length=int(draft_length),
                        max_new_tokens=int(max_new_tokens), eos_id=eos_id, num_iters=int(num_iters))
-  decoding._raise_if_invalid(result, check_finite)  # pylint: disable=protected-access
+  decoding.raise_if_invalid(result, check_finite)
   return result
 
 
