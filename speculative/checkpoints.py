@@ -388,6 +388,10 @@ def write_atomic(path: PathLike, data: bytes) -> None:
       f.write(data)
       f.flush()
       os.fsync(f.fileno())
+    # mkstemp creates 0600; give the file the mode a plain open() would (0666 minus umask).
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(tmp, 0o666 & ~umask)
     os.replace(tmp, path)
   except BaseException:
     if os.path.exists(tmp):

@@ -39,6 +39,10 @@ from speculative import sampling as sampling_lib
 from speculative.models import t5 as t5_lib
 
 MODES = ("baseline", "speculative")
+# Draft sources of the speculative mode: the draft model, copying n-grams from the source sentence
+# or the generated prefix (drafters.PromptLookupDrafter), or copying with the draft model as the
+# fallback for rows without a match.
+DRAFTERS = ("model", "prompt_lookup", "prompt_lookup+model")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -248,6 +252,7 @@ def infer(*,
           modes: Sequence[str] = MODES,
           batch_size: int = 1,
           gamma: int = 4,
+          drafter: str = "model",
           draft_stop_below: float = 0.0,
           adaptive_verify: bool = False,
           lenience: float = 1.0,
@@ -259,7 +264,7 @@ def infer(*,
           progress: bool = True) -> dict[str, Any]:
   """Runs the job; returns the metrics dict also written to `output_dir/metrics.json`.
 
-  Speculative knobs (speculative mode only): `draft_stop_below` > 0 is adaptive gamma (the draft
+  Speculative knobs (speculative mode only): `drafter` (one of DRAFTERS), `draft_stop_below` > 0 is adaptive gamma (the draft
   stops proposing once its confidence falls below it; exact), `adaptive_verify` narrows the target's
   verify call to the longest proposal (exact), `lenience` < 1 accepts more drafts and CHANGES the
   output (Appendix A.5; greedy outputs are then not required to match the baseline).
@@ -277,6 +282,9 @@ def infer(*,
   if gamma < 1:
     raise ValueError(f"gamma must be >= 1, got {gamma}")
   sampling_lib.check_lenience(lenience)
+  if drafter not in DRAFTERS:
+    raise ValueError(f"unknown drafter {drafter!r}; expected one of {DRAFTERS}")
+  needs_draft_model = "speculative" in modes and drafter != "prompt_lookup"
   exact = float(lenience) == 1.0
   inputs_length = int(task_feature_lengths["inputs"])
   max_new_tokens = int(task_feature_lengths["targets"])
@@ -302,9 +310,10 @@ def infer(*,
     logging.warning("%d of %d inputs were longer than %d tokens and were truncated", n_truncated,
                     len(examples), inputs_length)
 
-  if "speculative" in modes:
+  if needs_draft_model:
     if draft_config is None or not draft_checkpoint:
-      raise ValueError("speculative mode needs draft_config and draft_checkpoint")
+      raise ValueError(f"speculative mode with drafter {drafter!r} needs draft_config and "
+                       "draft_checkpoint")
     if draft_config.vocab_size != target_config.vocab_size:
       raise ValueError(f"draft and target vocabularies differ: draft vocab_size "
                        f"{draft_config.vocab_size} != target vocab_size "
@@ -313,10 +322,12 @@ def infer(*,
   if target.vocab_size < vocabulary.vocab_size:
     raise ValueError(f"target vocab_size {target.vocab_size} < vocabulary size "
                      f"{vocabulary.vocab_size}")
-  drafter = draft_params = None
-  if "speculative" in modes:
+  draft_source = draft_params = None
+  if needs_draft_model:
     draft, draft_params = load_model(draft_config, draft_checkpoint)
-    drafter = drafters_lib.ModelDrafter(draft, stop_below=draft_stop_below)
+    draft_source = drafters_lib.ModelDrafter(draft, stop_below=draft_stop_below)
+  if drafter.startswith("prompt_lookup"):
+    draft_source = drafters_lib.PromptLookupDrafter(target.vocab_size, fallback=draft_source)
 
   def baseline_fn(encoder_tokens, rng):
     return decoding.autoregressive_decode(
@@ -326,7 +337,7 @@ def infer(*,
 
   def speculative_fn(encoder_tokens, rng):
     return decoding.speculative_decode(
-        target, target_params, drafter, draft_params, None, gamma=gamma,
+        target, target_params, draft_source, draft_params, None, gamma=gamma,
         max_new_tokens=max_new_tokens, sampling=sampling, sampling_params=sampling_params,
         rng=rng, eos_id=1, encoder_tokens=encoder_tokens, check_finite=False,
         lenience=None if exact else lenience, adaptive_verify=adaptive_verify)
@@ -372,7 +383,7 @@ def infer(*,
 
   indices = [e.index for e in examples]
   summary: dict[str, Any] = {"examples": len(examples), "inputs_truncated": n_truncated,
-                             "batch_size": batch_size, "gamma": gamma,
+                             "batch_size": batch_size, "gamma": gamma, "drafter": drafter,
                              "draft_stop_below": draft_stop_below,
                              "adaptive_verify": adaptive_verify, "lenience": lenience,
                              "temperature": temperature, "top_k": top_k, "top_p": top_p,
@@ -408,7 +419,8 @@ def _machine() -> str:
 def format_report(summary: dict[str, Any]) -> str:
   lines = ["# Batch inference report", "",
            f"{summary['examples']} examples, batch size {summary['batch_size']}, "
-           f"gamma {summary['gamma']}, temperature {summary['temperature']}; "
+           f"drafter {summary.get('drafter', 'model')}, gamma {summary['gamma']}, "
+           f"temperature {summary['temperature']}; "
            f"machine: {summary['machine']}", ""]
   knobs = [f"adaptive gamma (draft stops below confidence {summary['draft_stop_below']})"
            if summary.get("draft_stop_below") else "",

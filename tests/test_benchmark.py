@@ -263,3 +263,12 @@ def test_render_from_saved_json_reproduces_the_page(run, tmp_path):
   assert rendered["targets"] == report["targets"] and rendered["choices"] == report["choices"]
   assert (tmp_path / "results.md").read_text() == (out / "results.md").read_text()
   assert (tmp_path / "speedup_vs_gamma.png").is_file()
+
+
+def test_related_pages_are_included_with_demoted_headings(tmp_path):
+  assert benchmark.related_sections(str(tmp_path)) == ""
+  (tmp_path / "spectr").mkdir()
+  (tmp_path / "spectr" / "results.md").write_text("# SpecTr\n\n## Table\n| K | BE |\n")
+  text = benchmark.related_sections(str(tmp_path))
+  assert "## SpecTr: K drafts" in text and "\n## SpecTr\n" in text and "\n### Table\n" in text
+  assert "drafters" not in text

@@ -142,6 +142,17 @@ def test_save_is_atomic_on_failure(tmp_path, monkeypatch):
   assert list(tmp_path.iterdir()) == []  # neither checkpoint_1 nor a temp dir
 
 
+def test_write_atomic_gives_the_usual_file_mode(tmp_path):
+  umask = os.umask(0o022)
+  try:
+    checkpoints.write_atomic(tmp_path / 'out.json', b'{}')
+  finally:
+    os.umask(umask)
+  assert (tmp_path / 'out.json').read_bytes() == b'{}'
+  assert (tmp_path / 'out.json').stat().st_mode & 0o777 == 0o644  # not mkstemp's 0600
+  assert [p.name for p in tmp_path.iterdir()] == ['out.json']
+
+
 def test_save_refuses_to_overwrite_unless_asked(tmp_path):
   params = _small_params()
   checkpoints.save_t5x_checkpoint(params, tmp_path, 1)

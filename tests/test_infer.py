@@ -81,6 +81,18 @@ def test_adaptive_gamma_stays_exact_and_lenience_is_marked_approximate(setup):
     infer.infer(output_dir=str(root / "bad"), lenience=0.0, **kwargs)
 
 
+@pytest.mark.parametrize("drafter", ["prompt_lookup", "prompt_lookup+model"])
+def test_copy_drafters_stay_exact(setup, drafter):
+  root, kwargs = setup
+  if drafter == "prompt_lookup":  # needs no draft model
+    kwargs = {**kwargs, "draft_config": None, "draft_checkpoint": None}
+  summary = infer.infer(output_dir=str(root / drafter), drafter=drafter, **kwargs)
+  assert summary["identical_outputs"] == len(SOURCES) and summary["drafter"] == drafter
+  assert f"drafter {drafter}" in (root / drafter / "report.md").read_text()
+  with pytest.raises(ValueError, match="unknown drafter"):
+    infer.infer(output_dir=str(root / "bad"), drafter="trigram", **kwargs)
+
+
 def test_resume_does_not_redo_finished_examples(setup, monkeypatch):
   root, kwargs = setup
   out = root / "run2"
