@@ -1,8 +1,9 @@
 """Draft sources and knobs on the embedded pair: alpha per drafter (paper Table 3), alpha vs
 lenience (Table 5), and walltime of adaptive gamma vs the best fixed gamma (Section 3.5).
 
-Command (repository root; run it when the CPU is quiet -- roughly 30-45 minutes on 2 cores, most
-of it compiling one decode loop per (drafter, gamma) and the batch-1 walltime passes):
+Command (repository root; run it when the CPU is quiet -- roughly 30-45 minutes on 2 cores with the
+defaults, most of it compiling one decode loop per (drafter, gamma) and the batch-1 walltime
+passes; 7 minutes with the options the README gives for docs/drafters/):
 
   .venv/bin/python scripts/bench_drafters.py --output_dir=docs/drafters
 

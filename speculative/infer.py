@@ -264,10 +264,11 @@ def infer(*,
           progress: bool = True) -> dict[str, Any]:
   """Runs the job; returns the metrics dict also written to `output_dir/metrics.json`.
 
-  Speculative knobs (speculative mode only): `drafter` (one of DRAFTERS), `draft_stop_below` > 0 is adaptive gamma (the draft
-  stops proposing once its confidence falls below it; exact), `adaptive_verify` narrows the target's
-  verify call to the longest proposal (exact), `lenience` < 1 accepts more drafts and CHANGES the
-  output (Appendix A.5; greedy outputs are then not required to match the baseline).
+  Speculative knobs (speculative mode only): `drafter` (one of DRAFTERS); `draft_stop_below` > 0
+  is adaptive gamma (the draft stops proposing once its confidence falls below it; exact);
+  `adaptive_verify` narrows the target's verify call to the longest proposal (exact); `lenience`
+  < 1 accepts more drafts and CHANGES the output (Appendix A.5; greedy outputs are then not
+  required to match the baseline).
   """
   from tqdm import tqdm
   for mode in modes:
@@ -419,8 +420,9 @@ def _machine() -> str:
 def format_report(summary: dict[str, Any]) -> str:
   lines = ["# Batch inference report", "",
            f"{summary['examples']} examples, batch size {summary['batch_size']}, "
-           f"drafter {summary.get('drafter', 'model')}, gamma {summary['gamma']}, "
-           f"temperature {summary['temperature']}; "
+           + (f"drafter {summary.get('drafter', 'model')}, gamma {summary['gamma']}, "
+              if "speculative" in summary else "")
+           + f"temperature {summary['temperature']}; "
            f"machine: {summary['machine']}", ""]
   knobs = [f"adaptive gamma (draft stops below confidence {summary['draft_stop_below']})"
            if summary.get("draft_stop_below") else "",
