@@ -83,25 +83,27 @@ class DecodeResult:
   Attributes:
     tokens: [B, max_new_tokens] int32, the generated tokens, 0-padded after `lengths[b]`.
     lengths: [B] int32, number of generated tokens per row (an EOS counts and is included).
-    metrics: per-row DecodeMetrics.
+    metrics: per-row DecodeMetrics (spectr_decode: SpecTrMetrics).
   """
   tokens: jax.Array
   lengths: jax.Array
-  metrics: DecodeMetrics
+  metrics: Any
 
 
 @flax.struct.dataclass
 class DecodeState:
-  """Loop state of both decode loops.
+  """Loop state of the decode loops (both here and `spectr_decoding.spectr_decode`).
 
   Attributes:
     step: [] int32, loop iteration (the per-row RNG folds it in).
     tokens: [B, L_max] int32, the stream buffer; row b is committed on [0, lengths[b]).
     lengths: [B] int32, committed stream length (prompt + generated).
     done: [B] bool, the row hit EOS or max_new_tokens.
-    target_cache: the target's cache pytree (CachedLM.init_cache, L_max positions).
-    draft_state: the drafter's state pytree (None for the baseline).
-    metrics: DecodeMetrics, per row.
+    target_cache: the target's cache pytree (CachedLM.init_cache, L_max positions). In
+      spectr_decode it has K*B rows (row b*K+j: draft j of row b); at the start of a step all K
+      copies of a row agree on every position that will be read.
+    draft_state: the drafter's state pytree (None for the baseline; K*B rows in spectr_decode).
+    metrics: per-row counters: DecodeMetrics (spectr_decode: SpecTrMetrics, per original row).
   """
   step: jax.Array
   tokens: jax.Array
@@ -109,7 +111,7 @@ class DecodeState:
   done: jax.Array
   target_cache: Any
   draft_state: Any
-  metrics: DecodeMetrics
+  metrics: Any
 
 
 # --------------------------------------------------------------------------------------------------

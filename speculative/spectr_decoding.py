@@ -90,29 +90,6 @@ class SpecTrMetrics:
                single_alpha_sum=floats, selections=ints, invalid=jnp.zeros((batch,), bool))
 
 
-@flax.struct.dataclass
-class SpecTrState:
-  """Loop state of `spectr_decode` (B original rows, K drafts each).
-
-  Attributes:
-    step: [] int32, loop iteration (the per-row RNG folds it in).
-    tokens: [B, L_max] int32, the stream buffer; row b is committed on [0, lengths[b]).
-    lengths: [B] int32, committed stream length (prompt + generated).
-    done: [B] bool, the row hit EOS or max_new_tokens.
-    target_cache: the target's cache pytree with K*B rows (row b*K+j: draft j of row b); at the
-      start of a step all K copies of a row agree on every position that will be read.
-    draft_state: the drafter's state pytree with K*B rows, likewise.
-    metrics: SpecTrMetrics, per original row.
-  """
-  step: jax.Array
-  tokens: jax.Array
-  lengths: jax.Array
-  done: jax.Array
-  target_cache: Any
-  draft_state: Any
-  metrics: SpecTrMetrics
-
-
 def _repeat_rows(tree: Any, copies: int, batch: int, what: str) -> Any:
   """Every leaf [B, ...] -> [B*copies, ...], row b's copies adjacent (b*copies + j)."""
   def repeat(leaf):
@@ -163,14 +140,14 @@ def _spectr_jit(target_params, draft_params, prompt_tokens, prompt_lengths, enco
   _, cache = target.extend(target_params, cache, prompt_tokens, jnp.zeros((batch,), jnp.int32))
   draft_state = drafter.init(draft_params, prompt_tokens, prompt_lengths, max_length,
                              draft_encoder_tokens)
-  state = SpecTrState(
+  state = decoding.DecodeState(
       step=jnp.zeros((), jnp.int32), tokens=decoding.init_buffer(prompt_tokens, max_length),
       lengths=prompt_lengths, done=jnp.zeros((batch,), bool),
       target_cache=_repeat_rows(cache, k, batch, 'target cache'),
       draft_state=_repeat_rows(draft_state, k, batch, 'draft state'),
       metrics=SpecTrMetrics.zeros(batch))
 
-  def body(state: SpecTrState) -> SpecTrState:
+  def body(state: decoding.DecodeState) -> decoding.DecodeState:
     tokens_k = jnp.repeat(state.tokens, k, axis=0)  # [K*B, L_max]
     lengths_k = jnp.repeat(state.lengths, k, axis=0)  # [K*B]
     proposal, draft_state = drafter.propose(
@@ -221,7 +198,7 @@ def _spectr_jit(target_params, draft_params, prompt_tokens, prompt_lengths, enco
             active, selection.single_draft_acceptance_sum, 0.0),
         selections=metrics.selections + jnp.where(active, selection.num_selections, 0),
         invalid=metrics.invalid | (active & invalid))
-    return SpecTrState(step=state.step + 1, tokens=tokens, lengths=lengths, done=done,
+    return decoding.DecodeState(step=state.step + 1, tokens=tokens, lengths=lengths, done=done,
                        target_cache=cache, draft_state=draft_state, metrics=metrics)
 
   state = jax.lax.while_loop(lambda s: ~jnp.all(s.done), body, state)
