@@ -1,4 +1,6 @@
-"""Shared test helpers for tiny random models."""
+"""Shared test helpers for tiny random models and exact sequence-distribution tests."""
+import itertools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -41,3 +43,27 @@ def pooled_chi_square(counts, exact):
   statistic = np.sum((observed_bins[keep] - expected_bins[keep]) ** 2 / expected_bins[keep])
   dof = keep.sum() - 1
   return statistic, dof, stats.chi2.sf(statistic, dof)
+
+
+def all_continuations(vocab, length):
+  """Every token sequence of `length` over `vocab`: [vocab**length, length] int32, row i spelling i
+  in base `vocab` (the index `sequence_counts` uses)."""
+  return np.array(list(itertools.product(range(vocab), repeat=length)), np.int32)
+
+
+def sequence_probs(probs, continuations):
+  """P(continuation) from the model's distributions at its positions.
+
+  probs: [N, length, V], row n's next-token distributions given continuations[n]'s prefixes;
+  continuations: [N, length] int32. Returns [N] float64, the product over positions.
+  """
+  per_token = np.take_along_axis(np.asarray(probs), continuations[..., None], axis=-1)[..., 0]
+  return per_token.astype(np.float64).prod(axis=1)
+
+
+def sequence_counts(tokens, vocab):
+  """How often each continuation was sampled: tokens [S, length] -> [vocab**length] float64,
+  indexed like `all_continuations`."""
+  tokens = np.asarray(tokens)
+  index = (tokens * vocab ** np.arange(tokens.shape[1] - 1, -1, -1)).sum(1)
+  return np.bincount(index, minlength=vocab ** tokens.shape[1]).astype(np.float64)

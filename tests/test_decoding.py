@@ -302,14 +302,13 @@ def _standardized_target_probs(params, streams, sampling_params):
 
 def _exact_sequence_distribution(values):
   """P(c1 c2 c3 | prompt) under the standardized target, for all V^3 continuations."""
-  continuations = np.array(list(itertools.product(range(SEQ_VOCAB), repeat=SEQ_NEW)), np.int32)
+  continuations = model_utils.all_continuations(SEQ_VOCAB, SEQ_NEW)
   streams = np.concatenate([np.tile(SEQ_PROMPT, (len(continuations), 1)), continuations], 1)
   prompt_len = len(SEQ_PROMPT)
   probs = np.asarray(_standardized_target_probs(SEQ_TARGET_PARAMS, jnp.asarray(streams),
                                                 S.SamplingParams.create(**values)))
   probs = probs[:, prompt_len - 1:-1]  # [V^3, 3, V]: the distributions of c1, c2, c3
-  per_token = np.take_along_axis(probs, continuations[..., None], axis=-1)[..., 0]
-  return per_token.astype(np.float64).prod(axis=1)  # [V^3], index = base-V number
+  return model_utils.sequence_probs(probs, continuations)  # [V^3], index = base-V number
 
 
 @pytest.mark.parametrize('gamma', SEQ_GAMMAS)
@@ -325,8 +324,7 @@ def test_sequence_distribution_matches_target(setting, gamma):
       rng=1000 * gamma + sorted(SEQ_SETTINGS).index(setting))
   tokens = np.asarray(result.tokens)
   assert np.all(np.asarray(result.lengths) == SEQ_NEW)
-  index = (tokens * SEQ_VOCAB ** np.arange(SEQ_NEW - 1, -1, -1)).sum(1)
-  counts = np.bincount(index, minlength=SEQ_VOCAB ** SEQ_NEW).astype(np.float64)
+  counts = model_utils.sequence_counts(tokens, SEQ_VOCAB)
   assert counts[exact == 0].sum() == 0, 'sampled a continuation the target rules out'
   statistic, dof, p_value = model_utils.pooled_chi_square(counts, exact)
   # The 12 parametrizations share the false-failure budget (Bonferroni).

@@ -9,7 +9,6 @@ fallback, the confidence stop rule, the acceptance-based rule, with the adaptive
 greedy speculative decoding equals the greedy baseline token for token and sampled outputs follow
 the target's exact distribution. Tiny decoder-only models with random weights, fixed seeds.
 """
-import itertools
 
 import jax
 import jax.numpy as jnp
@@ -316,13 +315,12 @@ def greedy_baseline():
 @pytest.fixture(scope='module')
 def exact_distribution():
   """P(c1 c2 c3 | SEQ_PROMPT) under the target at temperature 1, for all V^3 continuations."""
-  continuations = np.array(list(itertools.product(range(V), repeat=SEQ_NEW)), np.int32)
+  continuations = model_utils.all_continuations(V, SEQ_NEW)
   streams = np.concatenate([np.tile(SEQ_PROMPT, (len(continuations), 1)), continuations], 1)
   logits = jax.jit(TARGET.forward)(TARGET_PARAMS, jnp.asarray(streams))
   probs = np.asarray(S.probs_from_logits(logits, FILTERS, S.SamplingParams.create()))
   probs = probs[:, len(SEQ_PROMPT) - 1:-1]  # [V^3, 3, V]
-  per_token = np.take_along_axis(probs, continuations[..., None], axis=-1)[..., 0]
-  return per_token.astype(np.float64).prod(axis=1)  # index = base-V number
+  return model_utils.sequence_probs(probs, continuations)  # [V^3], index = base-V number
 
 
 @pytest.mark.parametrize('name', list(DRAFTERS))
@@ -342,8 +340,7 @@ def test_every_drafter_is_exact(name, greedy_baseline, exact_distribution):
   sampled = _decode(drafter, draft_params, SEQ_PROMPTS, SEQ_LENGTHS, 1.0,
                     list(DRAFTERS).index(name) + 17, **options)
   tokens = np.asarray(sampled.tokens)[:, :SEQ_NEW]
-  index = (tokens * V ** np.arange(SEQ_NEW - 1, -1, -1)).sum(1)
-  counts = np.bincount(index, minlength=V ** SEQ_NEW).astype(np.float64)
+  counts = model_utils.sequence_counts(tokens, V)
   exact = exact_distribution
   assert counts[exact == 0].sum() == 0
   expected_counts = N * exact

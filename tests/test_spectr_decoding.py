@@ -10,7 +10,6 @@ EOS and max-length edges; a row in a batch equals the row alone; no recompilatio
 Run: cd /work/main && .venv/bin/python -m pytest -q -p no:xdist tests/test_spectr_decoding.py
 """
 import dataclasses
-import itertools
 
 import jax
 import jax.numpy as jnp
@@ -334,13 +333,12 @@ def _standardized_target_probs(params, streams, sampling_params):
 
 def _exact_sequence_distribution(values):
   """P(c1 c2 c3 | prompt) under the standardized target, for all V^3 continuations."""
-  continuations = np.array(list(itertools.product(range(SEQ_VOCAB), repeat=SEQ_NEW)), np.int32)
+  continuations = model_utils.all_continuations(SEQ_VOCAB, SEQ_NEW)
   streams = np.concatenate([np.tile(SEQ_PROMPT, (len(continuations), 1)), continuations], 1)
   probs = np.asarray(_standardized_target_probs(SEQ_TARGET_PARAMS, jnp.asarray(streams),
                                                 values))
   probs = probs[:, len(SEQ_PROMPT) - 1:-1]  # [V^3, 3, V]: the distributions of c1, c2, c3
-  per_token = np.take_along_axis(probs, continuations[..., None], axis=-1)[..., 0]
-  return per_token.astype(np.float64).prod(axis=1)  # [V^3], index = base-V number
+  return model_utils.sequence_probs(probs, continuations)  # [V^3], index = base-V number
 
 
 @pytest.mark.parametrize('k, length', SEQ_CASES)
@@ -354,8 +352,7 @@ def test_sequence_distribution_matches_target(k, length):
       max_new_tokens=SEQ_NEW, sampling=FILTERS, sampling_params=values, rng=100 * k + length)
   tokens = np.asarray(result.tokens)
   assert np.all(np.asarray(result.lengths) == SEQ_NEW)
-  index = (tokens * SEQ_VOCAB ** np.arange(SEQ_NEW - 1, -1, -1)).sum(1)
-  counts = np.bincount(index, minlength=SEQ_VOCAB ** SEQ_NEW).astype(np.float64)
+  counts = model_utils.sequence_counts(tokens, SEQ_VOCAB)
   assert counts[exact == 0].sum() == 0, 'sampled a continuation the target rules out'
   statistic, dof, p_value = model_utils.pooled_chi_square(counts, exact)
   # The parametrizations share the false-failure budget (Bonferroni).

@@ -1,5 +1,4 @@
 """Speculative decoding with T5 encoder-decoder pairs: greedy identity and the exact distribution."""
-import itertools
 
 import jax
 import jax.numpy as jnp
@@ -57,15 +56,14 @@ SAMPLING = S.SamplingConfig(top_k=True)
 
 
 def _exact_distribution(values):
-  continuations = np.array(list(itertools.product(range(SEQ_VOCAB), repeat=SEQ_NEW)), np.int32)
+  continuations = model_utils.all_continuations(SEQ_VOCAB, SEQ_NEW)
   decoder_inputs = np.concatenate([np.zeros((len(continuations), 1), np.int32),
                                    continuations[:, :-1]], 1)  # shift right, start token 0
   logits = SEQ_TARGET.forward(SEQ_TARGET_PARAMS,
                               jnp.asarray(np.tile(SEQ_SOURCE, (len(continuations), 1))),
                               jnp.asarray(decoder_inputs))
   probs = np.asarray(S.probs_from_logits(logits, SAMPLING, values), np.float64)  # [V^3, 3, V]
-  per_token = np.take_along_axis(probs, continuations[..., None], axis=-1)[..., 0]
-  return per_token.prod(axis=1)
+  return model_utils.sequence_probs(probs, continuations)  # [V^3], index = base-V number
 
 
 @pytest.mark.parametrize('gamma', (1, 3))
@@ -81,8 +79,7 @@ def test_sampled_sequences_follow_the_target_distribution(setting, gamma):
       rng=17 * gamma, eos_id=None,
       encoder_tokens=jnp.asarray(np.tile(SEQ_SOURCE, (SEQ_SAMPLES, 1))))
   tokens = np.asarray(result.tokens)
-  index = (tokens * SEQ_VOCAB ** np.arange(SEQ_NEW - 1, -1, -1)).sum(1)
-  counts = np.bincount(index, minlength=SEQ_VOCAB ** SEQ_NEW).astype(np.float64)
+  counts = model_utils.sequence_counts(tokens, SEQ_VOCAB)
   assert counts[exact == 0].sum() == 0, 'sampled a continuation the target rules out'
   statistic, dof, p_value = model_utils.pooled_chi_square(counts, exact)
   assert p_value > FALSE_FAILURE_RATE / 4, f'chi2={statistic:.1f}, p={p_value:.2e}'  # Bonferroni
