@@ -1356,24 +1356,22 @@ def _analysis_notes(report: dict[str, Any]) -> list[str]:
   return notes
 
 
+def _target_rows(report, target, kind: str) -> list[dict[str, Any]]:
+  """The `kind` rows ('baselines' or 'speculative') of the target's (batch, temperature) group."""
+  return [r for g in report["groups"]
+          if (g["group"]["batch_size"] == target["batch_size"]
+              and g["group"]["temperature"] == target["temperature"])
+          for r in g[kind]]
+
+
 def _baseline_row(report, target) -> dict[str, Any] | None:
-  for g in report["groups"]:
-    if (g["group"]["batch_size"] == target["batch_size"]
-        and g["group"]["temperature"] == target["temperature"]):
-      for r in g["baselines"]:
-        if r["method"] == BASELINE:
-          return r
-  return None
+  return next((r for r in _target_rows(report, target, "baselines")
+               if r["method"] == BASELINE), None)
 
 
 def _row_for_target(report, target) -> dict[str, Any] | None:
-  for g in report["groups"]:
-    if (g["group"]["batch_size"] == target["batch_size"]
-        and g["group"]["temperature"] == target["temperature"]):
-      for r in g["speculative"]:
-        if r["gamma"] == target["gamma"] and r["drafter"] == target["drafter"]:
-          return r
-  return None
+  return next((r for r in _target_rows(report, target, "speculative")
+               if r["gamma"] == target["gamma"] and r["drafter"] == target["drafter"]), None)
 
 
 def _jsonable(value: Any) -> Any:
