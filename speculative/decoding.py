@@ -31,12 +31,13 @@ Adaptive gamma: gamma is the static maximum. Drafters may propose fewer tokens p
 calls; the target's verify call keeps the static width gamma+1 unless `adaptive_verify=True`, which
 branches (`lax.switch`) over widths 1..gamma+1 and feeds only 1 + max_b num_drafted[b] tokens.
 """
+
 from __future__ import annotations
 
 import collections
 import functools
-import warnings
 from typing import Any
+import warnings
 
 import flax.struct
 import jax
@@ -44,7 +45,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from speculative import sampling as sampling_lib
-from speculative.drafters import Drafter
+from speculative.drafters import base as drafter_base
 from speculative.models.interface import CachedLM
 
 # Number of times each decode function was traced (== compiled); tests assert it does not grow.
@@ -60,9 +61,10 @@ class DecodeMetrics:
     drafted: [B] int32, draft tokens proposed (sum of num_drafted).
     accepted: [B] int32, draft tokens accepted by the rule (before EOS/max-length truncation).
     alpha_sum: [B] float32, sum over drafted positions of sum_x min(p(x), q(x));
-      alpha = alpha_sum / drafted (DESIGN section 7).
+      alpha = alpha_sum / drafted (docs/design.md section 7).
     invalid: [B] bool, a target or draft distribution was NaN (NaN/+inf/all -inf logits).
   """
+
   target_calls: jax.Array
   drafted: jax.Array
   accepted: jax.Array
@@ -71,9 +73,13 @@ class DecodeMetrics:
 
   @classmethod
   def zeros(cls, batch: int) -> 'DecodeMetrics':
-    return cls(target_calls=jnp.zeros((batch,), jnp.int32), drafted=jnp.zeros((batch,), jnp.int32),
-               accepted=jnp.zeros((batch,), jnp.int32), alpha_sum=jnp.zeros((batch,), jnp.float32),
-               invalid=jnp.zeros((batch,), bool))
+    return cls(
+      target_calls=jnp.zeros((batch,), jnp.int32),
+      drafted=jnp.zeros((batch,), jnp.int32),
+      accepted=jnp.zeros((batch,), jnp.int32),
+      alpha_sum=jnp.zeros((batch,), jnp.float32),
+      invalid=jnp.zeros((batch,), bool),
+    )
 
 
 @flax.struct.dataclass
@@ -85,6 +91,7 @@ class DecodeResult:
     lengths: [B] int32, number of generated tokens per row (an EOS counts and is included).
     metrics: per-row DecodeMetrics (spectr_decode: SpecTrMetrics).
   """
+
   tokens: jax.Array
   lengths: jax.Array
   metrics: Any
@@ -105,6 +112,7 @@ class DecodeState:
     draft_state: the drafter's state pytree (None for the baseline; K*B rows in spectr_decode).
     metrics: per-row counters: DecodeMetrics (spectr_decode: SpecTrMetrics, per original row).
   """
+
   step: jax.Array
   tokens: jax.Array
   lengths: jax.Array
@@ -122,20 +130,21 @@ class DecodeState:
 
 def row_keys(rng: jax.Array, row_ids: jax.Array, step: jax.Array, use: int) -> jax.Array:
   """[B] keys: fold_in(fold_in(fold_in(rng, row), step), use); `use` separates consumers."""
+
   def one(row):
     return jax.random.fold_in(jax.random.fold_in(jax.random.fold_in(rng, row), step), use)
+
   return jax.vmap(one)(row_ids)
 
 
-def _write_block(tokens: jax.Array, block: jax.Array, start: jax.Array) -> jax.Array:
-  """tokens [B, L] <- block [B, T] at per-row offsets start [B]."""
-  return jax.vmap(lambda row, blk, s: jax.lax.dynamic_update_slice(row, blk, (s,)))(
-      tokens, block, start)
-
-
-def commit_tokens(state: DecodeState, block: jax.Array, num_emitted: jax.Array,
-                  prompt_lengths: jax.Array, max_new_tokens: int,
-                  eos_id: int | None) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
+def commit_tokens(
+  state: DecodeState,
+  block: jax.Array,
+  num_emitted: jax.Array,
+  prompt_lengths: jax.Array,
+  max_new_tokens: int,
+  eos_id: int | None,
+) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
   """Writes an emitted block [B, T] (first num_emitted[b] valid) and applies EOS / max length.
 
   Returns (tokens, lengths, done, active) where `active` marks rows that were not done before.
@@ -150,7 +159,8 @@ def commit_tokens(state: DecodeState, block: jax.Array, num_emitted: jax.Array,
     hit_eos = jnp.zeros_like(state.done)
   generated = state.lengths - prompt_lengths
   num_emitted = jnp.minimum(num_emitted, max_new_tokens - generated)  # truncate the overshoot
-  tokens = _write_block(state.tokens, block, state.lengths)  # filler past the new length is stale
+  # Filler past the new length is stale.
+  tokens = drafter_base.write_rows(state.tokens, block, state.lengths)
   lengths = jnp.where(active, state.lengths + num_emitted, state.lengths)
   done = state.done | (active & hit_eos) | (lengths - prompt_lengths >= max_new_tokens)
   return tokens, lengths, done, active
@@ -162,8 +172,9 @@ def make_result(state: DecodeState, prompt_lengths: jax.Array, max_new_tokens: i
   index = jnp.minimum(index, state.tokens.shape[1] - 1)
   out = jnp.take_along_axis(state.tokens, index, axis=1)
   out = jnp.where(jnp.arange(max_new_tokens)[None, :] < generated[:, None], out, 0)
-  return DecodeResult(tokens=out.astype(jnp.int32), lengths=generated.astype(jnp.int32),
-                      metrics=state.metrics)
+  return DecodeResult(
+    tokens=out.astype(jnp.int32), lengths=generated.astype(jnp.int32), metrics=state.metrics
+  )
 
 
 def init_buffer(prompt_tokens: jax.Array, max_length: int) -> jax.Array:
@@ -186,9 +197,24 @@ def has_nan(probs: jax.Array) -> jax.Array:
 # --------------------------------------------------------------------------------------------------
 
 
-@functools.partial(jax.jit, static_argnames=('target', 'sampling', 'max_new_tokens', 'eos_id'))
-def _autoregressive_jit(target_params, prompt_tokens, prompt_lengths, encoder_tokens,
-                        sampling_params, rng, row_ids, *, target, sampling, max_new_tokens, eos_id):
+@functools.partial(
+  jax.jit, static_argnames=('target', 'sampling', 'max_new_tokens', 'eos_id', 'lockstep')
+)
+def _autoregressive_jit(
+  target_params,
+  prompt_tokens,
+  prompt_lengths,
+  encoder_tokens,
+  sampling_params,
+  rng,
+  row_ids,
+  *,
+  target,
+  sampling,
+  max_new_tokens,
+  eos_id,
+  lockstep=False,
+):
   TRACE_COUNTS['autoregressive_decode'] += 1
   batch, prompt_len = prompt_tokens.shape
   # +1: a row that is done still gets (and discards) one token written at its length per step.
@@ -197,24 +223,42 @@ def _autoregressive_jit(target_params, prompt_tokens, prompt_lengths, encoder_to
   # Prefill: positions [0, lengths-1) must be correct before the first step; entries past a row's
   # length are stale and overwritten before anything attends to them.
   _, cache = target.extend(target_params, cache, prompt_tokens, jnp.zeros((batch,), jnp.int32))
-  state = DecodeState(step=jnp.zeros((), jnp.int32), tokens=init_buffer(prompt_tokens, max_length),
-                      lengths=prompt_lengths, done=jnp.zeros((batch,), bool), target_cache=cache,
-                      draft_state=None, metrics=DecodeMetrics.zeros(batch))
+  state = DecodeState(
+    step=jnp.zeros((), jnp.int32),
+    tokens=init_buffer(prompt_tokens, max_length),
+    lengths=prompt_lengths,
+    done=jnp.zeros((batch,), bool),
+    target_cache=cache,
+    draft_state=None,
+    metrics=DecodeMetrics.zeros(batch),
+  )
 
   def body(state: DecodeState) -> DecodeState:
     last = last_tokens(state.tokens, state.lengths)  # [B]
-    logits, cache = target.extend(target_params, state.target_cache, last[:, None],
-                                  state.lengths - 1)  # [B, 1, V]
+    # lockstep (equal prompt lengths, target.lockstep_extend): rows not done all sit at the
+    # longest length, so one scalar start serves the batch (done rows' writes are discarded).
+    start = jnp.max(state.lengths) - 1 if lockstep else state.lengths - 1
+    logits, cache = target.extend(
+      target_params, state.target_cache, last[:, None], start
+    )  # [B, 1, V]
     probs = sampling_lib.probs_from_logits(logits[:, 0], sampling, sampling_params)  # [B, V]
     token = sampling_lib.sample_rows(row_keys(rng, row_ids, state.step, 0), probs)  # [B]
     tokens, lengths, done, active = commit_tokens(
-        state, token[:, None], jnp.ones((batch,), jnp.int32), prompt_lengths, max_new_tokens,
-        eos_id)
+      state, token[:, None], jnp.ones((batch,), jnp.int32), prompt_lengths, max_new_tokens, eos_id
+    )
     metrics = state.metrics.replace(
-        target_calls=state.metrics.target_calls + active,
-        invalid=state.metrics.invalid | (active & has_nan(probs)))
-    return DecodeState(step=state.step + 1, tokens=tokens, lengths=lengths, done=done,
-                       target_cache=cache, draft_state=None, metrics=metrics)
+      target_calls=state.metrics.target_calls + active,
+      invalid=state.metrics.invalid | (active & has_nan(probs)),
+    )
+    return DecodeState(
+      step=state.step + 1,
+      tokens=tokens,
+      lengths=lengths,
+      done=done,
+      target_cache=cache,
+      draft_state=None,
+      metrics=metrics,
+    )
 
   state = jax.lax.while_loop(lambda s: ~jnp.all(s.done), body, state)
   return make_result(state, prompt_lengths, max_new_tokens)
@@ -225,8 +269,14 @@ def _autoregressive_jit(target_params, prompt_tokens, prompt_lengths, encoder_to
 # --------------------------------------------------------------------------------------------------
 
 
-def _verify(target: CachedLM, target_params: Any, cache: Any, verify_tokens: jax.Array,
-            start: jax.Array, width: jax.Array | None) -> tuple[jax.Array, Any]:
+def _verify(
+  target: CachedLM,
+  target_params: Any,
+  cache: Any,
+  verify_tokens: jax.Array,
+  start: jax.Array,
+  width: jax.Array | None,
+) -> tuple[jax.Array, Any]:
   """The target's verify call over verify_tokens [B, gamma+1] at per-row offsets `start`.
 
   width None: one call of the static width gamma+1. Otherwise `width` ([] int32 in [1, gamma+1])
@@ -245,31 +295,73 @@ def _verify(target: CachedLM, target_params: Any, cache: Any, verify_tokens: jax
       logits, cache = target.extend(target_params, cache, verify_tokens[:, :w], start)  # [B, w, V]
       logits = jnp.pad(logits.astype(jnp.float32), ((0, 0), (0, full - w), (0, 0)))
       return logits, cache
+
     return call
 
   return jax.lax.switch(width - 1, [branch(w) for w in range(1, full + 1)], cache)
 
 
-@functools.partial(jax.jit, static_argnames=('target', 'drafter', 'sampling', 'gamma',
-                                             'max_new_tokens', 'eos_id', 'adaptive_verify'))
-def _speculative_jit(target_params, draft_params, prompt_tokens, prompt_lengths, encoder_tokens,
-                     draft_encoder_tokens, sampling_params, rng, row_ids, lenience=None, *, target,
-                     drafter, sampling, gamma, max_new_tokens, eos_id, adaptive_verify=False):
+@functools.partial(
+  jax.jit,
+  static_argnames=(
+    'target',
+    'drafter',
+    'sampling',
+    'gamma',
+    'max_new_tokens',
+    'eos_id',
+    'adaptive_verify',
+  ),
+)
+def _speculative_jit(
+  target_params,
+  draft_params,
+  prompt_tokens,
+  prompt_lengths,
+  encoder_tokens,
+  draft_encoder_tokens,
+  sampling_params,
+  rng,
+  row_ids,
+  lenience=None,
+  *,
+  target,
+  drafter,
+  sampling,
+  gamma,
+  max_new_tokens,
+  eos_id,
+  adaptive_verify=False,
+):
   TRACE_COUNTS['speculative_decode'] += 1
   batch, prompt_len = prompt_tokens.shape
   max_length = prompt_len + max_new_tokens + gamma + 1
   cache = target.init_cache(target_params, batch, max_length, encoder_tokens)
   _, cache = target.extend(target_params, cache, prompt_tokens, jnp.zeros((batch,), jnp.int32))
-  draft_state = drafter.init(draft_params, prompt_tokens, prompt_lengths, max_length,
-                             draft_encoder_tokens)
-  state = DecodeState(step=jnp.zeros((), jnp.int32), tokens=init_buffer(prompt_tokens, max_length),
-                      lengths=prompt_lengths, done=jnp.zeros((batch,), bool), target_cache=cache,
-                      draft_state=draft_state, metrics=DecodeMetrics.zeros(batch))
+  draft_state = drafter.init(
+    draft_params, prompt_tokens, prompt_lengths, max_length, draft_encoder_tokens
+  )
+  state = DecodeState(
+    step=jnp.zeros((), jnp.int32),
+    tokens=init_buffer(prompt_tokens, max_length),
+    lengths=prompt_lengths,
+    done=jnp.zeros((batch,), bool),
+    target_cache=cache,
+    draft_state=draft_state,
+    metrics=DecodeMetrics.zeros(batch),
+  )
 
   def body(state: DecodeState) -> DecodeState:
     proposal, draft_state = drafter.propose(
-        draft_params, state.draft_state, state.tokens, state.lengths, gamma,
-        row_keys(rng, row_ids, state.step, 0), sampling, sampling_params)
+      draft_params,
+      state.draft_state,
+      state.tokens,
+      state.lengths,
+      gamma,
+      row_keys(rng, row_ids, state.step, 0),
+      sampling,
+      sampling_params,
+    )
     assert proposal.tokens.shape == (batch, gamma), proposal.tokens.shape
     assert proposal.probs.shape == (batch, gamma, target.vocab_size), proposal.probs.shape
     drafted = jnp.arange(gamma)[None, :] < proposal.num_drafted[:, None]  # [B, gamma]
@@ -282,37 +374,55 @@ def _speculative_jit(target_params, draft_params, prompt_tokens, prompt_lengths,
     width = None
     if adaptive_verify:  # only as wide as the longest proposal of a row that is not done
       width = 1 + jnp.max(jnp.where(state.done, 0, proposal.num_drafted))
-    logits, cache = _verify(target, target_params, state.target_cache, verify_tokens,
-                            state.lengths - 1, width)  # [B, gamma+1, V]
+    logits, cache = _verify(
+      target, target_params, state.target_cache, verify_tokens, state.lengths - 1, width
+    )  # [B, gamma+1, V]
     target_probs = sampling_lib.probs_from_logits(logits, sampling, sampling_params)
     accept_keys = row_keys(rng, row_ids, state.step, 1)
     if lenience is None:
-      result = sampling_lib.speculative_accept(draft_tokens, proposal.probs, target_probs,
-                                               accept_keys, proposal.num_drafted)
+      result = sampling_lib.speculative_accept(
+        draft_tokens, proposal.probs, target_probs, accept_keys, proposal.num_drafted
+      )
     else:
       # APPROXIMATE for l < 1 (bit-identical to the exact rule at l = 1). Under argmax decoding the
       # standardized p is one-hot, so the argmax form (p(x) >= l max p, on the raw logits) applies.
-      argmax_mode = (jnp.asarray(True) if sampling.greedy
-                     else sampling_params.temperature == 0)
-      lenient_accepts = sampling_lib.lenient_argmax_accept(logits[:, :gamma], draft_tokens,
-                                                           lenience) & argmax_mode
+      argmax_mode = jnp.asarray(True) if sampling.greedy else sampling_params.temperature == 0
+      lenient_accepts = (
+        sampling_lib.lenient_argmax_accept(logits[:, :gamma], draft_tokens, lenience) & argmax_mode
+      )
       result = sampling_lib.speculative_accept(
-          draft_tokens, proposal.probs, target_probs, accept_keys, proposal.num_drafted,
-          lenience=lenience, lenient_accepts=lenient_accepts)
-    tokens, lengths, done, active = commit_tokens(state, result.tokens, result.num_accepted + 1,
-                                                  prompt_lengths, max_new_tokens, eos_id)
+        draft_tokens,
+        proposal.probs,
+        target_probs,
+        accept_keys,
+        proposal.num_drafted,
+        lenience=lenience,
+        lenient_accepts=lenient_accepts,
+      )
+    tokens, lengths, done, active = commit_tokens(
+      state, result.tokens, result.num_accepted + 1, prompt_lengths, max_new_tokens, eos_id
+    )
     # Only the distributions that can matter: q at drafted positions, p at positions <= num_drafted.
     verified = jnp.arange(gamma + 1)[None, :] <= proposal.num_drafted[:, None]  # [B, gamma+1]
-    invalid = (has_nan(jnp.where(verified[..., None], target_probs, 0.0)) |
-               has_nan(jnp.where(drafted[..., None], proposal.probs, 0.0)))
+    invalid = has_nan(jnp.where(verified[..., None], target_probs, 0.0)) | has_nan(
+      jnp.where(drafted[..., None], proposal.probs, 0.0)
+    )
     metrics = DecodeMetrics(
-        target_calls=state.metrics.target_calls + active,
-        drafted=state.metrics.drafted + jnp.where(active, proposal.num_drafted, 0),
-        accepted=state.metrics.accepted + jnp.where(active, result.num_accepted, 0),
-        alpha_sum=state.metrics.alpha_sum + jnp.where(active, result.min_mass.sum(axis=1), 0.0),
-        invalid=state.metrics.invalid | (active & invalid))
-    return DecodeState(step=state.step + 1, tokens=tokens, lengths=lengths, done=done,
-                       target_cache=cache, draft_state=draft_state, metrics=metrics)
+      target_calls=state.metrics.target_calls + active,
+      drafted=state.metrics.drafted + jnp.where(active, proposal.num_drafted, 0),
+      accepted=state.metrics.accepted + jnp.where(active, result.num_accepted, 0),
+      alpha_sum=state.metrics.alpha_sum + jnp.where(active, result.min_mass.sum(axis=1), 0.0),
+      invalid=state.metrics.invalid | (active & invalid),
+    )
+    return DecodeState(
+      step=state.step + 1,
+      tokens=tokens,
+      lengths=lengths,
+      done=done,
+      target_cache=cache,
+      draft_state=draft_state,
+      metrics=metrics,
+    )
 
   state = jax.lax.while_loop(lambda s: ~jnp.all(s.done), body, state)
   return make_result(state, prompt_lengths, max_new_tokens)
@@ -337,8 +447,18 @@ def check_positive_int(name: str, value: Any) -> None:
     raise ValueError(f'{name} must be an int >= 1, got {value!r}')
 
 
-def prepare_inputs(target: CachedLM, prompt_tokens, prompt_lengths, encoder_tokens,
-                   max_new_tokens, eos_id, sampling, sampling_params, rng, row_ids):
+def prepare_inputs(
+  target: CachedLM,
+  prompt_tokens,
+  prompt_lengths,
+  encoder_tokens,
+  max_new_tokens,
+  eos_id,
+  sampling,
+  sampling_params,
+  rng,
+  row_ids,
+):
   """Validates and normalizes the inputs shared by both decoders."""
   check_positive_int('max_new_tokens', max_new_tokens)
   if not isinstance(sampling, sampling_lib.SamplingConfig):
@@ -346,14 +466,16 @@ def prepare_inputs(target: CachedLM, prompt_tokens, prompt_lengths, encoder_toke
   if sampling_params is None:
     sampling_params = sampling_lib.SamplingParams.create()
   sampling_params = sampling_lib.SamplingParams(
-      temperature=jnp.asarray(sampling_params.temperature, jnp.float32),
-      top_k=jnp.asarray(sampling_params.top_k, jnp.int32),
-      top_p=jnp.asarray(sampling_params.top_p, jnp.float32))
+    temperature=jnp.asarray(sampling_params.temperature, jnp.float32),
+    top_k=jnp.asarray(sampling_params.top_k, jnp.int32),
+    top_p=jnp.asarray(sampling_params.top_p, jnp.float32),
+  )
   sampling_params.validate()
   if prompt_tokens is None:
     if encoder_tokens is None:
-      raise ValueError('empty input: pass prompt_tokens (decoder-only) or encoder_tokens '
-                       '(encoder-decoder)')
+      raise ValueError(
+        'empty input: pass prompt_tokens (decoder-only) or encoder_tokens (encoder-decoder)'
+      )
     # Encoder-decoder: the decoder stream starts with the decoder start token (0 for T5).
     batch = np.shape(encoder_tokens)[0]
     prompt_tokens = jnp.zeros((batch, 1), jnp.int32)
@@ -361,11 +483,14 @@ def prepare_inputs(target: CachedLM, prompt_tokens, prompt_lengths, encoder_toke
       prompt_lengths = jnp.ones((batch,), jnp.int32)
   prompt_tokens = jnp.asarray(prompt_tokens)
   if prompt_tokens.ndim != 2 or prompt_tokens.shape[0] < 1:
-    raise ValueError(f'prompt_tokens must be [batch >= 1, prompt_len], got shape '
-                     f'{prompt_tokens.shape}')
+    raise ValueError(
+      f'prompt_tokens must be [batch >= 1, prompt_len], got shape {prompt_tokens.shape}'
+    )
   if prompt_tokens.shape[1] < 1:
-    raise ValueError('empty prompt: prompt_tokens has length 0 (a decoder stream needs at least '
-                     'one token; use the decoder start token for encoder-decoder models)')
+    raise ValueError(
+      'empty prompt: prompt_tokens has length 0 (a decoder stream needs at least '
+      'one token; use the decoder start token for encoder-decoder models)'
+    )
   if not jnp.issubdtype(prompt_tokens.dtype, jnp.integer):
     raise ValueError(f'prompt_tokens must be integer token ids, got {prompt_tokens.dtype}')
   prompt_tokens = prompt_tokens.astype(jnp.int32)
@@ -378,18 +503,24 @@ def prepare_inputs(target: CachedLM, prompt_tokens, prompt_lengths, encoder_toke
   if not isinstance(prompt_lengths, jax.core.Tracer):
     lengths_np = np.asarray(prompt_lengths)
     if (lengths_np < 1).any():
-      raise ValueError(f'empty prompt in rows {np.flatnonzero(lengths_np < 1)[:10].tolist()}: '
-                       'every row needs prompt length >= 1')
+      raise ValueError(
+        f'empty prompt in rows {np.flatnonzero(lengths_np < 1)[:10].tolist()}: '
+        'every row needs prompt length >= 1'
+      )
     if (lengths_np > prompt_len).any():
-      raise ValueError(f'prompt_lengths {lengths_np.max()} longer than the prompt buffer '
-                       f'({prompt_len} columns) in rows '
-                       f'{np.flatnonzero(lengths_np > prompt_len)[:10].tolist()}')
+      raise ValueError(
+        f'prompt_lengths {lengths_np.max()} longer than the prompt buffer '
+        f'({prompt_len} columns) in rows '
+        f'{np.flatnonzero(lengths_np > prompt_len)[:10].tolist()}'
+      )
   vocab = target.vocab_size
   if not isinstance(prompt_tokens, jax.core.Tracer):
     tokens_np = np.asarray(prompt_tokens)
     if tokens_np.min() < 0 or tokens_np.max() >= vocab:
-      raise ValueError(f'prompt token ids must be in [0, {vocab}), got range '
-                       f'[{tokens_np.min()}, {tokens_np.max()}]')
+      raise ValueError(
+        f'prompt token ids must be in [0, {vocab}), got range '
+        f'[{tokens_np.min()}, {tokens_np.max()}]'
+      )
   if eos_id is not None and (not isinstance(eos_id, (int, np.integer)) or not 0 <= eos_id < vocab):
     raise ValueError(f'eos_id must be None or an int in [0, {vocab}), got {eos_id!r}')
   if row_ids is None:
@@ -404,26 +535,42 @@ def prepare_inputs(target: CachedLM, prompt_tokens, prompt_lengths, encoder_toke
     if encoder_tokens.shape[1] < 1:
       raise ValueError('empty input: encoder_tokens has length 0')
   eos_id = None if eos_id is None else int(eos_id)
-  return (prompt_tokens, prompt_lengths, encoder_tokens, eos_id, sampling_params, _as_key(rng),
-          row_ids)
+  return (
+    prompt_tokens,
+    prompt_lengths,
+    encoder_tokens,
+    eos_id,
+    sampling_params,
+    _as_key(rng),
+    row_ids,
+  )
 
 
 def raise_if_invalid(result: DecodeResult, check_finite: bool) -> None:
   if check_finite and not isinstance(result.metrics.invalid, jax.core.Tracer):
     invalid = np.asarray(result.metrics.invalid)
     if invalid.any():
-      raise ValueError(f'NaN/+inf or all -inf logits (no valid distribution) in rows '
-                       f'{np.flatnonzero(invalid)[:10].tolist()}; check the model parameters')
+      raise ValueError(
+        f'NaN/+inf or all -inf logits (no valid distribution) in rows '
+        f'{np.flatnonzero(invalid)[:10].tolist()}; check the model parameters'
+      )
 
 
-def autoregressive_decode(target: CachedLM, target_params: Any, prompt_tokens: jax.Array | None,
-                          prompt_lengths: jax.Array | None = None, *, max_new_tokens: int,
-                          sampling: sampling_lib.SamplingConfig = sampling_lib.SamplingConfig(),
-                          sampling_params: sampling_lib.SamplingParams | None = None,
-                          rng: Any = 0, eos_id: int | None = None,
-                          encoder_tokens: jax.Array | None = None,
-                          row_ids: jax.Array | None = None,
-                          check_finite: bool = True) -> DecodeResult:
+def autoregressive_decode(
+  target: CachedLM,
+  target_params: Any,
+  prompt_tokens: jax.Array | None,
+  prompt_lengths: jax.Array | None = None,
+  *,
+  max_new_tokens: int,
+  sampling: sampling_lib.SamplingConfig = sampling_lib.SamplingConfig(),
+  sampling_params: sampling_lib.SamplingParams | None = None,
+  rng: Any = 0,
+  eos_id: int | None = None,
+  encoder_tokens: jax.Array | None = None,
+  row_ids: jax.Array | None = None,
+  check_finite: bool = True,
+) -> DecodeResult:
   """Baseline: one target `extend` call with T=1 per generated token.
 
   Args:
@@ -443,28 +590,64 @@ def autoregressive_decode(target: CachedLM, target_params: Any, prompt_tokens: j
   Returns:
     DecodeResult with tokens [B, max_new_tokens], lengths [B] and metrics (target_calls).
   """
-  (prompt_tokens, prompt_lengths, encoder_tokens, eos_id, sampling_params, rng,
-   row_ids) = prepare_inputs(target, prompt_tokens, prompt_lengths, encoder_tokens,
-                             max_new_tokens, eos_id, sampling, sampling_params, rng, row_ids)
-  result = _autoregressive_jit(target_params, prompt_tokens, prompt_lengths, encoder_tokens,
-                               sampling_params, rng, row_ids, target=target, sampling=sampling,
-                               max_new_tokens=int(max_new_tokens), eos_id=eos_id)
+  (prompt_tokens, prompt_lengths, encoder_tokens, eos_id, sampling_params, rng, row_ids) = (
+    prepare_inputs(
+      target,
+      prompt_tokens,
+      prompt_lengths,
+      encoder_tokens,
+      max_new_tokens,
+      eos_id,
+      sampling,
+      sampling_params,
+      rng,
+      row_ids,
+    )
+  )
+  lockstep = (
+    getattr(target, 'lockstep_extend', False)
+    and not isinstance(prompt_lengths, jax.core.Tracer)
+    and bool(np.all(np.asarray(prompt_lengths) == np.asarray(prompt_lengths)[0]))
+  )
+  result = _autoregressive_jit(
+    target_params,
+    prompt_tokens,
+    prompt_lengths,
+    encoder_tokens,
+    sampling_params,
+    rng,
+    row_ids,
+    target=target,
+    sampling=sampling,
+    max_new_tokens=int(max_new_tokens),
+    eos_id=eos_id,
+    lockstep=lockstep,
+  )
   raise_if_invalid(result, check_finite)
   return result
 
 
-def speculative_decode(target: CachedLM, target_params: Any, drafter: Drafter, draft_params: Any,
-                       prompt_tokens: jax.Array | None, prompt_lengths: jax.Array | None = None, *,
-                       gamma: int, max_new_tokens: int,
-                       sampling: sampling_lib.SamplingConfig = sampling_lib.SamplingConfig(),
-                       sampling_params: sampling_lib.SamplingParams | None = None,
-                       rng: Any = 0, eos_id: int | None = None,
-                       encoder_tokens: jax.Array | None = None,
-                       draft_encoder_tokens: jax.Array | None = None,
-                       row_ids: jax.Array | None = None,
-                       check_finite: bool = True,
-                       lenience: float | jax.Array | None = None,
-                       adaptive_verify: bool = False) -> DecodeResult:
+def speculative_decode(
+  target: CachedLM,
+  target_params: Any,
+  drafter: drafter_base.Drafter,
+  draft_params: Any,
+  prompt_tokens: jax.Array | None,
+  prompt_lengths: jax.Array | None = None,
+  *,
+  gamma: int,
+  max_new_tokens: int,
+  sampling: sampling_lib.SamplingConfig = sampling_lib.SamplingConfig(),
+  sampling_params: sampling_lib.SamplingParams | None = None,
+  rng: Any = 0,
+  eos_id: int | None = None,
+  encoder_tokens: jax.Array | None = None,
+  draft_encoder_tokens: jax.Array | None = None,
+  row_ids: jax.Array | None = None,
+  check_finite: bool = True,
+  lenience: float | jax.Array | None = None,
+  adaptive_verify: bool = False,
+) -> DecodeResult:
   """Speculative decoding: gamma draft tokens, one target call over gamma+1 positions per step.
 
   Arguments as in `autoregressive_decode`, plus:
@@ -487,11 +670,24 @@ def speculative_decode(target: CachedLM, target_params: Any, drafter: Drafter, d
   """
   check_positive_int('gamma', gamma)
   if drafter.vocab_size != target.vocab_size:
-    raise ValueError(f'draft and target vocabularies differ: draft vocab_size '
-                     f'{drafter.vocab_size} != target vocab_size {target.vocab_size}')
-  (prompt_tokens, prompt_lengths, encoder_tokens, eos_id, sampling_params, rng,
-   row_ids) = prepare_inputs(target, prompt_tokens, prompt_lengths, encoder_tokens,
-                             max_new_tokens, eos_id, sampling, sampling_params, rng, row_ids)
+    raise ValueError(
+      f'draft and target vocabularies differ: draft vocab_size '
+      f'{drafter.vocab_size} != target vocab_size {target.vocab_size}'
+    )
+  (prompt_tokens, prompt_lengths, encoder_tokens, eos_id, sampling_params, rng, row_ids) = (
+    prepare_inputs(
+      target,
+      prompt_tokens,
+      prompt_lengths,
+      encoder_tokens,
+      max_new_tokens,
+      eos_id,
+      sampling,
+      sampling_params,
+      rng,
+      row_ids,
+    )
+  )
   if draft_encoder_tokens is None:
     draft_encoder_tokens = encoder_tokens
   elif encoder_tokens is None:
@@ -501,13 +697,30 @@ def speculative_decode(target: CachedLM, target_params: Any, drafter: Drafter, d
   if lenience is not None:
     sampling_lib.check_lenience(lenience)
     if not isinstance(lenience, jax.core.Tracer) and float(lenience) < 1.0:
-      warnings.warn(f'speculative_decode with lenience {float(lenience)} < 1: APPROXIMATE '
-                    'decoding, the output is not distributed as the target model\'s', stacklevel=2)
+      warnings.warn(
+        f'speculative_decode with lenience {float(lenience)} < 1: APPROXIMATE '
+        'decoding, the output is not distributed as the target model\'s',
+        stacklevel=2,
+      )
     lenience = jnp.asarray(lenience, jnp.float32)
-  result = _speculative_jit(target_params, draft_params, prompt_tokens, prompt_lengths,
-                            encoder_tokens, draft_encoder_tokens, sampling_params, rng, row_ids,
-                            lenience, target=target, drafter=drafter, sampling=sampling,
-                            gamma=int(gamma), max_new_tokens=int(max_new_tokens), eos_id=eos_id,
-                            adaptive_verify=bool(adaptive_verify))
+  result = _speculative_jit(
+    target_params,
+    draft_params,
+    prompt_tokens,
+    prompt_lengths,
+    encoder_tokens,
+    draft_encoder_tokens,
+    sampling_params,
+    rng,
+    row_ids,
+    lenience,
+    target=target,
+    drafter=drafter,
+    sampling=sampling,
+    gamma=int(gamma),
+    max_new_tokens=int(max_new_tokens),
+    eos_id=eos_id,
+    adaptive_verify=bool(adaptive_verify),
+  )
   raise_if_invalid(result, check_finite)
   return result

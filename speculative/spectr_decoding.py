@@ -36,10 +36,11 @@ Metrics (`SpecTrMetrics`, per original row, steps in which the row was not yet d
   target_calls counts steps (one batched call over the K drafts is one call: on a TPU the K*(L+1)
   positions cost about what L+1 do; on this CPU they do not, which the walltime shows); `drafted`
   counts L per step (the draft length; the draft model produced K*L tokens, batched); block
-  efficiency = generated tokens / target_calls, as everywhere (DESIGN section 7). The token-level
+  efficiency = generated tokens / target_calls, as everywhere (docs/design.md section 7). The token-level
   acceptance probability with the surviving drafts is `alpha_sum / selections` (compare
   `single_alpha_sum / selections`: one draft at the same conditionals, Leviathan's alpha).
 """
+
 from __future__ import annotations
 
 import functools
@@ -48,12 +49,11 @@ from typing import Any
 import flax.struct
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from speculative import decoding
 from speculative import sampling as sampling_lib
 from speculative import spectr
-from speculative.drafters import Drafter
+from speculative.drafters import base as drafter_base
 from speculative.models.interface import CachedLM
 
 # Key `use` ids (see the module docstring); 0 and 1 are decoding.py's.
@@ -74,6 +74,7 @@ class SpecTrMetrics:
     selections: [B] int32, depths at which a selection ran (min(n+1, L) per step).
     invalid: [B] bool, a target or draft distribution was NaN (NaN/+inf/all -inf logits).
   """
+
   target_calls: jax.Array
   drafted: jax.Array
   accepted: jax.Array
@@ -86,17 +87,28 @@ class SpecTrMetrics:
   def zeros(cls, batch: int) -> 'SpecTrMetrics':
     ints = jnp.zeros((batch,), jnp.int32)
     floats = jnp.zeros((batch,), jnp.float32)
-    return cls(target_calls=ints, drafted=ints, accepted=ints, alpha_sum=floats,
-               single_alpha_sum=floats, selections=ints, invalid=jnp.zeros((batch,), bool))
+    return cls(
+      target_calls=ints,
+      drafted=ints,
+      accepted=ints,
+      alpha_sum=floats,
+      single_alpha_sum=floats,
+      selections=ints,
+      invalid=jnp.zeros((batch,), bool),
+    )
 
 
 def _repeat_rows(tree: Any, copies: int, batch: int, what: str) -> Any:
   """Every leaf [B, ...] -> [B*copies, ...], row b's copies adjacent (b*copies + j)."""
+
   def repeat(leaf):
     if leaf.ndim < 1 or leaf.shape[0] != batch:
-      raise ValueError(f'spectr_decode needs every leaf of the {what} to have the batch ({batch}) '
-                       f'on axis 0 to hold K copies per row; got a leaf of shape {leaf.shape}')
+      raise ValueError(
+        f'spectr_decode needs every leaf of the {what} to have the batch ({batch}) '
+        f'on axis 0 to hold K copies per row; got a leaf of shape {leaf.shape}'
+      )
     return jnp.repeat(leaf, copies, axis=0)
+
   return jax.tree_util.tree_map(repeat, tree)
 
 
@@ -107,8 +119,10 @@ def _adopt_rows(new: Any, old: Any, index: jax.Array) -> Any:
   old_leaves = jax.tree_util.tree_leaves(old)
   if len(old_leaves) != len(new_leaves):
     old_leaves = [None] * len(new_leaves)
-  out = [leaf if leaf is before else jnp.take(leaf, index, axis=0)
-         for leaf, before in zip(new_leaves, old_leaves)]
+  out = [
+    leaf if leaf is before else jnp.take(leaf, index, axis=0)
+    for leaf, before in zip(new_leaves, old_leaves)
+  ]
   return jax.tree_util.tree_unflatten(treedef, out)
 
 
@@ -123,12 +137,39 @@ def _copy_keys(rng: jax.Array, row_ids: jax.Array, step: jax.Array, num_drafts: 
   return jnp.concatenate([first, others], axis=1).reshape(-1)  # [B*K], row-major (b, j)
 
 
-@functools.partial(jax.jit, static_argnames=('target', 'drafter', 'sampling', 'num_drafts',
-                                             'draft_length', 'max_new_tokens', 'eos_id',
-                                             'num_iters'))
-def _spectr_jit(target_params, draft_params, prompt_tokens, prompt_lengths, encoder_tokens,
-                draft_encoder_tokens, sampling_params, rng, row_ids, *, target, drafter, sampling,
-                num_drafts, draft_length, max_new_tokens, eos_id, num_iters):
+@functools.partial(
+  jax.jit,
+  static_argnames=(
+    'target',
+    'drafter',
+    'sampling',
+    'num_drafts',
+    'draft_length',
+    'max_new_tokens',
+    'eos_id',
+    'num_iters',
+  ),
+)
+def _spectr_jit(
+  target_params,
+  draft_params,
+  prompt_tokens,
+  prompt_lengths,
+  encoder_tokens,
+  draft_encoder_tokens,
+  sampling_params,
+  rng,
+  row_ids,
+  *,
+  target,
+  drafter,
+  sampling,
+  num_drafts,
+  draft_length,
+  max_new_tokens,
+  eos_id,
+  num_iters,
+):
   decoding.TRACE_COUNTS['spectr_decode'] += 1
   k, length = num_drafts, draft_length
   batch, prompt_len = prompt_tokens.shape
@@ -138,21 +179,32 @@ def _spectr_jit(target_params, draft_params, prompt_tokens, prompt_lengths, enco
   # Prefill once per original row, then hold K copies.
   cache = target.init_cache(target_params, batch, max_length, encoder_tokens)
   _, cache = target.extend(target_params, cache, prompt_tokens, jnp.zeros((batch,), jnp.int32))
-  draft_state = drafter.init(draft_params, prompt_tokens, prompt_lengths, max_length,
-                             draft_encoder_tokens)
+  draft_state = drafter.init(
+    draft_params, prompt_tokens, prompt_lengths, max_length, draft_encoder_tokens
+  )
   state = decoding.DecodeState(
-      step=jnp.zeros((), jnp.int32), tokens=decoding.init_buffer(prompt_tokens, max_length),
-      lengths=prompt_lengths, done=jnp.zeros((batch,), bool),
-      target_cache=_repeat_rows(cache, k, batch, 'target cache'),
-      draft_state=_repeat_rows(draft_state, k, batch, 'draft state'),
-      metrics=SpecTrMetrics.zeros(batch))
+    step=jnp.zeros((), jnp.int32),
+    tokens=decoding.init_buffer(prompt_tokens, max_length),
+    lengths=prompt_lengths,
+    done=jnp.zeros((batch,), bool),
+    target_cache=_repeat_rows(cache, k, batch, 'target cache'),
+    draft_state=_repeat_rows(draft_state, k, batch, 'draft state'),
+    metrics=SpecTrMetrics.zeros(batch),
+  )
 
   def body(state: decoding.DecodeState) -> decoding.DecodeState:
     tokens_k = jnp.repeat(state.tokens, k, axis=0)  # [K*B, L_max]
     lengths_k = jnp.repeat(state.lengths, k, axis=0)  # [K*B]
     proposal, draft_state = drafter.propose(
-        draft_params, state.draft_state, tokens_k, lengths_k, length,
-        _copy_keys(rng, row_ids, state.step, k), sampling, sampling_params)
+      draft_params,
+      state.draft_state,
+      tokens_k,
+      lengths_k,
+      length,
+      _copy_keys(rng, row_ids, state.step, k),
+      sampling,
+      sampling_params,
+    )
     assert proposal.tokens.shape == (expanded, length), proposal.tokens.shape
     assert proposal.probs.shape == (expanded, length, vocab), proposal.probs.shape
     drafted = jnp.arange(length)[None, :] < proposal.num_drafted[:, None]  # [K*B, L]
@@ -160,8 +212,9 @@ def _spectr_jit(target_params, draft_params, prompt_tokens, prompt_lengths, enco
     # One verify call over all K drafts: [last committed token, x^j_1..x^j_L] at start = length-1.
     last = decoding.last_tokens(tokens_k, lengths_k)  # [K*B]
     verify_tokens = jnp.concatenate([last[:, None], draft_tokens], axis=1)  # [K*B, L+1]
-    logits, cache = target.extend(target_params, state.target_cache, verify_tokens,
-                                  lengths_k - 1)  # [K*B, L+1, V]
+    logits, cache = target.extend(
+      target_params, state.target_cache, verify_tokens, lengths_k - 1
+    )  # [K*B, L+1, V]
     target_probs = sampling_lib.probs_from_logits(logits, sampling, sampling_params)
     draft_probs = jnp.where(drafted[..., None], proposal.probs, 0.0)  # [K*B, L, V]
 
@@ -169,14 +222,20 @@ def _spectr_jit(target_params, draft_params, prompt_tokens, prompt_lengths, enco
     uniform_keys = jax.vmap(lambda key: jax.random.fold_in(key, 0))(select_keys)
     sample_keys = jax.vmap(lambda key: jax.random.fold_in(key, 1))(select_keys)
     uniforms = jax.vmap(lambda key: jax.random.uniform(key, (length, k), jnp.float32))(
-        uniform_keys)  # [B, L, K]
+      uniform_keys
+    )  # [B, L, K]
     selection = spectr.spectr_sequence_select(
-        draft_tokens.reshape(batch, k, length), draft_probs.reshape(batch, k, length, vocab),
-        target_probs.reshape(batch, k, length + 1, vocab), uniforms, sample_keys,
-        proposal.num_drafted.reshape(batch, k), num_iters=num_iters)
+      draft_tokens.reshape(batch, k, length),
+      draft_probs.reshape(batch, k, length, vocab),
+      target_probs.reshape(batch, k, length + 1, vocab),
+      uniforms,
+      sample_keys,
+      proposal.num_drafted.reshape(batch, k),
+      num_iters=num_iters,
+    )
     tokens, lengths, done, active = decoding.commit_tokens(
-        state, selection.tokens, selection.num_accepted + 1, prompt_lengths, max_new_tokens,
-        eos_id)
+      state, selection.tokens, selection.num_accepted + 1, prompt_lengths, max_new_tokens, eos_id
+    )
     # Every copy of row b adopts the chosen branch's caches (rows b*K + branch[b]).
     source = jnp.arange(batch, dtype=jnp.int32) * k + selection.branch  # [B]
     index = jnp.repeat(source, k, axis=0)  # [K*B]
@@ -185,37 +244,56 @@ def _spectr_jit(target_params, draft_params, prompt_tokens, prompt_lengths, enco
 
     num_drafted = proposal.num_drafted.reshape(batch, k)
     verified = jnp.arange(length + 1)[None, :] <= proposal.num_drafted[:, None]  # [K*B, L+1]
-    invalid_k = (decoding.has_nan(jnp.where(verified[..., None], target_probs, 0.0)) |
-                 decoding.has_nan(draft_probs))  # [K*B]
+    invalid_k = decoding.has_nan(
+      jnp.where(verified[..., None], target_probs, 0.0)
+    ) | decoding.has_nan(draft_probs)  # [K*B]
     invalid = jnp.any(invalid_k.reshape(batch, k), axis=1)  # [B]
     metrics = state.metrics
     metrics = SpecTrMetrics(
-        target_calls=metrics.target_calls + active,
-        drafted=metrics.drafted + jnp.where(active, jnp.max(num_drafted, axis=1), 0),
-        accepted=metrics.accepted + jnp.where(active, selection.num_accepted, 0),
-        alpha_sum=metrics.alpha_sum + jnp.where(active, selection.acceptance_sum, 0.0),
-        single_alpha_sum=metrics.single_alpha_sum + jnp.where(
-            active, selection.single_draft_acceptance_sum, 0.0),
-        selections=metrics.selections + jnp.where(active, selection.num_selections, 0),
-        invalid=metrics.invalid | (active & invalid))
-    return decoding.DecodeState(step=state.step + 1, tokens=tokens, lengths=lengths, done=done,
-                       target_cache=cache, draft_state=draft_state, metrics=metrics)
+      target_calls=metrics.target_calls + active,
+      drafted=metrics.drafted + jnp.where(active, jnp.max(num_drafted, axis=1), 0),
+      accepted=metrics.accepted + jnp.where(active, selection.num_accepted, 0),
+      alpha_sum=metrics.alpha_sum + jnp.where(active, selection.acceptance_sum, 0.0),
+      single_alpha_sum=metrics.single_alpha_sum
+      + jnp.where(active, selection.single_draft_acceptance_sum, 0.0),
+      selections=metrics.selections + jnp.where(active, selection.num_selections, 0),
+      invalid=metrics.invalid | (active & invalid),
+    )
+    return decoding.DecodeState(
+      step=state.step + 1,
+      tokens=tokens,
+      lengths=lengths,
+      done=done,
+      target_cache=cache,
+      draft_state=draft_state,
+      metrics=metrics,
+    )
 
   state = jax.lax.while_loop(lambda s: ~jnp.all(s.done), body, state)
   return decoding.make_result(state, prompt_lengths, max_new_tokens)
 
 
-def spectr_decode(target: CachedLM, target_params: Any, drafter: Drafter, draft_params: Any,
-                  prompt_tokens: jax.Array | None, prompt_lengths: jax.Array | None = None, *,
-                  num_drafts: int, draft_length: int, max_new_tokens: int,
-                  sampling: sampling_lib.SamplingConfig = sampling_lib.SamplingConfig(),
-                  sampling_params: sampling_lib.SamplingParams | None = None,
-                  rng: Any = 0, eos_id: int | None = None,
-                  encoder_tokens: jax.Array | None = None,
-                  draft_encoder_tokens: jax.Array | None = None,
-                  row_ids: jax.Array | None = None,
-                  num_iters: int = spectr.DEFAULT_BISECTION_ITERS,
-                  check_finite: bool = True) -> decoding.DecodeResult:
+def spectr_decode(
+  target: CachedLM,
+  target_params: Any,
+  drafter: drafter_base.Drafter,
+  draft_params: Any,
+  prompt_tokens: jax.Array | None,
+  prompt_lengths: jax.Array | None = None,
+  *,
+  num_drafts: int,
+  draft_length: int,
+  max_new_tokens: int,
+  sampling: sampling_lib.SamplingConfig = sampling_lib.SamplingConfig(),
+  sampling_params: sampling_lib.SamplingParams | None = None,
+  rng: Any = 0,
+  eos_id: int | None = None,
+  encoder_tokens: jax.Array | None = None,
+  draft_encoder_tokens: jax.Array | None = None,
+  row_ids: jax.Array | None = None,
+  num_iters: int = spectr.DEFAULT_BISECTION_ITERS,
+  check_finite: bool = True,
+) -> decoding.DecodeResult:
   """SpecTr decoding: K i.i.d. drafts of length L, one target call over K x (L+1) positions a step.
 
   Arguments as in `decoding.speculative_decode` (gamma is `draft_length`), plus:
@@ -233,28 +311,48 @@ def spectr_decode(target: CachedLM, target_params: Any, drafter: Drafter, draft_
   decoding.check_positive_int('draft_length', draft_length)
   decoding.check_positive_int('num_iters', num_iters)
   if drafter.vocab_size != target.vocab_size:
-    raise ValueError(f'draft and target vocabularies differ: draft vocab_size '
-                     f'{drafter.vocab_size} != target vocab_size {target.vocab_size}')
-  (prompt_tokens, prompt_lengths, encoder_tokens, eos_id, sampling_params, rng,
-   row_ids) = decoding.prepare_inputs(
-       target, prompt_tokens, prompt_lengths, encoder_tokens, max_new_tokens, eos_id, sampling,
-       sampling_params, rng, row_ids)
+    raise ValueError(
+      f'draft and target vocabularies differ: draft vocab_size '
+      f'{drafter.vocab_size} != target vocab_size {target.vocab_size}'
+    )
+  (prompt_tokens, prompt_lengths, encoder_tokens, eos_id, sampling_params, rng, row_ids) = (
+    decoding.prepare_inputs(
+      target,
+      prompt_tokens,
+      prompt_lengths,
+      encoder_tokens,
+      max_new_tokens,
+      eos_id,
+      sampling,
+      sampling_params,
+      rng,
+      row_ids,
+    )
+  )
   if draft_encoder_tokens is None:
     draft_encoder_tokens = encoder_tokens
   elif encoder_tokens is None:
     raise ValueError('draft_encoder_tokens given without encoder_tokens for the target')
   else:
     draft_encoder_tokens = jnp.asarray(draft_encoder_tokens).astype(jnp.int32)
-  result = _spectr_jit(target_params, draft_params, prompt_tokens, prompt_lengths,
-                       encoder_tokens, draft_encoder_tokens, sampling_params, rng, row_ids,
-                       target=target, drafter=drafter, sampling=sampling,
-                       num_drafts=int(num_drafts), draft_length=int(draft_length),
-                       max_new_tokens=int(max_new_tokens), eos_id=eos_id, num_iters=int(num_iters))
+  result = _spectr_jit(
+    target_params,
+    draft_params,
+    prompt_tokens,
+    prompt_lengths,
+    encoder_tokens,
+    draft_encoder_tokens,
+    sampling_params,
+    rng,
+    row_ids,
+    target=target,
+    drafter=drafter,
+    sampling=sampling,
+    num_drafts=int(num_drafts),
+    draft_length=int(draft_length),
+    max_new_tokens=int(max_new_tokens),
+    eos_id=eos_id,
+    num_iters=int(num_iters),
+  )
   decoding.raise_if_invalid(result, check_finite)
   return result
-
-
-def block_efficiency(result: decoding.DecodeResult) -> float:
-  """Generated tokens / target calls over all rows (DESIGN section 7)."""
-  calls = int(np.asarray(result.metrics.target_calls).sum())
-  return float(np.asarray(result.lengths).sum()) / max(calls, 1)

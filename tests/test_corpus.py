@@ -1,11 +1,12 @@
 """Tests of speculative/corpus.py (extraction, alignment, cleaning, splits, TSV I/O) and the shipped corpus."""
+
 from __future__ import annotations
 
 import gzip
 import importlib.util
 import json
-import random
 from pathlib import Path
+import random
 
 import pytest
 
@@ -14,31 +15,42 @@ from speculative import corpus
 REPO_ROOT = Path(__file__).resolve().parents[1]
 FIXTURE_HELP = REPO_ROOT / "tests" / "fixtures" / "help"
 DATA_DIR = REPO_ROOT / "data" / "libreoffice_ende"
-SHARED = Path(__file__).resolve().parents[1].parent / "shared"
-REFERENCE_TSV = SHARED / "data" / "libreoffice_help_en_de.tsv.gz"
+# Every 100th pair of the reference extraction libreoffice_help_en_de.tsv.gz (53621 pairs, 35916
+# unique; sha256 REFERENCE_SHA256), an independent en<TAB>de extraction of the same help packages
+# (tests/fixtures/README.md).
+REFERENCE_EXCERPT = REPO_ROOT / "tests" / "fixtures" / "libreoffice_reference_excerpt.tsv.gz"
+REFERENCE_EXCERPT_SHA256 = "077179c7b0d22d580d3b84b613812e74b13758212299b5a749cc67468b049a20"
+REFERENCE_SHA256 = "71ee5b6c75e573ea7d1a279a1545d1036444e40101e2abe6c477c0c408256594"
+REFERENCE_UNIQUE_PAIRS = 35916
 
 # Aligned paragraphs of the fixture trees, in order (sorted files, document order), before cleaning.
 # Not here: navigation chrome and DEBUG paragraphs, an image-only paragraph's alt text, ids present on
 # one side only, and the page that exists only in English.
 EXPECTED_RAW = [
-    ("Find Bar", "Suchleiste"),
-    ("The Find toolbar can be used to quickly search the contents of LibreOffice documents.",
-     "Die Suchleiste kann zur schnellen Suche von Inhalten in LibreOffice-Dokumenten verwendet werden."),
-    ("Use the shortcut Ctrl + F to quickly open the Find toolbar.",
-     "Verwenden Sie Strg+F zum schnellen Öffnen der Suchleiste."),
-    ("", ""),  # image-only paragraph
-    ("Find Previous Icon", "Symbol für „Vorherigen suchen“"),
-    ("LibreOffice Calc", "LibreOffice Calc"),  # untranslated
-    ("Sorts the selection. In Calc, the database functions are sorted too.",
-     "Sortiert die Auswahl. In Calc werden auch die Datenbankfunktionen sortiert."),
-    ("Press Shift + F3 & see <Text>.", "Drücken Sie Umschalt + F3 & sehen Sie <Text>."),
-    ("Options", "Optionen"),  # first occurrence of a repeated id
-    ("First use of a repeated id.", "Erste Verwendung einer wiederholten ID."),
-    ("More options", "Weitere Optionen"),  # second occurrence of the same id
-    ("Entrance: Select an entrance effect.", "Eingang: Wählen Sie einen Eingangseffekt."),
-    ("", "Kein Text auf Englisch."),  # empty English side
-    ("Find Bar", "Suchleiste"),  # duplicate pair, from text/swriter/main0000.html
-    ("Welcome to the LibreOffice Writer Help", "Willkommen in der LibreOffice Writer-Hilfe"),
+  ("Find Bar", "Suchleiste"),
+  (
+    "The Find toolbar can be used to quickly search the contents of LibreOffice documents.",
+    "Die Suchleiste kann zur schnellen Suche von Inhalten in LibreOffice-Dokumenten verwendet werden.",
+  ),
+  (
+    "Use the shortcut Ctrl + F to quickly open the Find toolbar.",
+    "Verwenden Sie Strg+F zum schnellen Öffnen der Suchleiste.",
+  ),
+  ("", ""),  # image-only paragraph
+  ("Find Previous Icon", "Symbol für „Vorherigen suchen“"),
+  ("LibreOffice Calc", "LibreOffice Calc"),  # untranslated
+  (
+    "Sorts the selection. In Calc, the database functions are sorted too.",
+    "Sortiert die Auswahl. In Calc werden auch die Datenbankfunktionen sortiert.",
+  ),
+  ("Press Shift + F3 & see <Text>.", "Drücken Sie Umschalt + F3 & sehen Sie <Text>."),
+  ("Options", "Optionen"),  # first occurrence of a repeated id
+  ("First use of a repeated id.", "Erste Verwendung einer wiederholten ID."),
+  ("More options", "Weitere Optionen"),  # second occurrence of the same id
+  ("Entrance: Select an entrance effect.", "Eingang: Wählen Sie einen Eingangseffekt."),
+  ("", "Kein Text auf Englisch."),  # empty English side
+  ("Find Bar", "Suchleiste"),  # duplicate pair, from text/swriter/main0000.html
+  ("Welcome to the LibreOffice Writer Help", "Willkommen in der LibreOffice Writer-Hilfe"),
 ]
 EXPECTED_CLEAN = [pair for i, pair in enumerate(EXPECTED_RAW) if i not in (3, 5, 12, 13)]
 
@@ -50,16 +62,20 @@ def test_fixture_alignment_gives_exactly_the_expected_pairs():
 
 def test_inline_switch_all_keeps_every_variant_like_the_reference():
   pairs = corpus.clean_pairs(corpus.align_help_trees(FIXTURE_HELP, inline_switch="all"))
-  assert ("Use the shortcut CommandCtrl + F to quickly open the Find toolbar.",
-          "Verwenden Sie BefehlStrg+F zum schnellen Öffnen der Suchleiste.") in pairs
+  assert (
+    "Use the shortcut CommandCtrl + F to quickly open the Find toolbar.",
+    "Verwenden Sie BefehlStrg+F zum schnellen Öffnen der Suchleiste.",
+  ) in pairs
   with pytest.raises(ValueError, match="inline_switch"):
     corpus.extract_paragraphs("<p id='x'>a</p>", inline_switch="mac")
 
 
 def test_extract_paragraphs_reads_only_the_page_body():
-  page = ('<html><body><p id="par_nav">nav</p><div id="DisplayArea"><h2 id="hd_1">A <b>bold</b>\n'
-          '  title</h2><p>no id</p><p id="par_2">x<br/>y</p></div><p id="par_after">after</p>'
-          '<footer><div id="DEBUG"><p id="bm_module">Module</p></div></footer></body></html>')
+  page = (
+    '<html><body><p id="par_nav">nav</p><div id="DisplayArea"><h2 id="hd_1">A <b>bold</b>\n'
+    '  title</h2><p>no id</p><p id="par_2">x<br/>y</p></div><p id="par_after">after</p>'
+    '<footer><div id="DEBUG"><p id="bm_module">Module</p></div></footer></body></html>'
+  )
   assert corpus.extract_paragraphs(page) == [("hd_1", "A bold title"), ("par_2", "xy")]
   assert corpus.extract_paragraphs("<html><p id='a'>no body</p></html>") == []
 
@@ -100,7 +116,8 @@ def test_split_is_deterministic_disjoint_and_complete():
   random.Random(0).shuffle(shuffled)
   reshuffled = corpus.split_pairs(shuffled, test_size=40, validation_size=20)
   assert {name: sorted(split) for name, split in reshuffled.items()} == {
-      name: sorted(split) for name, split in splits.items()}
+    name: sorted(split) for name, split in splits.items()
+  }
   other_salt = corpus.split_pairs(pairs, test_size=40, validation_size=20, salt="other")
   assert other_salt["test"] != splits["test"]
 
@@ -129,14 +146,26 @@ def test_tsv_roundtrip_is_byte_deterministic(tmp_path):
 
 
 def test_make_corpus_from_tsv(tmp_path):
-  spec = importlib.util.spec_from_file_location("make_corpus", REPO_ROOT / "scripts" / "make_corpus.py")
+  spec = importlib.util.spec_from_file_location(
+    "make_corpus", REPO_ROOT / "scripts" / "make_corpus.py"
+  )
   make_corpus = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(make_corpus)
   source = tmp_path / "in.tsv.gz"
   corpus.write_tsv_gz(source, _synthetic_pairs(30) + [("same", "same"), ("sentence 1", "Satz 1")])
   out = tmp_path / "out"
-  make_corpus.main(["--from_tsv", str(source), "--output_dir", str(out), "--test_size", "4",
-                    "--validation_size", "3"])
+  make_corpus.main(
+    [
+      "--from_tsv",
+      str(source),
+      "--output_dir",
+      str(out),
+      "--test_size",
+      "4",
+      "--validation_size",
+      "3",
+    ]
+  )
   stats = json.loads((out / "stats.json").read_text())
   assert stats["counts"]["after_deduplication"] == len(_synthetic_pairs(30))
   for name in corpus.SPLITS:
@@ -163,12 +192,19 @@ def test_shipped_corpus_matches_its_stats_and_is_disjoint():
   assert "libreoffice-help-de" in (DATA_DIR / "NOTICE").read_text()
 
 
-def test_shipped_corpus_agrees_with_the_shared_reference():
-  if not REFERENCE_TSV.exists():
-    pytest.skip(f"shared reference corpus missing: {REFERENCE_TSV} (needs ../shared beside the repo)")
-  reference = set(corpus.read_tsv_gz(REFERENCE_TSV))
-  ours = {pair for name in corpus.SPLITS for pair in corpus.read_tsv_gz(DATA_DIR / f"{name}.tsv.gz")}
+def test_shipped_corpus_agrees_with_the_reference_excerpt():
+  assert corpus.sha256_file(REFERENCE_EXCERPT) == REFERENCE_EXCERPT_SHA256
+  excerpt = corpus.read_tsv_gz(REFERENCE_EXCERPT)
+  assert len(excerpt) == 537  # ceil(53621 / 100)
+  ours = {
+    pair for name in corpus.SPLITS for pair in corpus.read_tsv_gz(DATA_DIR / f"{name}.tsv.gz")
+  }
   # The reference keeps every inline-switch variant ("CommandCtrl"); ours keeps the default one, so
   # only pairs with an inline switch differ (about 3%).
-  assert len(ours & reference) / len(ours) > 0.95
-  assert abs(len(ours) - len(reference)) / len(reference) < 0.02
+  assert sum(pair in ours for pair in excerpt) / len(excerpt) > 0.95
+  assert abs(len(ours) - REFERENCE_UNIQUE_PAIRS) / REFERENCE_UNIQUE_PAIRS < 0.02
+  # The shipped stats record the comparison with the same full reference file.
+  stats = json.loads((DATA_DIR / "stats.json").read_text())
+  comparison = stats["reference_comparison"]["inline_switch=default"]
+  assert comparison["reference_sha256"] == REFERENCE_SHA256
+  assert comparison["reference_unique_pairs"] == REFERENCE_UNIQUE_PAIRS

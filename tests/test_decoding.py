@@ -5,21 +5,21 @@ speculative == greedy baseline token for token, draft == target accepts everythi
 a batch equals the row decoded alone, EOS / max-length edge cases, no recompilation when only
 sampling values or the seed change, and clear errors for bad input.
 """
+
 import dataclasses
 import itertools
-import math
 
 import jax
 import jax.numpy as jnp
+import model_utils
 import numpy as np
 import pytest
 
 from speculative import decoding
 from speculative import drafters
 from speculative import sampling as S
-from speculative.models.decoder_only import DecoderOnlyConfig, DecoderOnlyLM
-
-import model_utils
+from speculative.models.decoder_only import DecoderOnlyConfig
+from speculative.models.decoder_only import DecoderOnlyLM
 
 FALSE_FAILURE_RATE = 1e-4  # per test
 
@@ -28,10 +28,12 @@ _random_params = model_utils.random_params
 
 
 # Greedy / edge-case pair: vocab 16.
-TARGET = DecoderOnlyLM(DecoderOnlyConfig(vocab_size=16, d_model=32, d_ff=64, num_layers=2,
-                                         num_heads=4))
-DRAFT = DecoderOnlyLM(DecoderOnlyConfig(vocab_size=16, d_model=16, d_ff=32, num_layers=1,
-                                        num_heads=2))
+TARGET = DecoderOnlyLM(
+  DecoderOnlyConfig(vocab_size=16, d_model=32, d_ff=64, num_layers=2, num_heads=4)
+)
+DRAFT = DecoderOnlyLM(
+  DecoderOnlyConfig(vocab_size=16, d_model=16, d_ff=32, num_layers=1, num_heads=2)
+)
 TARGET_PARAMS = _random_params(TARGET, 0, logit_scale=2.0)
 DRAFT_PARAMS = _random_params(DRAFT, 1, logit_scale=2.0)
 GREEDY = S.SamplingConfig(greedy=True)
@@ -48,8 +50,9 @@ _target_forward = jax.jit(TARGET.forward)
 
 def _greedy_margin(tokens, prompts, prompt_lengths, row, position):
   """Top-1 minus top-2 target logit at a generated position (to diagnose a greedy mismatch)."""
-  stream = np.concatenate([np.asarray(prompts[row, :prompt_lengths[row]]),
-                           np.asarray(tokens[row, :position])])
+  stream = np.concatenate(
+    [np.asarray(prompts[row, : prompt_lengths[row]]), np.asarray(tokens[row, :position])]
+  )
   logits = np.asarray(_target_forward(TARGET_PARAMS, jnp.asarray(stream)[None]))[0, -1]
   top = np.sort(logits)[-2:]
   return float(top[1] - top[0])
@@ -57,20 +60,24 @@ def _greedy_margin(tokens, prompts, prompt_lengths, row, position):
 
 def _assert_same_tokens(expected, actual, label, prompts, prompt_lengths):
   exp_tokens, act_tokens = np.asarray(expected.tokens), np.asarray(actual.tokens)
-  if not (np.array_equal(exp_tokens, act_tokens) and
-          np.array_equal(expected.lengths, actual.lengths)):
+  if not (
+    np.array_equal(exp_tokens, act_tokens) and np.array_equal(expected.lengths, actual.lengths)
+  ):
     row = int(np.flatnonzero((exp_tokens != act_tokens).any(1))[0])
     position = int(np.flatnonzero(exp_tokens[row] != act_tokens[row])[0])
     margin = _greedy_margin(exp_tokens, prompts, prompt_lengths, row, position)
-    raise AssertionError(f'{label}: row {row} differs at generated position {position}: '
-                         f'{exp_tokens[row]} vs {act_tokens[row]} (target logit margin there '
-                         f'{margin:.2e})')
+    raise AssertionError(
+      f'{label}: row {row} differs at generated position {position}: '
+      f'{exp_tokens[row]} vs {act_tokens[row]} (target logit margin there '
+      f'{margin:.2e})'
+    )
 
 
 @pytest.fixture(scope='module')
 def greedy_baseline():
-  return decoding.autoregressive_decode(TARGET, TARGET_PARAMS, PROMPTS, PROMPT_LENGTHS,
-                                        max_new_tokens=10, sampling=GREEDY, eos_id=3)
+  return decoding.autoregressive_decode(
+    TARGET, TARGET_PARAMS, PROMPTS, PROMPT_LENGTHS, max_new_tokens=10, sampling=GREEDY, eos_id=3
+  )
 
 
 # --------------------------------------------------------------------------------------------------
@@ -86,23 +93,32 @@ def test_greedy_baseline_is_argmax_of_full_forward(greedy_baseline):
   for row in range(rows):
     prompt_length = int(PROMPT_LENGTHS[row])
     streams[row, :prompt_length] = PROMPTS[row, :prompt_length]
-    streams[row, prompt_length:prompt_length + lengths[row]] = tokens[row, :lengths[row]]
+    streams[row, prompt_length : prompt_length + lengths[row]] = tokens[row, : lengths[row]]
   logits = np.asarray(_target_forward(TARGET_PARAMS, jnp.asarray(streams)))
   for row in range(rows):
     prompt_length, length = int(PROMPT_LENGTHS[row]), int(lengths[row])
-    predicted = np.argmax(logits[row, prompt_length - 1:prompt_length - 1 + length], -1)
+    predicted = np.argmax(logits[row, prompt_length - 1 : prompt_length - 1 + length], -1)
     np.testing.assert_array_equal(predicted, tokens[row, :length])
     assert length == 10 or tokens[row, length - 1] == 3  # stopped at max length or at EOS
-    assert 3 not in tokens[row, :length - 1]
+    assert 3 not in tokens[row, : length - 1]
   assert np.all(tokens[np.arange(10)[None] >= lengths[:, None]] == 0)
   assert lengths.min() < 10 < lengths.max() + 1  # both stopping rules occur
 
 
 @pytest.mark.parametrize('gamma', range(1, 9))
 def test_greedy_speculative_equals_baseline_batch_100(greedy_baseline, gamma):
-  result = decoding.speculative_decode(TARGET, TARGET_PARAMS, drafters.ModelDrafter(DRAFT),
-                                       DRAFT_PARAMS, PROMPTS, PROMPT_LENGTHS, gamma=gamma,
-                                       max_new_tokens=10, sampling=GREEDY, eos_id=3)
+  result = decoding.speculative_decode(
+    TARGET,
+    TARGET_PARAMS,
+    drafters.ModelDrafter(DRAFT),
+    DRAFT_PARAMS,
+    PROMPTS,
+    PROMPT_LENGTHS,
+    gamma=gamma,
+    max_new_tokens=10,
+    sampling=GREEDY,
+    eos_id=3,
+  )
   _assert_same_tokens(greedy_baseline, result, f'gamma={gamma}', PROMPTS, PROMPT_LENGTHS)
   metrics = jax.tree.map(np.asarray, result.metrics)
   assert np.all(metrics.accepted <= metrics.drafted)
@@ -114,23 +130,44 @@ def test_greedy_speculative_equals_baseline_batch_100(greedy_baseline, gamma):
   assert 0 < metrics.accepted.sum() < metrics.drafted.sum()
 
 
-def _filters_decode(prompts, lengths, values, row_ids=None, params=None, rng=11,
-                    draft_is_target=False):
+def _filters_decode(
+  prompts, lengths, values, row_ids=None, params=None, rng=11, draft_is_target=False
+):
   """gamma=3, max_new_tokens=10, eos 3, FILTERS: one compile per batch size, shared by tests."""
   params = TARGET_PARAMS if params is None else params
   drafter = drafters.ModelDrafter(TARGET if draft_is_target else DRAFT)
   draft_params = TARGET_PARAMS if draft_is_target else DRAFT_PARAMS
   return decoding.speculative_decode(
-      TARGET, params, drafter, draft_params, prompts, lengths, gamma=3,
-      max_new_tokens=10, sampling=FILTERS, sampling_params=S.SamplingParams.create(**values),
-      rng=rng, eos_id=3, row_ids=row_ids)
+    TARGET,
+    params,
+    drafter,
+    draft_params,
+    prompts,
+    lengths,
+    gamma=3,
+    max_new_tokens=10,
+    sampling=FILTERS,
+    sampling_params=S.SamplingParams.create(**values),
+    rng=rng,
+    eos_id=3,
+    row_ids=row_ids,
+  )
 
 
 def _filters_baseline(prompts, lengths, values, row_ids=None, params=None, rng=11):
   params = TARGET_PARAMS if params is None else params
   return decoding.autoregressive_decode(
-      TARGET, params, prompts, lengths, max_new_tokens=10, sampling=FILTERS,
-      sampling_params=S.SamplingParams.create(**values), rng=rng, eos_id=3, row_ids=row_ids)
+    TARGET,
+    params,
+    prompts,
+    lengths,
+    max_new_tokens=10,
+    sampling=FILTERS,
+    sampling_params=S.SamplingParams.create(**values),
+    rng=rng,
+    eos_id=3,
+    row_ids=row_ids,
+  )
 
 
 @pytest.mark.parametrize('batch', [8, 1])
@@ -141,13 +178,15 @@ def test_greedy_speculative_equals_baseline_small_batches(greedy_baseline, batch
     rows = slice(lo, lo + batch)
     result = _filters_decode(PROMPTS[rows], PROMPT_LENGTHS[rows], dict(temperature=0.0))
     expected = jax.tree.map(lambda x: x[rows], greedy_baseline)
-    _assert_same_tokens(expected, result, f'batch={batch} rows {lo}+', PROMPTS[rows],
-                        PROMPT_LENGTHS[rows])
+    _assert_same_tokens(
+      expected, result, f'batch={batch} rows {lo}+', PROMPTS[rows], PROMPT_LENGTHS[rows]
+    )
 
 
 @dataclasses.dataclass(frozen=True)
 class _PartialDrafter:
   """A ModelDrafter that, like an n-gram drafter without a match, may propose fewer tokens."""
+
   inner: drafters.ModelDrafter
 
   @property
@@ -158,8 +197,9 @@ class _PartialDrafter:
     return self.inner.init(*args, **kwargs)
 
   def propose(self, params, state, tokens, lengths, gamma, keys, sampling, sampling_params):
-    proposal, state = self.inner.propose(params, state, tokens, lengths, gamma, keys, sampling,
-                                         sampling_params)
+    proposal, state = self.inner.propose(
+      params, state, tokens, lengths, gamma, keys, sampling, sampling_params
+    )
     num_drafted = (lengths * 7) % (gamma + 1)  # 0..gamma, varies per row and step
     filler = jnp.where(jnp.arange(gamma)[None] < num_drafted[:, None], proposal.tokens, 0)
     return proposal.replace(tokens=filler, num_drafted=num_drafted), state
@@ -167,9 +207,18 @@ class _PartialDrafter:
 
 def test_greedy_exact_with_fewer_drafted_tokens(greedy_baseline):
   drafter = _PartialDrafter(drafters.ModelDrafter(DRAFT))
-  result = decoding.speculative_decode(TARGET, TARGET_PARAMS, drafter, DRAFT_PARAMS, PROMPTS,
-                                       PROMPT_LENGTHS, gamma=4, max_new_tokens=10,
-                                       sampling=GREEDY, eos_id=3)
+  result = decoding.speculative_decode(
+    TARGET,
+    TARGET_PARAMS,
+    drafter,
+    DRAFT_PARAMS,
+    PROMPTS,
+    PROMPT_LENGTHS,
+    gamma=4,
+    max_new_tokens=10,
+    sampling=GREEDY,
+    eos_id=3,
+  )
   _assert_same_tokens(greedy_baseline, result, 'partial drafter', PROMPTS, PROMPT_LENGTHS)
   metrics = jax.tree.map(np.asarray, result.metrics)
   assert metrics.drafted.sum() < 4 * metrics.target_calls.sum()
@@ -184,8 +233,9 @@ def test_greedy_exact_with_fewer_drafted_tokens(greedy_baseline):
 @pytest.mark.parametrize('temperature', [0.0, 1.0])
 def test_draft_equal_to_target_accepts_everything(temperature):
   gamma = 3
-  result = _filters_decode(PROMPTS[:8], PROMPT_LENGTHS[:8], dict(temperature=temperature),
-                           draft_is_target=True, rng=5)
+  result = _filters_decode(
+    PROMPTS[:8], PROMPT_LENGTHS[:8], dict(temperature=temperature), draft_is_target=True, rng=5
+  )
   metrics = jax.tree.map(np.asarray, result.metrics)
   lengths = np.asarray(result.lengths)
   # Block efficiency gamma+1 except in the last block (cut by EOS or max_new_tokens).
@@ -205,30 +255,50 @@ def _eos_candidate(tokens, lengths, gamma):
 
 def test_eos_inside_an_accepted_block(greedy_baseline):
   gamma = 4
-  row, j, eos = _eos_candidate(np.asarray(greedy_baseline.tokens),
-                               np.asarray(greedy_baseline.lengths), gamma)
+  row, j, eos = _eos_candidate(
+    np.asarray(greedy_baseline.tokens), np.asarray(greedy_baseline.lengths), gamma
+  )
   prompts, lengths = PROMPTS[:8], PROMPT_LENGTHS[:8]
-  base = decoding.autoregressive_decode(TARGET, TARGET_PARAMS, prompts, lengths,
-                                        max_new_tokens=12, sampling=GREEDY, eos_id=eos)
-  spec = decoding.speculative_decode(TARGET, TARGET_PARAMS, drafters.ModelDrafter(TARGET),
-                                     TARGET_PARAMS, prompts, lengths, gamma=gamma,
-                                     max_new_tokens=12, sampling=GREEDY, eos_id=eos)
+  base = decoding.autoregressive_decode(
+    TARGET, TARGET_PARAMS, prompts, lengths, max_new_tokens=12, sampling=GREEDY, eos_id=eos
+  )
+  spec = decoding.speculative_decode(
+    TARGET,
+    TARGET_PARAMS,
+    drafters.ModelDrafter(TARGET),
+    TARGET_PARAMS,
+    prompts,
+    lengths,
+    gamma=gamma,
+    max_new_tokens=12,
+    sampling=GREEDY,
+    eos_id=eos,
+  )
   _assert_same_tokens(base, spec, 'eos', prompts, lengths)
   assert int(spec.lengths[row]) == j + 1 and int(spec.tokens[row, j]) == eos
-  assert np.all(np.asarray(spec.tokens[row, j + 1:]) == 0)
+  assert np.all(np.asarray(spec.tokens[row, j + 1 :]) == 0)
   # The whole block was accepted (draft == target), then cut after the EOS, in one target call.
   assert int(spec.metrics.target_calls[row]) == 1 and int(spec.metrics.accepted[row]) == gamma
   for b in range(8):  # every row stops at its first EOS or at max length
-    toks = np.asarray(spec.tokens[b, :spec.lengths[b]])
+    toks = np.asarray(spec.tokens[b, : spec.lengths[b]])
     assert (eos not in toks[:-1]) and (toks[-1] == eos or len(toks) == 12)
 
 
 @pytest.mark.parametrize('max_new', [1, 7])
 def test_max_new_tokens_not_a_multiple_of_the_block(greedy_baseline, max_new):
   gamma = 3
-  spec = decoding.speculative_decode(TARGET, TARGET_PARAMS, drafters.ModelDrafter(TARGET),
-                                     TARGET_PARAMS, PROMPTS[:8], PROMPT_LENGTHS[:8], gamma=gamma,
-                                     max_new_tokens=max_new, sampling=GREEDY, eos_id=3)
+  spec = decoding.speculative_decode(
+    TARGET,
+    TARGET_PARAMS,
+    drafters.ModelDrafter(TARGET),
+    TARGET_PARAMS,
+    PROMPTS[:8],
+    PROMPT_LENGTHS[:8],
+    gamma=gamma,
+    max_new_tokens=max_new,
+    sampling=GREEDY,
+    eos_id=3,
+  )
   expected_lengths = np.minimum(np.asarray(greedy_baseline.lengths[:8]), max_new)
   assert spec.tokens.shape == (8, max_new)
   np.testing.assert_array_equal(spec.lengths, expected_lengths)
@@ -248,8 +318,9 @@ def test_row_in_batch_equals_row_alone():
   for values in [dict(temperature=1.0), dict(temperature=0.0), dict(temperature=0.8, top_k=5)]:
     batch = _filters_decode(prompts, lengths, values)
     for row in (1, 6):
-      alone = _filters_decode(prompts[row:row + 1], lengths[row:row + 1], values,
-                              row_ids=jnp.array([row]))
+      alone = _filters_decode(
+        prompts[row : row + 1], lengths[row : row + 1], values, row_ids=jnp.array([row])
+      )
       np.testing.assert_array_equal(alone.tokens[0], batch.tokens[row], err_msg=str(values))
       for a, b in zip(jax.tree.leaves(alone.metrics), jax.tree.leaves(batch.metrics)):
         np.testing.assert_allclose(a[0], b[row], rtol=1e-5)
@@ -263,12 +334,19 @@ def test_no_recompilation_for_new_values_seeds_or_prompts():
   _filters_baseline(PROMPTS[:8], PROMPT_LENGTHS[:8], {}, rng=0)
   counts = dict(decoding.TRACE_COUNTS)
   outputs = [first.tokens]
-  for i, values in enumerate([dict(temperature=0.3), dict(top_k=2), dict(top_p=0.5),
-                              dict(temperature=0.0, top_k=3, top_p=0.9)]):
+  for i, values in enumerate(
+    [
+      dict(temperature=0.3),
+      dict(top_k=2),
+      dict(top_p=0.5),
+      dict(temperature=0.0, top_k=3, top_p=0.9),
+    ]
+  ):
     outputs.append(_filters_decode(PROMPTS[8:16], PROMPT_LENGTHS[8:16], values, rng=i + 1).tokens)
     _filters_baseline(PROMPTS[:8], PROMPT_LENGTHS[:8], values, rng=jax.random.key(i))
-  outputs.append(_filters_decode(PROMPTS[:8], PROMPT_LENGTHS[:8], {},
-                                 rng=jax.random.key(42)).tokens)
+  outputs.append(
+    _filters_decode(PROMPTS[:8], PROMPT_LENGTHS[:8], {}, rng=jax.random.key(42)).tokens
+  )
   assert dict(decoding.TRACE_COUNTS) == counts
   assert len({np.asarray(o).tobytes() for o in outputs}) == len(outputs)  # the values took effect
 
@@ -278,18 +356,20 @@ def test_no_recompilation_for_new_values_seeds_or_prompts():
 # --------------------------------------------------------------------------------------------------
 
 SEQ_VOCAB, SEQ_NEW, SEQ_SAMPLES = 6, 3, 50_000
-SEQ_TARGET = DecoderOnlyLM(DecoderOnlyConfig(vocab_size=SEQ_VOCAB, d_model=16, d_ff=32,
-                                             num_layers=1, num_heads=2))
-SEQ_DRAFT = DecoderOnlyLM(DecoderOnlyConfig(vocab_size=SEQ_VOCAB, d_model=8, d_ff=16,
-                                            num_layers=1, num_heads=2))
+SEQ_TARGET = DecoderOnlyLM(
+  DecoderOnlyConfig(vocab_size=SEQ_VOCAB, d_model=16, d_ff=32, num_layers=1, num_heads=2)
+)
+SEQ_DRAFT = DecoderOnlyLM(
+  DecoderOnlyConfig(vocab_size=SEQ_VOCAB, d_model=8, d_ff=16, num_layers=1, num_heads=2)
+)
 SEQ_TARGET_PARAMS = _random_params(SEQ_TARGET, 3, logit_scale=1.5)
 SEQ_DRAFT_PARAMS = _random_params(SEQ_DRAFT, 4, logit_scale=0.5)  # alpha ~0.4-0.6
 SEQ_PROMPT = np.array([2, 5, 1], np.int32)
 SEQ_SETTINGS = {
-    't1.0': dict(temperature=1.0),
-    't0.7': dict(temperature=0.7),
-    'topk3': dict(temperature=1.0, top_k=3),
-    'topp0.8': dict(temperature=1.0, top_p=0.8),
+  't1.0': dict(temperature=1.0),
+  't0.7': dict(temperature=0.7),
+  'topk3': dict(temperature=1.0, top_k=3),
+  'topp0.8': dict(temperature=1.0, top_p=0.8),
 }
 SEQ_GAMMAS = (1, 3, 5)
 
@@ -305,9 +385,12 @@ def _exact_sequence_distribution(values):
   continuations = model_utils.all_continuations(SEQ_VOCAB, SEQ_NEW)
   streams = np.concatenate([np.tile(SEQ_PROMPT, (len(continuations), 1)), continuations], 1)
   prompt_len = len(SEQ_PROMPT)
-  probs = np.asarray(_standardized_target_probs(SEQ_TARGET_PARAMS, jnp.asarray(streams),
-                                                S.SamplingParams.create(**values)))
-  probs = probs[:, prompt_len - 1:-1]  # [V^3, 3, V]: the distributions of c1, c2, c3
+  probs = np.asarray(
+    _standardized_target_probs(
+      SEQ_TARGET_PARAMS, jnp.asarray(streams), S.SamplingParams.create(**values)
+    )
+  )
+  probs = probs[:, prompt_len - 1 : -1]  # [V^3, 3, V]: the distributions of c1, c2, c3
   return model_utils.sequence_probs(probs, continuations)  # [V^3], index = base-V number
 
 
@@ -318,10 +401,17 @@ def test_sequence_distribution_matches_target(setting, gamma):
   exact = _exact_sequence_distribution(values)
   assert abs(exact.sum() - 1) < 1e-5
   result = decoding.speculative_decode(
-      SEQ_TARGET, SEQ_TARGET_PARAMS, drafters.ModelDrafter(SEQ_DRAFT), SEQ_DRAFT_PARAMS,
-      jnp.asarray(np.tile(SEQ_PROMPT, (SEQ_SAMPLES, 1))), gamma=gamma, max_new_tokens=SEQ_NEW,
-      sampling=FILTERS, sampling_params=S.SamplingParams.create(**values),
-      rng=1000 * gamma + sorted(SEQ_SETTINGS).index(setting))
+    SEQ_TARGET,
+    SEQ_TARGET_PARAMS,
+    drafters.ModelDrafter(SEQ_DRAFT),
+    SEQ_DRAFT_PARAMS,
+    jnp.asarray(np.tile(SEQ_PROMPT, (SEQ_SAMPLES, 1))),
+    gamma=gamma,
+    max_new_tokens=SEQ_NEW,
+    sampling=FILTERS,
+    sampling_params=S.SamplingParams.create(**values),
+    rng=1000 * gamma + sorted(SEQ_SETTINGS).index(setting),
+  )
   tokens = np.asarray(result.tokens)
   assert np.all(np.asarray(result.lengths) == SEQ_NEW)
   counts = model_utils.sequence_counts(tokens, SEQ_VOCAB)
@@ -344,27 +434,42 @@ def test_sequence_distribution_matches_target(setting, gamma):
 
 def test_bad_inputs_raise_clear_errors():
   drafter = drafters.ModelDrafter(DRAFT)
+
   def spec(**overrides):
-    kwargs = dict(prompt_tokens=PROMPTS[:2], prompt_lengths=PROMPT_LENGTHS[:2], gamma=2,
-                  max_new_tokens=4, sampling=GREEDY)
+    kwargs = dict(
+      prompt_tokens=PROMPTS[:2],
+      prompt_lengths=PROMPT_LENGTHS[:2],
+      gamma=2,
+      max_new_tokens=4,
+      sampling=GREEDY,
+    )
     kwargs.update(overrides)
-    return decoding.speculative_decode(TARGET, TARGET_PARAMS, kwargs.pop('drafter', drafter),
-                                       DRAFT_PARAMS, **kwargs)
+    return decoding.speculative_decode(
+      TARGET, TARGET_PARAMS, kwargs.pop('drafter', drafter), DRAFT_PARAMS, **kwargs
+    )
+
   with pytest.raises(ValueError, match='gamma'):
     spec(gamma=0)
   with pytest.raises(ValueError, match='max_new_tokens'):
     spec(max_new_tokens=0)
   with pytest.raises(ValueError, match='temperature'):
-    spec(sampling=FILTERS, sampling_params=S.SamplingParams(
-        jnp.float32(-1.0), jnp.int32(0), jnp.float32(1.0)))
+    spec(
+      sampling=FILTERS,
+      sampling_params=S.SamplingParams(jnp.float32(-1.0), jnp.int32(0), jnp.float32(1.0)),
+    )
   with pytest.raises(ValueError, match='top_p'):
-    spec(sampling=FILTERS, sampling_params=S.SamplingParams(
-        jnp.float32(1.0), jnp.int32(0), jnp.float32(1.5)))
+    spec(
+      sampling=FILTERS,
+      sampling_params=S.SamplingParams(jnp.float32(1.0), jnp.int32(0), jnp.float32(1.5)),
+    )
   with pytest.raises(ValueError, match='top_k'):
-    spec(sampling=FILTERS, sampling_params=S.SamplingParams(
-        jnp.float32(1.0), jnp.int32(-2), jnp.float32(1.0)))
-  other_vocab = drafters.ModelDrafter(DecoderOnlyLM(dataclasses.replace(DRAFT.config,
-                                                                        vocab_size=17)))
+    spec(
+      sampling=FILTERS,
+      sampling_params=S.SamplingParams(jnp.float32(1.0), jnp.int32(-2), jnp.float32(1.0)),
+    )
+  other_vocab = drafters.ModelDrafter(
+    DecoderOnlyLM(dataclasses.replace(DRAFT.config, vocab_size=17))
+  )
   with pytest.raises(ValueError, match='vocab'):
     spec(drafter=other_vocab)
   with pytest.raises(ValueError, match='empty prompt'):
@@ -382,8 +487,9 @@ def test_bad_inputs_raise_clear_errors():
   # A model with learned positions cannot embed a stream longer than max_positions.
   short = DecoderOnlyLM(dataclasses.replace(TARGET.config, positions='learned', max_positions=12))
   with pytest.raises(ValueError, match='max_positions'):
-    decoding.autoregressive_decode(short, _random_params(short, 0), PROMPTS[:2],
-                                   max_new_tokens=8, sampling=GREEDY)
+    decoding.autoregressive_decode(
+      short, _random_params(short, 0), PROMPTS[:2], max_new_tokens=8, sampling=GREEDY
+    )
   # NaN weights: no valid distribution -> a clear error instead of garbage tokens.
   nan_params = jax.tree.map(lambda x: x * jnp.nan, TARGET_PARAMS)
   with pytest.raises(ValueError, match='NaN'):

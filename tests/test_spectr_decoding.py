@@ -9,10 +9,12 @@ EOS and max-length edges; a row in a batch equals the row alone; no recompilatio
 
 Run: cd /work/main && .venv/bin/python -m pytest -q -p no:xdist tests/test_spectr_decoding.py
 """
+
 import dataclasses
 
 import jax
 import jax.numpy as jnp
+import model_utils
 import numpy as np
 import pytest
 from scipy import stats
@@ -22,10 +24,10 @@ from speculative import drafters
 from speculative import sampling as S
 from speculative import spectr
 from speculative import spectr_decoding
-from speculative.models.decoder_only import DecoderOnlyConfig, DecoderOnlyLM
-from speculative.models.t5 import T5, T5Config
-
-import model_utils
+from speculative.models.decoder_only import DecoderOnlyConfig
+from speculative.models.decoder_only import DecoderOnlyLM
+from speculative.models.t5 import T5
+from speculative.models.t5 import T5Config
 
 FALSE_FAILURE_RATE = 1e-4  # per test
 FILTERS = S.SamplingConfig(top_k=True, top_p=True)  # greedy = run-time temperature 0, one compile
@@ -39,10 +41,12 @@ def _values(temperature=1.0, top_k=0, top_p=1.0):
 
 
 # Batch pair (vocab 16) for identities, edges and block efficiency.
-TARGET = DecoderOnlyLM(DecoderOnlyConfig(vocab_size=16, d_model=32, d_ff=64, num_layers=2,
-                                         num_heads=4))
-DRAFT = DecoderOnlyLM(DecoderOnlyConfig(vocab_size=16, d_model=16, d_ff=32, num_layers=1,
-                                        num_heads=2))
+TARGET = DecoderOnlyLM(
+  DecoderOnlyConfig(vocab_size=16, d_model=32, d_ff=64, num_layers=2, num_heads=4)
+)
+DRAFT = DecoderOnlyLM(
+  DecoderOnlyConfig(vocab_size=16, d_model=16, d_ff=32, num_layers=1, num_heads=2)
+)
 TARGET_PARAMS = _random_params(TARGET, 0, logit_scale=2.0)
 DRAFT_PARAMS = _random_params(DRAFT, 1, logit_scale=2.0)
 DRAFTER = drafters.ModelDrafter(DRAFT)
@@ -54,33 +58,76 @@ L = 3  # draft length of the batch-pair tests (K varies)
 T5_DRAFT_NOISE = 0.2
 
 
-def _spectr(k, values, rng=11, *, drafter=DRAFTER, draft_params=DRAFT_PARAMS, prompts=PROMPTS,
-            lengths=PROMPT_LENGTHS, max_new=MAX_NEW, row_ids=None, draft_length=L):
+def _spectr(
+  k,
+  values,
+  rng=11,
+  *,
+  drafter=DRAFTER,
+  draft_params=DRAFT_PARAMS,
+  prompts=PROMPTS,
+  lengths=PROMPT_LENGTHS,
+  max_new=MAX_NEW,
+  row_ids=None,
+  draft_length=L,
+):
   return spectr_decoding.spectr_decode(
-      TARGET, TARGET_PARAMS, drafter, draft_params, prompts, lengths, num_drafts=k,
-      draft_length=draft_length, max_new_tokens=max_new, sampling=FILTERS,
-      sampling_params=_values(**values), rng=rng, eos_id=EOS, row_ids=row_ids)
+    TARGET,
+    TARGET_PARAMS,
+    drafter,
+    draft_params,
+    prompts,
+    lengths,
+    num_drafts=k,
+    draft_length=draft_length,
+    max_new_tokens=max_new,
+    sampling=FILTERS,
+    sampling_params=_values(**values),
+    rng=rng,
+    eos_id=EOS,
+    row_ids=row_ids,
+  )
 
 
 def _speculative(values, rng=11):
   return decoding.speculative_decode(
-      TARGET, TARGET_PARAMS, DRAFTER, DRAFT_PARAMS, PROMPTS, PROMPT_LENGTHS, gamma=L,
-      max_new_tokens=MAX_NEW, sampling=FILTERS, sampling_params=_values(**values), rng=rng,
-      eos_id=EOS)
+    TARGET,
+    TARGET_PARAMS,
+    DRAFTER,
+    DRAFT_PARAMS,
+    PROMPTS,
+    PROMPT_LENGTHS,
+    gamma=L,
+    max_new_tokens=MAX_NEW,
+    sampling=FILTERS,
+    sampling_params=_values(**values),
+    rng=rng,
+    eos_id=EOS,
+  )
 
 
 @pytest.fixture(scope='module')
 def greedy_baseline():
-  return decoding.autoregressive_decode(TARGET, TARGET_PARAMS, PROMPTS, PROMPT_LENGTHS,
-                                        max_new_tokens=MAX_NEW, sampling=FILTERS,
-                                        sampling_params=_values(0.0), eos_id=EOS)
+  return decoding.autoregressive_decode(
+    TARGET,
+    TARGET_PARAMS,
+    PROMPTS,
+    PROMPT_LENGTHS,
+    max_new_tokens=MAX_NEW,
+    sampling=FILTERS,
+    sampling_params=_values(0.0),
+    eos_id=EOS,
+  )
 
 
 def _assert_same(expected, actual, label):
   exp, act = np.asarray(expected.tokens), np.asarray(actual.tokens)
   if not (np.array_equal(exp, act) and np.array_equal(expected.lengths, actual.lengths)):
-    row = int(np.flatnonzero((exp != act).any(1) | (np.asarray(expected.lengths) !=
-                                                     np.asarray(actual.lengths)))[0])
+    row = int(
+      np.flatnonzero(
+        (exp != act).any(1) | (np.asarray(expected.lengths) != np.asarray(actual.lengths))
+      )[0]
+    )
     raise AssertionError(f'{label}: row {row} differs: {exp[row]} vs {act[row]}')
 
 
@@ -89,8 +136,11 @@ def _assert_same(expected, actual, label):
 # --------------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize('values', [dict(temperature=1.0), dict(temperature=0.0),
-                                    dict(temperature=0.8, top_k=5)], ids=['t1', 'greedy', 'topk'])
+@pytest.mark.parametrize(
+  'values',
+  [dict(temperature=1.0), dict(temperature=0.0), dict(temperature=0.8, top_k=5)],
+  ids=['t1', 'greedy', 'topk'],
+)
 def test_k1_equals_speculative_decode_token_for_token(values):
   for rng in (11, 12):
     expected = _speculative(values, rng)
@@ -139,8 +189,10 @@ def test_acceptance_with_k_drafts_beats_one_draft_and_matches_the_counts():
     mean = alpha.sum() / selections.sum()
     bound = stats.norm.isf(FALSE_FAILURE_RATE / 4) * np.sqrt(selections.sum() * mean * (1 - mean))
     assert abs(accepted.sum() - alpha.sum()) <= bound, (k, accepted.sum(), alpha.sum(), bound)
-  per_row = {k: np.concatenate([np.asarray(r.lengths) / np.asarray(r.metrics.target_calls)
-                                for r in results]) for k, results in runs.items()}
+  per_row = {
+    k: np.concatenate([np.asarray(r.lengths) / np.asarray(r.metrics.target_calls) for r in results])
+    for k, results in runs.items()
+  }
   k4_alpha = sum(float(r.metrics.alpha_sum.sum()) for r in runs[4])
   k4_single = sum(float(r.metrics.single_alpha_sum.sum()) for r in runs[4])
   assert k4_alpha > 1.2 * k4_single  # the gain is real in this setting, not only >=
@@ -159,8 +211,15 @@ def test_draft_equal_to_target_and_max_length(greedy_baseline):
   EOS or max_new_tokens, which is not a multiple of L+1); tokens equal the baseline, truncated."""
   max_new = 7
   for values in (dict(temperature=0.0), dict(temperature=1.0)):
-    result = _spectr(3, values, drafter=drafters.ModelDrafter(TARGET), draft_params=TARGET_PARAMS,
-                     max_new=max_new, prompts=PROMPTS[:16], lengths=PROMPT_LENGTHS[:16])
+    result = _spectr(
+      3,
+      values,
+      drafter=drafters.ModelDrafter(TARGET),
+      draft_params=TARGET_PARAMS,
+      max_new=max_new,
+      prompts=PROMPTS[:16],
+      lengths=PROMPT_LENGTHS[:16],
+    )
     metrics = jax.tree.map(np.asarray, result.metrics)
     lengths = np.asarray(result.lengths)
     assert result.tokens.shape == (16, max_new)
@@ -169,9 +228,9 @@ def test_draft_equal_to_target_and_max_length(greedy_baseline):
     np.testing.assert_allclose(metrics.alpha_sum / metrics.selections, 1.0, atol=1e-5)
     tokens = np.asarray(result.tokens)
     for row in range(16):  # every row stops at its first EOS or at max length
-      toks = tokens[row, :lengths[row]]
+      toks = tokens[row, : lengths[row]]
       assert EOS not in toks[:-1] and (toks[-1] == EOS or len(toks) == max_new)
-      assert np.all(tokens[row, lengths[row]:] == 0)
+      assert np.all(tokens[row, lengths[row] :] == 0)
     if values['temperature'] == 0.0:
       np.testing.assert_array_equal(lengths, np.minimum(greedy_baseline.lengths[:16], max_new))
       np.testing.assert_array_equal(tokens, np.asarray(greedy_baseline.tokens)[:16, :max_new])
@@ -184,6 +243,7 @@ class _AgreementCheckingLM:
   whose K copies (rows b*K .. b*K+K-1) disagree on any cache entry before `start`: the entries the
   call reads. spectr_decode then raises, so a test sees any cache-adoption error directly (a wrong
   draft cache alone would only lower acceptance, which no distribution test can see)."""
+
   inner: DecoderOnlyLM
   copies: int
   check_width: int
@@ -223,9 +283,20 @@ def test_all_copies_agree_on_every_cache_entry_that_is_read(values):
   target = _AgreementCheckingLM(TARGET, k, L + 1)
   draft = drafters.ModelDrafter(_AgreementCheckingLM(DRAFT, k, 2))
   result = spectr_decoding.spectr_decode(
-      target, TARGET_PARAMS, draft, DRAFT_PARAMS, PROMPTS[:32], PROMPT_LENGTHS[:32], num_drafts=k,
-      draft_length=L, max_new_tokens=MAX_NEW, sampling=FILTERS, sampling_params=_values(**values),
-      rng=5, eos_id=EOS)
+    target,
+    TARGET_PARAMS,
+    draft,
+    DRAFT_PARAMS,
+    PROMPTS[:32],
+    PROMPT_LENGTHS[:32],
+    num_drafts=k,
+    draft_length=L,
+    max_new_tokens=MAX_NEW,
+    sampling=FILTERS,
+    sampling_params=_values(**values),
+    rng=5,
+    eos_id=EOS,
+  )
   metrics = jax.tree.map(np.asarray, result.metrics)
   assert metrics.target_calls.sum() > 2 * 32 and 0 < metrics.accepted.sum()
 
@@ -233,15 +304,26 @@ def test_all_copies_agree_on_every_cache_entry_that_is_read(values):
 def test_row_in_batch_equals_row_alone_and_no_recompilation():
   batch = _spectr(4, dict(temperature=1.0), rng=3)
   counts = dict(decoding.TRACE_COUNTS)
-  others = [_spectr(4, values, rng=rng).tokens for values, rng in
-            [(dict(temperature=0.7), 3), (dict(temperature=1.0, top_p=0.6), 3),
-             (dict(temperature=1.0), jax.random.key(9))]]
+  others = [
+    _spectr(4, values, rng=rng).tokens
+    for values, rng in [
+      (dict(temperature=0.7), 3),
+      (dict(temperature=1.0, top_p=0.6), 3),
+      (dict(temperature=1.0), jax.random.key(9)),
+    ]
+  ]
   assert dict(decoding.TRACE_COUNTS) == counts  # new values and seeds: no new trace
   # ... and the new values took effect.
   assert len({np.asarray(t).tobytes() for t in [batch.tokens] + others}) == 4
   for row in (5, 40):
-    alone = _spectr(4, dict(temperature=1.0), rng=3, prompts=PROMPTS[row:row + 1],
-                    lengths=PROMPT_LENGTHS[row:row + 1], row_ids=jnp.array([row]))
+    alone = _spectr(
+      4,
+      dict(temperature=1.0),
+      rng=3,
+      prompts=PROMPTS[row : row + 1],
+      lengths=PROMPT_LENGTHS[row : row + 1],
+      row_ids=jnp.array([row]),
+    )
     np.testing.assert_array_equal(alone.tokens[0], batch.tokens[row])
     np.testing.assert_allclose(alone.metrics.alpha_sum[0], batch.metrics.alpha_sum[row], rtol=1e-5)
 
@@ -249,8 +331,17 @@ def test_row_in_batch_equals_row_alone_and_no_recompilation():
 def test_t5_encoder_decoder_greedy_identity():
   """A tiny T5 pair (the draft: the target's weights plus noise, so drafts are partly accepted):
   greedy SpecTr == greedy baseline; sampling runs (its exactness is the decoder-only test's job)."""
-  target = T5(T5Config(vocab_size=32, emb_dim=16, num_heads=2, num_encoder_layers=1,
-                       num_decoder_layers=2, head_dim=8, mlp_dim=32))
+  target = T5(
+    T5Config(
+      vocab_size=32,
+      emb_dim=16,
+      num_heads=2,
+      num_encoder_layers=1,
+      num_decoder_layers=2,
+      head_dim=8,
+      mlp_dim=32,
+    )
+  )
   target_params = _random_params(target, 0)
   noise = _random_params(target, 1)
   draft_params = jax.tree.map(lambda x, n: x + T5_DRAFT_NOISE * n, target_params, noise)
@@ -260,14 +351,34 @@ def test_t5_encoder_decoder_greedy_identity():
   encoder_tokens[np.arange(6), rng.integers(3, 8, 6) - 1] = 1  # EOS, then padding
   encoder_tokens[np.arange(7)[None, :] > np.argmax(encoder_tokens == 1, axis=1)[:, None]] = 0
   greedy = _values(0.0)
-  base = decoding.autoregressive_decode(target, target_params, None, max_new_tokens=12,
-                                        sampling=FILTERS, sampling_params=greedy, eos_id=1,
-                                        encoder_tokens=encoder_tokens)
+  base = decoding.autoregressive_decode(
+    target,
+    target_params,
+    None,
+    max_new_tokens=12,
+    sampling=FILTERS,
+    sampling_params=greedy,
+    eos_id=1,
+    encoder_tokens=encoder_tokens,
+  )
+
   def decode(values, seed):
     return spectr_decoding.spectr_decode(
-        target, target_params, drafter, draft_params, None, num_drafts=3, draft_length=2,
-        max_new_tokens=12, sampling=FILTERS, sampling_params=values, eos_id=1,
-        encoder_tokens=encoder_tokens, rng=seed)
+      target,
+      target_params,
+      drafter,
+      draft_params,
+      None,
+      num_drafts=3,
+      draft_length=2,
+      max_new_tokens=12,
+      sampling=FILTERS,
+      sampling_params=values,
+      eos_id=1,
+      encoder_tokens=encoder_tokens,
+      rng=seed,
+    )
+
   result = decode(greedy, 0)
   _assert_same(base, result, 'T5 greedy K=3')
   metrics = jax.tree.map(np.asarray, result.metrics)
@@ -283,16 +394,21 @@ def test_bad_inputs_raise_clear_errors():
     _spectr(0, {})
   with pytest.raises(ValueError, match='draft_length'):
     _spectr(2, {}, draft_length=0)
-  other_vocab = drafters.ModelDrafter(DecoderOnlyLM(DecoderOnlyConfig(
-      vocab_size=17, d_model=16, d_ff=32, num_layers=1, num_heads=2)))
+  other_vocab = drafters.ModelDrafter(
+    DecoderOnlyLM(DecoderOnlyConfig(vocab_size=17, d_model=16, d_ff=32, num_layers=1, num_heads=2))
+  )
   with pytest.raises(ValueError, match='vocab'):
     _spectr(2, {}, drafter=other_vocab)
   with pytest.raises(ValueError, match='max_new_tokens'):
     _spectr(2, {}, max_new=0)
   with pytest.raises(ValueError, match='accept_uniforms'):
-    spectr.spectr_sequence_select(jnp.zeros((1, 2, 3), jnp.int32), jnp.zeros((1, 2, 3, 4)),
-                                  jnp.zeros((1, 2, 4, 4)), jnp.zeros((1, 2, 3)),
-                                  jax.random.split(jax.random.key(0), 1))
+    spectr.spectr_sequence_select(
+      jnp.zeros((1, 2, 3), jnp.int32),
+      jnp.zeros((1, 2, 3, 4)),
+      jnp.zeros((1, 2, 4, 4)),
+      jnp.zeros((1, 2, 3)),
+      jax.random.split(jax.random.key(0), 1),
+    )
 
 
 # --------------------------------------------------------------------------------------------------
@@ -315,10 +431,12 @@ def test_rho_star_counted_matches_static_rho_star():
 # --------------------------------------------------------------------------------------------------
 
 SEQ_VOCAB, SEQ_NEW, SEQ_SAMPLES = 6, 3, 50_000
-SEQ_TARGET = DecoderOnlyLM(DecoderOnlyConfig(vocab_size=SEQ_VOCAB, d_model=16, d_ff=32,
-                                             num_layers=1, num_heads=2))
-SEQ_DRAFT = DecoderOnlyLM(DecoderOnlyConfig(vocab_size=SEQ_VOCAB, d_model=8, d_ff=16,
-                                            num_layers=1, num_heads=2))
+SEQ_TARGET = DecoderOnlyLM(
+  DecoderOnlyConfig(vocab_size=SEQ_VOCAB, d_model=16, d_ff=32, num_layers=1, num_heads=2)
+)
+SEQ_DRAFT = DecoderOnlyLM(
+  DecoderOnlyConfig(vocab_size=SEQ_VOCAB, d_model=8, d_ff=16, num_layers=1, num_heads=2)
+)
 SEQ_TARGET_PARAMS = _random_params(SEQ_TARGET, 3, logit_scale=1.5)
 SEQ_DRAFT_PARAMS = _random_params(SEQ_DRAFT, 4, logit_scale=0.5)  # alpha ~0.4-0.6
 SEQ_PROMPT = np.array([2, 5, 1], np.int32)
@@ -335,9 +453,8 @@ def _exact_sequence_distribution(values):
   """P(c1 c2 c3 | prompt) under the standardized target, for all V^3 continuations."""
   continuations = model_utils.all_continuations(SEQ_VOCAB, SEQ_NEW)
   streams = np.concatenate([np.tile(SEQ_PROMPT, (len(continuations), 1)), continuations], 1)
-  probs = np.asarray(_standardized_target_probs(SEQ_TARGET_PARAMS, jnp.asarray(streams),
-                                                values))
-  probs = probs[:, len(SEQ_PROMPT) - 1:-1]  # [V^3, 3, V]: the distributions of c1, c2, c3
+  probs = np.asarray(_standardized_target_probs(SEQ_TARGET_PARAMS, jnp.asarray(streams), values))
+  probs = probs[:, len(SEQ_PROMPT) - 1 : -1]  # [V^3, 3, V]: the distributions of c1, c2, c3
   return model_utils.sequence_probs(probs, continuations)  # [V^3], index = base-V number
 
 
@@ -347,9 +464,18 @@ def test_sequence_distribution_matches_target(k, length):
   exact = _exact_sequence_distribution(values)
   assert abs(exact.sum() - 1) < 1e-5
   result = spectr_decoding.spectr_decode(
-      SEQ_TARGET, SEQ_TARGET_PARAMS, drafters.ModelDrafter(SEQ_DRAFT), SEQ_DRAFT_PARAMS,
-      jnp.asarray(np.tile(SEQ_PROMPT, (SEQ_SAMPLES, 1))), num_drafts=k, draft_length=length,
-      max_new_tokens=SEQ_NEW, sampling=FILTERS, sampling_params=values, rng=100 * k + length)
+    SEQ_TARGET,
+    SEQ_TARGET_PARAMS,
+    drafters.ModelDrafter(SEQ_DRAFT),
+    SEQ_DRAFT_PARAMS,
+    jnp.asarray(np.tile(SEQ_PROMPT, (SEQ_SAMPLES, 1))),
+    num_drafts=k,
+    draft_length=length,
+    max_new_tokens=SEQ_NEW,
+    sampling=FILTERS,
+    sampling_params=values,
+    rng=100 * k + length,
+  )
   tokens = np.asarray(result.tokens)
   assert np.all(np.asarray(result.lengths) == SEQ_NEW)
   counts = model_utils.sequence_counts(tokens, SEQ_VOCAB)
@@ -357,7 +483,8 @@ def test_sequence_distribution_matches_target(k, length):
   statistic, dof, p_value = model_utils.pooled_chi_square(counts, exact)
   # The parametrizations share the false-failure budget (Bonferroni).
   assert p_value > FALSE_FAILURE_RATE / len(SEQ_CASES), (
-      f'chi2={statistic:.1f} on {dof} dof, p={p_value:.2e}')
+    f'chi2={statistic:.1f} on {dof} dof, p={p_value:.2e}'
+  )
   # Both acceptance and rejection were exercised, and several drafts survived some depths.
   metrics = jax.tree.map(np.asarray, result.metrics)
   assert 0 < metrics.accepted.sum() < metrics.drafted.sum()

@@ -6,6 +6,7 @@ token. Others: cached chunked `extend` (T=1, T=3, ragged per-row starts, overwri
 == the full forward, with and without the cross-attention K/V cache; relative position buckets;
 parameter tree / logical axes; gin model files; and sharding on a 4-device host mesh (subprocess).
 """
+
 from __future__ import annotations
 
 import json
@@ -24,18 +25,23 @@ import numpy as np
 import pytest
 
 from speculative.models import t5 as t5_lib
-from speculative.models.t5 import T5, T5Config, shift_right
+from speculative.models.t5 import T5
+from speculative.models.t5 import T5Config
+from speculative.models.t5 import shift_right
 
 REPO = Path(__file__).resolve().parents[1]
-SHARED = REPO.parent / 'shared'
-FIXTURE = SHARED / 'fixtures' / 't5x_tiny'
-needs_fixture = pytest.mark.skipif(
-    not (FIXTURE / 'decode_results.json').is_file(),
-    reason=f'T5X fixture not found at {FIXTURE} (../shared is missing); skipping T5X comparisons')
+FIXTURE = REPO / 'tests' / 'fixtures' / 't5x_tiny'  # written by stock T5X (its README.md)
 
 # A small random model for the structural tests: odd sizes so no dimension is accidentally equal.
-SMALL = T5Config(vocab_size=97, emb_dim=16, num_heads=4, num_encoder_layers=2, num_decoder_layers=3,
-                 head_dim=5, mlp_dim=24)
+SMALL = T5Config(
+  vocab_size=97,
+  emb_dim=16,
+  num_heads=4,
+  num_encoder_layers=2,
+  num_decoder_layers=3,
+  head_dim=5,
+  mlp_dim=24,
+)
 
 
 @pytest.fixture(scope='module')
@@ -56,8 +62,9 @@ def _greedy_fn(model: T5, max_length: int, steps: int):
 
     def body(i, carry):
       cache, tokens = carry
-      logits, cache = model.extend(params, cache, tokens[:, i][:, None],
-                                   jnp.full((batch,), i, jnp.int32))  # [B, 1, V]
+      logits, cache = model.extend(
+        params, cache, tokens[:, i][:, None], jnp.full((batch,), i, jnp.int32)
+      )  # [B, 1, V]
       return cache, tokens.at[:, i + 1].set(jnp.argmax(logits[:, 0], -1).astype(jnp.int32))
 
     _, tokens = jax.lax.fori_loop(0, steps, body, (cache, tokens))
@@ -69,7 +76,6 @@ def _greedy_fn(model: T5, max_length: int, steps: int):
 # ------------------------------------------------------------------------------------------------
 # Against stock T5X (fixture).
 # ------------------------------------------------------------------------------------------------
-@needs_fixture
 def test_param_tree_matches_t5x(fixture_data):
   results, params = fixture_data
   model = T5(T5Config(**results['T5Config']))
@@ -80,7 +86,6 @@ def test_param_tree_matches_t5x(fixture_data):
   assert {k: v.shape for k, v in flat.items()} == shapes
 
 
-@needs_fixture
 @pytest.mark.parametrize('cache_cross_kv', [True, False])
 def test_greedy_equals_stock_t5x(fixture_data, cache_cross_kv):
   results, params = fixture_data
@@ -92,7 +97,6 @@ def test_greedy_equals_stock_t5x(fixture_data, cache_cross_kv):
   assert np.asarray(got)[0].tolist() == expected
 
 
-@needs_fixture
 def test_teacher_forced_argmax_equals_stock_t5x(fixture_data):
   results, params = fixture_data
   model = T5(T5Config(**results['T5Config']))
@@ -103,7 +107,6 @@ def test_teacher_forced_argmax_equals_stock_t5x(fixture_data):
   np.testing.assert_array_equal(np.asarray(jnp.argmax(logits, -1)), np.asarray(expected))
 
 
-@needs_fixture
 def test_greedy_through_autoregressive_decode(fixture_data):
   decoding = pytest.importorskip('speculative.decoding')
   sampling = pytest.importorskip('speculative.sampling')
@@ -111,8 +114,14 @@ def test_greedy_through_autoregressive_decode(fixture_data):
   model = T5(T5Config(**results['T5Config']))
   encoder_tokens = jnp.asarray(results['encoder_input_tokens'], jnp.int32)
   out = decoding.autoregressive_decode(
-      model, params, None, max_new_tokens=results['decoder_len'],
-      sampling=sampling.SamplingConfig(greedy=True), encoder_tokens=encoder_tokens, eos_id=None)
+    model,
+    params,
+    None,
+    max_new_tokens=results['decoder_len'],
+    sampling=sampling.SamplingConfig(greedy=True),
+    encoder_tokens=encoder_tokens,
+    eos_id=None,
+  )
   assert np.asarray(out.tokens)[0].tolist() == results['results']['greedy_t0']['tokens']
 
 
@@ -147,12 +156,12 @@ def test_chunked_extend_equals_forward(small_setup, cache_cross_kv, chunk):
   cache = model.init_cache(params, batch, length, encoder_tokens)
   extend = _extend_fn(model)
   for start in range(0, length, chunk):
-    tokens = stream[:, start:start + chunk]
-    logits, cache = extend(params, cache, jnp.asarray(tokens),
-                           jnp.full((batch,), start, jnp.int32))
+    tokens = stream[:, start : start + chunk]
+    logits, cache = extend(params, cache, jnp.asarray(tokens), jnp.full((batch,), start, jnp.int32))
     assert logits.dtype == jnp.float32 and logits.shape == tokens.shape + (SMALL.vocab_size,)
-    np.testing.assert_allclose(np.asarray(logits), full[:, start:start + chunk], rtol=1e-5,
-                               atol=1e-5)
+    np.testing.assert_allclose(
+      np.asarray(logits), full[:, start : start + chunk], rtol=1e-5, atol=1e-5
+    )
 
 
 @pytest.mark.parametrize('cache_cross_kv', [True, False])
@@ -172,12 +181,12 @@ def test_ragged_extend_with_rollback_equals_forward(small_setup, cache_cross_kv)
   while committed.min() < length - num_new:
     starts = np.minimum(committed, length - num_new)
     # A speculative "draft" chunk with wrong tokens after the first one, then the true chunk.
-    wrong = np.stack([stream[b, s:s + num_new] for b, s in enumerate(starts)])
+    wrong = np.stack([stream[b, s : s + num_new] for b, s in enumerate(starts)])
     wrong[:, 1:] = rng.integers(2, SMALL.vocab_size, (batch, num_new - 1))
     _, cache = extend(params, cache, jnp.asarray(wrong), jnp.asarray(starts, jnp.int32))
-    true = np.stack([stream[b, s:s + num_new] for b, s in enumerate(starts)])
+    true = np.stack([stream[b, s : s + num_new] for b, s in enumerate(starts)])
     logits, cache = extend(params, cache, jnp.asarray(true), jnp.asarray(starts, jnp.int32))
-    expected = np.stack([full[b, s:s + num_new] for b, s in enumerate(starts)])
+    expected = np.stack([full[b, s : s + num_new] for b, s in enumerate(starts)])
     np.testing.assert_allclose(np.asarray(logits), expected, rtol=1e-5, atol=1e-5)
     committed = starts + np.array([1, 2, 3])  # rows advance by different amounts
 
@@ -187,8 +196,9 @@ def test_forward_target_padding_mask_keeps_valid_positions(small_setup):
   model = T5(SMALL)
   targets = np.concatenate([stream[:, 1:], np.full((stream.shape[0], 1), 5, np.int32)], axis=1)
   targets[0, 8:] = 0  # row 0 has 8 target tokens then padding
-  logits = jax.jit(model.forward)(params, encoder_tokens, jnp.asarray(stream),
-                                  decoder_target_tokens=jnp.asarray(targets))
+  logits = jax.jit(model.forward)(
+    params, encoder_tokens, jnp.asarray(stream), decoder_target_tokens=jnp.asarray(targets)
+  )
   np.testing.assert_allclose(np.asarray(logits)[0, :8], full[0, :8], rtol=1e-5, atol=1e-5)
   np.testing.assert_allclose(np.asarray(logits)[1:], full[1:], rtol=1e-5, atol=1e-5)
 
@@ -201,15 +211,17 @@ def test_dropout_only_with_rng(small_setup):
   b = forward(params, encoder_tokens, jnp.asarray(stream), dropout_rng=jax.random.PRNGKey(1))
   assert not np.allclose(np.asarray(a), np.asarray(b))
   # Without a dropout key the model is deterministic (same logits as the dropout-free config).
-  np.testing.assert_allclose(np.asarray(forward(params, encoder_tokens, jnp.asarray(stream))),
-                             full, rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose(
+    np.asarray(forward(params, encoder_tokens, jnp.asarray(stream))), full, rtol=1e-5, atol=1e-5
+  )
 
 
 # ------------------------------------------------------------------------------------------------
 # Relative position buckets.
 # ------------------------------------------------------------------------------------------------
-def _reference_bucket(relative_position: int, bidirectional: bool, num_buckets: int = 32,
-                      max_distance: int = 128) -> int:
+def _reference_bucket(
+  relative_position: int, bidirectional: bool, num_buckets: int = 32, max_distance: int = 128
+) -> int:
   """T5's bucketing written out directly (Raffel et al. 2020, Mesh TensorFlow), one value."""
   n = -relative_position
   bucket = 0
@@ -223,14 +235,41 @@ def _reference_bucket(relative_position: int, bidirectional: bool, num_buckets: 
   max_exact = num_buckets // 2
   if n < max_exact:
     return bucket + n
-  large = max_exact + int(math.log(n / max_exact) / math.log(max_distance / max_exact)
-                          * (num_buckets - max_exact))
+  large = max_exact + int(
+    math.log(n / max_exact) / math.log(max_distance / max_exact) * (num_buckets - max_exact)
+  )
   return bucket + min(large, num_buckets - 1)
 
 
 # Values away from the exact log-bucket edges (where float32 vs float64 rounding could differ).
-BUCKET_VALUES = [0, 1, -1, 2, -5, 7, -7, -8, 8, -9, 13, -13, -20, 30, -45, 60, -70, 100, -100,
-                 127, -127, 129, -130, 500, -500, -10000]
+BUCKET_VALUES = [
+  0,
+  1,
+  -1,
+  2,
+  -5,
+  7,
+  -7,
+  -8,
+  8,
+  -9,
+  13,
+  -13,
+  -20,
+  30,
+  -45,
+  60,
+  -70,
+  100,
+  -100,
+  127,
+  -127,
+  129,
+  -130,
+  500,
+  -500,
+  -10000,
+]
 
 
 @pytest.mark.parametrize('bidirectional', [True, False])
@@ -298,15 +337,20 @@ def test_bad_inputs_raise_clear_errors(small_setup):
     model.extend(params, cache, jnp.zeros((3, 1), jnp.int32), jnp.zeros((3,), jnp.int32))
 
 
-EXPECTED_SHAPES = {  # DESIGN.md section 3: d, H, L_enc, L_dec, dh, f
-    'tiny': (8, 4, 2, 2, 3, 16), 'small': (512, 6, 8, 8, 64, 1024),
-    'base': (768, 12, 12, 12, 64, 2048), 'large': (1024, 16, 24, 24, 64, 2816),
-    'xl': (2048, 32, 24, 24, 64, 5120), 'xxl': (4096, 64, 24, 24, 64, 10240)}
+EXPECTED_SHAPES = {  # docs/design.md section 3: d, H, L_enc, L_dec, dh, f
+  'tiny': (8, 4, 2, 2, 3, 16),
+  'small': (512, 6, 8, 8, 64, 1024),
+  'base': (768, 12, 12, 12, 64, 2048),
+  'large': (1024, 16, 24, 24, 64, 2816),
+  'xl': (2048, 32, 24, 24, 64, 5120),
+  'xxl': (4096, 64, 24, 24, 64, 10240),
+}
 
 
 def test_gin_model_files():
   gin = pytest.importorskip('gin')
   from speculative import gin_utils
+
   gin_utils.register_configurables()
   gin.clear_config()
   try:
@@ -315,15 +359,33 @@ def test_gin_model_files():
     for name, (d, h, le, ld, dh, f) in EXPECTED_SHAPES.items():
       config = gin.query_parameter(f'%T5_1_1_{name.upper()}').scoped_configurable_fn()
       assert isinstance(config, T5Config)
-      assert (config.emb_dim, config.num_heads, config.num_encoder_layers,
-              config.num_decoder_layers, config.head_dim, config.mlp_dim) == (d, h, le, ld, dh, f)
+      assert (
+        config.emb_dim,
+        config.num_heads,
+        config.num_encoder_layers,
+        config.num_decoder_layers,
+        config.head_dim,
+        config.mlp_dim,
+      ) == (d, h, le, ld, dh, f)
       assert config.vocab_size == 32128 and config.mlp_activations == ('gelu', 'linear')
   finally:
     gin.clear_config()
   # Parameter counts of the public T5 1.1 checkpoints (eval_shape: no memory).
-  small = sum(math.prod(s) for s in T5(T5Config(
-      emb_dim=512, num_heads=6, num_encoder_layers=8, num_decoder_layers=8, head_dim=64,
-      mlp_dim=1024)).param_shapes().values())
+  small = sum(
+    math.prod(s)
+    for s in T5(
+      T5Config(
+        emb_dim=512,
+        num_heads=6,
+        num_encoder_layers=8,
+        num_decoder_layers=8,
+        head_dim=64,
+        mlp_dim=1024,
+      )
+    )
+    .param_shapes()
+    .values()
+  )
   assert round(small / 1e6, 1) == 77.0
 
 
@@ -374,6 +436,12 @@ def test_sharded_equals_single_device():
   flags = env.get('XLA_FLAGS', '') + ' --xla_force_host_platform_device_count=4'
   env['XLA_FLAGS'] = flags.strip()
   env['JAX_PLATFORMS'] = 'cpu'
-  proc = subprocess.run([sys.executable, '-c', _SHARDING_SCRIPT], env=env, cwd=REPO,
-                        capture_output=True, text=True, timeout=600)
+  proc = subprocess.run(
+    [sys.executable, '-c', _SHARDING_SCRIPT],
+    env=env,
+    cwd=REPO,
+    capture_output=True,
+    text=True,
+    timeout=600,
+  )
   assert proc.returncode == 0 and 'SHARDING_OK' in proc.stdout, proc.stdout + proc.stderr

@@ -3,12 +3,13 @@
 Without t5x (the project's own venv) the t5x-free parts run: decoder_params semantics, draft configs,
 the draft-restore state transformation, and the guarantee that nothing else imports t5x. With t5x
 importable (a scratch venv with the google-research/t5x, google/airio and google-research/jestimator
-source trees on PYTHONPATH, DESIGN.md section 5) the adapter is checked against stock T5X: identical
-greedy decodes on the shared tiny fixture, and `python -m t5x.infer` writing predictions through it
+source trees on PYTHONPATH, docs/design.md section 5) the adapter is checked against stock T5X: identical
+greedy decodes on the tiny fixture (tests/fixtures/t5x_tiny), and `python -m t5x.infer` writing predictions through it
 under T5X's partitioner (4 host devices, 2-way model parallel).
 
   python -m pytest -q -p no:xdist tests/test_t5x_adapter.py
 """
+
 from __future__ import annotations
 
 import json
@@ -29,20 +30,25 @@ from speculative.models import t5 as t5_lib
 from speculative.t5x_adapter import options
 
 REPO = Path(__file__).resolve().parents[1]
-SHARED = REPO.parent / 'shared'
-FIXTURE = SHARED / 'fixtures' / 't5x_tiny'
-TINY = t5_lib.T5Config(vocab_size=32128, emb_dim=8, num_heads=4, num_encoder_layers=2,
-                       num_decoder_layers=2, head_dim=3, mlp_dim=16)
+FIXTURE = REPO / 'tests' / 'fixtures' / 't5x_tiny'  # written by stock T5X (its README.md)
+TINY = t5_lib.T5Config(
+  vocab_size=32128,
+  emb_dim=8,
+  num_heads=4,
+  num_encoder_layers=2,
+  num_decoder_layers=2,
+  head_dim=3,
+  mlp_dim=16,
+)
 
 
 def _fixture():
-  if not (FIXTURE / 'decode_results.json').exists():
-    pytest.skip(f'shared fixture missing: {FIXTURE} (needs ../shared beside the repository)')
   return json.loads((FIXTURE / 'decode_results.json').read_text())
 
 
 def _fixture_params():
   from flax import serialization
+
   return serialization.msgpack_restore((FIXTURE / 'params.msgpack').read_bytes())
 
 
@@ -52,18 +58,20 @@ def _fixture_params():
 def test_rest_of_package_never_imports_t5x():
   """Every module except t5x_adapter.models imports without pulling in t5x."""
   code = (
-      'import importlib, pkgutil, sys\n'
-      'import speculative\n'
-      'names = [m.name for m in pkgutil.walk_packages(speculative.__path__, "speculative.")\n'
-      '         if m.name != "speculative.t5x_adapter.models"]\n'
-      'for name in names:\n'
-      '  importlib.import_module(name)\n'
-      'bad = sorted(m for m in sys.modules if m == "t5x" or m.startswith("t5x."))\n'
-      'assert not bad, bad\n'
-      'print(len(names))\n')
+    'import importlib, pkgutil, sys\n'
+    'import speculative\n'
+    'names = [m.name for m in pkgutil.walk_packages(speculative.__path__, "speculative.")\n'
+    '         if m.name != "speculative.t5x_adapter.models"]\n'
+    'for name in names:\n'
+    '  importlib.import_module(name)\n'
+    'bad = sorted(m for m in sys.modules if m == "t5x" or m.startswith("t5x."))\n'
+    'assert not bad, bad\n'
+    'print(len(names))\n'
+  )
   env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL='3')
-  out = subprocess.run([sys.executable, '-c', code], cwd=REPO, env=env, capture_output=True,
-                       text=True, timeout=300)
+  out = subprocess.run(
+    [sys.executable, '-c', code], cwd=REPO, env=env, capture_output=True, text=True, timeout=300
+  )
   assert out.returncode == 0, out.stderr[-3000:]
   assert int(out.stdout.split()[-1]) >= 10
 
@@ -100,7 +108,9 @@ def test_decoder_params_follow_t5x_temperature_sample():
   assert (opts.gamma, opts.eos_id, opts.max_decode_steps) == (7, 5, 9)
 
 
-@pytest.mark.parametrize('params, message', [
+@pytest.mark.parametrize(
+  'params, message',
+  [
     ({'topk': 5, 'topp': 0.9}, 'at most one of topk'),
     ({'temperature': -1.0}, 'temperature must be'),
     ({'topk': -1}, 'topk must be'),
@@ -110,7 +120,8 @@ def test_decoder_params_follow_t5x_temperature_sample():
     ({'temperature': np.array([0.5, 1.0])}, 'per-example'),
     ({'beam_size': 4}, 'unknown decoder_params'),
     ({'rescale_log_probs': False}, 'not supported'),
-])
+  ],
+)
 def test_decoder_params_errors(params, message):
   with pytest.raises(ValueError, match=message):
     options.resolve_decoder_params(params, gamma=4)
@@ -123,7 +134,8 @@ def test_traced_decoder_params_reproduce_t5x_rules_at_run_time():
   @jax.jit
   def probs(temperature, topk, topp):
     opts = options.resolve_decoder_params(
-        {'temperature': temperature, 'topk': topk, 'topp': topp}, gamma=3)
+      {'temperature': temperature, 'topk': topk, 'topp': topp}, gamma=3
+    )
     assert opts.sampling == sampling_lib.SamplingConfig(top_k=True, top_p=True)
     return sampling_lib.probs_from_logits(logits, opts.sampling, opts.sampling_params)
 
@@ -135,14 +147,30 @@ def test_traced_decoder_params_reproduce_t5x_rules_at_run_time():
 
 
 def test_draft_config_from_size_inherits_target_vocab_and_dtype():
-  target = options.to_t5_config({'vocab_size': 32128, 'dtype': jnp.bfloat16, 'emb_dim': 4096,
-                                 'num_heads': 64, 'num_encoder_layers': 24,
-                                 'num_decoder_layers': 24, 'head_dim': 64, 'mlp_dim': 10240,
-                                 'mlp_activations': ['gelu', 'linear'], 'dropout_rate': 0.1})
+  target = options.to_t5_config(
+    {
+      'vocab_size': 32128,
+      'dtype': jnp.bfloat16,
+      'emb_dim': 4096,
+      'num_heads': 64,
+      'num_encoder_layers': 24,
+      'num_decoder_layers': 24,
+      'head_dim': 64,
+      'mlp_dim': 10240,
+      'mlp_activations': ['gelu', 'linear'],
+      'dropout_rate': 0.1,
+    }
+  )
   assert target.dtype == 'bfloat16' and target.mlp_activations == ('gelu', 'linear')
   small = options.draft_config(target, 'small')
-  assert (small.emb_dim, small.num_heads, small.num_encoder_layers, small.num_decoder_layers,
-          small.head_dim, small.mlp_dim) == (512, 6, 8, 8, 64, 1024)
+  assert (
+    small.emb_dim,
+    small.num_heads,
+    small.num_encoder_layers,
+    small.num_decoder_layers,
+    small.head_dim,
+    small.mlp_dim,
+  ) == (512, 6, 8, 8, 64, 1024)
   assert (small.vocab_size, small.dtype, small.dropout_rate) == (32128, 'bfloat16', 0.1)
   assert options.draft_config(target, config=TINY) == TINY
   with pytest.raises(ValueError, match='unknown draft size'):
@@ -180,8 +208,9 @@ def test_add_draft_checkpoint_grafts_draft_into_restored_state(tiny_draft_checkp
 
 def test_add_draft_checkpoint_errors(tiny_draft_checkpoint, tmp_path):
   path, params = tiny_draft_checkpoint
-  wrong = jax.eval_shape(lambda: t5_lib.T5(options.draft_config(TINY, 'small')).init_params(
-      jax.random.PRNGKey(0)))
+  wrong = jax.eval_shape(
+    lambda: t5_lib.T5(options.draft_config(TINY, 'small')).init_params(jax.random.PRNGKey(0))
+  )
   state = {'target': {}, 'state': {}}
   with pytest.raises(checkpoints.CheckpointError, match='shape mismatch'):
     t5x_adapter.add_draft_checkpoint(state, {'target': {'draft': wrong}}, path=str(path))
@@ -206,36 +235,47 @@ def t5x_tiny():
   from t5x import decoding as t5x_decoding
   from t5x import models as t5x_models
   from t5x.examples.t5 import network
+
   fixture = _fixture()
   config = dict(fixture['T5Config'], mlp_activations=tuple(fixture['T5Config']['mlp_activations']))
   vocabulary = seqio.PassThroughVocabulary(size=config['vocab_size'], eos_id=1)
   module = network.Transformer(network.T5Config(**config))
-  stock = t5x_models.EncoderDecoderModel(module, vocabulary, vocabulary, optimizer_def=None,
-                                         decode_fn=t5x_decoding.temperature_sample)
-  return dict(fixture=fixture, module=module, vocabulary=vocabulary, stock=stock,
-              params=_fixture_params())
+  stock = t5x_models.EncoderDecoderModel(
+    module, vocabulary, vocabulary, optimizer_def=None, decode_fn=t5x_decoding.temperature_sample
+  )
+  return dict(
+    fixture=fixture, module=module, vocabulary=vocabulary, stock=stock, params=_fixture_params()
+  )
 
 
 def _batch(fixture, decode_len=None):
   encoder = jnp.asarray(fixture['encoder_input_tokens'], jnp.int32)  # [1, 64]
   decode_len = decode_len or fixture['decoder_len']
-  return {'encoder_input_tokens': encoder,
-          'decoder_input_tokens': jnp.zeros((encoder.shape[0], decode_len), jnp.int32)}
+  return {
+    'encoder_input_tokens': encoder,
+    'decoder_input_tokens': jnp.zeros((encoder.shape[0], decode_len), jnp.int32),
+  }
 
 
 def test_adapter_greedy_equals_stock_t5x_temperature_sample(t5x_tiny, tiny_draft_checkpoint):
   fixture, params = t5x_tiny['fixture'], t5x_tiny['params']
   batch = _batch(fixture)
   stock_decodes, stock_aux = t5x_tiny['stock'].predict_batch_with_aux(
-      params, batch, decoder_params={'temperature': 0.0, 'topk': 0})
+    params, batch, decoder_params={'temperature': 0.0, 'topk': 0}
+  )
   expected = np.asarray(fixture['results']['greedy_t0']['tokens'])
   np.testing.assert_array_equal(np.asarray(stock_decodes)[0], expected)
 
   # Draft = the target itself (restored by the model from the T5X checkpoint), T5X's default
   # decoder params (temperature 1.0, topk 1: greedy): every draft is accepted.
   model = t5x_adapter.SpeculativeEncoderDecoderModel(
-      t5x_tiny['module'], t5x_tiny['vocabulary'], t5x_tiny['vocabulary'], draft_size='tiny',
-      draft_checkpoint_path=str(FIXTURE / 'ckpt'), gamma=3)
+    t5x_tiny['module'],
+    t5x_tiny['vocabulary'],
+    t5x_tiny['vocabulary'],
+    draft_size='tiny',
+    draft_checkpoint_path=str(FIXTURE / 'ckpt'),
+    gamma=3,
+  )
   decodes, aux = model.predict_batch_with_aux(params, batch)
   np.testing.assert_array_equal(np.asarray(decodes), np.asarray(stock_decodes))
   np.testing.assert_array_equal(np.asarray(aux['scores']), np.asarray(stock_aux['scores']))
@@ -248,8 +288,14 @@ def test_adapter_greedy_equals_stock_t5x_temperature_sample(t5x_tiny, tiny_draft
   draft_path, draft_params = tiny_draft_checkpoint
   tree = dict(params, draft=draft_params)
   other = t5x_adapter.SpeculativeEncoderDecoderModel(
-      t5x_tiny['module'], t5x_tiny['vocabulary'], t5x_tiny['vocabulary'], draft_config=TINY,
-      gamma=4, temperature=0.0, topk=0)
+    t5x_tiny['module'],
+    t5x_tiny['vocabulary'],
+    t5x_tiny['vocabulary'],
+    draft_config=TINY,
+    gamma=4,
+    temperature=0.0,
+    topk=0,
+  )
   decodes, aux = jax.jit(other.predict_batch_with_aux)(tree, batch)
   np.testing.assert_array_equal(np.asarray(decodes)[0], expected)
   # Two unrelated random models rarely agree: fewer drafts accepted, more target calls.
@@ -261,18 +307,22 @@ def test_adapter_greedy_equals_stock_t5x_temperature_sample(t5x_tiny, tiny_draft
 def test_adapter_parameter_tree_restores_stock_checkpoints(t5x_tiny):
   """Target tree == T5X's network tree; the 'draft' subtree and its axes come on top."""
   model = t5x_adapter.SpeculativeEncoderDecoderModel(
-      t5x_tiny['module'], t5x_tiny['vocabulary'], t5x_tiny['vocabulary'], draft_size='tiny')
+    t5x_tiny['module'], t5x_tiny['vocabulary'], t5x_tiny['vocabulary'], draft_size='tiny'
+  )
   shapes = {'encoder_input_tokens': (1, 8), 'decoder_input_tokens': (1, 8)}
-  ours = jax.eval_shape(lambda rng: model.get_initial_variables(rng, shapes),
-                        jax.random.PRNGKey(0))
-  stock = jax.eval_shape(lambda rng: t5x_tiny['stock'].get_initial_variables(rng, shapes),
-                         jax.random.PRNGKey(0))
-  flat = lambda tree: {jax.tree_util.keystr(k): v.shape  # noqa: E731
-                       for k, v in jax.tree_util.tree_leaves_with_path(tree)}
+  ours = jax.eval_shape(lambda rng: model.get_initial_variables(rng, shapes), jax.random.PRNGKey(0))
+  stock = jax.eval_shape(
+    lambda rng: t5x_tiny['stock'].get_initial_variables(rng, shapes), jax.random.PRNGKey(0)
+  )
+  flat = lambda tree: {
+    jax.tree_util.keystr(k): v.shape  # noqa: E731
+    for k, v in jax.tree_util.tree_leaves_with_path(tree)
+  }
   target = {k: v for k, v in ours['params'].items() if k != 'draft'}
   assert flat(target) == flat(stock['params'])
   assert flat(ours['params']['draft']) == flat(stock['params'])  # tiny draft: same shapes
   from flax.linen import partitioning as flax_partitioning
+
   axes = flax_partitioning.get_axis_names(ours['params_axes'])
   stock_axes = flax_partitioning.get_axis_names(stock['params_axes'])
   assert {k: v for k, v in axes.items() if k != 'draft'} == stock_axes
@@ -287,12 +337,13 @@ def test_network_matches_stock_t5x_network(t5x_tiny):
   targets = jnp.asarray([fixture['results']['sample_t1_topk0']['tokens']], jnp.int32)
   args = (encoder, t5_lib.shift_right(targets), targets)
   np.testing.assert_array_equal(
-      np.asarray(ours.apply({'params': params}, *args, enable_dropout=False)),
-      np.asarray(stock.apply({'params': params}, *args, enable_dropout=False)))
+    np.asarray(ours.apply({'params': params}, *args, enable_dropout=False)),
+    np.asarray(stock.apply({'params': params}, *args, enable_dropout=False)),
+  )
   np.testing.assert_array_equal(
-      np.asarray(ours.apply({'params': params}, encoder, enable_dropout=False, method=ours.encode)),
-      np.asarray(stock.apply({'params': params}, encoder, enable_dropout=False,
-                             method=stock.encode)))
+    np.asarray(ours.apply({'params': params}, encoder, enable_dropout=False, method=ours.encode)),
+    np.asarray(stock.apply({'params': params}, encoder, enable_dropout=False, method=stock.encode)),
+  )
   with pytest.raises(NotImplementedError, match='no single-token decode'):
     ours.apply({'params': params}, *args, decode=True)
   with pytest.raises(ValueError, match='packed examples are not supported'):
@@ -302,13 +353,18 @@ def test_network_matches_stock_t5x_network(t5x_tiny):
 def test_adapter_num_decodes_sampling_and_scores(t5x_tiny, tiny_draft_checkpoint):
   _, draft_params = tiny_draft_checkpoint
   model = t5x_adapter.SpeculativeEncoderDecoderModel(
-      t5x_tiny['module'], t5x_tiny['vocabulary'], t5x_tiny['vocabulary'], draft_config=TINY,
-      gamma=2)
+    t5x_tiny['module'], t5x_tiny['vocabulary'], t5x_tiny['vocabulary'], draft_config=TINY, gamma=2
+  )
   tree = dict(t5x_tiny['params'], draft=draft_params)
   batch = _batch(t5x_tiny['fixture'], decode_len=12)
   decodes, aux = model.predict_batch_with_aux(
-      tree, batch, rng=jax.random.PRNGKey(3), decoder_params={'temperature': 1.0, 'topk': 0},
-      num_decodes=3, return_all_decodes=True)
+    tree,
+    batch,
+    rng=jax.random.PRNGKey(3),
+    decoder_params={'temperature': 1.0, 'topk': 0},
+    num_decodes=3,
+    return_all_decodes=True,
+  )
   assert decodes.shape == (1, 3, 12) and aux['scores'].shape == (1, 3)
   scores = np.asarray(aux['scores'])[0]
   assert np.all(np.diff(scores) >= 0) and np.all(scores < 0)  # sorted ascending, as T5X
@@ -316,18 +372,21 @@ def test_adapter_num_decodes_sampling_and_scores(t5x_tiny, tiny_draft_checkpoint
   # The scores are the target's log-probabilities of the sampled tokens (stock score_batch).
   targets = np.asarray(decodes)[0]
   score_batch = {
-      'encoder_input_tokens': jnp.repeat(batch['encoder_input_tokens'], 3, axis=0),
-      'decoder_target_tokens': jnp.asarray(targets),
-      'decoder_input_tokens': t5_lib.shift_right(jnp.asarray(targets)),
-      'decoder_loss_weights': jnp.asarray(targets > 0, jnp.float32)}
+    'encoder_input_tokens': jnp.repeat(batch['encoder_input_tokens'], 3, axis=0),
+    'decoder_target_tokens': jnp.asarray(targets),
+    'decoder_input_tokens': t5_lib.shift_right(jnp.asarray(targets)),
+    'decoder_loss_weights': jnp.asarray(targets > 0, jnp.float32),
+  }
   stock_scores = t5x_tiny['stock'].score_batch(t5x_tiny['params'], score_batch)
   np.testing.assert_allclose(scores, np.asarray(stock_scores), rtol=1e-4)
   # score_batch (T5X eval's scoring path) runs the target network only, ignoring 'draft'.
-  np.testing.assert_allclose(np.asarray(model.score_batch(tree, score_batch)),
-                             np.asarray(stock_scores), rtol=1e-5)
+  np.testing.assert_allclose(
+    np.asarray(model.score_batch(tree, score_batch)), np.asarray(stock_scores), rtol=1e-5
+  )
   with pytest.raises(ValueError, match='both from the `rng` argument'):
-    model.predict_batch_with_aux(tree, batch, rng=jax.random.PRNGKey(0),
-                                 decoder_params={'decode_rng': jax.random.PRNGKey(1)})
+    model.predict_batch_with_aux(
+      tree, batch, rng=jax.random.PRNGKey(0), decoder_params={'decode_rng': jax.random.PRNGKey(1)}
+    )
 
 
 def test_adapter_prompts_and_max_decode_steps_match_stock_t5x(t5x_tiny):
@@ -336,17 +395,27 @@ def test_adapter_prompts_and_max_decode_steps_match_stock_t5x(t5x_tiny):
   prompts = np.zeros((2, 16), np.int32)
   prompts[0, 1:6] = [5, 6, 7, 8, 1]  # [BOS, prompt..., EOS, pad...]
   prompts[1, 1:3] = [9, 1]
-  batch = {'encoder_input_tokens': jnp.concatenate([encoder, encoder[:, ::-1]]),
-           'decoder_input_tokens': jnp.asarray(prompts)}
+  batch = {
+    'encoder_input_tokens': jnp.concatenate([encoder, encoder[:, ::-1]]),
+    'decoder_input_tokens': jnp.asarray(prompts),
+  }
   model = t5x_adapter.SpeculativeEncoderDecoderModel(
-      t5x_tiny['module'], t5x_tiny['vocabulary'], t5x_tiny['vocabulary'], draft_size='tiny',
-      draft_checkpoint_path=str(FIXTURE / 'ckpt'), gamma=3)
+    t5x_tiny['module'],
+    t5x_tiny['vocabulary'],
+    t5x_tiny['vocabulary'],
+    draft_size='tiny',
+    draft_checkpoint_path=str(FIXTURE / 'ckpt'),
+    gamma=3,
+  )
   greedy = {'temperature': 0.0, 'topk': 0}
   for kwargs in ({'prompt_with_targets': True}, {'decoder_params': {'max_decode_steps': 4}}):
     stock_params = dict(greedy, **kwargs.get('decoder_params', {}))
     stock_decodes, _ = t5x_tiny['stock'].predict_batch_with_aux(
-        t5x_tiny['params'], batch, decoder_params=stock_params,
-        prompt_with_targets=kwargs.get('prompt_with_targets', False))
+      t5x_tiny['params'],
+      batch,
+      decoder_params=stock_params,
+      prompt_with_targets=kwargs.get('prompt_with_targets', False),
+    )
     decodes, aux = model.predict_batch_with_aux(t5x_tiny['params'], batch, **kwargs)
     np.testing.assert_array_equal(np.asarray(decodes), np.asarray(stock_decodes))
   np.testing.assert_array_equal(np.asarray(decodes)[:, 4:], 0)
@@ -357,13 +426,19 @@ def test_t5x_infer_writes_predictions_through_the_adapter(t5x_tiny, tmp_path):
   """`python -m t5x.infer` with configs/t5x/tiny_infer.gin, sharded over 4 host devices."""
   checkpoint = str((FIXTURE / 'ckpt' / 'checkpoint_0').resolve())
   output_dir = tmp_path / 'infer'
-  env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL='3',
-             XLA_FLAGS='--xla_force_host_platform_device_count=4')
-  command = [sys.executable, '-m', 't5x.infer', '--gin_file=configs/t5x/tiny_infer.gin',
-             f"--gin.CHECKPOINT_PATH='{checkpoint}'",
-             f"--gin.DRAFT_CHECKPOINT_PATH='{checkpoint}'",
-             f"--gin.INFER_OUTPUT_DIR='{output_dir}'",
-             '--gin.partitioning.PjitPartitioner.num_partitions=2']
+  env = dict(
+    os.environ, TF_CPP_MIN_LOG_LEVEL='3', XLA_FLAGS='--xla_force_host_platform_device_count=4'
+  )
+  command = [
+    sys.executable,
+    '-m',
+    't5x.infer',
+    '--gin_file=configs/t5x/tiny_infer.gin',
+    f"--gin.CHECKPOINT_PATH='{checkpoint}'",
+    f"--gin.DRAFT_CHECKPOINT_PATH='{checkpoint}'",
+    f"--gin.INFER_OUTPUT_DIR='{output_dir}'",
+    '--gin.partitioning.PjitPartitioner.num_partitions=2',
+  ]
   run = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
   assert run.returncode == 0, run.stderr[-4000:]
   files = sorted(output_dir.glob('libreoffice_ende_smoke-predict_with_aux.jsonl-*-of-*'))
@@ -377,17 +452,23 @@ def test_t5x_infer_writes_predictions_through_the_adapter(t5x_tiny, tmp_path):
     assert 0 < aux['num_tokens'] <= 32 and record['prediction_tokens']
   # Same tokens as stock T5X greedy decoding of the same examples.
   import seqio
+
   from speculative.t5x_adapter import tasks as adapter_tasks
+
   task = seqio.get_mixture_or_task(adapter_tasks.SMOKE_TASK)
   dataset = task.get_dataset({'inputs': 64, 'targets': 32}, split='test', shuffle=False)
   inputs = [np.asarray(ex['inputs']) for ex in dataset.as_numpy_iterator()]
   encoder = np.zeros((len(inputs), 64), np.int32)
   for row, tokens in enumerate(inputs):
-    encoder[row, :len(tokens)] = tokens
+    encoder[row, : len(tokens)] = tokens
   stock_decodes, _ = t5x_tiny['stock'].predict_batch_with_aux(
-      t5x_tiny['params'], {'encoder_input_tokens': jnp.asarray(encoder),
-                           'decoder_input_tokens': jnp.zeros((len(inputs), 32), jnp.int32)},
-      decoder_params={'temperature': 0.0, 'topk': 0})
+    t5x_tiny['params'],
+    {
+      'encoder_input_tokens': jnp.asarray(encoder),
+      'decoder_input_tokens': jnp.zeros((len(inputs), 32), jnp.int32),
+    },
+    decoder_params={'temperature': 0.0, 'topk': 0},
+  )
   for record, row in zip(records, np.asarray(stock_decodes)):
     row = row.tolist()
-    assert record['prediction_tokens'] == (row[:row.index(0)] if 0 in row else row)
+    assert record['prediction_tokens'] == (row[: row.index(0)] if 0 in row else row)

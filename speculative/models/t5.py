@@ -25,12 +25,15 @@ and parameters carry T5X's logical axis names ('vocab', 'embed', 'joined_kv', 'h
 Parameters are plain nested dicts WITHOUT a top-level 'params' key (the same tree as a T5X
 checkpoint's `target`).
 """
+
 from __future__ import annotations
 
 import dataclasses
 import functools
 import operator
-from typing import Any, Callable, Optional, Sequence
+from typing import Any
+from typing import Callable
+from typing import Sequence
 
 import flax
 from flax import linen as nn
@@ -45,16 +48,16 @@ Initializer = Callable[..., Array]
 
 # T5X's standard logical axis rules (`t5x.partitioning.standard_logical_axis_rules` with 1-D model
 # parallelism over a 'model' mesh axis and data parallelism over 'data').
-DEFAULT_LOGICAL_AXIS_RULES: tuple[tuple[str, Optional[str]], ...] = (
-    ('batch', 'data'),
-    ('vocab', 'model'),
-    ('embed', None),
-    ('mlp', 'model'),
-    ('heads', 'model'),
-    ('kv', None),
-    ('joined_kv', 'model'),
-    ('relpos_buckets', None),
-    ('length', None),
+DEFAULT_LOGICAL_AXIS_RULES: tuple[tuple[str, str | None], ...] = (
+  ('batch', 'data'),
+  ('vocab', 'model'),
+  ('embed', None),
+  ('mlp', 'model'),
+  ('heads', 'model'),
+  ('kv', None),
+  ('joined_kv', 'model'),
+  ('relpos_buckets', None),
+  ('length', None),
 )
 
 # Added to masked attention logits (T5X's value; exp underflows to exactly 0 in float32).
@@ -67,7 +70,15 @@ class T5Config:
 
   `dtype` is the activation dtype name ('float32' or 'bfloat16'); parameters are always stored in
   float32 and logits are always float32.
+
+  `logits_dtype` is the dtype of the logits head: the decoder's final RMS norm output that feeds
+  the float32 vocabulary projection. None (default, as T5X) = `dtype`, so in bfloat16 the normed
+  hidden state is rounded to bfloat16 before the float32 projection; 'float32' keeps it in float32.
+  `float32_attention_logits` does the same for the attention scores and softmax. Both apply in
+  every path (`forward`, 1-token and multi-token `extend`), so baseline decoding and speculative
+  verification still run the same model (docs/exactness.md).
   """
+
   vocab_size: int = 32128
   dtype: str = 'float32'
   emb_dim: int = 512
@@ -80,6 +91,7 @@ class T5Config:
   dropout_rate: float = 0.0
   logits_via_embedding: bool = False
   float32_attention_logits: bool = False
+  logits_dtype: str | None = None
   relative_attention_num_buckets: int = 32
   relative_attention_max_distance: int = 128
   decoder_start_token_id: int = 0
@@ -90,9 +102,23 @@ class T5Config:
     # Normalise so that equal configs hash equally (gin/JSON may give lists and dtype objects).
     object.__setattr__(self, 'mlp_activations', tuple(self.mlp_activations))
     object.__setattr__(self, 'dtype', jnp.dtype(self.dtype).name)
-    for name in ('vocab_size', 'emb_dim', 'num_heads', 'num_encoder_layers', 'num_decoder_layers',
-                 'head_dim', 'mlp_dim', 'relative_attention_num_buckets',
-                 'relative_attention_max_distance'):
+    if self.logits_dtype is not None:
+      object.__setattr__(self, 'logits_dtype', jnp.dtype(self.logits_dtype).name)
+      if self.logits_dtype != 'float32':
+        raise ValueError(
+          f"T5Config.logits_dtype must be None (= dtype) or 'float32', got {self.logits_dtype!r}"
+        )
+    for name in (
+      'vocab_size',
+      'emb_dim',
+      'num_heads',
+      'num_encoder_layers',
+      'num_decoder_layers',
+      'head_dim',
+      'mlp_dim',
+      'relative_attention_num_buckets',
+      'relative_attention_max_distance',
+    ):
       value = getattr(self, name)
       if not isinstance(value, (int, np.integer)) or value < 1:
         raise ValueError(f'T5Config.{name} must be a positive integer, got {value!r}')
@@ -108,8 +134,13 @@ class T5Config:
 # ----------------------------------------------------------------------------------------------
 # Relative position buckets.
 # ----------------------------------------------------------------------------------------------
-def relative_position_bucket(relative_position: np.ndarray, *, bidirectional: bool,
-                             num_buckets: int = 32, max_distance: int = 128) -> np.ndarray:
+def relative_position_bucket(
+  relative_position: np.ndarray,
+  *,
+  bidirectional: bool,
+  num_buckets: int = 32,
+  max_distance: int = 128,
+) -> np.ndarray:
   """T5's bucket of `relative_position = key_position - query_position` (numpy, as in T5X).
 
   Half of the buckets (all of them if not bidirectional) hold exact distances 0..max_exact-1, the
@@ -128,21 +159,23 @@ def relative_position_bucket(relative_position: np.ndarray, *, bidirectional: bo
     distance = np.maximum(distance, 0)
   max_exact = num_buckets // 2
   log_ratio = np.log(distance.astype(np.float32) / max_exact + np.finfo(np.float32).eps)
-  large = max_exact + (log_ratio / np.log(max_distance / max_exact)
-                       * (num_buckets - max_exact)).astype(np.int32)
+  large = max_exact + (
+    log_ratio / np.log(max_distance / max_exact) * (num_buckets - max_exact)
+  ).astype(np.int32)
   large = np.minimum(large, num_buckets - 1)
   return bucket + np.where(distance < max_exact, distance, large)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _bucket_table(bidirectional: bool, num_buckets: int, max_distance: int) -> np.ndarray:
   """Buckets of relative positions -max_distance..max_distance (index = rel + max_distance).
 
   All |relative positions| >= max_distance share a bucket, so clipping to this range is exact.
   """
   rel = np.arange(-max_distance, max_distance + 1, dtype=np.int32)
-  return relative_position_bucket(rel, bidirectional=bidirectional, num_buckets=num_buckets,
-                                  max_distance=max_distance).astype(np.int32)
+  return relative_position_bucket(
+    rel, bidirectional=bidirectional, num_buckets=num_buckets, max_distance=max_distance
+  ).astype(np.int32)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -153,14 +186,16 @@ _mlp_kernel_init = nn.initializers.variance_scaling(1.0, 'fan_in', 'truncated_no
 _relpos_init = nn.initializers.variance_scaling(1.0, 'fan_avg', 'uniform')
 
 
-def _param(module: nn.Module, name: str, init: Initializer, shape: tuple[int, ...],
-           axes: tuple[str, ...]) -> Array:
+def _param(
+  module: nn.Module, name: str, init: Initializer, shape: tuple[int, ...], axes: tuple[str, ...]
+) -> Array:
   """A float32 parameter annotated with logical axis names."""
   return module.param(name, nn.with_logical_partitioning(init, axes), shape, jnp.float32)
 
 
 class DenseGeneral(nn.Module):
   """Bias-free linear map of the last axis with a 2-D kernel [in, features] (T5X layout)."""
+
   features: int
   kernel_axes: tuple[str, str]
   kernel_init: Initializer = _mlp_kernel_init
@@ -169,14 +204,16 @@ class DenseGeneral(nn.Module):
   @nn.compact
   def __call__(self, inputs: Array) -> Array:
     inputs = jnp.asarray(inputs, self.dtype)
-    kernel = _param(self, 'kernel', self.kernel_init, (inputs.shape[-1], self.features),
-                    self.kernel_axes)
+    kernel = _param(
+      self, 'kernel', self.kernel_init, (inputs.shape[-1], self.features), self.kernel_axes
+    )
     kernel = jnp.asarray(kernel, self.dtype)
     return lax.dot_general(inputs, kernel, (((inputs.ndim - 1,), (0,)), ((), ())))
 
 
 class LayerNorm(nn.Module):
   """T5 RMS layer norm: no mean subtraction, no bias; statistics in float32."""
+
   epsilon: float = 1e-6
   dtype: Any = jnp.float32
 
@@ -191,13 +228,19 @@ class LayerNorm(nn.Module):
 
 class Embed(nn.Module):
   """Token embedding [vocab, d], shared by encoder and decoder (T5X `token_embedder`)."""
+
   num_embeddings: int
   features: int
   dtype: Any = jnp.float32
 
   def setup(self):
-    self.embedding = _param(self, 'embedding', nn.initializers.normal(stddev=1.0),
-                            (self.num_embeddings, self.features), ('vocab', 'embed'))
+    self.embedding = _param(
+      self,
+      'embedding',
+      nn.initializers.normal(stddev=1.0),
+      (self.num_embeddings, self.features),
+      ('vocab', 'embed'),
+    )
 
   def __call__(self, tokens: Array) -> Array:
     if not jnp.issubdtype(tokens.dtype, jnp.integer):
@@ -211,6 +254,7 @@ class Embed(nn.Module):
 
 class RelativePositionBiases(nn.Module):
   """Per-head attention bias from bucketed relative positions (T5X `relpos_bias`)."""
+
   num_buckets: int
   max_distance: int
   num_heads: int
@@ -222,8 +266,13 @@ class RelativePositionBiases(nn.Module):
 
     Returns [..., H, Tq, Tk] (leading dims of `query_positions` kept).
     """
-    rel_embedding = _param(self, 'rel_embedding', _relpos_init,
-                           (self.num_heads, self.num_buckets), ('heads', 'relpos_buckets'))
+    rel_embedding = _param(
+      self,
+      'rel_embedding',
+      _relpos_init,
+      (self.num_heads, self.num_buckets),
+      ('heads', 'relpos_buckets'),
+    )
     relative = key_positions[..., None, :] - query_positions[..., :, None]  # [..., Tq, Tk]
     relative = jnp.clip(relative, -self.max_distance, self.max_distance)
     table = jnp.asarray(_bucket_table(bidirectional, self.num_buckets, self.max_distance))
@@ -238,6 +287,7 @@ def _mask_to_bias(mask: Array, dtype: Any) -> Array:
 
 class MultiHeadDotProductAttention(nn.Module):
   """Multi-head attention with T5X's projections (query/key/value/out, 2-D kernels)."""
+
   num_heads: int
   head_dim: int
   emb_dim: int
@@ -253,8 +303,9 @@ class MultiHeadDotProductAttention(nn.Module):
     self.query = DenseGeneral(joined, ('embed', 'joined_kv'), query_init, self.dtype)
     self.key = DenseGeneral(joined, ('embed', 'joined_kv'), _attention_kernel_init, self.dtype)
     self.value = DenseGeneral(joined, ('embed', 'joined_kv'), _attention_kernel_init, self.dtype)
-    self.out = DenseGeneral(self.emb_dim, ('joined_kv', 'embed'), _attention_kernel_init,
-                            self.dtype)
+    self.out = DenseGeneral(
+      self.emb_dim, ('joined_kv', 'embed'), _attention_kernel_init, self.dtype
+    )
 
   def _split_heads(self, x: Array) -> Array:
     return x.reshape(x.shape[:-1] + (self.num_heads, self.head_dim))  # [B, T, H, dh]
@@ -267,13 +318,27 @@ class MultiHeadDotProductAttention(nn.Module):
     value = self._split_heads(self.value(inputs_kv))  # [B, Tk, H, dh]
     return key, value
 
-  def attend(self, query: Array, key: Array, value: Array, bias: Array,
-             deterministic: bool) -> Array:
-    """Attention of query [B,Tq,H,dh] over key/value [B,Tk,H,dh]; bias [B|1,H|1,Tq,Tk] is added."""
+  def attend(
+    self,
+    query: Array,
+    key: Array,
+    value: Array,
+    bias: Array,
+    deterministic: bool,
+    heads_first: bool = False,
+  ) -> Array:
+    """Attention of query [B,Tq,H,dh] over key/value [B,Tk,H,dh]; bias [B|1,H|1,Tq,Tk] is added.
+
+    With `heads_first`, key/value are [B,H,dh,Tk] (the decoding caches' layout, as T5X's
+    examples): the layout XLA's CPU dots (batch dims b, h) put [B,Tk,H,dh] operands in anyway, so
+    the same products are read in place instead of from a transposed copy of the whole cache at
+    every step, with bit-identical results (docs/batch_performance.md).
+    """
     if self.float32_logits:
       query = query.astype(jnp.float32)
       key = key.astype(jnp.float32)
-    weights = jnp.einsum('bqhd,bkhd->bhqk', query, key)  # [B, H, Tq, Tk]
+    kv = 'bhdk' if heads_first else 'bkhd'
+    weights = jnp.einsum(f'bqhd,{kv}->bhqk', query, key)  # [B, H, Tq, Tk]
     weights = weights + bias.astype(weights.dtype)
     weights = jax.nn.softmax(weights).astype(self.dtype)
     if not deterministic and self.dropout_rate > 0.0:
@@ -282,17 +347,17 @@ class MultiHeadDotProductAttention(nn.Module):
       keep_shape = weights.shape[:-2] + (1,) + weights.shape[-1:]
       keep = jax.random.bernoulli(self.make_rng('dropout'), keep_prob, keep_shape)
       weights = weights * (keep.astype(weights.dtype) / jnp.asarray(keep_prob, self.dtype))
-    x = jnp.einsum('bhqk,bkhd->bqhd', weights, value)  # [B, Tq, H, dh]
+    x = jnp.einsum(f'bhqk,{kv}->bqhd', weights, value)  # [B, Tq, H, dh]
     return self.out(x.reshape(x.shape[:-2] + (self.num_heads * self.head_dim,)))  # [B, Tq, d]
 
-  def __call__(self, inputs_q: Array, inputs_kv: Array, bias: Array,
-               deterministic: bool) -> Array:
+  def __call__(self, inputs_q: Array, inputs_kv: Array, bias: Array, deterministic: bool) -> Array:
     key, value = self.project_key_value(inputs_kv)
     return self.attend(self.project_query(inputs_q), key, value, bias, deterministic)
 
 
 class MlpBlock(nn.Module):
   """Gated MLP: prod_i act_i(x W_i) then W_o (T5X names wi_0, wi_1, wo; 'wi' if one activation)."""
+
   intermediate_dim: int
   emb_dim: int
   activations: Sequence[str]
@@ -304,31 +369,40 @@ class MlpBlock(nn.Module):
     hidden = []
     for idx, act in enumerate(self.activations):
       name = 'wi' if len(self.activations) == 1 else f'wi_{idx}'
-      x = DenseGeneral(self.intermediate_dim, ('embed', 'mlp'), _mlp_kernel_init, self.dtype,
-                       name=name)(inputs)
+      x = DenseGeneral(
+        self.intermediate_dim, ('embed', 'mlp'), _mlp_kernel_init, self.dtype, name=name
+      )(inputs)
       hidden.append(x if act == 'linear' else getattr(nn, act)(x))
     x = functools.reduce(operator.mul, hidden)  # [B, T, f]
     x = _dropout(self, self.dropout_rate, x, deterministic)
-    return DenseGeneral(self.emb_dim, ('mlp', 'embed'), _mlp_kernel_init, self.dtype,
-                        name='wo')(x)
+    return DenseGeneral(self.emb_dim, ('mlp', 'embed'), _mlp_kernel_init, self.dtype, name='wo')(x)
 
 
 def _attention(cfg: T5Config) -> MultiHeadDotProductAttention:
   # Modules built in `setup` are named by the attribute they are assigned to.
   return MultiHeadDotProductAttention(
-      num_heads=cfg.num_heads, head_dim=cfg.head_dim, emb_dim=cfg.emb_dim,
-      dtype=jnp.dtype(cfg.dtype), dropout_rate=cfg.dropout_rate,
-      float32_logits=cfg.float32_attention_logits)
+    num_heads=cfg.num_heads,
+    head_dim=cfg.head_dim,
+    emb_dim=cfg.emb_dim,
+    dtype=jnp.dtype(cfg.dtype),
+    dropout_rate=cfg.dropout_rate,
+    float32_logits=cfg.float32_attention_logits,
+  )
 
 
 def _mlp(cfg: T5Config) -> MlpBlock:
-  return MlpBlock(intermediate_dim=cfg.mlp_dim, emb_dim=cfg.emb_dim,
-                  activations=cfg.mlp_activations, dropout_rate=cfg.dropout_rate,
-                  dtype=jnp.dtype(cfg.dtype))
+  return MlpBlock(
+    intermediate_dim=cfg.mlp_dim,
+    emb_dim=cfg.emb_dim,
+    activations=cfg.mlp_activations,
+    dropout_rate=cfg.dropout_rate,
+    dtype=jnp.dtype(cfg.dtype),
+  )
 
 
-def _dropout(module: nn.Module, rate: float, x: Array, deterministic: bool,
-             broadcast: bool = True) -> Array:
+def _dropout(
+  module: nn.Module, rate: float, x: Array, deterministic: bool, broadcast: bool = True
+) -> Array:
   """Inverted dropout like `nn.Dropout` (mask shared along the length axis when `broadcast`)."""
   if deterministic or rate == 0.0:
     return x
@@ -343,13 +417,16 @@ def _dropout(module: nn.Module, rate: float, x: Array, deterministic: bool,
 
 def _relpos(cfg: T5Config) -> RelativePositionBiases:
   return RelativePositionBiases(
-      num_buckets=cfg.relative_attention_num_buckets,
-      max_distance=cfg.relative_attention_max_distance, num_heads=cfg.num_heads,
-      dtype=jnp.dtype(cfg.dtype))
+    num_buckets=cfg.relative_attention_num_buckets,
+    max_distance=cfg.relative_attention_max_distance,
+    num_heads=cfg.num_heads,
+    dtype=jnp.dtype(cfg.dtype),
+  )
 
 
 class EncoderLayer(nn.Module):
   """Pre-norm self-attention + gated MLP block."""
+
   config: T5Config
 
   def setup(self):
@@ -371,6 +448,7 @@ class EncoderLayer(nn.Module):
 
 class DecoderLayer(nn.Module):
   """Pre-norm causal self-attention, cross-attention and gated MLP block."""
+
   config: T5Config
 
   def setup(self):
@@ -384,14 +462,22 @@ class DecoderLayer(nn.Module):
     self.mlp = _mlp(cfg)
 
   def cross_key_value(self, encoded: Array) -> tuple[Array, Array]:
-    """Cross-attention keys/values of the encoder output, each [B, S, H, dh]."""
-    return self.encoder_decoder_attention.project_key_value(encoded)
+    """Cross-attention keys/values of the encoder output, each heads-first [B, H, dh, S]."""
+    key, value = self.encoder_decoder_attention.project_key_value(encoded)  # [B, S, H, dh]
+    return jnp.moveaxis(key, 1, 3), jnp.moveaxis(value, 1, 3)  # [B, H, dh, S]
 
-  def __call__(self, inputs: Array, self_bias: Array, cross_bias: Array, deterministic: bool, *,
-               encoded: Optional[Array] = None,
-               cross_kv: Optional[tuple[Array, Array]] = None,
-               self_kv_cache: Optional[tuple[Array, Array]] = None,
-               write_positions: Optional[Array] = None):
+  def __call__(
+    self,
+    inputs: Array,
+    self_bias: Array,
+    cross_bias: Array,
+    deterministic: bool,
+    *,
+    encoded: Array | None = None,
+    cross_kv: tuple[Array, Array] | None = None,
+    self_kv_cache: tuple[Array, Array] | None = None,
+    write_positions: Array | None = None,
+  ):
     """One decoder layer.
 
     Args:
@@ -401,10 +487,11 @@ class DecoderLayer(nn.Module):
       cross_bias: [B, 1, T|1, S] mask bias of the cross-attention.
       deterministic: no dropout if True.
       encoded: [B, S, d] encoder output (used when `cross_kv` is None).
-      cross_kv: precomputed cross-attention (key, value), each [B, S, H, dh].
-      self_kv_cache: (key, value) caches, each [B, K, H, dh]; the new keys/values are written at
+      cross_kv: precomputed cross-attention (key, value), each [B, H, dh, S].
+      self_kv_cache: (key, value) caches, each [B, H, dh, K]; the new keys/values are written at
         `write_positions` and attention runs over the whole cache.
-      write_positions: [B, T] int32 cache positions of the T new tokens.
+      write_positions: [B, T] int32 cache positions of the T new tokens, or [T] when all rows
+        write at the same positions (see `_write_rows`).
 
     Returns:
       ([B, T, d] outputs, updated (key, value) cache or None).
@@ -415,18 +502,25 @@ class DecoderLayer(nn.Module):
     key, value = self.self_attention.project_key_value(x)
     new_cache = None
     if self_kv_cache is not None:
-      key = _write_rows(self_kv_cache[0], key, write_positions)
+      key = _write_rows(self_kv_cache[0], key, write_positions)  # [B, H, dh, K]
       value = _write_rows(self_kv_cache[1], value, write_positions)
       new_cache = (key, value)
-    x = self.self_attention.attend(query, key, value, self_bias, deterministic)
+    x = self.self_attention.attend(
+      query, key, value, self_bias, deterministic, heads_first=self_kv_cache is not None
+    )
     x = _dropout(self, cfg.dropout_rate, x, deterministic) + inputs
 
     y = self.pre_cross_attention_layer_norm(x)
     if cross_kv is None:
       cross_kv = self.cross_key_value(encoded)
     y = self.encoder_decoder_attention.attend(
-        self.encoder_decoder_attention.project_query(y), cross_kv[0], cross_kv[1], cross_bias,
-        deterministic)
+      self.encoder_decoder_attention.project_query(y),
+      cross_kv[0],
+      cross_kv[1],
+      cross_bias,
+      deterministic,
+      heads_first=True,
+    )
     y = _dropout(self, cfg.dropout_rate, y, deterministic) + x
 
     z = self.mlp(self.pre_mlp_layer_norm(y), deterministic)
@@ -435,16 +529,35 @@ class DecoderLayer(nn.Module):
 
 
 def _write_rows(cache: Array, new: Array, positions: Array) -> Array:
-  """cache[b, positions[b, t]] = new[b, t]; positions outside the cache are dropped.
+  """cache[b, :, :, positions[b, t]] = new[b, t]; positions outside the cache are dropped.
 
-  cache: [B, K, ...]; new: [B, T, ...]; positions: [B, T] int32.
+  cache: [B, H, dh, K] (heads first, positions last); new: [B, T, H, dh]; positions: [B, T] int32
+  (ragged: a per-row scatter) or [T] int32 = start + arange(T), shared by all rows (lockstep: one
+  dynamic_update_slice, in place).
   """
+  new = new.astype(cache.dtype)
+  num_new = new.shape[1]
+  if positions.ndim == 1 and num_new <= cache.shape[3]:
+    # dynamic_update_slice clamps its start into [0, K - T]; where it moved, slot j of the clamped
+    # window keeps its old value unless it is one of the positions being written, so the result
+    # is the dropping scatter's. (A lax.cond fallback instead made XLA copy the whole cache.)
+    window_start = jnp.clip(positions[0], 0, cache.shape[3] - num_new)
+    source = jnp.arange(num_new, dtype=jnp.int32) + (window_start - positions[0])  # [T]
+    in_range = (source >= 0) & (source < num_new)  # [T]
+    new = jnp.moveaxis(new, 1, 3)  # [B, H, dh, T]
+    old = lax.dynamic_slice(cache, (0, 0, 0, window_start), new.shape)  # [B, H, dh, T]
+    window = jnp.where(in_range, jnp.take(new, jnp.clip(source, 0, num_new - 1), axis=3), old)
+    return lax.dynamic_update_slice(cache, window, (0, 0, 0, window_start))
+  if positions.ndim == 1:
+    positions = jnp.broadcast_to(positions, new.shape[:2])  # [B, T]
   rows = jnp.arange(cache.shape[0], dtype=jnp.int32)[:, None]  # [B, 1]
-  return cache.at[rows, positions].set(new.astype(cache.dtype), mode='drop')
+  # Advanced indices around slices: the indexed view is [B, T, H, dh], new's layout.
+  return cache.at[rows, :, :, positions].set(new, mode='drop')
 
 
 class Encoder(nn.Module):
   """Embedding (shared) -> encoder layers -> final RMS norm."""
+
   config: T5Config
   shared_embedding: nn.Module
 
@@ -474,6 +587,7 @@ class Encoder(nn.Module):
 
 class Decoder(nn.Module):
   """Embedding (shared) -> decoder layers -> final RMS norm -> float32 logits."""
+
   config: T5Config
   shared_embedding: nn.Module
 
@@ -481,13 +595,15 @@ class Decoder(nn.Module):
     cfg = self.config
     self.relpos_bias = _relpos(cfg)
     self.layers = [DecoderLayer(cfg) for i in range(cfg.num_decoder_layers)]
-    self.decoder_norm = LayerNorm(dtype=jnp.dtype(cfg.dtype))
+    # The logits head's dtype (T5Config.logits_dtype); shared by `__call__` and `extend`.
+    self.decoder_norm = LayerNorm(dtype=jnp.dtype(cfg.logits_dtype or cfg.dtype))
     if not cfg.logits_via_embedding:
-      self.logits_dense = DenseGeneral(cfg.vocab_size, ('embed', 'vocab'), _mlp_kernel_init,
-                                       jnp.float32)
+      self.logits_dense = DenseGeneral(
+        cfg.vocab_size, ('embed', 'vocab'), _mlp_kernel_init, jnp.float32
+      )
 
   def cross_key_values(self, encoded: Array) -> tuple[tuple[Array, Array], ...]:
-    """Every layer's cross-attention (key, value), each [B, S, H, dh]."""
+    """Every layer's cross-attention (key, value), each [B, H, dh, S]."""
     return tuple(layer.cross_key_value(encoded) for layer in self.layers)
 
   def _logits(self, y: Array, deterministic: bool) -> Array:
@@ -498,8 +614,14 @@ class Decoder(nn.Module):
       return self.shared_embedding.attend(y) / jnp.sqrt(y.shape[-1])
     return self.logits_dense(y)  # [B, T, V] float32
 
-  def __call__(self, encoded: Array, encoder_tokens: Array, decoder_input_tokens: Array,
-               decoder_target_tokens: Optional[Array], deterministic: bool) -> Array:
+  def __call__(
+    self,
+    encoded: Array,
+    encoder_tokens: Array,
+    decoder_input_tokens: Array,
+    decoder_target_tokens: Array | None,
+    deterministic: bool,
+  ) -> Array:
     """Teacher-forced decoder over the whole target (T5X training mode). Returns [B, T, V]."""
     cfg = self.config
     dtype = jnp.dtype(cfg.dtype)
@@ -524,40 +646,60 @@ class Decoder(nn.Module):
       y, _ = layer(y, self_bias, cross_bias, deterministic, encoded=encoded)
     return self._logits(y, deterministic)
 
-  def extend(self, tokens: Array, start: Array, self_kv: tuple[tuple[Array, Array], ...],
-             encoder_mask: Array, encoded: Optional[Array],
-             cross_kv: Optional[tuple[tuple[Array, Array], ...]]):
+  def extend(
+    self,
+    tokens: Array,
+    start: Array,
+    self_kv: tuple[tuple[Array, Array], ...],
+    encoder_mask: Array,
+    encoded: Array | None,
+    cross_kv: tuple[tuple[Array, Array], ...] | None,
+  ):
     """Cached decoder over T new tokens at per-row positions start[b] + t. See `T5.extend`."""
     cfg = self.config
     dtype = jnp.dtype(cfg.dtype)
-    batch, num_new = tokens.shape
-    cache_length = self_kv[0][0].shape[1]
-    query_positions = start[:, None] + jnp.arange(num_new, dtype=jnp.int32)[None, :]  # [B, T]
+    num_new = tokens.shape[1]
+    cache_length = self_kv[0][0].shape[3]  # [B, H, dh, K]
+    # start [B]: per-row positions (ragged). start []: every row at the same position (lockstep);
+    # the bias below is then shared by all rows ([1, H, T, K]) and the layers write the cache with
+    # one dynamic_update_slice instead of a per-row scatter (`_write_rows`).
+    query_positions = start[..., None] + jnp.arange(num_new, dtype=jnp.int32)  # [B|-, T]
     key_positions = jnp.arange(cache_length, dtype=jnp.int32)  # [K]
     # A query at position j sees cache positions 0..j of its own row; later entries are stale.
-    self_mask = (key_positions[None, :] <= query_positions[:, :, None])[:, None]  # [B, 1, T, K]
-    relpos = self.relpos_bias(query_positions, key_positions, False)  # [B, H, T, K]
-    self_bias = _mask_to_bias(self_mask, dtype) + relpos  # [B, H, T, K]
+    self_mask = key_positions <= query_positions[..., None]  # [B|-, T, K]
+    relpos = self.relpos_bias(query_positions, key_positions, False)  # [B|-, H, T, K]
+    self_bias = _mask_to_bias(self_mask[..., None, :, :], dtype) + relpos  # [B|-, H, T, K]
+    if start.ndim == 0:
+      self_bias = self_bias[None]  # [1, H, T, K]
     cross_bias = _mask_to_bias(encoder_mask[:, None, None, :], dtype)  # [B, 1, 1, S]
 
     y = self.shared_embedding(tokens.astype(jnp.int32)).astype(dtype)  # [B, T, d]
     new_self_kv = []
     for i, layer in enumerate(self.layers):
-      y, layer_cache = layer(y, self_bias, cross_bias, True, encoded=encoded,
-                             cross_kv=None if cross_kv is None else cross_kv[i],
-                             self_kv_cache=self_kv[i], write_positions=query_positions)
+      y, layer_cache = layer(
+        y,
+        self_bias,
+        cross_bias,
+        True,
+        encoded=encoded,
+        cross_kv=None if cross_kv is None else cross_kv[i],
+        self_kv_cache=self_kv[i],
+        write_positions=query_positions,
+      )
       new_self_kv.append(layer_cache)
     return self._logits(y, True), tuple(new_self_kv)  # [B, T, V] float32
 
 
 class Transformer(nn.Module):
   """The T5 encoder-decoder (T5X `network.Transformer` parameter tree)."""
+
   config: T5Config
 
   def setup(self):
     cfg = self.config
-    self.token_embedder = Embed(num_embeddings=cfg.vocab_size, features=cfg.emb_dim,
-                                dtype=jnp.dtype(cfg.dtype))
+    self.token_embedder = Embed(
+      num_embeddings=cfg.vocab_size, features=cfg.emb_dim, dtype=jnp.dtype(cfg.dtype)
+    )
     self.encoder = Encoder(cfg, shared_embedding=self.token_embedder)
     self.decoder = Decoder(cfg, shared_embedding=self.token_embedder)
 
@@ -570,12 +712,17 @@ class Transformer(nn.Module):
   def extend(self, *args, **kwargs):
     return self.decoder.extend(*args, **kwargs)
 
-  def __call__(self, encoder_tokens: Array, decoder_input_tokens: Array,
-               decoder_target_tokens: Optional[Array] = None,
-               deterministic: bool = True) -> Array:
+  def __call__(
+    self,
+    encoder_tokens: Array,
+    decoder_input_tokens: Array,
+    decoder_target_tokens: Array | None = None,
+    deterministic: bool = True,
+  ) -> Array:
     encoded = self.encoder(encoder_tokens, deterministic)
-    return self.decoder(encoded, encoder_tokens, decoder_input_tokens, decoder_target_tokens,
-                        deterministic)
+    return self.decoder(
+      encoded, encoder_tokens, decoder_input_tokens, decoder_target_tokens, deterministic
+    )
 
 
 # ----------------------------------------------------------------------------------------------
@@ -585,15 +732,20 @@ class Transformer(nn.Module):
 class T5Cache:
   """Decoding cache of `T5` (a pytree; B = batch, K = max_length, S = encoder length).
 
+  Keys and values are stored [B, H, dh, positions] (as T5X's examples), the layout XLA's
+  attention dots use, so they are read in place (the [B, K, H, dh] layout made XLA transpose every
+  cache at every step; docs/batch_performance.md).
+
   Fields:
-    self_key: tuple over decoder layers of [B, K, H, dh] (config dtype) self-attention keys.
-    self_value: tuple over decoder layers of [B, K, H, dh] (config dtype) self-attention values.
-    cross_key: tuple over decoder layers of [B, S, H, dh] cross-attention keys (empty tuple when
+    self_key: tuple over decoder layers of [B, H, dh, K] (config dtype) self-attention keys.
+    self_value: tuple over decoder layers of [B, H, dh, K] (config dtype) self-attention values.
+    cross_key: tuple over decoder layers of [B, H, dh, S] cross-attention keys (empty tuple when
       the model recomputes them each step, `cache_cross_kv=False`).
     cross_value: like `cross_key`, for the values.
     encoded: [B, S, d] (config dtype) encoder output.
     encoder_mask: [B, S] bool, True at non-padding encoder positions (token != 0).
   """
+
   self_key: tuple[Array, ...]
   self_value: tuple[Array, ...]
   cross_key: tuple[Array, ...]
@@ -603,7 +755,7 @@ class T5Cache:
 
   @property
   def max_length(self) -> int:
-    return self.self_key[0].shape[1]
+    return self.self_key[0].shape[3]
 
 
 def _unbox(tree):
@@ -620,8 +772,13 @@ class T5:
       (True) or recompute them from the encoder output at every `extend` call, as stock T5X does
       (False). Outputs are identical; only speed differs.
   """
+
   config: T5Config
   cache_cross_kv: bool = True
+
+  # `extend` accepts a scalar `start` (all rows at one position), used by the baseline loop when
+  # its rows advance together (`decoding.autoregressive_decode`); not a dataclass field.
+  lockstep_extend = True
 
   @property
   def vocab_size(self) -> int:
@@ -654,17 +811,22 @@ class T5:
     boxed = jax.eval_shape(self._init_boxed, jax.random.PRNGKey(0))
     return flax.core.unfreeze(nn.get_partition_spec(boxed))
 
-  def partition_specs(self, rules: Sequence[tuple[str, Any]] = DEFAULT_LOGICAL_AXIS_RULES
-                      ) -> Params:
+  def partition_specs(
+    self, rules: Sequence[tuple[str, Any]] = DEFAULT_LOGICAL_AXIS_RULES
+  ) -> Params:
     """Mesh `PartitionSpec` per parameter under logical axis `rules` (T5X-style)."""
     return nn.logical_to_mesh(self.logical_axes(), rules)
 
-  def param_shardings(self, mesh: jax.sharding.Mesh,
-                      rules: Sequence[tuple[str, Any]] = DEFAULT_LOGICAL_AXIS_RULES) -> Params:
+  def param_shardings(
+    self, mesh: jax.sharding.Mesh, rules: Sequence[tuple[str, Any]] = DEFAULT_LOGICAL_AXIS_RULES
+  ) -> Params:
     """`NamedSharding` per parameter on `mesh` (use with `jax.device_put(params, shardings)`)."""
     specs = self.partition_specs(rules)
-    return jax.tree.map(lambda spec: jax.sharding.NamedSharding(mesh, spec), specs,
-                        is_leaf=lambda x: isinstance(x, jax.sharding.PartitionSpec))
+    return jax.tree.map(
+      lambda spec: jax.sharding.NamedSharding(mesh, spec),
+      specs,
+      is_leaf=lambda x: isinstance(x, jax.sharding.PartitionSpec),
+    )
 
   # -- compute --------------------------------------------------------------------------------
   def _apply(self, params: Params, *args, method=None, rngs=None, **kwargs):
@@ -675,9 +837,15 @@ class T5:
     _check_tokens('encoder_tokens', encoder_tokens)
     return self._apply(params, encoder_tokens, method=Transformer.encode)
 
-  def forward(self, params: Params, encoder_tokens: Array, decoder_input_tokens: Array, *,
-              decoder_target_tokens: Optional[Array] = None,
-              dropout_rng: Optional[Array] = None) -> Array:
+  def forward(
+    self,
+    params: Params,
+    encoder_tokens: Array,
+    decoder_input_tokens: Array,
+    *,
+    decoder_target_tokens: Array | None = None,
+    dropout_rng: Array | None = None,
+  ) -> Array:
     """Full teacher-forced forward (training): logits [B, T, V] float32.
 
     Args:
@@ -692,19 +860,26 @@ class T5:
     _check_tokens('encoder_tokens', encoder_tokens)
     _check_tokens('decoder_input_tokens', decoder_input_tokens)
     if decoder_target_tokens is not None and (
-        decoder_target_tokens.shape != decoder_input_tokens.shape):
-      raise ValueError(f'decoder_target_tokens shape {decoder_target_tokens.shape} != '
-                       f'decoder_input_tokens shape {decoder_input_tokens.shape}')
+      decoder_target_tokens.shape != decoder_input_tokens.shape
+    ):
+      raise ValueError(
+        f'decoder_target_tokens shape {decoder_target_tokens.shape} != '
+        f'decoder_input_tokens shape {decoder_input_tokens.shape}'
+      )
     if encoder_tokens.shape[0] != decoder_input_tokens.shape[0]:
-      raise ValueError(f'batch sizes differ: encoder_tokens {encoder_tokens.shape}, '
-                       f'decoder_input_tokens {decoder_input_tokens.shape}')
+      raise ValueError(
+        f'batch sizes differ: encoder_tokens {encoder_tokens.shape}, '
+        f'decoder_input_tokens {decoder_input_tokens.shape}'
+      )
     deterministic = dropout_rng is None or self.config.dropout_rate == 0.0
     rngs = None if deterministic else {'dropout': dropout_rng}
-    return self._apply(params, encoder_tokens, decoder_input_tokens, decoder_target_tokens,
-                       deterministic, rngs=rngs)
+    return self._apply(
+      params, encoder_tokens, decoder_input_tokens, decoder_target_tokens, deterministic, rngs=rngs
+    )
 
-  def init_cache(self, params: Params, batch_size: int, max_length: int,
-                 encoder_tokens: Optional[Array] = None) -> T5Cache:
+  def init_cache(
+    self, params: Params, batch_size: int, max_length: int, encoder_tokens: Array | None = None
+  ) -> T5Cache:
     """Runs the encoder once (and the cross-attention K/V once) and allocates `max_length` slots.
 
     Args:
@@ -725,31 +900,42 @@ class T5:
     encoded = self.encode(params, encoder_tokens)  # [B, S, d]
     if self.cache_cross_kv:
       cross = self._apply(params, encoded, method=Transformer.cross_key_values)
-      cross_key = tuple(k for k, _ in cross)  # each [B, S, H, dh]
+      cross_key = tuple(k for k, _ in cross)  # each [B, H, dh, S]
       cross_value = tuple(v for _, v in cross)
     else:
       cross_key, cross_value = (), ()
-    shape = (batch_size, max_length, cfg.num_heads, cfg.head_dim)
+    shape = (batch_size, cfg.num_heads, cfg.head_dim, max_length)
     zeros = lambda: tuple(jnp.zeros(shape, dtype) for _ in range(cfg.num_decoder_layers))
-    return T5Cache(self_key=zeros(), self_value=zeros(), cross_key=cross_key,
-                   cross_value=cross_value, encoded=encoded, encoder_mask=encoder_tokens > 0)
+    return T5Cache(
+      self_key=zeros(),
+      self_value=zeros(),
+      cross_key=cross_key,
+      cross_value=cross_value,
+      encoded=encoded,
+      encoder_mask=encoder_tokens > 0,
+    )
 
-  def extend(self, params: Params, cache: T5Cache, tokens: Array,
-             start: Array) -> tuple[Array, T5Cache]:
+  def extend(
+    self, params: Params, cache: T5Cache, tokens: Array, start: Array
+  ) -> tuple[Array, T5Cache]:
     """Cached decoder forward over T new tokens per row (see `CachedLM.extend`).
 
     Args:
       params: parameters.
       cache: from `init_cache` or a previous `extend`.
       tokens: [B, T] int32; position 0 of the decoder stream holds the start token (0).
-      start: [B] int32, the decoder position of tokens[:, 0] in each row.
+      start: [B] int32, the decoder position of tokens[:, 0] in each row; or a scalar [] int32
+        when every row is at the same position (lockstep, e.g. a batch decoded one token per step
+        from equal-length prompts): same logits and cache bit for bit, but the cache is written
+        with a dynamic_update_slice instead of a per-row scatter and the attention bias is shared
+        by the rows, which is faster at batch > 1 (docs/batch_performance.md).
 
     Returns:
       logits [B, T, V] float32 (logits[b, t] predicts position start[b] + t + 1) and the cache with
       the new keys/values written at positions start[b] .. start[b] + T - 1.
     """
     assert tokens.ndim == 2, f'tokens must be [B, T], got {tokens.shape}'
-    assert start.ndim == 1 and start.shape[0] == tokens.shape[0], (start.shape, tokens.shape)
+    assert start.ndim == 0 or start.shape == tokens.shape[:1], (start.shape, tokens.shape)
     self_kv = tuple(zip(cache.self_key, cache.self_value))
     if self.cache_cross_kv:
       if not cache.cross_key:
@@ -759,10 +945,18 @@ class T5:
     else:
       cross_kv, encoded = None, cache.encoded
     logits, new_self_kv = self._apply(
-        params, tokens, start.astype(jnp.int32), self_kv, cache.encoder_mask, encoded, cross_kv,
-        method=Transformer.extend)
-    cache = cache.replace(self_key=tuple(k for k, _ in new_self_kv),
-                          self_value=tuple(v for _, v in new_self_kv))
+      params,
+      tokens,
+      start.astype(jnp.int32),
+      self_kv,
+      cache.encoder_mask,
+      encoded,
+      cross_kv,
+      method=Transformer.extend,
+    )
+    cache = cache.replace(
+      self_key=tuple(k for k, _ in new_self_kv), self_value=tuple(v for _, v in new_self_kv)
+    )
     return logits, cache  # [B, T, V] float32
 
 

@@ -13,6 +13,7 @@ and these work without t5x:
 `speculative.t5x_adapter.tasks` registers the project's seqio tasks (import it from gin). The gin run
 files live in `configs/t5x/`; the rest of the `speculative` package never imports t5x.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -26,8 +27,11 @@ from speculative.t5x_adapter.options import draft_config
 from speculative.t5x_adapter.options import resolve_decoder_params
 from speculative.t5x_adapter.options import to_t5_config
 
-_LAZY = {'SpeculativeEncoderDecoderModel': 'models', 'T5XTransformer': 'models',
-         't5x_network': 'models'}
+_LAZY = {
+  'SpeculativeEncoderDecoderModel': 'models',
+  'T5XTransformer': 'models',
+  't5x_network': 'models',
+}
 
 
 def __getattr__(name: str) -> Any:
@@ -35,12 +39,23 @@ def __getattr__(name: str) -> Any:
     try:
       module = importlib.import_module(f'{__name__}.{_LAZY[name]}')
     except ImportError as e:
-      raise ImportError(f'speculative.t5x_adapter.{name} needs t5x, which is not installed (it is '
-                        f'not on PyPI; see README "From stock T5X to speculative"): {e}') from e
+      raise ImportError(
+        f'speculative.t5x_adapter.{name} needs t5x, which is not installed (it is '
+        f'not on PyPI; see README "From stock T5X to speculative"): {e}'
+      ) from e
     return getattr(module, name)
   raise AttributeError(f'module {__name__!r} has no attribute {name!r}')
 
 
-__all__ = ['DRAFT_KEY', 'SpeculativeEncoderDecoderModel', 'T5XTransformer', 'T5_1_1_SIZES',
-           'add_draft_checkpoint', 'draft_config', 'load_draft_params', 'resolve_decoder_params',
-           't5x_network', 'to_t5_config']
+__all__ = [
+  'DRAFT_KEY',
+  'SpeculativeEncoderDecoderModel',
+  'T5XTransformer',
+  'T5_1_1_SIZES',
+  'add_draft_checkpoint',
+  'draft_config',
+  'load_draft_params',
+  'resolve_decoder_params',
+  't5x_network',
+  'to_t5_config',
+]

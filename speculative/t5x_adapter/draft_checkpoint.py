@@ -20,10 +20,12 @@ is read: it loads the draft checkpoint (a T5X checkpoint directory, its model di
 checks every shape against the model's draft tree, and inserts the arrays (as host numpy arrays, which
 T5X's restore then shards onto the mesh like any inline array). The target checkpoint is untouched.
 """
+
 from __future__ import annotations
 
 import os
-from typing import Any, Mapping, Optional
+from typing import Any
+from typing import Mapping
 
 import flax
 import numpy as np
@@ -38,8 +40,7 @@ def _is_remote(path: str) -> bool:
   return '://' in str(path)
 
 
-def load_draft_params(path: str, expected: Optional[Any] = None, *,
-                      dtype: Optional[Any] = None) -> dict:
+def load_draft_params(path: str, expected: Any | None = None, *, dtype: Any | None = None) -> dict:
   """Draft parameters as a nested dict of numpy arrays, shape-checked against `expected`.
 
   Args:
@@ -54,8 +55,10 @@ def load_draft_params(path: str, expected: Optional[Any] = None, *,
     raise ValueError('no draft checkpoint path given (bind DRAFT_CHECKPOINT_PATH)')
   path = os.fspath(path)
   if _is_remote(path):
-    raise ValueError(f'draft checkpoint {path!r}: only local paths are supported; copy it to local '
-                     'disk (or a gcsfuse mount) and point DRAFT_CHECKPOINT_PATH there')
+    raise ValueError(
+      f'draft checkpoint {path!r}: only local paths are supported; copy it to local '
+      'disk (or a gcsfuse mount) and point DRAFT_CHECKPOINT_PATH there'
+    )
   if not os.path.exists(path):
     raise FileNotFoundError(f'draft checkpoint does not exist: {path}')
   # Absolute: tensorstore's file driver rejects relative paths with '..' components.
@@ -64,8 +67,11 @@ def load_draft_params(path: str, expected: Optional[Any] = None, *,
   if expected is not None:
     checkpoints.validate_params(params, expected, name=f'draft checkpoint {path}')
     if dtype is None:
-      flat_expected = flax.traverse_util.flatten_dict(flax.core.unfreeze(expected), sep='/') \
-          if not _is_flat_shapes(expected) else {}
+      flat_expected = (
+        flax.traverse_util.flatten_dict(flax.core.unfreeze(expected), sep='/')
+        if not _is_flat_shapes(expected)
+        else {}
+      )
       flat = flax.traverse_util.flatten_dict(params, sep='/')
       for key, value in flat.items():
         want = getattr(flat_expected.get(key), 'dtype', None)
@@ -76,13 +82,21 @@ def load_draft_params(path: str, expected: Optional[Any] = None, *,
 
 
 def _is_flat_shapes(tree: Any) -> bool:
-  return isinstance(tree, Mapping) and bool(tree) and all(
-      isinstance(v, (tuple, list)) for v in tree.values())
+  return (
+    isinstance(tree, Mapping)
+    and bool(tree)
+    and all(isinstance(v, (tuple, list)) for v in tree.values())
+  )
 
 
-def add_draft_checkpoint(state_dict: Mapping[str, Any], target_state_dict: Mapping[str, Any], *,
-                         is_resuming: bool = False, path: Optional[str] = None,
-                         key: str = DRAFT_KEY) -> dict:
+def add_draft_checkpoint(
+  state_dict: Mapping[str, Any],
+  target_state_dict: Mapping[str, Any],
+  *,
+  is_resuming: bool = False,
+  path: str | None = None,
+  key: str = DRAFT_KEY,
+) -> dict:
   """T5X `RestoreStateTransformationFn`: puts the draft checkpoint's params under `target/<key>`.
 
   Args:
@@ -98,17 +112,23 @@ def add_draft_checkpoint(state_dict: Mapping[str, Any], target_state_dict: Mappi
   """
   del is_resuming
   if 'target' not in state_dict:
-    raise ValueError(f"checkpoint state has no 'target' parameters (keys: {sorted(state_dict)}); "
-                     'expected a T5X checkpoint')
+    raise ValueError(
+      f"checkpoint state has no 'target' parameters (keys: {sorted(state_dict)}); "
+      'expected a T5X checkpoint'
+    )
   expected_target = target_state_dict.get('target', {}) if target_state_dict else {}
   if key not in expected_target:
-    raise ValueError(f'the model has no {key!r} parameters to restore a draft into; '
-                     'add_draft_checkpoint is only for SpeculativeEncoderDecoderModel')
+    raise ValueError(
+      f'the model has no {key!r} parameters to restore a draft into; '
+      'add_draft_checkpoint is only for SpeculativeEncoderDecoderModel'
+    )
   if not path:
     if key in state_dict['target']:
       return dict(state_dict)  # a combined checkpoint that already holds the draft
-    raise ValueError('no draft checkpoint: bind DRAFT_CHECKPOINT_PATH (add_draft_checkpoint.path) '
-                     'to the draft T5X checkpoint directory')
+    raise ValueError(
+      'no draft checkpoint: bind DRAFT_CHECKPOINT_PATH (add_draft_checkpoint.path) '
+      'to the draft T5X checkpoint directory'
+    )
   draft = load_draft_params(path, expected_target[key])
   new_state = dict(state_dict)
   new_state['target'] = dict(state_dict['target'])

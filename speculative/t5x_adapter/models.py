@@ -36,19 +36,24 @@ What the model does:
   * Training, eval loss and `score_batch` run the target's full forward; packed examples are not
     supported.
 """
+
 from __future__ import annotations
 
+import dataclasses
 import logging
-from typing import Any, Callable, Mapping, MutableMapping, Optional, Tuple
-
-from t5x import models as t5x_models  # first: without t5x, fail before the slow imports
+from typing import Any
+from typing import Callable
+from typing import Mapping
+from typing import MutableMapping
 
 import flax
 from flax.linen import partitioning as flax_partitioning
+import flax.struct
 import jax
 import jax.numpy as jnp
 import numpy as np
 import seqio
+from t5x import models as t5x_models  # first: without t5x, fail before the slow imports
 
 from speculative import decoding
 from speculative import drafters
@@ -63,15 +68,21 @@ PyTree = Any
 DRAFT_KEY = draft_checkpoint.DRAFT_KEY
 # Closed-over draft params above this size get a warning (they become compile-time constants).
 _CLOSURE_WARN_BYTES = 64 * 1024 * 1024
-_PACKING_KEYS = ('encoder_segment_ids', 'decoder_segment_ids', 'encoder_positions',
-                 'decoder_positions')
+_PACKING_KEYS = (
+  'encoder_segment_ids',
+  'decoder_segment_ids',
+  'encoder_positions',
+  'decoder_positions',
+)
 
 
 def _reject_packing(**features: Any) -> None:
   given = sorted(name for name, value in features.items() if value is not None)
   if given:
-    raise ValueError(f'packed examples are not supported by the speculative T5 network (got '
-                     f'{given}); set DatasetConfig.pack = False')
+    raise ValueError(
+      f'packed examples are not supported by the speculative T5 network (got '
+      f'{given}); set DatasetConfig.pack = False'
+    )
 
 
 class T5XTransformer(t5_lib.Transformer):
@@ -81,28 +92,47 @@ class T5XTransformer(t5_lib.Transformer):
   decoding goes through `SpeculativeEncoderDecoderModel.predict_batch_with_aux`.
   """
 
-  def encode(self, encoder_input_tokens: Array, encoder_segment_ids: Optional[Array] = None,
-             enable_dropout: bool = True) -> Array:
+  def encode(
+    self,
+    encoder_input_tokens: Array,
+    encoder_segment_ids: Array | None = None,
+    enable_dropout: bool = True,
+  ) -> Array:
     _reject_packing(encoder_segment_ids=encoder_segment_ids)
     return super().encode(encoder_input_tokens, deterministic=not enable_dropout)
 
-  def __call__(self, encoder_input_tokens: Array, decoder_input_tokens: Array,
-               decoder_target_tokens: Optional[Array] = None,
-               encoder_segment_ids: Optional[Array] = None,
-               decoder_segment_ids: Optional[Array] = None,
-               encoder_positions: Optional[Array] = None,
-               decoder_positions: Optional[Array] = None, *,
-               enable_dropout: bool = True, decode: bool = False,
-               max_decode_length: Optional[int] = None) -> Array:
+  def __call__(
+    self,
+    encoder_input_tokens: Array,
+    decoder_input_tokens: Array,
+    decoder_target_tokens: Array | None = None,
+    encoder_segment_ids: Array | None = None,
+    decoder_segment_ids: Array | None = None,
+    encoder_positions: Array | None = None,
+    decoder_positions: Array | None = None,
+    *,
+    enable_dropout: bool = True,
+    decode: bool = False,
+    max_decode_length: int | None = None,
+  ) -> Array:
     del max_decode_length
-    _reject_packing(encoder_segment_ids=encoder_segment_ids,
-                    decoder_segment_ids=decoder_segment_ids, encoder_positions=encoder_positions,
-                    decoder_positions=decoder_positions)
+    _reject_packing(
+      encoder_segment_ids=encoder_segment_ids,
+      decoder_segment_ids=decoder_segment_ids,
+      encoder_positions=encoder_positions,
+      decoder_positions=decoder_positions,
+    )
     if decode:
-      raise NotImplementedError('T5XTransformer has no single-token decode mode; decode with '
-                                'SpeculativeEncoderDecoderModel.predict_batch_with_aux')
-    return super().__call__(encoder_input_tokens, decoder_input_tokens, decoder_target_tokens,
-                            deterministic=not enable_dropout)
+      raise NotImplementedError(
+        'T5XTransformer has no single-token decode mode; decode with '
+        'SpeculativeEncoderDecoderModel.predict_batch_with_aux'
+      )
+    return super().__call__(
+      encoder_input_tokens,
+      decoder_input_tokens,
+      decoder_target_tokens,
+      deterministic=not enable_dropout,
+    )
 
 
 def t5x_network(config: Any) -> T5XTransformer:
@@ -113,14 +143,18 @@ def t5x_network(config: Any) -> T5XTransformer:
 def _params_axes(logical_axes: PyTree) -> dict:
   """Flax `params_axes` collection (`<name>_axes` = AxisMetadata) from PartitionSpec leaves."""
   flat = flax.traverse_util.flatten_dict(flax.core.unfreeze(logical_axes))
-  return flax.traverse_util.unflatten_dict({
+  return flax.traverse_util.unflatten_dict(
+    {
       path[:-1] + (path[-1] + '_axes',): flax_partitioning.AxisMetadata(names=tuple(spec))
-      for path, spec in flat.items()})
+      for path, spec in flat.items()
+    }
+  )
 
 
 def _tree_bytes(tree: PyTree) -> int:
-  return sum(int(np.prod(np.shape(x))) * np.dtype(x.dtype).itemsize
-             for x in jax.tree_util.tree_leaves(tree))
+  return sum(
+    int(np.prod(np.shape(x))) * np.dtype(x.dtype).itemsize for x in jax.tree_util.tree_leaves(tree)
+  )
 
 
 class SpeculativeEncoderDecoderModel(t5x_models.EncoderDecoderModel):
@@ -135,6 +169,8 @@ class SpeculativeEncoderDecoderModel(t5x_models.EncoderDecoderModel):
     draft_checkpoint_path: the draft's weights when `predict_batch_with_aux` is called with
       target-only params (the T5X restore path uses `draft_checkpoint.add_draft_checkpoint`).
     gamma: draft tokens per target call.
+    drafter: a name of the drafter registry (`speculative.drafters.registry`) that needs no corpus:
+      'model' (default), 'prompt_lookup' or 'prompt_lookup+model'; its params are the draft's.
     temperature, topk, topp: default sampling, with T5X `temperature_sample` semantics and defaults
       (1.0, 1, 0.0 = greedy; temperature 1 with topk 0 is exact sampling).
     compute_scores: compute `scores` in aux (one extra target forward unless greedy).
@@ -143,36 +179,64 @@ class SpeculativeEncoderDecoderModel(t5x_models.EncoderDecoderModel):
     decode_fn: accepted for signature compatibility with stock gin files and ignored.
   """
 
-  def __init__(self, module: Any, input_vocabulary: seqio.Vocabulary,
-               output_vocabulary: seqio.Vocabulary, optimizer_def: Any = None,
-               decode_fn: Optional[Callable[..., Any]] = None,
-               feature_converter_cls: Optional[Callable[..., seqio.FeatureConverter]] = None,
-               label_smoothing: float = 0.0, z_loss: float = 0.0,
-               loss_normalizing_factor: Any = None,
-               default_decoder_params: Optional[t5x_models.DecoderParams] = None, *,
-               draft_size: Optional[str] = None, draft_config: Any = None,
-               draft_checkpoint_path: Optional[str] = None, gamma: int = 4,
-               temperature: float = 1.0, topk: int = 1, topp: float = 0.0,
-               compute_scores: bool = True, cache_cross_kv: bool = True):
+  def __init__(
+    self,
+    module: Any,
+    input_vocabulary: seqio.Vocabulary,
+    output_vocabulary: seqio.Vocabulary,
+    optimizer_def: Any = None,
+    decode_fn: Callable[..., Any] | None = None,
+    feature_converter_cls: Callable[..., seqio.FeatureConverter] | None = None,
+    label_smoothing: float = 0.0,
+    z_loss: float = 0.0,
+    loss_normalizing_factor: Any = None,
+    default_decoder_params: t5x_models.DecoderParams | None = None,
+    *,
+    draft_size: str | None = None,
+    draft_config: Any = None,
+    draft_checkpoint_path: str | None = None,
+    gamma: int = 4,
+    drafter: str = 'model',
+    temperature: float = 1.0,
+    topk: int = 1,
+    topp: float = 0.0,
+    compute_scores: bool = True,
+    cache_cross_kv: bool = True,
+  ):
     config_source = getattr(module, 'config', module)
     target_config = options_lib.to_t5_config(config_source)
     self._target = t5_lib.T5(target_config, cache_cross_kv=cache_cross_kv)
-    self._draft = t5_lib.T5(options_lib.draft_config(target_config, draft_size, draft_config),
-                            cache_cross_kv=cache_cross_kv)
-    self._drafter = drafters.ModelDrafter(self._draft)
+    self._draft = t5_lib.T5(
+      options_lib.draft_config(target_config, draft_size, draft_config),
+      cache_cross_kv=cache_cross_kv,
+    )
+    if drafters.needs_corpus(drafter):
+      raise ValueError(
+        f'drafter {drafter!r} estimates tables from a corpus; the T5X adapter takes '
+        f"one of {[n for n in drafters.DRAFTERS if not drafters.needs_corpus(n)]}"
+      )
+    self._drafter, _ = drafters.build_drafter(
+      drafter, vocab_size=self._target.vocab_size, draft_model=self._draft
+    )
     self._draft_checkpoint_path = draft_checkpoint_path
-    self._draft_params: Optional[PyTree] = None
+    self._draft_params: PyTree | None = None
     self._compute_scores = bool(compute_scores)
     self._decode_defaults = dict(gamma=gamma, temperature=temperature, topk=topk, topp=topp)
     # Validate the defaults now: a bad gin binding fails at construction, not mid-job. (The
     # vocabulary's eos_id is read at decode time: reading it here would open a gs:// model file.)
     options_lib.resolve_decoder_params(None, **self._decode_defaults)
-    super().__init__(module=T5XTransformer(target_config), input_vocabulary=input_vocabulary,
-                     output_vocabulary=output_vocabulary, optimizer_def=optimizer_def,
-                     decode_fn=decode_fn, feature_converter_cls=feature_converter_cls,
-                     label_smoothing=label_smoothing, z_loss=z_loss,
-                     loss_normalizing_factor=loss_normalizing_factor,
-                     default_decoder_params=default_decoder_params)
+    super().__init__(
+      module=T5XTransformer(target_config),
+      input_vocabulary=input_vocabulary,
+      output_vocabulary=output_vocabulary,
+      optimizer_def=optimizer_def,
+      decode_fn=decode_fn,
+      feature_converter_cls=feature_converter_cls,
+      label_smoothing=label_smoothing,
+      z_loss=z_loss,
+      loss_normalizing_factor=loss_normalizing_factor,
+      default_decoder_params=default_decoder_params,
+    )
 
   # -- accessors -------------------------------------------------------------------------------
   @property
@@ -193,9 +257,9 @@ class SpeculativeEncoderDecoderModel(t5x_models.EncoderDecoderModel):
     return dict(self._decode_defaults)
 
   # -- parameters ------------------------------------------------------------------------------
-  def get_initial_variables(self, rng: Array, input_shapes: Mapping[str, Any],
-                            input_types: Optional[Mapping[str, Any]] = None
-                            ) -> flax.core.FrozenDict:
+  def get_initial_variables(
+    self, rng: Array, input_shapes: Mapping[str, Any], input_types: Mapping[str, Any] | None = None
+  ) -> flax.core.FrozenDict:
     """{'params': target tree + {'draft': draft tree}, 'params_axes': T5X logical axis names}."""
     del input_shapes, input_types  # parameter shapes do not depend on the batch
     target_rng, draft_rng = jax.random.split(rng)
@@ -205,22 +269,23 @@ class SpeculativeEncoderDecoderModel(t5x_models.EncoderDecoderModel):
     axes[DRAFT_KEY] = _params_axes(self._draft.logical_axes())
     return flax.core.freeze({'params': params, 'params_axes': axes})
 
-  def draft_param_shapes(self) -> dict[str, tuple[int, ...]]:
-    return self._draft.param_shapes()
-
   def _load_draft_params(self) -> PyTree:
     if self._draft_params is None:
       if not self._draft_checkpoint_path:
-        raise ValueError(f"no draft parameters: params has no {DRAFT_KEY!r} subtree (restore with "
-                         'draft_checkpoint.add_draft_checkpoint) and the model has no '
-                         'draft_checkpoint_path')
-      params = draft_checkpoint.load_draft_params(self._draft_checkpoint_path,
-                                                  self._draft.param_shapes())
+        raise ValueError(
+          f"no draft parameters: params has no {DRAFT_KEY!r} subtree (restore with "
+          'draft_checkpoint.add_draft_checkpoint) and the model has no '
+          'draft_checkpoint_path'
+        )
+      params = draft_checkpoint.load_draft_params(
+        self._draft_checkpoint_path, self._draft.param_shapes()
+      )
       self._draft_params = jax.tree_util.tree_map(jnp.asarray, params)
     return self._draft_params
 
-  def split_params(self, params: PyTree, *, need_draft: bool = True
-                   ) -> Tuple[PyTree, Optional[PyTree]]:
+  def split_params(
+    self, params: PyTree, *, need_draft: bool = True
+  ) -> tuple[PyTree, PyTree | None]:
     """(target params, draft params) from the model's tree (draft loaded if absent and needed)."""
     if DRAFT_KEY in params:
       target = {k: v for k, v in params.items() if k != DRAFT_KEY}
@@ -230,35 +295,52 @@ class SpeculativeEncoderDecoderModel(t5x_models.EncoderDecoderModel):
       return target, None
     draft = self._load_draft_params()
     if isinstance(jax.tree_util.tree_leaves(target)[0], jax.core.Tracer) and (
-        _tree_bytes(draft) > _CLOSURE_WARN_BYTES):
-      logging.warning('the %d-byte draft params are closed over inside a traced function and become '
-                      'compile-time constants; put them in the parameter tree instead (restore with '
-                      'draft_checkpoint.add_draft_checkpoint)', _tree_bytes(draft))
+      _tree_bytes(draft) > _CLOSURE_WARN_BYTES
+    ):
+      logging.warning(
+        'the %d-byte draft params are closed over inside a traced function and become '
+        'compile-time constants; put them in the parameter tree instead (restore with '
+        'draft_checkpoint.add_draft_checkpoint)',
+        _tree_bytes(draft),
+      )
     return target, draft
 
   # -- training / scoring: the target network --------------------------------------------------
-  def _compute_logits(self, params: PyTree, batch: Mapping[str, Array],
-                      dropout_rng: Optional[Array] = None, mutable: Any = False,
-                      other_variables: Optional[PyTree] = None) -> Array:
+  def _compute_logits(
+    self,
+    params: PyTree,
+    batch: Mapping[str, Array],
+    dropout_rng: Array | None = None,
+    mutable: Any = False,
+    other_variables: PyTree | None = None,
+  ) -> Array:
     if mutable:
-      raise NotImplementedError('intermediates (score_batch(return_intermediates=True)) are not '
-                                'supported by SpeculativeEncoderDecoderModel')
+      raise NotImplementedError(
+        'intermediates (score_batch(return_intermediates=True)) are not '
+        'supported by SpeculativeEncoderDecoderModel'
+      )
     del other_variables
     _reject_packing(**{k: batch.get(k) for k in _PACKING_KEYS})
     target_params, _ = self.split_params(params, need_draft=False)
-    return self._target.forward(target_params, batch['encoder_input_tokens'],
-                                batch['decoder_input_tokens'],
-                                decoder_target_tokens=batch.get('decoder_target_tokens'),
-                                dropout_rng=dropout_rng)
+    return self._target.forward(
+      target_params,
+      batch['encoder_input_tokens'],
+      batch['decoder_input_tokens'],
+      decoder_target_tokens=batch.get('decoder_target_tokens'),
+      dropout_rng=dropout_rng,
+    )
 
   # -- prediction ------------------------------------------------------------------------------
-  def predict_batch_with_aux(self, params: PyTree, batch: Mapping[str, Array],
-                             rng: Optional[Array] = None,
-                             decoder_params: Optional[MutableMapping[str, Any]] = None,
-                             return_all_decodes: Optional[bool] = None,
-                             num_decodes: Optional[int] = None,
-                             prompt_with_targets: bool = False
-                             ) -> Tuple[Array, Mapping[str, Array]]:
+  def predict_batch_with_aux(
+    self,
+    params: PyTree,
+    batch: Mapping[str, Array],
+    rng: Array | None = None,
+    decoder_params: MutableMapping[str, Any] | None = None,
+    return_all_decodes: bool | None = None,
+    num_decodes: int | None = None,
+    prompt_with_targets: bool = False,
+  ) -> tuple[Array, Mapping[str, Array]]:
     """Speculative decoding of a batch, with T5X's inputs and outputs.
 
     Args:
@@ -282,98 +364,198 @@ class SpeculativeEncoderDecoderModel(t5x_models.EncoderDecoderModel):
     num_decodes = int(num_decodes)
     if num_decodes < 1:
       raise ValueError(f'num_decodes must be >= 1, got {num_decodes}')
+    opts = self._resolve_options(rng, decoder_params)
+    target_params, draft_params = self.split_params(params)
+    rows = _expand_rows(batch, num_decodes, opts.eos_id, prompt_with_targets)
+    decode_len = rows.decoder_input_tokens.shape[1]
+    max_new = (
+      decode_len if opts.max_decode_steps is None else min(decode_len, opts.max_decode_steps)
+    )
+    result = decoding.speculative_decode(
+      self._target,
+      target_params,
+      self._drafter,
+      draft_params,
+      rows.prompt_tokens,
+      rows.stream_lengths,
+      gamma=opts.gamma,
+      max_new_tokens=max_new,
+      sampling=opts.sampling,
+      sampling_params=opts.sampling_params,
+      rng=opts.decode_rng,
+      eos_id=opts.eos_id,
+      encoder_tokens=rows.encoder_tokens,
+      row_ids=jnp.arange(rows.encoder_tokens.shape[0], dtype=jnp.int32),
+      check_finite=False,
+    )
+    decodes, num_tokens = _t5x_layout(result, rows, decode_len, prompt_with_targets)  # [B*N, L]
+    if self._compute_scores and not opts.sampling.greedy:
+      scores = self._scores(
+        target_params, rows.encoder_tokens, decodes, rows.prompt_len, num_tokens, opts
+      )
+    else:  # greedy: log 1 per token, as T5X reports
+      scores = jnp.zeros((decodes.shape[0],), jnp.float32)
+    aux = _metrics_aux(result, scores, num_tokens)  # each [B*N]
+    return _sort_decodes(decodes, aux, num_decodes, bool(return_all_decodes))
+
+  def _resolve_options(
+    self, rng: Array | None, decoder_params: MutableMapping[str, Any] | None
+  ) -> options_lib.DecodeOptions:
+    """The call's DecodeOptions: model defaults, overridden by `decoder_params` and `rng`."""
     decoder_params = dict(decoder_params or {})
     if rng is not None:
       if decoder_params.get('decode_rng') is not None:
-        raise ValueError('got an RNG both from the `rng` argument and decoder_params'
-                         "['decode_rng']; pass one or the other")
+        raise ValueError(
+          'got an RNG both from the `rng` argument and decoder_params'
+          "['decode_rng']; pass one or the other"
+        )
       decoder_params['decode_rng'] = rng
     eos_id = getattr(self.output_vocabulary, 'eos_id', None) or 1
     opts = options_lib.resolve_decoder_params(
-        decoder_params, **{**self._decode_defaults, 'eos_id': eos_id})
-    decode_rng = opts.decode_rng if opts.decode_rng is not None else jax.random.PRNGKey(0)
+      decoder_params, **{**self._decode_defaults, 'eos_id': eos_id}
+    )
+    if opts.decode_rng is None:
+      opts = dataclasses.replace(opts, decode_rng=jax.random.PRNGKey(0))
+    return opts
 
-    encoder_tokens = jnp.asarray(batch['encoder_input_tokens']).astype(jnp.int32)  # [B, S]
-    decoder_input_tokens = jnp.asarray(batch['decoder_input_tokens']).astype(jnp.int32)  # [B, L]
-    if encoder_tokens.ndim != 2 or decoder_input_tokens.ndim != 2:
-      raise ValueError(f'encoder_input_tokens and decoder_input_tokens must be [batch, length], '
-                       f'got {encoder_tokens.shape} and {decoder_input_tokens.shape}')
-    batch_size, decode_len = decoder_input_tokens.shape
-    target_params, draft_params = self.split_params(params)
-
-    # Rows are expanded in place, [e0, e0, e1, e1, ...], like T5X's flat_batch_beam_expand.
-    rows = batch_size * num_decodes
-    encoder_tokens = jnp.repeat(encoder_tokens, num_decodes, axis=0)  # [B*N, S]
-    if prompt_with_targets:
-      prompt = decoder_input_tokens * (decoder_input_tokens != opts.eos_id)  # EOS stripped
-      prompt = jnp.repeat(prompt, num_decodes, axis=0)  # [B*N, L]: [0 (BOS), prompt, 0...]
-      prompt_len = jnp.sum(prompt != 0, axis=1).astype(jnp.int32)  # [B*N], BOS not counted
-      prompt_tokens, stream_lengths = prompt, prompt_len + 1
-    else:
-      prompt_len = jnp.zeros((rows,), jnp.int32)
-      prompt_tokens, stream_lengths = None, None
-    max_new = decode_len if opts.max_decode_steps is None else min(decode_len,
-                                                                   opts.max_decode_steps)
-    result = decoding.speculative_decode(
-        self._target, target_params, self._drafter, draft_params, prompt_tokens, stream_lengths,
-        gamma=opts.gamma, max_new_tokens=max_new, sampling=opts.sampling,
-        sampling_params=opts.sampling_params, rng=decode_rng, eos_id=opts.eos_id,
-        encoder_tokens=encoder_tokens, row_ids=jnp.arange(rows, dtype=jnp.int32),
-        check_finite=False)
-    generated = result.tokens  # [B*N, max_new], 0 after each row's length
-    if max_new < decode_len:
-      generated = jnp.pad(generated, ((0, 0), (0, decode_len - max_new)))  # [B*N, L]
-    num_tokens = result.lengths  # [B*N]
-    if prompt_with_targets:
-      # Output row = prompt (without BOS) then generated tokens, cut at L (T5X's layout).
-      positions = jnp.arange(decode_len)[None, :]  # [1, L]
-      from_prompt = jnp.take_along_axis(prompt, jnp.minimum(positions + 1, decode_len - 1), axis=1)
-      from_generated = jnp.take_along_axis(
-          generated, jnp.clip(positions - prompt_len[:, None], 0, decode_len - 1), axis=1)
-      decodes = jnp.where(positions < prompt_len[:, None], from_prompt, from_generated)
-      num_tokens = jnp.minimum(num_tokens, decode_len - prompt_len)
-      decodes = jnp.where(positions < (prompt_len + num_tokens)[:, None], decodes, 0)
-    else:
-      decodes = generated
-    decodes = decodes.astype(jnp.int32)  # [B*N, L]
-
-    if self._compute_scores and not opts.sampling.greedy:
-      scores = self._scores(target_params, encoder_tokens, decodes, prompt_len, num_tokens, opts)
-    else:
-      scores = jnp.zeros((rows,), jnp.float32)  # greedy: log 1 per token, as T5X reports
-    metrics = result.metrics
-    drafted = jnp.maximum(metrics.drafted, 1).astype(jnp.float32)
-    aux = {
-        'scores': scores,
-        'num_tokens': num_tokens.astype(jnp.int32),
-        'target_calls': metrics.target_calls,
-        'drafted': metrics.drafted,
-        'accepted': metrics.accepted,
-        'alpha_sum': metrics.alpha_sum,
-        'alpha': jnp.where(metrics.drafted > 0, metrics.alpha_sum / drafted, 0.0),
-        'acceptance_rate': jnp.where(metrics.drafted > 0, metrics.accepted / drafted, 0.0),
-        'block_efficiency': result.lengths / jnp.maximum(metrics.target_calls, 1),
-        'invalid': metrics.invalid.astype(jnp.int32),
-    }
-
-    decodes = decodes.reshape(batch_size, num_decodes, decode_len)  # [B, N, L]
-    aux = {k: v.reshape(batch_size, num_decodes) for k, v in aux.items()}  # each [B, N]
-    if num_decodes > 1:
-      order = jnp.argsort(aux['scores'], axis=1)  # ascending, as temperature_sample sorts
-      decodes = jnp.take_along_axis(decodes, order[:, :, None], axis=1)
-      aux = {k: jnp.take_along_axis(v, order, axis=1) for k, v in aux.items()}
-    if return_all_decodes:
-      return decodes, aux
-    return decodes[:, -1, :], {k: v[:, -1] for k, v in aux.items()}
-
-  def _scores(self, target_params: PyTree, encoder_tokens: Array, decodes: Array,
-              prompt_len: Array, num_tokens: Array, opts: options_lib.DecodeOptions) -> Array:
+  def _scores(
+    self,
+    target_params: PyTree,
+    encoder_tokens: Array,
+    decodes: Array,
+    prompt_len: Array,
+    num_tokens: Array,
+    opts: options_lib.DecodeOptions,
+  ) -> Array:
     """[rows] sum of the target's standardized log-probs of the generated tokens."""
-    logits = self._target.forward(target_params, encoder_tokens,
-                                  t5_lib.shift_right(decodes))  # [rows, L, V]
+    logits = self._target.forward(
+      target_params, encoder_tokens, t5_lib.shift_right(decodes)
+    )  # [rows, L, V]
     probs = sampling_lib.probs_from_logits(logits, opts.sampling, opts.sampling_params)
     token_probs = jnp.take_along_axis(probs, decodes[..., None], axis=-1)[..., 0]  # [rows, L]
     log_probs = jnp.log(jnp.maximum(token_probs, jnp.finfo(jnp.float32).tiny))
     positions = jnp.arange(decodes.shape[1])[None, :]
-    generated = (positions >= prompt_len[:, None]) & (positions < (prompt_len + num_tokens)[:, None])
+    generated = (positions >= prompt_len[:, None]) & (
+      positions < (prompt_len + num_tokens)[:, None]
+    )
     return jnp.sum(jnp.where(generated, log_probs, 0.0), axis=1)
+
+
+@flax.struct.dataclass
+class _ExpandedRows:
+  """A T5X batch with each example repeated num_decodes times in place ([e0, e0, e1, e1, ...],
+  like T5X's flat_batch_beam_expand); R = B * num_decodes rows.
+
+  Attributes:
+    encoder_tokens: [R, S] int32.
+    decoder_input_tokens: [B, L] int32, the batch's (not expanded; L is the decode length).
+    prompt_tokens: [R, L] int32 decoder prompts [0 (BOS), prompt, 0...] (EOS stripped), or None
+      without prompt_with_targets (then the decoder starts from BOS alone).
+    stream_lengths: [R] int32, prompt length + 1 (BOS), or None.
+    prompt_len: [R] int32, prompt tokens per row, BOS not counted (0 without prompts).
+  """
+
+  encoder_tokens: Array
+  decoder_input_tokens: Array
+  prompt_tokens: Array | None
+  stream_lengths: Array | None
+  prompt_len: Array
+
+
+def _expand_rows(
+  batch: Mapping[str, Array], num_decodes: int, eos_id: int, prompt_with_targets: bool
+) -> _ExpandedRows:
+  """Checks the batch's shapes and repeats each example num_decodes times (`_ExpandedRows`)."""
+  encoder_tokens = jnp.asarray(batch['encoder_input_tokens']).astype(jnp.int32)  # [B, S]
+  decoder_input_tokens = jnp.asarray(batch['decoder_input_tokens']).astype(jnp.int32)  # [B, L]
+  if encoder_tokens.ndim != 2 or decoder_input_tokens.ndim != 2:
+    raise ValueError(
+      f'encoder_input_tokens and decoder_input_tokens must be [batch, length], '
+      f'got {encoder_tokens.shape} and {decoder_input_tokens.shape}'
+    )
+  rows = decoder_input_tokens.shape[0] * num_decodes
+  encoder_tokens = jnp.repeat(encoder_tokens, num_decodes, axis=0)  # [R, S]
+  if not prompt_with_targets:
+    return _ExpandedRows(
+      encoder_tokens=encoder_tokens,
+      decoder_input_tokens=decoder_input_tokens,
+      prompt_tokens=None,
+      stream_lengths=None,
+      prompt_len=jnp.zeros((rows,), jnp.int32),
+    )
+  prompt = decoder_input_tokens * (decoder_input_tokens != eos_id)  # EOS stripped
+  prompt = jnp.repeat(prompt, num_decodes, axis=0)  # [R, L]: [0 (BOS), prompt, 0...]
+  prompt_len = jnp.sum(prompt != 0, axis=1).astype(jnp.int32)  # [R], BOS not counted
+  return _ExpandedRows(
+    encoder_tokens=encoder_tokens,
+    decoder_input_tokens=decoder_input_tokens,
+    prompt_tokens=prompt,
+    stream_lengths=prompt_len + 1,
+    prompt_len=prompt_len,
+  )
+
+
+def _t5x_layout(
+  result: decoding.DecodeResult, rows: _ExpandedRows, decode_len: int, prompt_with_targets: bool
+) -> tuple[Array, Array]:
+  """(decodes [R, L] int32 in T5X's layout, num_tokens [R] generated tokens that fit).
+
+  Without prompts the decodes are the generated tokens, 0-padded to L. With prompts each row is
+  the prompt (without BOS) followed by the generated tokens, cut at L.
+  """
+  generated = result.tokens  # [R, max_new], 0 after each row's length
+  max_new = generated.shape[1]
+  if max_new < decode_len:
+    generated = jnp.pad(generated, ((0, 0), (0, decode_len - max_new)))  # [R, L]
+  num_tokens = result.lengths  # [R]
+  if not prompt_with_targets:
+    return generated.astype(jnp.int32), num_tokens
+  prompt_len = rows.prompt_len
+  positions = jnp.arange(decode_len)[None, :]  # [1, L]
+  from_prompt = jnp.take_along_axis(
+    rows.prompt_tokens, jnp.minimum(positions + 1, decode_len - 1), axis=1
+  )
+  from_generated = jnp.take_along_axis(
+    generated, jnp.clip(positions - prompt_len[:, None], 0, decode_len - 1), axis=1
+  )
+  decodes = jnp.where(positions < prompt_len[:, None], from_prompt, from_generated)
+  num_tokens = jnp.minimum(num_tokens, decode_len - prompt_len)
+  decodes = jnp.where(positions < (prompt_len + num_tokens)[:, None], decodes, 0)
+  return decodes.astype(jnp.int32), num_tokens
+
+
+def _metrics_aux(
+  result: decoding.DecodeResult, scores: Array, num_tokens: Array
+) -> dict[str, Array]:
+  """aux: scores and the per-row speculative metrics (docs/design.md, metric definitions)."""
+  metrics = result.metrics
+  drafted = jnp.maximum(metrics.drafted, 1).astype(jnp.float32)
+  return {
+    'scores': scores,
+    'num_tokens': num_tokens.astype(jnp.int32),
+    'target_calls': metrics.target_calls,
+    'drafted': metrics.drafted,
+    'accepted': metrics.accepted,
+    'alpha_sum': metrics.alpha_sum,
+    'alpha': jnp.where(metrics.drafted > 0, metrics.alpha_sum / drafted, 0.0),
+    'acceptance_rate': jnp.where(metrics.drafted > 0, metrics.accepted / drafted, 0.0),
+    'block_efficiency': result.lengths / jnp.maximum(metrics.target_calls, 1),
+    'invalid': metrics.invalid.astype(jnp.int32),
+  }
+
+
+def _sort_decodes(
+  decodes: Array, aux: Mapping[str, Array], num_decodes: int, return_all_decodes: bool
+) -> tuple[Array, Mapping[str, Array]]:
+  """[B*N, L] decodes and [B*N] aux -> T5X's outputs: [B, N, L] sorted by ascending score (as
+  temperature_sample sorts), or the best [B, L] with [B] aux."""
+  decode_len = decodes.shape[1]
+  decodes = decodes.reshape(-1, num_decodes, decode_len)  # [B, N, L]
+  aux = {k: v.reshape(-1, num_decodes) for k, v in aux.items()}  # each [B, N]
+  if num_decodes > 1:
+    order = jnp.argsort(aux['scores'], axis=1)
+    decodes = jnp.take_along_axis(decodes, order[:, :, None], axis=1)
+    aux = {k: jnp.take_along_axis(v, order, axis=1) for k, v in aux.items()}
+  if return_all_decodes:
+    return decodes, aux
+  return decodes[:, -1, :], {k: v[:, -1] for k, v in aux.items()}

@@ -4,7 +4,7 @@ Two small concerns that the T5X model class (`speculative.t5x_adapter.models`) n
 themselves need t5x, so they are testable (and usable) anywhere:
 
 * **Network shapes.** `T5_1_1_SIZES` holds the T5 1.1 shapes of T5X's `t5x/examples/t5/t5_1_1/
-  <size>.gin` files (DESIGN.md section 3); `to_t5_config` turns a T5X `network.T5Config` (or any object
+  <size>.gin` files (docs/design.md section 3); `to_t5_config` turns a T5X `network.T5Config` (or any object
   with the same fields) into our `T5Config`; `draft_config` builds the draft's config from a size name
   (the gin macro `DRAFT_SIZE`), inheriting vocabulary, dtype and dropout from the target.
 
@@ -15,10 +15,12 @@ themselves need t5x, so they are testable (and usable) anywhere:
   applies exactly these rules and returns our static `SamplingConfig` plus run-time `SamplingParams`,
   the static `gamma`, `eos_id`, `max_decode_steps` and the decode RNG.
 """
+
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Mapping, Optional
+from typing import Any
+from typing import Mapping
 
 import jax
 import jax.numpy as jnp
@@ -30,27 +32,51 @@ from speculative.models import t5 as t5_lib
 # (emb_dim, num_heads, num_encoder_layers, num_decoder_layers, head_dim, mlp_dim), as in T5X's
 # t5x/examples/t5/t5_1_1/<size>.gin (vocab 32128, gated GELU for all of them).
 T5_1_1_SIZES: dict[str, tuple[int, int, int, int, int, int]] = {
-    'tiny': (8, 4, 2, 2, 3, 16),
-    'small': (512, 6, 8, 8, 64, 1024),
-    'base': (768, 12, 12, 12, 64, 2048),
-    'large': (1024, 16, 24, 24, 64, 2816),
-    'xl': (2048, 32, 24, 24, 64, 5120),
-    'xxl': (4096, 64, 24, 24, 64, 10240),
+  'tiny': (8, 4, 2, 2, 3, 16),
+  'small': (512, 6, 8, 8, 64, 1024),
+  'base': (768, 12, 12, 12, 64, 2048),
+  'large': (1024, 16, 24, 24, 64, 2816),
+  'xl': (2048, 32, 24, 24, 64, 5120),
+  'xxl': (4096, 64, 24, 24, 64, 10240),
 }
 
 # T5X's `decoding.MIN_TEMPERATURE`: at or below it `temperature_sample` decodes greedily.
 T5X_MIN_TEMPERATURE = 1e-4
 
 # Field names shared by T5X's `network.T5Config` and ours.
-_T5X_CONFIG_FIELDS = ('vocab_size', 'dtype', 'emb_dim', 'num_heads', 'num_encoder_layers',
-                      'num_decoder_layers', 'head_dim', 'mlp_dim', 'mlp_activations', 'dropout_rate',
-                      'logits_via_embedding', 'float32_attention_logits')
+_T5X_CONFIG_FIELDS = (
+  'vocab_size',
+  'dtype',
+  'emb_dim',
+  'num_heads',
+  'num_encoder_layers',
+  'num_decoder_layers',
+  'head_dim',
+  'mlp_dim',
+  'mlp_activations',
+  'dropout_rate',
+  'logits_via_embedding',
+  'float32_attention_logits',
+)
 
 # decoder_params keys that stock T5X decoding accepts but speculative decoding cannot honour.
-_UNSUPPORTED_DECODER_PARAMS = ('max_decode_steps_hard_limit', 'rescale_log_probs',
-                               'state_callback_fn', 'logit_callback_fn', 'alpha', 'cache_offset')
-_SUPPORTED_DECODER_PARAMS = ('temperature', 'topk', 'topp', 'gamma', 'decode_rng', 'eos_id',
-                             'max_decode_steps')
+_UNSUPPORTED_DECODER_PARAMS = (
+  'max_decode_steps_hard_limit',
+  'rescale_log_probs',
+  'state_callback_fn',
+  'logit_callback_fn',
+  'alpha',
+  'cache_offset',
+)
+_SUPPORTED_DECODER_PARAMS = (
+  'temperature',
+  'topk',
+  'topp',
+  'gamma',
+  'decode_rng',
+  'eos_id',
+  'max_decode_steps',
+)
 
 
 def _dtype_name(dtype: Any) -> str:
@@ -82,8 +108,9 @@ def to_t5_config(config: Any, **overrides: Any) -> t5_lib.T5Config:
   return t5_lib.T5Config(**values)
 
 
-def draft_config(target_config: t5_lib.T5Config, size: Optional[str] = None,
-                 config: Any = None) -> t5_lib.T5Config:
+def draft_config(
+  target_config: t5_lib.T5Config, size: str | None = None, config: Any = None
+) -> t5_lib.T5Config:
   """The draft network's config: an explicit `config`, or the T5 1.1 shape called `size`.
 
   A size-built draft inherits the target's vocab_size, dtype, dropout_rate, activations and
@@ -91,20 +118,30 @@ def draft_config(target_config: t5_lib.T5Config, size: Optional[str] = None,
   vocabulary size.
   """
   if (size is None) == (config is None):
-    raise ValueError('give exactly one of draft size (e.g. DRAFT_SIZE = "small") and draft config; '
-                     f'got size={size!r}, config={config!r}')
+    raise ValueError(
+      'give exactly one of draft size (e.g. DRAFT_SIZE = "small") and draft config; '
+      f'got size={size!r}, config={config!r}'
+    )
   if config is not None:
     result = to_t5_config(config)
   else:
     if not isinstance(size, str) or size.lower() not in T5_1_1_SIZES:
       raise ValueError(f'unknown draft size {size!r}; expected one of {sorted(T5_1_1_SIZES)}')
     emb, heads, enc_layers, dec_layers, head_dim, mlp = T5_1_1_SIZES[size.lower()]
-    result = dataclasses.replace(target_config, emb_dim=emb, num_heads=heads,
-                                 num_encoder_layers=enc_layers, num_decoder_layers=dec_layers,
-                                 head_dim=head_dim, mlp_dim=mlp)
+    result = dataclasses.replace(
+      target_config,
+      emb_dim=emb,
+      num_heads=heads,
+      num_encoder_layers=enc_layers,
+      num_decoder_layers=dec_layers,
+      head_dim=head_dim,
+      mlp_dim=mlp,
+    )
   if result.vocab_size != target_config.vocab_size:
-    raise ValueError(f'draft and target vocabularies differ: draft vocab_size {result.vocab_size} '
-                     f'!= target vocab_size {target_config.vocab_size}')
+    raise ValueError(
+      f'draft and target vocabularies differ: draft vocab_size {result.vocab_size} '
+      f'!= target vocab_size {target_config.vocab_size}'
+    )
   return result
 
 
@@ -123,11 +160,12 @@ class DecodeOptions:
     max_decode_steps: cap on generated tokens (static) or None for the full decoder length.
     decode_rng: PRNG key (or None: the caller's `rng`, else PRNGKey(0), as in T5X).
   """
+
   gamma: int
   sampling: sampling_lib.SamplingConfig
   sampling_params: sampling_lib.SamplingParams
   eos_id: int
-  max_decode_steps: Optional[int]
+  max_decode_steps: int | None
   decode_rng: Any
 
 
@@ -137,8 +175,10 @@ def _is_traced(x: Any) -> bool:
 
 def _static_int(name: str, value: Any, minimum: int) -> int:
   if _is_traced(value):
-    raise ValueError(f'decoder_params[{name!r}] must be a Python int (it fixes shapes and is '
-                     f'compiled in), got a traced array')
+    raise ValueError(
+      f'decoder_params[{name!r}] must be a Python int (it fixes shapes and is '
+      f'compiled in), got a traced array'
+    )
   if isinstance(value, (bool, np.bool_)) or np.ndim(value) != 0 or int(value) != value:
     raise ValueError(f'decoder_params[{name!r}] must be an int, got {value!r}')
   if int(value) < minimum:
@@ -148,14 +188,22 @@ def _static_int(name: str, value: Any, minimum: int) -> int:
 
 def _scalar(name: str, value: Any) -> Any:
   if np.ndim(value) != 0:
-    raise ValueError(f'decoder_params[{name!r}] must be a scalar; per-example values (shape '
-                     f'{np.shape(value)}) are not supported by speculative decoding')
+    raise ValueError(
+      f'decoder_params[{name!r}] must be a scalar; per-example values (shape '
+      f'{np.shape(value)}) are not supported by speculative decoding'
+    )
   return value
 
 
-def resolve_decoder_params(decoder_params: Optional[Mapping[str, Any]], *, gamma: int,
-                           temperature: float = 1.0, topk: int = 1, topp: float = 0.0,
-                           eos_id: int = 1) -> DecodeOptions:
+def resolve_decoder_params(
+  decoder_params: Mapping[str, Any] | None,
+  *,
+  gamma: int,
+  temperature: float = 1.0,
+  topk: int = 1,
+  topp: float = 0.0,
+  eos_id: int = 1,
+) -> DecodeOptions:
   """Merges per-call `decoder_params` over the model's defaults, with T5X's semantics.
 
   Args:
@@ -172,12 +220,15 @@ def resolve_decoder_params(decoder_params: Optional[Mapping[str, Any]], *, gamma
   params = dict(decoder_params or {})
   unsupported = sorted(k for k in params if k in _UNSUPPORTED_DECODER_PARAMS)
   if unsupported:
-    raise ValueError(f'decoder_params {unsupported} are not supported by speculative decoding '
-                     f'(supported: {list(_SUPPORTED_DECODER_PARAMS)})')
+    raise ValueError(
+      f'decoder_params {unsupported} are not supported by speculative decoding '
+      f'(supported: {list(_SUPPORTED_DECODER_PARAMS)})'
+    )
   unknown = sorted(k for k in params if k not in _SUPPORTED_DECODER_PARAMS)
   if unknown:
-    raise ValueError(f'unknown decoder_params {unknown}; supported: '
-                     f'{list(_SUPPORTED_DECODER_PARAMS)}')
+    raise ValueError(
+      f'unknown decoder_params {unknown}; supported: {list(_SUPPORTED_DECODER_PARAMS)}'
+    )
   gamma = _static_int('gamma', params.get('gamma', gamma), 1)
   eos_id = _static_int('eos_id', params.get('eos_id', eos_id), 0)
   max_steps = params.get('max_decode_steps')
@@ -195,8 +246,10 @@ def resolve_decoder_params(decoder_params: Optional[Mapping[str, Any]], *, gamma
     if not 0.0 <= topp <= 1.0:
       raise ValueError(f'topp must be in [0, 1] (0 = no nucleus filter), got {topp}')
     if topk and topp:
-      raise ValueError(f'at most one of topk ({topk}) and topp ({topp}) may be non-zero (as in '
-                       'T5X temperature_sample)')
+      raise ValueError(
+        f'at most one of topk ({topk}) and topp ({topp}) may be non-zero (as in '
+        'T5X temperature_sample)'
+      )
     if temperature <= T5X_MIN_TEMPERATURE or topk == 1:
       # T5X: greedy below MIN_TEMPERATURE; top-1 sampling is argmax.
       sampling = sampling_lib.SamplingConfig(greedy=True)
@@ -212,9 +265,15 @@ def resolve_decoder_params(decoder_params: Optional[Mapping[str, Any]], *, gamma
     greedy = (temperature <= T5X_MIN_TEMPERATURE) | (topk == 1)
     sampling = sampling_lib.SamplingConfig(top_k=True, top_p=True)
     sampling_params = sampling_lib.SamplingParams(
-        temperature=jnp.where(greedy, 0.0, temperature),
-        top_k=jnp.maximum(topk, 0),
-        top_p=jnp.where(topp > 0, jnp.minimum(topp, 1.0), 1.0))
-  return DecodeOptions(gamma=gamma, sampling=sampling, sampling_params=sampling_params,
-                       eos_id=eos_id, max_decode_steps=max_steps,
-                       decode_rng=params.get('decode_rng'))
+      temperature=jnp.where(greedy, 0.0, temperature),
+      top_k=jnp.maximum(topk, 0),
+      top_p=jnp.where(topp > 0, jnp.minimum(topp, 1.0), 1.0),
+    )
+  return DecodeOptions(
+    gamma=gamma,
+    sampling=sampling,
+    sampling_params=sampling_params,
+    eos_id=eos_id,
+    max_decode_steps=max_steps,
+    decode_rng=params.get('decode_rng'),
+  )

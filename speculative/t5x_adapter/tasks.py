@@ -9,6 +9,7 @@ function, so this module calls it on import (idempotent) and adds one more task:
   libreoffice_ende_smoke            the first `SMOKE_EXAMPLES` examples of each libreoffice_ende split,
                                     for quick end-to-end checks of a T5X run (configs/t5x/tiny_infer.gin)
 """
+
 from __future__ import annotations
 
 import seqio
@@ -30,13 +31,17 @@ def register() -> list[str]:
     seqio.TaskRegistry.remove(SMOKE_TASK)
   vocabulary = tasks_lib.get_vocabulary()
   seqio.TaskRegistry.add(
-      SMOKE_TASK,
-      source=tasks_lib.libreoffice_source(),
-      preprocessors=([_take_smoke_examples] + tasks_lib.libreoffice_text_preprocessors()
-                     + tasks_lib.tokenization_preprocessors()),
-      output_features=tasks_lib.output_features(vocabulary),
-      postprocess_fn=tasks_lib.postprocess_text,
-      metric_fns=[tasks_lib.bleu])
+    SMOKE_TASK,
+    source=tasks_lib.libreoffice_source(),
+    preprocessors=(
+      [_take_smoke_examples]
+      + tasks_lib.libreoffice_text_preprocessors()
+      + tasks_lib.tokenization_preprocessors()
+    ),
+    output_features=tasks_lib.output_features(vocabulary),
+    postprocess_fn=tasks_lib.postprocess_text,
+    metric_fns=[tasks_lib.bleu],
+  )
   return names + [SMOKE_TASK]
 
 
