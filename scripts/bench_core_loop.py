@@ -14,30 +14,32 @@ Models: configs/models/lm1b_target.gin (d=768, 12 layers, ~97M params) and lm1b_
    same `extend` call (no Python dispatch per call), at the same cache length and position.
    Prints step time, the sum of its components and the ratio (the loop should add < 10%); also the
    brief's coarser reference gamma x t(1) + t(gamma+1), and the baseline's per-token time vs t(1).
-2. c = draft T=1 call / target T=1 call, and v(T) = target T-token call / target T=1 call, T=1..8.
+2. c = draft T=1 call / target T=1 call, and v(T) = target T-token call / target T=1 call, T=1..8:
+   medians of per-round ratios, judged by speculative/bench/costs.py (refused when too noisy).
 
 All timings: warm (compiled before timing), `block_until_ready`; the functions are timed in
 interleaved rounds so background load affects them alike; prints medians over rounds of wall time
 and of process CPU time (the steadier measure on a shared, loaded machine); compile times
 separately.
 """
+
 from __future__ import annotations
 
 import argparse
 import functools
 import os
+from pathlib import Path
 import statistics
 import time
-from pathlib import Path
 
 import gin
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from speculative import decoding
 from speculative import drafters
 from speculative import sampling as sampling_lib
+from speculative.bench import costs as costs_lib
 
 REPO = Path(__file__).resolve().parents[1]
 PROMPT_LEN = 16
@@ -50,8 +52,9 @@ def _lm1b_models(target=gin.REQUIRED, draft=gin.REQUIRED):
 
 def load_models():
   gin.parse_config_files_and_bindings(
-      [str(REPO / 'configs/models/lm1b_target.gin'), str(REPO / 'configs/models/lm1b_draft.gin')],
-      ['_lm1b_models.target = %TARGET_MODEL', '_lm1b_models.draft = %DRAFT_MODEL'])
+    [str(REPO / 'configs/models/lm1b_target.gin'), str(REPO / 'configs/models/lm1b_draft.gin')],
+    ['_lm1b_models.target = %TARGET_MODEL', '_lm1b_models.draft = %DRAFT_MODEL'],
+  )
   return _lm1b_models()
 
 
@@ -101,6 +104,7 @@ def repeated_extend(model, length, position, calls):
       return cache, total + logits[0, -1, 0]  # keep the logits alive
 
     return jax.lax.fori_loop(0, calls, body, (cache, jnp.zeros((), jnp.float32)))
+
   return repeated
 
 
@@ -118,34 +122,69 @@ def main():
   draft_params = jax.jit(draft.init_params)(jax.random.key(1))
   prompt = jax.random.randint(jax.random.key(2), (1, PROMPT_LEN), 0, target.vocab_size)
   greedy = sampling_lib.SamplingConfig(greedy=True)
-  print(f'jax {jax.__version__}, {os.cpu_count()} cpus, load average {os.getloadavg()[0]:.1f}; '
-        f'batch 1, prompt {PROMPT_LEN}, gamma {gamma}, {args.repeats} interleaved rounds')
+  print(
+    f'jax {jax.__version__}, {os.cpu_count()} cpus, load average {os.getloadavg()[0]:.1f}; '
+    f'batch 1, prompt {PROMPT_LEN}, gamma {gamma}, {args.repeats} interleaved rounds'
+  )
 
   timer = Timer()
   self_drafter = drafters.ModelDrafter(target)  # draft == target: every draft is accepted
   no_args = lambda: ()
   for steps in (steps_lo, steps_hi):
     new_tokens = steps * (gamma + 1)
-    timer.add(f'spec{steps}', no_args, functools.partial(
-        lambda n: decoding.speculative_decode(target, target_params, self_drafter, target_params,
-                                              prompt, gamma=gamma, max_new_tokens=n,
-                                              sampling=greedy).tokens, new_tokens))
-    timer.add(f'base{steps}', no_args, functools.partial(
-        lambda n: decoding.autoregressive_decode(target, target_params, prompt, max_new_tokens=n,
-                                                 sampling=greedy).tokens, new_tokens))
-    result = decoding.speculative_decode(target, target_params, self_drafter, target_params,
-                                         prompt, gamma=gamma, max_new_tokens=new_tokens,
-                                         sampling=greedy)
+    timer.add(
+      f'spec{steps}',
+      no_args,
+      functools.partial(
+        lambda n: (
+          decoding.speculative_decode(
+            target,
+            target_params,
+            self_drafter,
+            target_params,
+            prompt,
+            gamma=gamma,
+            max_new_tokens=n,
+            sampling=greedy,
+          ).tokens
+        ),
+        new_tokens,
+      ),
+    )
+    timer.add(
+      f'base{steps}',
+      no_args,
+      functools.partial(
+        lambda n: (
+          decoding.autoregressive_decode(
+            target, target_params, prompt, max_new_tokens=n, sampling=greedy
+          ).tokens
+        ),
+        new_tokens,
+      ),
+    )
+    result = decoding.speculative_decode(
+      target,
+      target_params,
+      self_drafter,
+      target_params,
+      prompt,
+      gamma=gamma,
+      max_new_tokens=new_tokens,
+      sampling=greedy,
+    )
     assert int(result.metrics.target_calls[0]) == steps, result.metrics
     assert int(result.metrics.accepted[0]) == steps * gamma, result.metrics
   cache_length = PROMPT_LEN + steps_hi * (gamma + 1) + gamma + 1
   position = PROMPT_LEN + (steps_hi * (gamma + 1)) // 2  # a typical mid-decode position
   lengths = sorted({2, gamma + 1, *range(1, 9)})
-  for name, model, params, length in ([('target', target, target_params, n) for n in lengths] +
-                                      [('draft', draft, draft_params, 1)]):
+  for name, model, params, length in [('target', target, target_params, n) for n in lengths] + [
+    ('draft', draft, draft_params, 1)
+  ]:
     fn = repeated_extend(model, length, position, args.calls)
-    timer.add(f'{name}{length}', lambda m=model, p=params: (p, m.init_cache(p, 1, cache_length)),
-              fn)
+    timer.add(
+      f'{name}{length}', lambda m=model, p=params: (p, m.init_cache(p, 1, cache_length)), fn
+    )
   timer.run(args.repeats)
 
   def report(clock):
@@ -159,21 +198,43 @@ def main():
     draft_t1 = get('draft1') / args.calls
     print(f'\n[median {clock} time over rounds]')
     print(f'1. speculative step, draft == target (all accepted): {step * 1e3:.1f} ms')
-    print(f'   components t(2) + {gamma - 1} t(1) + t({gamma + 1}) = {components * 1e3:.1f} ms '
-          f'-> loop overhead {100 * (step / components - 1):+.1f}%')
-    print(f'   coarse reference {gamma} t(1) + t({gamma + 1}) = {coarse * 1e3:.1f} ms '
-          f'-> ratio {step / coarse:.3f}')
-    print(f'   baseline: {token * 1e3:.1f} ms/token vs t(1) = {t[1] * 1e3:.1f} ms '
-          f'-> loop overhead {100 * (token / t[1] - 1):+.1f}%')
-    print(f'2. target T=1 call {t[1] * 1e3:.2f} ms, draft T=1 call {draft_t1 * 1e3:.2f} ms '
-          f'-> c = {draft_t1 / t[1]:.3f}')
-    print('   v(T) = t(T)/t(1): ' + ', '.join(f'v({n})={t[n] / t[1]:.2f}' for n in range(1, 9)))
+    print(
+      f'   components t(2) + {gamma - 1} t(1) + t({gamma + 1}) = {components * 1e3:.1f} ms '
+      f'-> loop overhead {100 * (step / components - 1):+.1f}%'
+    )
+    print(
+      f'   coarse reference {gamma} t(1) + t({gamma + 1}) = {coarse * 1e3:.1f} ms '
+      f'-> ratio {step / coarse:.3f}'
+    )
+    print(
+      f'   baseline: {token * 1e3:.1f} ms/token vs t(1) = {t[1] * 1e3:.1f} ms '
+      f'-> loop overhead {100 * (token / t[1] - 1):+.1f}%'
+    )
+    # c and v(T): medians of per-round ratios, with the benchmark's noise verdict.
+    ratio = lambda name: costs_lib.estimate(
+      costs_lib.ratio_samples(  # noqa: E731
+        timer.times[name][clock], timer.times['target1'][clock]
+      )
+    )
+    c = ratio('draft1')
+    v = {n: ratio(f'target{n}') for n in range(2, 9)}
+    print(
+      f'2. target T=1 call {t[1] * 1e3:.2f} ms, draft T=1 call {draft_t1 * 1e3:.2f} ms '
+      f'-> c = {c.value:.3f} (spread {c.spread:.2f})'
+    )
+    print('   v(T) = t(T)/t(1): ' + ', '.join(f'v({n})={v[n].value:.2f}' for n in v))
+    verdicts = [costs_lib.judge(c, 'c')] + [
+      costs_lib.judge(est, f'v({n})', minimum=1.0) for n, est in v.items()
+    ]
+    for verdict in filter(None, verdicts):
+      print(f'   too noisy to predict from: {verdict}')
     print('   t(T) ms:          ' + ', '.join(f'{n}:{t[n] * 1e3:.1f}' for n in range(1, 9)))
 
   report('wall')
   report('cpu')
-  print('\ncompile + first run (s): ' +
-        ', '.join(f'{k} {v:.1f}' for k, v in timer.compile_s.items()))
+  print(
+    '\ncompile + first run (s): ' + ', '.join(f'{k} {v:.1f}' for k, v in timer.compile_s.items())
+  )
   print(f'load average now {os.getloadavg()[0]:.1f}')
 
 

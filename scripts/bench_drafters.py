@@ -25,24 +25,28 @@ longer than `--inputs_length` skipped; greedy = temperature 0, sampling = temper
      and adaptive gamma with the static maximum `--max_gamma`: the confidence stop rule
      (ModelDrafter(stop_below=s) for s in `--stop_below`) with the static verify width and with
      `adaptive_verify`, and the acceptance-predicted rule (AdaptiveGammaDrafter with the measured
-     c and v(T)). Warm runs (compile timed separately), block_until_ready, median of `--repeats`.
+     c and v(T), measured by speculative/bench/costs.py). Warm runs (compile timed separately),
+     block_until_ready, median of `--repeats`.
 
 Prints three markdown tables; writes OUTPUT_DIR/drafters.json (every number, the command, the
 machine) and OUTPUT_DIR/drafters.md (the tables, ready to paste into a results page).
 """
+
 from __future__ import annotations
 
 import argparse
 import functools
 import json
 import os
+from pathlib import Path
 import platform
 import statistics
 import subprocess
 import sys
 import time
-from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
+from typing import Callable
+from typing import Sequence
 
 import jax
 import jax.numpy as jnp
@@ -56,6 +60,7 @@ from speculative import drafters as drafters_lib  # pylint: disable=wrong-import
 from speculative import infer  # pylint: disable=wrong-import-position
 from speculative import sampling as sampling_lib  # pylint: disable=wrong-import-position
 from speculative import tasks  # pylint: disable=wrong-import-position
+from speculative.bench import costs as costs_lib  # pylint: disable=wrong-import-position
 from speculative.models import t5 as t5_lib  # pylint: disable=wrong-import-position
 
 EOS_ID = 1
@@ -68,16 +73,20 @@ DRAFTER_NAMES = ('model', 'unigram', 'bigram', 'prompt_lookup', 'prompt_lookup+m
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
-  parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0],
-                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+  parser = argparse.ArgumentParser(
+    description=__doc__.split('\n\n')[0], formatter_class=argparse.RawDescriptionHelpFormatter
+  )
   parser.add_argument('--target_gin', default='configs/models/embedded_target.gin')
   parser.add_argument('--target_macro', default='EMBEDDED_TARGET')
   parser.add_argument('--target_checkpoint', default='models/embedded/target.msgpack')
   parser.add_argument('--draft_gin', default='configs/models/embedded_draft.gin')
   parser.add_argument('--draft_macro', default='EMBEDDED_DRAFT')
   parser.add_argument('--draft_checkpoint', default='models/embedded/draft.msgpack')
-  parser.add_argument('--allow_random_init', action='store_true',
-                      help='use random weights for a missing checkpoint (smoke runs only)')
+  parser.add_argument(
+    '--allow_random_init',
+    action='store_true',
+    help='use random weights for a missing checkpoint (smoke runs only)',
+  )
   parser.add_argument('--split', default='test')
   parser.add_argument('--num_examples', type=int, default=100)
   parser.add_argument('--inputs_length', type=int, default=64)
@@ -90,16 +99,21 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
   parser.add_argument('--walltime_examples', type=int, default=20)
   parser.add_argument('--gammas', default='1,2,3,4,5,6,7,8', help='fixed gammas (walltime)')
   parser.add_argument('--max_gamma', type=int, default=8, help='static maximum of adaptive gamma')
-  parser.add_argument('--stop_below', default='0.5,0.7,0.9',
-                      help='confidence thresholds of the adaptive stop rule')
+  parser.add_argument(
+    '--stop_below', default='0.5,0.7,0.9', help='confidence thresholds of the adaptive stop rule'
+  )
   parser.add_argument('--walltime_temperature', type=float, default=0.0)
   parser.add_argument('--repeats', type=int, default=3)
   parser.add_argument('--seed', type=int, default=0)
-  parser.add_argument('--skip', default='', help='comma list of parts to skip: alpha,lenience,'
-                      'walltime')
-  parser.add_argument('--quick', action='store_true',
-                      help='smoke run: 8 sentences, gammas 2,4, max_gamma 4, one threshold, '
-                      '3 walltime sentences, 1 repeat')
+  parser.add_argument(
+    '--skip', default='', help='comma list of parts to skip: alpha,lenience,walltime'
+  )
+  parser.add_argument(
+    '--quick',
+    action='store_true',
+    help='smoke run: 8 sentences, gammas 2,4, max_gamma 4, one threshold, '
+    '3 walltime sentences, 1 repeat',
+  )
   parser.add_argument('--output_dir', default='outputs/bench_drafters')
   args = parser.parse_args(argv)
   if args.quick:
@@ -120,11 +134,13 @@ def _ints(text: str) -> list[int]:
 def load_t5_config(gin_file: str, macro: str) -> t5_lib.T5Config:
   """The T5Config a model gin file binds to `macro` (e.g. EMBEDDED_TARGET)."""
   from speculative import gin_utils  # pylint: disable=g-import-not-at-top
+
   return gin_utils.load_macro(str(REPO / gin_file), macro, t5_lib.T5Config)
 
 
-def load_model(gin_file: str, macro: str, checkpoint: str, allow_random_init: bool,
-               seed: int) -> tuple[t5_lib.T5, Any, str]:
+def load_model(
+  gin_file: str, macro: str, checkpoint: str, allow_random_init: bool, seed: int
+) -> tuple[t5_lib.T5, Any, str]:
   config = load_t5_config(gin_file, macro)
   path = REPO / checkpoint
   if path.exists():
@@ -141,10 +157,12 @@ def num_params(params: Any) -> int:
   return int(sum(np.size(x) for x in jax.tree_util.tree_leaves(params)))
 
 
-def load_examples(split: str, num_examples: int, inputs_length: int
-                  ) -> tuple[list[dict[str, Any]], int]:
+def load_examples(
+  split: str, num_examples: int, inputs_length: int
+) -> tuple[list[dict[str, Any]], int]:
   """The first `num_examples` (input tokens, reference) of a split; longer inputs are skipped."""
   import sentencepiece  # pylint: disable=g-import-not-at-top
+
   processor = sentencepiece.SentencePieceProcessor(model_file=str(tasks.VOCAB_PATH))
   examples, skipped = [], 0
   for index, (source, reference) in enumerate(tasks.load_split(split)):
@@ -152,53 +170,41 @@ def load_examples(split: str, num_examples: int, inputs_length: int
     if len(ids) > inputs_length:
       skipped += 1
       continue
-    examples.append(dict(index=index, input_tokens=np.asarray(ids, np.int32),
-                         reference=reference))
+    examples.append(dict(index=index, input_tokens=np.asarray(ids, np.int32), reference=reference))
     if len(examples) == num_examples:
       break
   return examples, skipped
 
 
-def _encoder_batch(examples: Sequence[dict[str, Any]], batch_size: int,
-                   inputs_length: int) -> tuple[np.ndarray, np.ndarray]:
+def _encoder_batch(
+  examples: Sequence[dict[str, Any]], batch_size: int, inputs_length: int
+) -> tuple[np.ndarray, np.ndarray]:
   """[B, S] padded inputs (missing rows repeat the first; their results are dropped), [B] ids."""
   batch = np.zeros((batch_size, inputs_length), np.int32)
   row_ids = np.zeros((batch_size,), np.int32)
   for row in range(batch_size):
     example = examples[row] if row < len(examples) else examples[0]
-    batch[row, :len(example['input_tokens'])] = example['input_tokens']
+    batch[row, : len(example['input_tokens'])] = example['input_tokens']
     row_ids[row] = example['index']
   return batch, row_ids
 
 
-def build_drafters(names: Sequence[str], draft: Any, draft_params: Any, vocab_size: int,
-                   ngram_sizes: tuple[int, ...]) -> dict[str, tuple[Any, Any]]:
-  """name -> (drafter, draft_params)."""
-  out: dict[str, tuple[Any, Any]] = {}
-  sequences = None
-  for name in names:
-    if name in ('unigram', 'bigram') and sequences is None:
-      t0 = time.perf_counter()
-      sequences = drafters_lib.libreoffice_target_sequences('train')
-      print(f'n-gram corpus: {len(sequences)} train targets, '
-            f'{sum(len(s) for s in sequences)} tokens ({time.perf_counter() - t0:.1f} s)')
-    if name == 'model':
-      out[name] = (drafters_lib.ModelDrafter(draft), draft_params)
-    elif name == 'unigram':
-      out[name] = (drafters_lib.UnigramDrafter(vocab_size),
-                   drafters_lib.estimate_unigram(sequences, vocab_size))
-    elif name == 'bigram':
-      out[name] = (drafters_lib.BigramDrafter(vocab_size),
-                   drafters_lib.estimate_bigram(sequences, vocab_size))
-    elif name == 'prompt_lookup':
-      out[name] = (drafters_lib.PromptLookupDrafter(vocab_size, ngram_sizes), None)
-    elif name == 'prompt_lookup+model':
-      out[name] = (drafters_lib.PromptLookupDrafter(vocab_size, ngram_sizes,
-                                                    fallback=drafters_lib.ModelDrafter(draft)),
-                   draft_params)
-    else:
-      raise ValueError(f'unknown drafter {name!r}; known: {DRAFTER_NAMES}')
-  return out
+def build_drafters(
+  names: Sequence[str], draft: Any, draft_params: Any, vocab_size: int, ngram_sizes: tuple[int, ...]
+) -> dict[str, tuple[Any, Any]]:
+  """name -> (drafter, draft_params), through the drafter registry (speculative.drafters)."""
+  sequences = functools.lru_cache(maxsize=1)(lambda: tasks.target_token_sequences('train'))
+  return {
+    name: drafters_lib.build_drafter(
+      name,
+      vocab_size=vocab_size,
+      draft_model=draft,
+      draft_params=draft_params,
+      train_sequences=sequences,
+      ngram_sizes=ngram_sizes,
+    )
+    for name in names
+  }
 
 
 # ----------------------------------------------------------------------------------------------
@@ -206,22 +212,45 @@ def build_drafters(names: Sequence[str], draft: Any, draft_params: Any, vocab_si
 # ----------------------------------------------------------------------------------------------
 
 
-def decode_all(target, target_params, drafter, draft_params, examples, *, gamma: int,
-               temperature: float, batch_size: int, inputs_length: int, max_new_tokens: int,
-               seed: int, lenience: float | None = None) -> dict[str, Any]:
+def decode_all(
+  target,
+  target_params,
+  drafter,
+  draft_params,
+  examples,
+  *,
+  gamma: int,
+  temperature: float,
+  batch_size: int,
+  inputs_length: int,
+  max_new_tokens: int,
+  seed: int,
+  lenience: float | None = None,
+) -> dict[str, Any]:
   """Speculative decoding of all examples in batches; summed metrics and decoded token lists."""
   sampling, sampling_params = sampling_lib.make_sampling(temperature)
   totals = dict(target_calls=0, drafted=0, accepted=0, alpha_sum=0.0, generated=0)
   outputs, compile_s, t_start = [], None, time.perf_counter()
   for lo in range(0, len(examples), batch_size):
-    chunk = examples[lo:lo + batch_size]
+    chunk = examples[lo : lo + batch_size]
     encoder_tokens, row_ids = _encoder_batch(chunk, batch_size, inputs_length)
     t0 = time.perf_counter()
     result = decoding.speculative_decode(
-        target, target_params, drafter, draft_params, None, gamma=gamma,
-        max_new_tokens=max_new_tokens, sampling=sampling, sampling_params=sampling_params,
-        rng=seed, eos_id=EOS_ID, encoder_tokens=jnp.asarray(encoder_tokens),
-        row_ids=jnp.asarray(row_ids), lenience=lenience)
+      target,
+      target_params,
+      drafter,
+      draft_params,
+      None,
+      gamma=gamma,
+      max_new_tokens=max_new_tokens,
+      sampling=sampling,
+      sampling_params=sampling_params,
+      rng=seed,
+      eos_id=EOS_ID,
+      encoder_tokens=jnp.asarray(encoder_tokens),
+      row_ids=jnp.asarray(row_ids),
+      lenience=lenience,
+    )
     jax.block_until_ready(result)
     if compile_s is None:
       compile_s = time.perf_counter() - t0  # first batch: compile + run
@@ -233,18 +262,23 @@ def decode_all(target, target_params, drafter, draft_params, examples, *, gamma:
     lengths = np.asarray(result.lengths)[rows]
     totals['generated'] += int(lengths.sum())
     tokens = np.asarray(result.tokens)
-    outputs += [tokens[row, :lengths[row]].tolist() for row in range(len(chunk))]
+    outputs += [tokens[row, : lengths[row]].tolist() for row in range(len(chunk))]
   drafted = max(totals['drafted'], 1)
   return dict(
-      alpha=totals['alpha_sum'] / drafted, acceptance=totals['accepted'] / drafted,
-      tokens_per_call=totals['generated'] / max(totals['target_calls'], 1),
-      drafted_per_step=totals['drafted'] / max(totals['target_calls'], 1),
-      first_batch_s=compile_s, total_s=time.perf_counter() - t_start, **totals,
-      outputs=outputs)
+    alpha=totals['alpha_sum'] / drafted,
+    acceptance=totals['accepted'] / drafted,
+    tokens_per_call=totals['generated'] / max(totals['target_calls'], 1),
+    drafted_per_step=totals['drafted'] / max(totals['target_calls'], 1),
+    first_batch_s=compile_s,
+    total_s=time.perf_counter() - t_start,
+    **totals,
+    outputs=outputs,
+  )
 
 
 def bleu(outputs: Sequence[Sequence[int]], examples: Sequence[dict[str, Any]]) -> float:
   import sentencepiece  # pylint: disable=g-import-not-at-top
+
   processor = sentencepiece.SentencePieceProcessor(model_file=str(tasks.VOCAB_PATH))
   predictions = [processor.decode([t for t in out if t != EOS_ID]) for out in outputs]
   return tasks.bleu([e['reference'] for e in examples], predictions)['bleu']
@@ -255,49 +289,45 @@ def bleu(outputs: Sequence[Sequence[int]], examples: Sequence[dict[str, Any]]) -
 # ----------------------------------------------------------------------------------------------
 
 
-@functools.partial(jax.jit, static_argnames=('model', 'width', 'max_length'))
-def _repeat_extend(params, encoder_tokens, num_calls, *, model, width, max_length):
-  """num_calls cached extend calls of `width` tokens at position max_length - width - 1."""
-  cache = model.init_cache(params, 1, max_length, encoder_tokens)
-  tokens = jnp.full((1, width), 5, jnp.int32)
-  start = jnp.full((1,), max_length - width - 1, jnp.int32)
-
-  def body(_, carry):
-    cache, acc = carry
-    logits, cache = model.extend(params, cache, tokens, start)
-    return cache, acc + logits[0, -1, 0]
-  return jax.lax.fori_loop(0, num_calls, body, (cache, jnp.zeros((), jnp.float32)))[1]
+COST_POSITION = 16  # decoder position at which c and v(T) are measured (mid-sentence)
 
 
-def extend_seconds(model, params, encoder_tokens, width: int, position: int = 16,
-                   calls: int = 20, repeats: int = 5) -> float:
-  """Seconds per cached extend call of `width` tokens (difference of 2N and N calls: the encoder
-  and cache setup cancel), median of repeats."""
-  run = functools.partial(_repeat_extend, params, encoder_tokens, model=model, width=width,
-                          max_length=position + width + 1)
-  jax.block_until_ready(run(jnp.int32(1)))  # compile
+def measure_costs(
+  target,
+  target_params,
+  draft,
+  draft_params,
+  encoder_tokens,
+  max_gamma: int,
+  repeats: int,
+  min_seconds: float = 0.1,
+) -> dict[str, Any]:
+  """c and v(T), T = 1..max_gamma+1, at batch 1: the benchmark's cost model (interleaved rounds,
+  per-round ratios), with the estimates it refuses as too noisy in 'too_noisy'."""
+  cm = costs_lib.measure_extend_costs(
+    target,
+    target_params,
+    encoder_tokens[:1],
+    max_length=COST_POSITION + max_gamma + 2,
+    position=COST_POSITION,
+    verify_lengths=range(2, max_gamma + 2),
+    drafts={'model': (draft, draft_params)},
+    repeats=repeats,
+    min_seconds=min_seconds,
+  )
+  model = cm['drafters']['model']
+  return dict(
+    target_step_s=cm['target_step_s'],
+    draft_step_s=model['draft_step_s'],
+    c=model['c'],
+    v={int(t): v for t, v in cm['v'].items()},
+    too_noisy=cm['noise']['refused'],
+  )
 
-  def timed(n):
-    t0 = time.perf_counter()
-    jax.block_until_ready(run(jnp.int32(n)))
-    return time.perf_counter() - t0
-  return statistics.median(max(timed(2 * calls) - timed(calls), 1e-9) / calls
-                           for _ in range(repeats))
 
-
-def measure_costs(target, target_params, draft, draft_params, encoder_tokens, max_gamma: int,
-                  repeats: int) -> dict[str, Any]:
-  encoder_tokens = jnp.asarray(encoder_tokens[:1])
-  step = extend_seconds(target, target_params, encoder_tokens, 1, repeats=repeats)
-  v = {width: extend_seconds(target, target_params, encoder_tokens, width, repeats=repeats) / step
-       for width in range(2, max_gamma + 2)}
-  draft_step = extend_seconds(draft, draft_params, encoder_tokens, 1, repeats=repeats)
-  return dict(target_step_s=step, draft_step_s=draft_step, c=draft_step / step,
-              v={1: 1.0, **v})
-
-
-def time_method(decode: Callable[[jax.Array, jax.Array], Any], examples, inputs_length: int,
-                repeats: int) -> dict[str, Any]:
+def time_method(
+  decode: Callable[[jax.Array, jax.Array], Any], examples, inputs_length: int, repeats: int
+) -> dict[str, Any]:
   """Batch 1 over the examples: compile (first call) timed apart, then the median total time."""
   batches = [_encoder_batch([e], 1, inputs_length) for e in examples]
   encoder0, ids0 = batches[0]
@@ -320,10 +350,15 @@ def time_method(decode: Callable[[jax.Array, jax.Array], Any], examples, inputs_
         counts[key] += int(getattr(metrics, key).sum())
     totals.append(seconds)
   decode_s = statistics.median(totals)
-  return dict(compile_s=compile_s - decode_s / len(batches), decode_s=decode_s,
-              decode_s_all=totals, ms_per_token=1000 * decode_s / max(counts['generated'], 1),
-              tokens_per_call=counts['generated'] / max(counts['target_calls'], 1),
-              drafted_per_step=counts['drafted'] / max(counts['target_calls'], 1), **counts)
+  return dict(
+    compile_s=compile_s - decode_s / len(batches),
+    decode_s=decode_s,
+    decode_s_all=totals,
+    ms_per_token=1000 * decode_s / max(counts['generated'], 1),
+    tokens_per_call=counts['generated'] / max(counts['target_calls'], 1),
+    drafted_per_step=counts['drafted'] / max(counts['target_calls'], 1),
+    **counts,
+  )
 
 
 def walltime(target, target_params, draft, draft_params, examples, costs, args) -> dict[str, Any]:
@@ -331,48 +366,100 @@ def walltime(target, target_params, draft, draft_params, examples, costs, args) 
 
   def baseline(encoder_tokens, row_ids):
     return decoding.autoregressive_decode(
-        target, target_params, None, max_new_tokens=args.max_new_tokens, sampling=sampling,
-        sampling_params=sampling_params, rng=args.seed, eos_id=EOS_ID,
-        encoder_tokens=encoder_tokens, row_ids=row_ids, check_finite=False)
+      target,
+      target_params,
+      None,
+      max_new_tokens=args.max_new_tokens,
+      sampling=sampling,
+      sampling_params=sampling_params,
+      rng=args.seed,
+      eos_id=EOS_ID,
+      encoder_tokens=encoder_tokens,
+      row_ids=row_ids,
+      check_finite=False,
+    )
 
   def speculative(drafter, gamma, adaptive_verify=False):
     def decode(encoder_tokens, row_ids):
       return decoding.speculative_decode(
-          target, target_params, drafter, draft_params, None, gamma=gamma,
-          max_new_tokens=args.max_new_tokens, sampling=sampling, sampling_params=sampling_params,
-          rng=args.seed, eos_id=EOS_ID, encoder_tokens=encoder_tokens, row_ids=row_ids,
-          check_finite=False, adaptive_verify=adaptive_verify)
+        target,
+        target_params,
+        drafter,
+        draft_params,
+        None,
+        gamma=gamma,
+        max_new_tokens=args.max_new_tokens,
+        sampling=sampling,
+        sampling_params=sampling_params,
+        rng=args.seed,
+        eos_id=EOS_ID,
+        encoder_tokens=encoder_tokens,
+        row_ids=row_ids,
+        check_finite=False,
+        adaptive_verify=adaptive_verify,
+      )
+
     return decode
 
-  methods: list[tuple[str, dict[str, Any], Callable]] = [('baseline', dict(kind='baseline'),
-                                                          baseline)]
+  methods: list[tuple[str, dict[str, Any], Callable]] = [
+    ('baseline', dict(kind='baseline'), baseline)
+  ]
   for gamma in _ints(args.gammas):
-    methods.append((f'fixed gamma={gamma}', dict(kind='fixed', gamma=gamma),
-                    speculative(drafters_lib.ModelDrafter(draft), gamma)))
+    methods.append(
+      (
+        f'fixed gamma={gamma}',
+        dict(kind='fixed', gamma=gamma),
+        speculative(drafters_lib.ModelDrafter(draft), gamma),
+      )
+    )
   max_gamma = args.max_gamma
   for threshold in _floats(args.stop_below):
     for adaptive_verify in (False, True):
-      methods.append((f'stop_below={threshold}, max gamma={max_gamma}'
-                      + (', adaptive verify' if adaptive_verify else ''),
-                      dict(kind='confidence', gamma=max_gamma, stop_below=threshold,
-                           adaptive_verify=adaptive_verify),
-                      speculative(drafters_lib.ModelDrafter(draft, stop_below=threshold),
-                                  max_gamma, adaptive_verify)))
+      methods.append(
+        (
+          f'stop_below={threshold}, max gamma={max_gamma}'
+          + (', adaptive verify' if adaptive_verify else ''),
+          dict(
+            kind='confidence',
+            gamma=max_gamma,
+            stop_below=threshold,
+            adaptive_verify=adaptive_verify,
+          ),
+          speculative(
+            drafters_lib.ModelDrafter(draft, stop_below=threshold), max_gamma, adaptive_verify
+          ),
+        )
+      )
   verify_costs = tuple(costs['v'][t] for t in range(1, max_gamma + 2))
-  rule = drafters_lib.AdaptiveGammaDrafter(drafters_lib.ModelDrafter(draft),
-                                           draft_cost=round(costs['c'], 4),
-                                           verify_costs=tuple(round(v, 3) for v in verify_costs))
-  methods.append((f'acceptance rule, max gamma={max_gamma}, adaptive verify',
-                  dict(kind='acceptance_rule', gamma=max_gamma, adaptive_verify=True,
-                       draft_cost=rule.draft_cost, verify_costs=rule.verify_costs),
-                  speculative(rule, max_gamma, True)))
+  rule = drafters_lib.AdaptiveGammaDrafter(
+    drafters_lib.ModelDrafter(draft),
+    draft_cost=round(costs['c'], 4),
+    verify_costs=tuple(round(v, 3) for v in verify_costs),
+  )
+  methods.append(
+    (
+      f'acceptance rule, max gamma={max_gamma}, adaptive verify',
+      dict(
+        kind='acceptance_rule',
+        gamma=max_gamma,
+        adaptive_verify=True,
+        draft_cost=rule.draft_cost,
+        verify_costs=rule.verify_costs,
+      ),
+      speculative(rule, max_gamma, True),
+    )
+  )
   rows = []
   for name, info, decode in methods:
-    row = dict(method=name, **info, **time_method(decode, examples, args.inputs_length,
-                                                  args.repeats))
+    row = dict(
+      method=name, **info, **time_method(decode, examples, args.inputs_length, args.repeats)
+    )
     rows.append(row)
-    print(f'  {name}: {row["ms_per_token"]:.2f} ms/token, {row["tokens_per_call"]:.2f} tokens/call, '
-          f'compile {row["compile_s"]:.1f} s', flush=True)
+    print(
+      f'  {name}: {row["ms_per_token"]:.2f} ms/token, {row["tokens_per_call"]:.2f} tokens/call, '
+      f'compile {row["compile_s"]:.1f} s',
+      flush=True,
+    )
   base = rows[0]['decode_s']
   for row in rows:
     row['speedup'] = base / row['decode_s']
@@ -380,8 +467,12 @@ def walltime(target, target_params, draft, draft_params, examples, costs, args) 
   best_fixed = min(fixed, key=lambda r: r['decode_s']) if fixed else None
   for row in rows:
     row['vs_best_fixed'] = best_fixed['decode_s'] / row['decode_s'] if best_fixed else None
-  return dict(temperature=args.walltime_temperature, examples=len(examples), rows=rows,
-              best_fixed=best_fixed['method'] if best_fixed else None)
+  return dict(
+    temperature=args.walltime_temperature,
+    examples=len(examples),
+    rows=rows,
+    best_fixed=best_fixed['method'] if best_fixed else None,
+  )
 
 
 # ----------------------------------------------------------------------------------------------
@@ -398,59 +489,98 @@ def markdown(report: dict[str, Any]) -> str:
   setup = report['setup']
   target_name, draft_name = setup['target_name'], setup['draft_name']
   if 'alpha' in report:
-    lines += [f'### Alpha per drafter (paper Table 3 layout; gamma={setup["gamma"]}, '
-              f'{setup["num_examples"]} {setup["split"]} sentences)', '',
-              '| M_p | M_q | Sampling | alpha | acceptance rate | tokens / target call | '
-              'drafted / step |', '|---|---|---|---|---|---|---|']
+    lines += [
+      f'### Alpha per drafter (paper Table 3 layout; gamma={setup["gamma"]}, '
+      f'{setup["num_examples"]} {setup["split"]} sentences)',
+      '',
+      '| M_p | M_q | Sampling | alpha | acceptance rate | tokens / target call | drafted / step |',
+      '|---|---|---|---|---|---|---|',
+    ]
     for row in report['alpha']:
-      lines.append(f'| {target_name} | {row["drafter_label"]} | {_sampling_name(row["temperature"])} '
-                   f'| {row["alpha"]:.3f} | {row["acceptance"]:.3f} | '
-                   f'{row["tokens_per_call"]:.2f} | {row["drafted_per_step"]:.2f} |')
-    lines += ['', 'alpha = mean over drafted positions of sum_x min(p(x), q(x)); deterministic '
-              'drafters (prompt lookup) have one-hot q, so there alpha = P(accept). Prompt lookup '
-              'proposes only where an n-gram matches (drafted / step < gamma).', '']
+      lines.append(
+        f'| {target_name} | {row["drafter_label"]} | {_sampling_name(row["temperature"])} '
+        f'| {row["alpha"]:.3f} | {row["acceptance"]:.3f} | '
+        f'{row["tokens_per_call"]:.2f} | {row["drafted_per_step"]:.2f} |'
+      )
+    lines += [
+      '',
+      'alpha = mean over drafted positions of sum_x min(p(x), q(x)); deterministic '
+      'drafters (prompt lookup) have one-hot q, so there alpha = P(accept). Prompt lookup '
+      'proposes only where an n-gram matches (drafted / step < gamma).',
+      '',
+    ]
   if 'lenience' in report:
     values = report['setup']['lenience']
-    header = ' | '.join(f'l={l:g}' for l in values)
-    lines += [f'### Alpha vs lenience (paper Table 5 layout; M_q = {draft_name}, '
-              f'gamma={setup["gamma"]})', '',
-              f'| M_p | M_q | Sampling | {header} |', '|---|---|---|' + '---|' * len(values)]
+    header = ' | '.join(f'l={v:g}' for v in values)
+    lines += [
+      f'### Alpha vs lenience (paper Table 5 layout; M_q = {draft_name}, gamma={setup["gamma"]})',
+      '',
+      f'| M_p | M_q | Sampling | {header} |',
+      '|---|---|---|' + '---|' * len(values),
+    ]
     for temperature, rows in report['lenience'].items():
       cells = ' | '.join(f'{r["alpha"]:.3f}' for r in rows)
-      lines.append(f'| {target_name} | {draft_name} | {_sampling_name(float(temperature))} '
-                   f'| {cells} |')
-    lines += ['', 'Tokens per target call and BLEU (l < 1 is APPROXIMATE: the output is no longer '
-              "the target's):", '', f'| Sampling | metric | {header} |',
-              '|---|---|' + '---|' * len(values)]
+      lines.append(
+        f'| {target_name} | {draft_name} | {_sampling_name(float(temperature))} | {cells} |'
+      )
+    lines += [
+      '',
+      'Tokens per target call and BLEU (l < 1 is APPROXIMATE: the output is no longer '
+      "the target's):",
+      '',
+      f'| Sampling | metric | {header} |',
+      '|---|---|' + '---|' * len(values),
+    ]
     for temperature, rows in report['lenience'].items():
       for metric, digits in (('tokens_per_call', 2), ('bleu', 1)):
         cells = ' | '.join(f'{r[metric]:.{digits}f}' for r in rows)
         lines.append(f'| {_sampling_name(float(temperature))} | {metric} | {cells} |')
-    lines += ['', 'Greedy lenience accepts a draft token x iff p(x) >= l max p (target softmax at '
-              'temperature 1); sampling lenience accepts iff r l q(x) <= p(x), so no token is '
-              'emitted with probability above p(x)/l.', '']
+    lines += [
+      '',
+      'Greedy lenience accepts a draft token x iff p(x) >= l max p (target softmax at '
+      'temperature 1); sampling lenience accepts iff r l q(x) <= p(x), so no token is '
+      'emitted with probability above p(x)/l.',
+      '',
+    ]
   if 'walltime' in report:
     wall = report['walltime']
     costs = report['costs']
-    lines += [f'### Walltime: adaptive vs fixed gamma (batch 1, {_sampling_name(wall["temperature"])}'
-              f', {wall["examples"]} sentences, median of {setup["repeats"]})', '',
-              f'Measured: target step {1000 * costs["target_step_s"]:.2f} ms, draft step '
-              f'{1000 * costs["draft_step_s"]:.2f} ms (c = {costs["c"]:.3f}), v(T) = '
-              + ', '.join(f'{v:.2f}' for _, v in sorted(costs['v'].items(), key=lambda kv: int(kv[0])))
-              + ' for T = 1..', '',
-              '| method | ms / token | speedup vs baseline | vs best fixed gamma | tokens / call | '
-              'drafted / step | compile s |', '|---|---|---|---|---|---|---|']
+    lines += [
+      f'### Walltime: adaptive vs fixed gamma (batch 1, {_sampling_name(wall["temperature"])}'
+      f', {wall["examples"]} sentences, median of {setup["repeats"]})',
+      '',
+      f'Measured: target step {1000 * costs["target_step_s"]:.2f} ms, draft step '
+      f'{1000 * costs["draft_step_s"]:.2f} ms (c = {costs["c"]:.3f}), v(T) = '
+      + ', '.join(f'{v:.2f}' for _, v in sorted(costs['v'].items(), key=lambda kv: int(kv[0])))
+      + ' for T = 1..'
+      + ''.join(
+        f'. **Too noisy** (the acceptance rule below uses it anyway): {reason}'
+        for reason in costs.get('too_noisy', {}).values()
+      ),
+      '',
+      '| method | ms / token | speedup vs baseline | vs best fixed gamma | tokens / call | '
+      'drafted / step | compile s |',
+      '|---|---|---|---|---|---|---|',
+    ]
     for row in wall['rows']:
       vs_best = '' if row['vs_best_fixed'] is None else f'{row["vs_best_fixed"]:.2f}x'
-      lines.append(f'| {row["method"]} | {row["ms_per_token"]:.2f} | {row["speedup"]:.2f}x | '
-                   f'{vs_best} | {row["tokens_per_call"]:.2f} | {row["drafted_per_step"]:.2f} | '
-                   f'{row["compile_s"]:.1f} |')
-    lines += ['', f'Best fixed gamma: {wall["best_fixed"]}. Adaptive gamma is exact (same tokens as '
-              'the baseline under argmax). With the static verify width it only saves draft calls; '
-              '"adaptive verify" also shrinks the target call to 1 + drafted tokens (lax.switch '
-              'over gamma+1 compiled widths).', '']
-  lines.append(f'Command: `{setup["command"]}`; machine: {setup["machine"]}; target weights: '
-               f'{setup["target_checkpoint"]}; draft weights: {setup["draft_checkpoint"]}.')
+      lines.append(
+        f'| {row["method"]} | {row["ms_per_token"]:.2f} | {row["speedup"]:.2f}x | '
+        f'{vs_best} | {row["tokens_per_call"]:.2f} | {row["drafted_per_step"]:.2f} | '
+        f'{row["compile_s"]:.1f} |'
+      )
+    lines += [
+      '',
+      f'Best fixed gamma: {wall["best_fixed"]}. Adaptive gamma is exact (same tokens as '
+      'the baseline under argmax). With the static verify width it only saves draft calls; '
+      '"adaptive verify" also shrinks the target call to 1 + drafted tokens (lax.switch '
+      'over gamma+1 compiled widths).',
+      '',
+    ]
+  lines.append(
+    f'Command: `{setup["command"]}`; machine: {setup["machine"]}; target weights: '
+    f'{setup["target_checkpoint"]}; draft weights: {setup["draft_checkpoint"]}.'
+  )
   return '\n'.join(lines) + '\n'
 
 
@@ -460,14 +590,17 @@ def markdown(report: dict[str, Any]) -> str:
 
 
 def _machine() -> str:
-  return (f'{platform.machine()} {platform.processor() or ""} {os.cpu_count()} cores, '
-          f'jax {jax.__version__} {jax.default_backend()}').replace('  ', ' ')
+  return (
+    f'{platform.machine()} {platform.processor() or ""} {os.cpu_count()} cores, '
+    f'jax {jax.__version__} {jax.default_backend()}'
+  ).replace('  ', ' ')
 
 
 def _git_commit() -> str | None:
   try:
-    return subprocess.run(['git', 'rev-parse', 'HEAD'], cwd=REPO, capture_output=True, text=True,
-                          check=True).stdout.strip()
+    return subprocess.run(
+      ['git', 'rev-parse', 'HEAD'], cwd=REPO, capture_output=True, text=True, check=True
+    ).stdout.strip()
   except (OSError, subprocess.CalledProcessError):
     return None
 
@@ -476,45 +609,83 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
   args = parse_args(argv)
   skip = {s.strip() for s in args.skip.split(',') if s.strip()}
   target, target_params, target_source = load_model(
-      args.target_gin, args.target_macro, args.target_checkpoint, args.allow_random_init, args.seed)
+    args.target_gin, args.target_macro, args.target_checkpoint, args.allow_random_init, args.seed
+  )
   draft, draft_params, draft_source = load_model(
-      args.draft_gin, args.draft_macro, args.draft_checkpoint, args.allow_random_init,
-      args.seed + 1)
+    args.draft_gin, args.draft_macro, args.draft_checkpoint, args.allow_random_init, args.seed + 1
+  )
   if target.vocab_size != draft.vocab_size:
     raise ValueError(f'target vocab {target.vocab_size} != draft vocab {draft.vocab_size}')
   examples, skipped = load_examples(args.split, args.num_examples, args.inputs_length)
   target_name = f'{args.target_macro.lower()} ({num_params(target_params) / 1e6:.0f}M)'
   draft_name = f'{args.draft_macro.lower()} ({num_params(draft_params) / 1e6:.1f}M)'
-  report: dict[str, Any] = dict(setup=dict(
-      command='python ' + ' '.join([os.path.relpath(__file__, REPO)] + sys.argv[1:]
-                                   if argv is None else ['scripts/bench_drafters.py', *argv]),
-      machine=_machine(), git_commit=_git_commit(), time=time.strftime('%Y-%m-%d %H:%M:%S'),
-      target_name=target_name, draft_name=draft_name, target_checkpoint=target_source,
-      draft_checkpoint=draft_source, split=args.split, num_examples=len(examples),
-      skipped_long_inputs=skipped, inputs_length=args.inputs_length,
-      max_new_tokens=args.max_new_tokens, gamma=args.gamma, batch_size=args.batch_size,
-      lenience=_floats(args.lenience), repeats=args.repeats, seed=args.seed))
-  common = dict(gamma=args.gamma, batch_size=args.batch_size, inputs_length=args.inputs_length,
-                max_new_tokens=args.max_new_tokens, seed=args.seed)
-  labels = {'model': draft_name, 'unigram': 'unigram (train split)',
-            'bigram': 'bigram (train split)', 'prompt_lookup': 'prompt lookup',
-            'prompt_lookup+model': f'prompt lookup + {draft_name}'}
+  report: dict[str, Any] = dict(
+    setup=dict(
+      command='python '
+      + ' '.join(
+        [os.path.relpath(__file__, REPO)] + sys.argv[1:]
+        if argv is None
+        else ['scripts/bench_drafters.py', *argv]
+      ),
+      machine=_machine(),
+      git_commit=_git_commit(),
+      time=time.strftime('%Y-%m-%d %H:%M:%S'),
+      target_name=target_name,
+      draft_name=draft_name,
+      target_checkpoint=target_source,
+      draft_checkpoint=draft_source,
+      split=args.split,
+      num_examples=len(examples),
+      skipped_long_inputs=skipped,
+      inputs_length=args.inputs_length,
+      max_new_tokens=args.max_new_tokens,
+      gamma=args.gamma,
+      batch_size=args.batch_size,
+      lenience=_floats(args.lenience),
+      repeats=args.repeats,
+      seed=args.seed,
+    )
+  )
+  common = dict(
+    gamma=args.gamma,
+    batch_size=args.batch_size,
+    inputs_length=args.inputs_length,
+    max_new_tokens=args.max_new_tokens,
+    seed=args.seed,
+  )
+  labels = {
+    'model': draft_name,
+    'unigram': 'unigram (train split)',
+    'bigram': 'bigram (train split)',
+    'prompt_lookup': 'prompt lookup',
+    'prompt_lookup+model': f'prompt lookup + {draft_name}',
+  }
   ngram_sizes = tuple(_ints(args.ngram_sizes))
 
   if 'alpha' not in skip:
     print('== alpha per drafter', flush=True)
-    drafters = build_drafters([d.strip() for d in args.drafters.split(',') if d.strip()], draft,
-                              draft_params, target.vocab_size, ngram_sizes)
+    drafters = build_drafters(
+      [d.strip() for d in args.drafters.split(',') if d.strip()],
+      draft,
+      draft_params,
+      target.vocab_size,
+      ngram_sizes,
+    )
     report['alpha'] = []
     for name, (drafter, params) in drafters.items():
       for temperature in (0.0, 1.0):
-        row = decode_all(target, target_params, drafter, params, examples,
-                         temperature=temperature, **common)
+        row = decode_all(
+          target, target_params, drafter, params, examples, temperature=temperature, **common
+        )
         row.pop('outputs')
-        report['alpha'].append(dict(drafter=name, drafter_label=labels[name],
-                                    temperature=temperature, **row))
-        print(f'  {name} {_sampling_name(temperature)}: alpha {row["alpha"]:.3f}, acceptance '
-              f'{row["acceptance"]:.3f}, {row["tokens_per_call"]:.2f} tokens/call', flush=True)
+        report['alpha'].append(
+          dict(drafter=name, drafter_label=labels[name], temperature=temperature, **row)
+        )
+        print(
+          f'  {name} {_sampling_name(temperature)}: alpha {row["alpha"]:.3f}, acceptance '
+          f'{row["acceptance"]:.3f}, {row["tokens_per_call"]:.2f} tokens/call',
+          flush=True,
+        )
 
   if 'lenience' not in skip:
     print('== alpha vs lenience', flush=True)
@@ -523,29 +694,59 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     for temperature in (0.0, 1.0):
       rows = []
       for lenience in report['setup']['lenience']:
-        row = decode_all(target, target_params, model_drafter, draft_params, examples,
-                         temperature=temperature, lenience=lenience, **common)
+        row = decode_all(
+          target,
+          target_params,
+          model_drafter,
+          draft_params,
+          examples,
+          temperature=temperature,
+          lenience=lenience,
+          **common,
+        )
         row['bleu'] = bleu(row.pop('outputs'), examples)
         rows.append(dict(lenience=lenience, **row))
-        print(f'  {_sampling_name(temperature)} l={lenience:g}: alpha {row["alpha"]:.3f}, '
-              f'{row["tokens_per_call"]:.2f} tokens/call, BLEU {row["bleu"]:.1f}', flush=True)
+        print(
+          f'  {_sampling_name(temperature)} l={lenience:g}: alpha {row["alpha"]:.3f}, '
+          f'{row["tokens_per_call"]:.2f} tokens/call, BLEU {row["bleu"]:.1f}',
+          flush=True,
+        )
       report['lenience'][str(temperature)] = rows
 
   if 'walltime' not in skip:
     print('== costs', flush=True)
     encoder_tokens, _ = _encoder_batch(examples[:1], 1, args.inputs_length)
-    report['costs'] = measure_costs(target, target_params, draft, draft_params, encoder_tokens,
-                                    args.max_gamma, repeats=max(3, args.repeats))
-    print(f'  c = {report["costs"]["c"]:.3f}, v = '
-          f'{ {k: round(v, 2) for k, v in report["costs"]["v"].items()} }', flush=True)
+    report['costs'] = measure_costs(
+      target,
+      target_params,
+      draft,
+      draft_params,
+      encoder_tokens,
+      args.max_gamma,
+      repeats=max(3, args.repeats),
+    )
+    print(
+      f'  c = {report["costs"]["c"]:.3f}, v = '
+      f'{ {k: round(v, 2) for k, v in report["costs"]["v"].items()} }',
+      flush=True,
+    )
     print('== walltime (batch 1)', flush=True)
-    report['walltime'] = walltime(target, target_params, draft, draft_params,
-                                  examples[:args.walltime_examples], report['costs'], args)
+    report['walltime'] = walltime(
+      target,
+      target_params,
+      draft,
+      draft_params,
+      examples[: args.walltime_examples],
+      report['costs'],
+      args,
+    )
 
   text = markdown(report)
   os.makedirs(args.output_dir, exist_ok=True)
-  for name, content in (('drafters.json', json.dumps(report, indent=2) + '\n'),
-                        ('drafters.md', text)):
+  for name, content in (
+    ('drafters.json', json.dumps(report, indent=2) + '\n'),
+    ('drafters.md', text),
+  ):
     infer.write_atomic(os.path.join(args.output_dir, name), content)
   print()
   print(text)

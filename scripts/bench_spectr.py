@@ -25,28 +25,29 @@ over repeats. Samples differ between methods (temperature 1), so outputs have di
 the comparison is per generated token (ms/token; speedup = baseline ms/token / method ms/token).
 
 Cost model (where the wider target call eats the gain): t(R, T) = one target `extend` over R rows
-of T tokens, d(R) = one draft T=1 step over R rows (jitted loops of calls on a prefilled cache,
-median of repeats). A SpecTr step costs about L d(K) + t(K, L+1) (+ selection and the cache copy),
-so the predicted speedup is BE x t(1, 1) / (L d(K) + t(K, L+1)); on a TPU t(K, L+1) ~ t(1, L+1) ~
-t(1, 1), on this CPU t grows with K (L+1) (DESIGN section 8).
+of T tokens, d(R) = one draft T=1 step over R rows (speculative/bench/costs.py: jitted loops of
+calls on a prefilled cache, interleaved rounds with t(1, 1), ratios per round, a noise verdict).
+A SpecTr step costs about L d(K) + t(K, L+1) (+ selection and the cache copy), so the predicted
+speedup is BE x t(1, 1) / (L d(K) + t(K, L+1)); on a TPU t(K, L+1) ~ t(1, L+1) ~ t(1, 1), on
+this CPU t grows with K (L+1) (docs/design.md section 8).
 
 Prints progress lines and finally the Markdown report; writes results.json and results.md to
 --output_dir. SpecTr's Table 4 (LM1B, 97M target, 6M draft, temperature 1) is printed next to ours
 where the brief quotes it (K = 1 and K = 8).
 """
+
 from __future__ import annotations
 
 import argparse
 import datetime
-import functools
 import json
 import os
+from pathlib import Path
 import platform
 import statistics
 import sys
 import time
-from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -62,6 +63,7 @@ from speculative import infer  # pylint: disable=wrong-import-position
 from speculative import sampling as sampling_lib  # pylint: disable=wrong-import-position
 from speculative import spectr_decoding  # pylint: disable=wrong-import-position
 from speculative import tasks  # pylint: disable=wrong-import-position
+from speculative.bench import costs as costs_lib  # pylint: disable=wrong-import-position
 from speculative.models import t5 as t5_lib  # pylint: disable=wrong-import-position
 
 EOS_ID = 1
@@ -71,13 +73,17 @@ SPECTR_TABLE4 = {(1, 4): 2.21, (8, 4): 2.99, (1, 8): 2.33, (8, 8): 3.27}
 
 
 def load_configs() -> tuple[t5_lib.T5Config, t5_lib.T5Config]:
-  return tuple(gin_utils.load_macro(str(REPO / f'configs/models/embedded_{name}.gin'),
-                                    f'EMBEDDED_{name.upper()}', t5_lib.T5Config)
-               for name in ('target', 'draft'))
+  return tuple(
+    gin_utils.load_macro(
+      str(REPO / f'configs/models/embedded_{name}.gin'), f'EMBEDDED_{name.upper()}', t5_lib.T5Config
+    )
+    for name in ('target', 'draft')
+  )
 
 
-def build(config: t5_lib.T5Config, checkpoint: str, allow_random: bool, seed: int,
-          what: str) -> tuple[t5_lib.T5, Any, str]:
+def build(
+  config: t5_lib.T5Config, checkpoint: str, allow_random: bool, seed: int, what: str
+) -> tuple[t5_lib.T5, Any, str]:
   if checkpoint and os.path.exists(checkpoint):
     model, params = infer.load_model(config, checkpoint)
     source = checkpoint
@@ -87,8 +93,9 @@ def build(config: t5_lib.T5Config, checkpoint: str, allow_random: bool, seed: in
     params = model.init_params(jax.random.PRNGKey(seed))
     source = f'random init (seed {seed})'
   else:
-    raise FileNotFoundError(f'{what} checkpoint does not exist: {checkpoint!r} (use --quick to '
-                            'time random weights)')
+    raise FileNotFoundError(
+      f'{what} checkpoint does not exist: {checkpoint!r} (use --quick to time random weights)'
+    )
   n_params = sum(int(np.prod(x.shape)) for x in jax.tree_util.tree_leaves(params))
   return model, params, f'{source}, {n_params / 1e6:.1f}M params'
 
@@ -102,7 +109,7 @@ def load_inputs(num_examples: int, inputs_length: int) -> tuple[np.ndarray, list
     if len(ids) > inputs_length:
       continue
     row = np.zeros(inputs_length, np.int32)
-    row[:len(ids)] = ids
+    row[: len(ids)] = ids
     rows.append(row)
     sources.append(english)
     if len(rows) == num_examples:
@@ -116,45 +123,78 @@ def load_inputs(num_examples: int, inputs_length: int) -> tuple[np.ndarray, list
 # Cost model: t(R, T) and d(R).
 # ----------------------------------------------------------------------------------------------
 
-
-@functools.partial(jax.jit, static_argnames=('model', 'num_calls'))
-def _repeat_extend(params, cache, tokens, start, *, model, num_calls):
-  """`num_calls` chained `extend` calls at the same positions (a decode step's call, repeated)."""
-  def body(_, carry):
-    cache, total = carry
-    logits, cache = model.extend(params, cache, tokens, start)
-    return cache, total + logits[:, -1, 0]  # keeps every call live
-  return jax.lax.fori_loop(0, num_calls, body, (cache, jnp.zeros(tokens.shape[:1], jnp.float32)))
+COST_POSITION = 16  # decoder position of the timed calls (mid-sentence)
 
 
-@functools.partial(jax.jit, static_argnames=('model', 'max_length'))
-def _prefilled_cache(params, encoder_tokens, *, model, max_length):
-  batch = encoder_tokens.shape[0]
-  cache = model.init_cache(params, batch, max_length, encoder_tokens)
-  stream = jnp.zeros((batch, max_length // 2), jnp.int32)
-  _, cache = model.extend(params, cache, stream, jnp.zeros((batch,), jnp.int32))
-  return cache
-
-
-def _median_seconds(fn: Callable[[], Any], repeats: int) -> float:
-  jax.block_until_ready(fn())  # compile / warm
-  times = []
-  for _ in range(repeats):
-    start = time.perf_counter()
-    jax.block_until_ready(fn())
-    times.append(time.perf_counter() - start)
-  return statistics.median(times)
-
-
-def measure_call(model, params, encoder_row: np.ndarray, rows: int, width: int, *, position: int,
-                 max_length: int, repeats: int, num_calls: int = 8) -> float:
-  """Seconds per `extend` call over [rows, width] tokens at `position` (cache prefilled)."""
-  encoder = jnp.asarray(np.repeat(encoder_row[None], rows, axis=0))
-  cache = _prefilled_cache(params, encoder, model=model, max_length=max_length)
-  tokens = jnp.full((rows, width), 5, jnp.int32)
-  start = jnp.full((rows,), position, jnp.int32)
-  run = lambda: _repeat_extend(params, cache, tokens, start, model=model, num_calls=num_calls)
-  return _median_seconds(run, repeats) / num_calls
+def measure_costs(
+  target,
+  target_params,
+  draft,
+  draft_params,
+  encoder_row: np.ndarray,
+  *,
+  ks,
+  ls,
+  max_length: int,
+  repeats: int,
+  min_seconds: float = 0.1,
+) -> dict[str, Any]:
+  """t(K, L+1), d(K) and t(1, 1) with the benchmark's cost model (speculative/bench/costs.py):
+  per K, the K-row calls interleaved with the 1-row target step t(1, 1) in timing rounds, so the
+  ratios c_K = d(K) / t(1, 1) and v = t(K, L+1) / t(1, 1) are medians of per-round ratios; those
+  too noisy to predict from are listed in 'too_noisy'."""
+  costs = {'target_ms': {}, 'draft_ms': {}, 'c': {}, 'v': {}, 'too_noisy': {}}
+  t11 = []
+  for k in ks:
+    encoder = np.repeat(encoder_row[None], k, axis=0)
+    reference = costs_lib.extend_timer(
+      target,
+      target_params,
+      encoder[:1],
+      num_tokens=1,
+      max_length=max_length,
+      position=COST_POSITION,
+    )
+    cm = costs_lib.measure_extend_costs(
+      target,
+      target_params,
+      encoder,
+      max_length=max_length,
+      position=COST_POSITION,
+      verify_lengths=[length + 1 for length in ls],
+      drafts={'draft': (draft, draft_params)},
+      repeats=repeats,
+      min_seconds=min_seconds,
+      extra_timers={'target_1x1': reference},
+      marginal_extra=['target_1x1'],
+    )
+    rounds, noise = cm['rounds'], costs_lib.NoiseLog(cm['noise'])
+    costs['draft_ms'][str(k)] = 1e3 * cm['drafters']['draft']['draft_step_s']
+    t11_k = cm['seconds']['target_1x1']
+    costs['c'][str(k)] = noise.add(
+      f'c(K={k})',
+      costs_lib.ratio_samples(rounds['draft[draft]_1'], rounds['target_1x1']),
+      fallback=cm['drafters']['draft']['draft_step_s'] / t11_k,
+    )
+    for length in ls:
+      key = f'{k}x{length + 1}'
+      costs['target_ms'][key] = 1e3 * cm['target_extend_s'][str(length + 1)]
+      costs['v'][key] = noise.add(
+        f'v({key})',
+        costs_lib.ratio_samples(rounds[f'target_{length + 1}'], rounds['target_1x1']),
+        minimum=1.0,
+        fallback=cm['target_extend_s'][str(length + 1)] / t11_k,
+      )
+    t11.append(t11_k)
+    costs['too_noisy'].update(
+      {
+        name: reason
+        for name, reason in noise.data['refused'].items()
+        if name.startswith(('c(K=', f'v({k}x'))
+      }
+    )
+  costs['target_1x1_ms'] = 1e3 * float(np.median(t11))
+  return costs
 
 
 # ----------------------------------------------------------------------------------------------
@@ -165,52 +205,79 @@ def measure_call(model, params, encoder_row: np.ndarray, rows: int, width: int, 
 def make_methods(target, target_params, draft, draft_params, ks, ls, max_new_tokens):
   sampling, values = sampling_lib.make_sampling(temperature=1.0)
   drafter = drafters.ModelDrafter(draft)
-  common = dict(max_new_tokens=max_new_tokens, sampling=sampling, sampling_params=values,
-                eos_id=EOS_ID)
-  methods = {'baseline': dict(kind='baseline', K=None, L=None, fn=lambda enc, seed: (
-      decoding.autoregressive_decode(target, target_params, None, encoder_tokens=enc, rng=seed,
-                                     **common)))}
+  common = dict(
+    max_new_tokens=max_new_tokens, sampling=sampling, sampling_params=values, eos_id=EOS_ID
+  )
+  methods = {
+    'baseline': dict(
+      kind='baseline',
+      K=None,
+      L=None,
+      fn=lambda enc, seed: decoding.autoregressive_decode(
+        target, target_params, None, encoder_tokens=enc, rng=seed, **common
+      ),
+    )
+  }
   for length in ls:
-    methods[f'speculative L={length}'] = dict(kind='speculative', K=None, L=length, fn=(
+    methods[f'speculative L={length}'] = dict(
+      kind='speculative',
+      K=None,
+      L=length,
+      fn=(
         lambda enc, seed, length=length: decoding.speculative_decode(
-            target, target_params, drafter, draft_params, None, gamma=length,
-            encoder_tokens=enc, rng=seed, **common)))
+          target,
+          target_params,
+          drafter,
+          draft_params,
+          None,
+          gamma=length,
+          encoder_tokens=enc,
+          rng=seed,
+          **common,
+        )
+      ),
+    )
     for k in ks:
-      methods[f'spectr K={k} L={length}'] = dict(kind='spectr', K=k, L=length, fn=(
+      methods[f'spectr K={k} L={length}'] = dict(
+        kind='spectr',
+        K=k,
+        L=length,
+        fn=(
           lambda enc, seed, k=k, length=length: spectr_decoding.spectr_decode(
-              target, target_params, drafter, draft_params, None, num_drafts=k,
-              draft_length=length, encoder_tokens=enc, rng=seed, **common)))
+            target,
+            target_params,
+            drafter,
+            draft_params,
+            None,
+            num_drafts=k,
+            draft_length=length,
+            encoder_tokens=enc,
+            rng=seed,
+            **common,
+          )
+        ),
+      )
   return methods
 
 
-def run(args) -> dict[str, Any]:
-  target_config, draft_config = load_configs()
-  target, target_params, target_source = build(target_config, args.target_checkpoint,
-                                               args.allow_random_init, 0, 'target')
-  draft, draft_params, draft_source = build(draft_config, args.draft_checkpoint,
-                                            args.allow_random_init, 1, 'draft')
-  inputs, sources = load_inputs(args.num_examples, args.inputs_length)
-  print(f'target: {target_source}\ndraft: {draft_source}\ninputs: {len(inputs)} test sentences',
-        flush=True)
-  methods = make_methods(target, target_params, draft, draft_params, args.ks, args.ls,
-                         args.max_new_tokens)
-  encs = [jnp.asarray(row[None]) for row in inputs]
-
-  # Compile on the first input.
+def time_methods(
+  methods: dict[str, dict[str, Any]], encs, repeats: int
+) -> tuple[dict[str, list[list[float]]], dict[str, list[Any]]]:
+  """Compiles every method on the first input (compile_s recorded), then decodes every input
+  `repeats` times by every method, interleaved (the order rotating per repeat); returns
+  ({method: [input][repeat] seconds}, {method: [input] host results})."""
   for name, method in methods.items():
     start = time.perf_counter()
     jax.block_until_ready(method['fn'](encs[0], 0).tokens)
     first = time.perf_counter() - start
-    warm = _median_seconds(lambda: method['fn'](encs[0], 0).tokens, 1)
+    warm, _ = costs_lib.timed(lambda: method['fn'](encs[0], 0).tokens)  # noqa: B023
     method['compile_s'] = max(first - warm, 0.0)
     print(f'compiled {name}: {method["compile_s"]:.1f}s', flush=True)
-
-  # Interleaved timed decodes.
   names = list(methods)
   times = {name: [[] for _ in encs] for name in names}
   outputs: dict[str, list[Any]] = {name: [None] * len(encs) for name in names}
-  for repeat in range(args.repeats):
-    order = names[repeat % len(names):] + names[:repeat % len(names)]
+  for repeat in range(repeats):
+    order = names[repeat % len(names) :] + names[: repeat % len(names)]
     for i, enc in enumerate(encs):
       for name in order:
         start = time.perf_counter()
@@ -218,7 +285,29 @@ def run(args) -> dict[str, Any]:
         jax.block_until_ready(result.tokens)
         times[name][i].append(time.perf_counter() - start)
         outputs[name][i] = jax.tree.map(np.asarray, result)
-    print(f'repeat {repeat + 1}/{args.repeats} done', flush=True)
+    print(f'repeat {repeat + 1}/{repeats} done', flush=True)
+  return times, outputs
+
+
+def run(args) -> dict[str, Any]:
+  target_config, draft_config = load_configs()
+  target, target_params, target_source = build(
+    target_config, args.target_checkpoint, args.allow_random_init, 0, 'target'
+  )
+  draft, draft_params, draft_source = build(
+    draft_config, args.draft_checkpoint, args.allow_random_init, 1, 'draft'
+  )
+  inputs, sources = load_inputs(args.num_examples, args.inputs_length)
+  print(
+    f'target: {target_source}\ndraft: {draft_source}\ninputs: {len(inputs)} test sentences',
+    flush=True,
+  )
+  methods = make_methods(
+    target, target_params, draft, draft_params, args.ks, args.ls, args.max_new_tokens
+  )
+  encs = [jnp.asarray(row[None]) for row in inputs]
+
+  times, outputs = time_methods(methods, encs, args.repeats)
 
   rows = []
   for name, method in methods.items():
@@ -226,10 +315,18 @@ def run(args) -> dict[str, Any]:
     results = outputs[name]
     tokens = int(sum(r.lengths.sum() for r in results))
     calls = int(sum(r.metrics.target_calls.sum() for r in results))
-    row = dict(method=name, kind=method['kind'], K=method['K'], L=method['L'],
-               walltime_s=walltime, generated_tokens=tokens, target_calls=calls,
-               ms_per_token=1e3 * walltime / max(tokens, 1),
-               block_efficiency=tokens / max(calls, 1), compile_s=method['compile_s'])
+    row = dict(
+      method=name,
+      kind=method['kind'],
+      K=method['K'],
+      L=method['L'],
+      walltime_s=walltime,
+      generated_tokens=tokens,
+      target_calls=calls,
+      ms_per_token=1e3 * walltime / max(tokens, 1),
+      block_efficiency=tokens / max(calls, 1),
+      compile_s=method['compile_s'],
+    )
     if method['kind'] != 'baseline':
       accepted = int(sum(r.metrics.accepted.sum() for r in results))
       row['accepted'] = accepted
@@ -239,14 +336,17 @@ def run(args) -> dict[str, Any]:
     if method['kind'] == 'spectr':
       selections = int(sum(r.metrics.selections.sum() for r in results))
       row['alpha_k_drafts'] = float(sum(r.metrics.alpha_sum.sum() for r in results)) / max(
-          selections, 1)
+        selections, 1
+      )
       row['alpha_one_draft'] = float(sum(r.metrics.single_alpha_sum.sum() for r in results)) / max(
-          selections, 1)
+        selections, 1
+      )
       row['spectr_table4'] = SPECTR_TABLE4.get((method['K'], method['L']))
       if method['K'] == 1:
         reference = outputs[f'speculative L={method["L"]}']
         row['identical_to_speculative'] = all(
-            np.array_equal(a.tokens, b.tokens) for a, b in zip(results, reference))
+          np.array_equal(a.tokens, b.tokens) for a, b in zip(results, reference)
+        )
     rows.append(row)
 
   base = next(r for r in rows if r['kind'] == 'baseline')
@@ -257,34 +357,56 @@ def run(args) -> dict[str, Any]:
       row['speedup_vs_k1'] = k1['ms_per_token'] / row['ms_per_token']
 
   # Cost model on a realistic cache: the first input, position 16.
-  max_length = args.inputs_length + args.max_new_tokens + max(args.ls) + 1
-  cost = functools.partial(measure_call, position=16, max_length=max_length,
-                           repeats=args.cost_repeats)
-  t11 = cost(target, target_params, inputs[0], 1, 1)
-  costs = {'target_1x1_ms': 1e3 * t11, 'target_ms': {}, 'draft_ms': {}}
-  for k in args.ks:
-    costs['draft_ms'][str(k)] = 1e3 * cost(draft, draft_params, inputs[0], k, 1)
-    for length in args.ls:
-      costs['target_ms'][f'{k}x{length + 1}'] = 1e3 * cost(target, target_params, inputs[0], k,
-                                                           length + 1)
+  costs = measure_costs(
+    target,
+    target_params,
+    draft,
+    draft_params,
+    inputs[0],
+    ks=args.ks,
+    ls=args.ls,
+    repeats=args.cost_repeats,
+    max_length=args.inputs_length + args.max_new_tokens + max(args.ls) + 1,
+  )
   print('costs measured', flush=True)
   for row in rows:
     if row['kind'] == 'spectr':
       k, length = row['K'], row['L']
-      step = length * costs['draft_ms'][str(k)] + costs['target_ms'][f'{k}x{length + 1}']
-      row['model_step_ms'] = step
-      row['predicted_speedup'] = row['block_efficiency'] * costs['target_1x1_ms'] / step
+      key = f'{k}x{length + 1}'
+      row['model_step_ms'] = length * costs['draft_ms'][str(k)] + costs['target_ms'][key]
       row['measured_step_ms'] = row['walltime_s'] * 1e3 / max(row['target_calls'], 1)
-      row['v'] = costs['target_ms'][f'{k}x{length + 1}'] / costs['target_1x1_ms']
+      row['v'] = costs['v'][key]
+      too_noisy = [
+        costs['too_noisy'][n] for n in (f'c(K={k})', f'v({key})') if n in costs['too_noisy']
+      ]
+      row['predicted_speedup'] = (
+        None
+        if too_noisy
+        else row['block_efficiency'] / (length * costs['c'][str(k)] + costs['v'][key])
+      )
+      if too_noisy:
+        row['too_noisy'] = '; '.join(too_noisy)
 
   return dict(
-      date=datetime.datetime.now().isoformat(timespec='seconds'),
-      command=' '.join(['.venv/bin/python', 'scripts/bench_spectr.py'] + sys.argv[1:]),
-      machine=dict(platform=platform.platform(), cpus=os.cpu_count(), jax=jax.__version__,
-                   load_average=list(os.getloadavg())),
-      target=target_source, draft=draft_source, num_inputs=len(inputs),
-      inputs_length=args.inputs_length, max_new_tokens=args.max_new_tokens, temperature=1.0,
-      repeats=args.repeats, rows=rows, costs=costs, first_source=sources[0])
+    date=datetime.datetime.now().isoformat(timespec='seconds'),
+    command=' '.join(['.venv/bin/python', 'scripts/bench_spectr.py'] + sys.argv[1:]),
+    machine=dict(
+      platform=platform.platform(),
+      cpus=os.cpu_count(),
+      jax=jax.__version__,
+      load_average=list(os.getloadavg()),
+    ),
+    target=target_source,
+    draft=draft_source,
+    num_inputs=len(inputs),
+    inputs_length=args.inputs_length,
+    max_new_tokens=args.max_new_tokens,
+    temperature=1.0,
+    repeats=args.repeats,
+    rows=rows,
+    costs=costs,
+    first_source=sources[0],
+  )
 
 
 def _fmt(value, digits=2):
@@ -297,48 +419,87 @@ def _fmt(value, digits=2):
 
 def format_report(report: dict[str, Any]) -> str:
   lines = [
-      '### SpecTr: K drafts per step (embedded pair, temperature 1, batch 1)', '',
-      f'Command: `{report["command"]}` ({report["date"]}; {report["machine"]["cpus"]} CPUs, '
-      f'load average at the end {report["machine"]["load_average"][0]:.1f}).',
-      f'Target: {report["target"]}. Draft: {report["draft"]}. {report["num_inputs"]} test '
-      f'sentences, up to {report["max_new_tokens"]} new tokens, median of {report["repeats"]} '
-      'repeats. Block efficiency = generated tokens / target calls; SpecTr Table 4 = LM1B, 97M '
-      'target / 6M draft (only the cells quoted in the brief).', '',
-      '| method | K | L | block eff. | SpecTr Tab. 4 | accept. K drafts | accept. 1 draft | '
-      'ms/token | speedup vs baseline | vs K=1 | step ms: measured / model | '
-      'v = t(K, L+1)/t(1,1) | predicted speedup |',
-      '|---|---|---|---|---|---|---|---|---|---|---|---|---|']
+    '### SpecTr: K drafts per step (embedded pair, temperature 1, batch 1)',
+    '',
+    f'Command: `{report["command"]}` ({report["date"]}; {report["machine"]["cpus"]} CPUs, '
+    f'load average at the end {report["machine"]["load_average"][0]:.1f}).',
+    f'Target: {report["target"]}. Draft: {report["draft"]}. {report["num_inputs"]} test '
+    f'sentences, up to {report["max_new_tokens"]} new tokens, median of {report["repeats"]} '
+    'repeats. Block efficiency = generated tokens / target calls; SpecTr Table 4 = LM1B, 97M '
+    'target / 6M draft (only the cells quoted in the brief).',
+    '',
+    '| method | K | L | block eff. | SpecTr Tab. 4 | accept. K drafts | accept. 1 draft | '
+    'ms/token | speedup vs baseline | vs K=1 | step ms: measured / model | '
+    'v = t(K, L+1)/t(1,1) | predicted speedup |',
+    '|---|---|---|---|---|---|---|---|---|---|---|---|---|',
+  ]
   for row in report['rows']:
-    lines.append('| ' + ' | '.join([
-        row['method'], str(row['K'] or '—'), str(row['L'] or '—'),
-        _fmt(row['block_efficiency']), _fmt(row.get('spectr_table4')),
-        _fmt(row.get('alpha_k_drafts', row.get('alpha')), 3), _fmt(row.get('alpha_one_draft'), 3),
-        _fmt(row['ms_per_token'], 1), _fmt(row['speedup_vs_baseline']),
-        _fmt(row.get('speedup_vs_k1')),
-        (f'{row["measured_step_ms"]:.1f} / {row["model_step_ms"]:.1f}'
-         if 'model_step_ms' in row else '—'),
-        _fmt(row.get('v')), _fmt(row.get('predicted_speedup'))]) + ' |')
+    lines.append(
+      '| '
+      + ' | '.join(
+        [
+          row['method'],
+          str(row['K'] or '—'),
+          str(row['L'] or '—'),
+          _fmt(row['block_efficiency']),
+          _fmt(row.get('spectr_table4')),
+          _fmt(row.get('alpha_k_drafts', row.get('alpha')), 3),
+          _fmt(row.get('alpha_one_draft'), 3),
+          _fmt(row['ms_per_token'], 1),
+          _fmt(row['speedup_vs_baseline']),
+          _fmt(row.get('speedup_vs_k1')),
+          (
+            f'{row["measured_step_ms"]:.1f} / {row["model_step_ms"]:.1f}'
+            if 'model_step_ms' in row
+            else '—'
+          ),
+          _fmt(row.get('v')),
+          'too noisy to predict' if row.get('too_noisy') else _fmt(row.get('predicted_speedup')),
+        ]
+      )
+      + ' |'
+    )
   costs = report['costs']
-  lines += ['', f'Target single step t(1,1) = {costs["target_1x1_ms"]:.2f} ms; draft step d(K) ms: '
-            + ', '.join(f'K={k}: {v:.2f}' for k, v in costs['draft_ms'].items())
-            + '; target verify t(K, L+1) ms: '
-            + ', '.join(f'{k}: {v:.2f}' for k, v in costs['target_ms'].items()) + '.']
-  lines.append('Model step = L d(K) + t(K, L+1); measured step = walltime / target calls (it also '
-               'holds prefill, selection, the draft catch-up and the K-way cache copy).')
+  lines += [
+    '',
+    f'Target single step t(1,1) = {costs["target_1x1_ms"]:.2f} ms; draft step d(K) ms: '
+    + ', '.join(f'K={k}: {v:.2f}' for k, v in costs['draft_ms'].items())
+    + '; target verify t(K, L+1) ms: '
+    + ', '.join(f'{k}: {v:.2f}' for k, v in costs['target_ms'].items())
+    + '.',
+  ]
+  lines.append(
+    'Model step = L d(K) + t(K, L+1); measured step = walltime / target calls (it also '
+    'holds prefill, selection, the draft catch-up and the K-way cache copy). '
+    'Predicted speedup = block eff. / (L c_K + v) with c_K = d(K) / t(1,1) and '
+    'v = t(K, L+1) / t(1,1), each the median of per-round ratios (interleaved rounds).'
+  )
+  for reason in costs.get('too_noisy', {}).values():
+    lines.append(f'**Too noisy to predict:** {reason}.')
   for length in sorted({r['L'] for r in report['rows'] if r['kind'] == 'spectr'}):
-    spectr_rows = sorted((r for r in report['rows'] if r['kind'] == 'spectr' and r['L'] == length),
-                         key=lambda r: r['K'])
+    spectr_rows = sorted(
+      (r for r in report['rows'] if r['kind'] == 'spectr' and r['L'] == length),
+      key=lambda r: r['K'],
+    )
     k1 = spectr_rows[0]
     best = min(spectr_rows, key=lambda r: r['ms_per_token'])
-    parts = [f'K={r["K"]}: block efficiency x{r["block_efficiency"] / k1["block_efficiency"]:.2f}, '
-             f'step cost x{r["model_step_ms"] / k1["model_step_ms"]:.2f}' for r in spectr_rows[1:]]
-    lines.append(f'L={length}, relative to K=1: ' + '; '.join(parts) +
-                 f'. Fastest per token: K={best["K"]} ({best["ms_per_token"]:.1f} ms/token).')
+    parts = [
+      f'K={r["K"]}: block efficiency x{r["block_efficiency"] / k1["block_efficiency"]:.2f}, '
+      f'step cost x{r["model_step_ms"] / k1["model_step_ms"]:.2f}'
+      for r in spectr_rows[1:]
+    ]
+    lines.append(
+      f'L={length}, relative to K=1: '
+      + '; '.join(parts)
+      + f'. Fastest per token: K={best["K"]} ({best["ms_per_token"]:.1f} ms/token).'
+    )
   identical = [r for r in report['rows'] if 'identical_to_speculative' in r]
   if identical:
-    lines.append('SpecTr K=1 emits the same tokens as speculative decoding with the same seeds: '
-                 + ', '.join(f'L={r["L"]}: {_fmt(r["identical_to_speculative"])}'
-                             for r in identical) + '.')
+    lines.append(
+      'SpecTr K=1 emits the same tokens as speculative decoding with the same seeds: '
+      + ', '.join(f'L={r["L"]}: {_fmt(r["identical_to_speculative"])}' for r in identical)
+      + '.'
+    )
   return '\n'.join(lines) + '\n'
 
 
@@ -355,21 +516,25 @@ def main(argv=None) -> None:
   parser.add_argument('--cost_repeats', type=int, default=5)
   parser.add_argument('--allow_random_init', action='store_true')
   parser.add_argument('--output_dir', default=str(REPO / 'outputs/bench_spectr'))
-  parser.add_argument('--quick', action='store_true',
-                      help='smoke run: 4 inputs, 16 new tokens, K 1 2, L 4, 1 repeat, random init '
-                           'if a checkpoint is missing, output in outputs/bench_spectr_quick')
+  parser.add_argument(
+    '--quick',
+    action='store_true',
+    help='smoke run: 4 inputs, 16 new tokens, K 1 2, L 4, 1 repeat, random init '
+    'if a checkpoint is missing, output in outputs/bench_spectr_quick',
+  )
   args = parser.parse_args(argv)
   if args.quick:
     args.num_examples, args.max_new_tokens, args.ks, args.ls = 4, 16, [1, 2], [4]
-    args.repeats, args.cost_repeats, args.allow_random_init = 1, 2, True
+    args.repeats, args.cost_repeats, args.allow_random_init = 1, costs_lib.MIN_ROUNDS, True
     args.output_dir = str(REPO / 'outputs/bench_spectr_quick')
   if 1 not in args.ks:
     raise ValueError('--ks must include 1 (the K=1 reference)')
   report = run(args)
   os.makedirs(args.output_dir, exist_ok=True)
   text = format_report(report)
-  infer.write_atomic(os.path.join(args.output_dir, 'results.json'),
-                     json.dumps(report, indent=2) + '\n')
+  infer.write_atomic(
+    os.path.join(args.output_dir, 'results.json'), json.dumps(report, indent=2) + '\n'
+  )
   infer.write_atomic(os.path.join(args.output_dir, 'results.md'), text)
   print(text)
 

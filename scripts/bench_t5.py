@@ -9,8 +9,9 @@ warmed up first; the time of a whole decode call (encoder + cache init + 64 step
 `block_until_ready`) is divided by the number of new tokens; the median of `--repeats` runs is
 reported. Runs twice per size: cross-attention K/V computed once in `init_cache` (ours) and
 recomputed at every step (stock T5X behaviour). Prints one line per configuration and a Markdown
-table. DESIGN.md section 8: stock T5X on this machine, small ~18 ms/token, base ~37 ms/token.
+table. docs/design.md section 8: stock T5X on this machine, small ~18 ms/token, base ~37 ms/token.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -22,13 +23,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from speculative.models.t5 import T5, T5Config
+from speculative.models.t5 import T5
+from speculative.models.t5 import T5Config
 
 SHAPES = {  # emb_dim, num_heads, encoder/decoder layers, head_dim, mlp_dim
-    'tiny': (8, 4, 2, 3, 16),
-    'small': (512, 6, 8, 64, 1024),
-    'base': (768, 12, 12, 64, 2048),
-    'large': (1024, 16, 24, 64, 2816),
+  'tiny': (8, 4, 2, 3, 16),
+  'small': (512, 6, 8, 64, 1024),
+  'base': (768, 12, 12, 64, 2048),
+  'large': (1024, 16, 24, 64, 2816),
 }
 
 
@@ -43,8 +45,9 @@ def make_greedy(model: T5, new_tokens: int):
 
     def step(i, carry):
       cache, tokens = carry
-      logits, cache = model.extend(params, cache, tokens[:, i][:, None],
-                                   jnp.full((batch,), i, jnp.int32))  # [B, 1, V]
+      logits, cache = model.extend(
+        params, cache, tokens[:, i][:, None], jnp.full((batch,), i, jnp.int32)
+      )  # [B, 1, V]
       return cache, tokens.at[:, i + 1].set(jnp.argmax(logits[:, 0], -1).astype(jnp.int32))
 
     _, tokens = jax.lax.fori_loop(0, new_tokens, step, (cache, tokens))
@@ -64,8 +67,15 @@ def main() -> None:
   rows = []
   for size in args.sizes:
     d, h, layers, dh, f = SHAPES[size]
-    config = T5Config(vocab_size=32128, emb_dim=d, num_heads=h, num_encoder_layers=layers,
-                      num_decoder_layers=layers, head_dim=dh, mlp_dim=f)
+    config = T5Config(
+      vocab_size=32128,
+      emb_dim=d,
+      num_heads=h,
+      num_encoder_layers=layers,
+      num_decoder_layers=layers,
+      head_dim=dh,
+      mlp_dim=f,
+    )
     params = jax.jit(T5(config).init_params)(jax.random.PRNGKey(0))
     n_params = sum(x.size for x in jax.tree.leaves(params))
     rng = np.random.default_rng(0)
@@ -84,9 +94,12 @@ def main() -> None:
         times.append(time.perf_counter() - start)
       ms = 1e3 * statistics.median(times) / args.new_tokens
       label = 'once (ours)' if cache_cross_kv else 'every step (T5X)'
-      print(f'{size:6s} {n_params / 1e6:6.1f}M params  cross-KV {label:17s} '
-            f'{ms:7.2f} ms/token  (runs {[round(t, 3) for t in times]} s, first call incl. '
-            f'compile {compile_s:.1f} s)', flush=True)
+      print(
+        f'{size:6s} {n_params / 1e6:6.1f}M params  cross-KV {label:17s} '
+        f'{ms:7.2f} ms/token  (runs {[round(t, 3) for t in times]} s, first call incl. '
+        f'compile {compile_s:.1f} s)',
+        flush=True,
+      )
       rows.append((size, n_params, label, ms, compile_s))
     assert (outputs[True] == outputs[False]).all(), 'cross-KV caching changed the greedy tokens'
   print(f'\njax {jax.__version__}, {os.cpu_count()} CPUs, load average {os.getloadavg()}')

@@ -2,7 +2,7 @@
 
 Pure functions of the acceptance rate alpha, the number of drafted tokens gamma, the draft/target
 cost ratio c and the verify cost v, plus helpers that turn measured decode metrics into the
-predicted-vs-measured tables of DESIGN.md section 7. Equation and theorem numbers refer to the
+predicted-vs-measured tables of docs/design.md section 7. Equation and theorem numbers refer to the
 paper ("Fast Inference from Transformers via Speculative Decoding", arXiv:2211.17192).
 
 Notation is the paper's: p is the TARGET distribution (M_p), q the DRAFT distribution (M_q).
@@ -18,10 +18,14 @@ Conventions that reproduce the paper's own numbers (checked in tests/test_analys
   * The EXP column of Table 4 is Theorem 3.8 with the measured c, e.g. alpha=0.75, gamma=7,
     c=0.02 gives 3.2X.
 """
+
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any
+from typing import Callable
+from typing import Mapping
+from typing import Sequence
 
 import numpy as np
 
@@ -124,8 +128,9 @@ def _verify_cost(v: VerifyCost, gamma: ArrayLike, xp) -> ArrayLike:
   return v
 
 
-def walltime_improvement(alpha: ArrayLike, gamma: ArrayLike, c: ArrayLike,
-                         v: VerifyCost = 1.0) -> ArrayLike:
+def walltime_improvement(
+  alpha: ArrayLike, gamma: ArrayLike, c: ArrayLike, v: VerifyCost = 1.0
+) -> ArrayLike:
   """Expected walltime improvement factor over autoregressive decoding, Theorem 3.8.
 
   One speculative step costs gamma draft steps plus one target call over gamma + 1 positions and
@@ -136,7 +141,7 @@ def walltime_improvement(alpha: ArrayLike, gamma: ArrayLike, c: ArrayLike,
 
   which is Theorem 3.8, (1 - alpha^(gamma+1)) / ((1 - alpha)(gamma c + 1)), when the verify call
   costs the same as one step (v = 1, the paper's TPU assumption). On hardware where a
-  (gamma+1)-token call is slower than a 1-token call (DESIGN.md section 8), pass the measured
+  (gamma+1)-token call is slower than a 1-token call (docs/design.md section 8), pass the measured
   ratio v = v(gamma+1), or a callable v(T) (e.g. from `verify_cost_fn`).
 
   Args:
@@ -178,8 +183,9 @@ def operations_factor(alpha: ArrayLike, gamma: ArrayLike, c_hat: ArrayLike) -> A
   return (g * c_hat + g + 1) / expected_tokens(alpha, gamma)
 
 
-def optimal_gamma(alpha: ArrayLike, c: ArrayLike, v: VerifyCost = 1.0, max_gamma: int = 32,
-                  min_gamma: int = 1) -> ArrayLike:
+def optimal_gamma(
+  alpha: ArrayLike, c: ArrayLike, v: VerifyCost = 1.0, max_gamma: int = 32, min_gamma: int = 1
+) -> ArrayLike:
   """The integer gamma in [min_gamma, max_gamma] maximizing `walltime_improvement` (Section 3.4).
 
   The paper picks gamma by maximizing Theorem 3.8 over integers (its Figure 3); with a measured
@@ -197,8 +203,9 @@ def optimal_gamma(alpha: ArrayLike, c: ArrayLike, v: VerifyCost = 1.0, max_gamma
     int (or an int array of the broadcast shape of alpha and c).
   """
   if int(min_gamma) < 1 or int(max_gamma) < int(min_gamma):
-    raise ValueError(f"need 1 <= min_gamma <= max_gamma; got min_gamma={min_gamma}, "
-                     f"max_gamma={max_gamma}")
+    raise ValueError(
+      f"need 1 <= min_gamma <= max_gamma; got min_gamma={min_gamma}, max_gamma={max_gamma}"
+    )
   _check_unit_interval("alpha", alpha)
   _check_nonnegative("c", c)
   alpha_b, c_b = np.broadcast_arrays(np.asarray(alpha, np.float64), np.asarray(c, np.float64))
@@ -272,19 +279,20 @@ def lenient_output_distribution(p: ArrayLike, q: ArrayLike, lenience: ArrayLike)
   q = np.asarray(q, np.float64)
   if p.shape != q.shape:
     raise ValueError(f"p and q must have the same shape; got {p.shape} and {q.shape}")
-  l = np.asarray(lenience, np.float64)[..., None]
+  lam = np.asarray(lenience, np.float64)[..., None]
   with np.errstate(divide="ignore", invalid="ignore"):
-    accepted_mass = np.where(l > 0, np.minimum(q, p / np.where(l > 0, l, 1.0)), q)
+    accepted_mass = np.where(lam > 0, np.minimum(q, p / np.where(lam > 0, lam, 1.0)), q)
   alpha_l = accepted_mass.sum(-1, keepdims=True)
-  residual = np.maximum(p - l * q, 0.0)
+  residual = np.maximum(p - lam * q, 0.0)
   residual_total = residual.sum(-1, keepdims=True)
-  residual = np.where(residual_total > 0, residual / np.where(residual_total > 0, residual_total,
-                                                                1.0), 0.0)
+  residual = np.where(
+    residual_total > 0, residual / np.where(residual_total > 0, residual_total, 1.0), 0.0
+  )
   return accepted_mass + np.clip(1.0 - alpha_l, 0.0, None) * residual
 
 
 # ----------------------------------------------------------------------------------------------
-# From measurements to tables (DESIGN.md section 7).
+# From measurements to tables (docs/design.md section 7).
 # ----------------------------------------------------------------------------------------------
 
 
@@ -324,7 +332,7 @@ def block_efficiency(metrics: Mapping[str, float]) -> float:
 
 
 def acceptance_rate(metrics: Mapping[str, float]) -> float:
-  """Empirical acceptance rate accepted / drafted (DESIGN.md section 7).
+  """Empirical acceptance rate accepted / drafted (docs/design.md section 7).
 
   Note: `drafted_tokens` counts every drafted token, including those after a rejection that were
   never tested, so under the i.i.d. model this is below alpha for gamma > 1; `alpha_from_block_
@@ -366,7 +374,7 @@ def _require(metrics: Mapping[str, Any], key: str) -> float:
 
 
 def speedup_row(metrics: Mapping[str, Any]) -> dict[str, Any]:
-  """One predicted-vs-measured row from a metrics dict (DESIGN.md section 7).
+  """One predicted-vs-measured row from a metrics dict (docs/design.md section 7).
 
   Required keys: 'gamma', 'generated_tokens', 'target_calls', 'drafted_tokens', 'accepted_tokens'.
   Optional keys:
@@ -401,8 +409,9 @@ def speedup_row(metrics: Mapping[str, Any]) -> dict[str, Any]:
     v = float(metrics["v"]) if metrics.get("v") is not None else 1.0
     row["v"] = v
     row["predicted_speedup"] = float(walltime_improvement(alpha, gamma, float(metrics["c"]), v))
-  if (metrics.get("baseline_walltime") is not None
-      and metrics.get("speculative_walltime") is not None):
+  if (
+    metrics.get("baseline_walltime") is not None and metrics.get("speculative_walltime") is not None
+  ):
     speculative = _require(metrics, "speculative_walltime")
     if speculative <= 0:
       raise ValueError(f"speculative_walltime must be > 0; got {speculative}")
@@ -415,12 +424,23 @@ def speedup_table(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
   return [speedup_row(r) for r in rows]
 
 
-DEFAULT_COLUMNS = ("name", "gamma", "alpha_used", "acceptance_rate", "block_efficiency",
-                   "expected_tokens", "c", "v", "predicted_speedup", "measured_speedup")
+DEFAULT_COLUMNS = (
+  "name",
+  "gamma",
+  "alpha_used",
+  "acceptance_rate",
+  "block_efficiency",
+  "expected_tokens",
+  "c",
+  "v",
+  "predicted_speedup",
+  "measured_speedup",
+)
 
 
-def format_markdown(rows: Sequence[Mapping[str, Any]],
-                    columns: Sequence[str] = DEFAULT_COLUMNS) -> str:
+def format_markdown(
+  rows: Sequence[Mapping[str, Any]], columns: Sequence[str] = DEFAULT_COLUMNS
+) -> str:
   """A Markdown table of `rows` (floats to 3 decimals; missing values as '-'). Columns absent from
   every row are dropped."""
   columns = [c for c in columns if any(c in r for r in rows)]

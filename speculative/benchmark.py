@@ -14,7 +14,8 @@ Re-render the page and plots from saved measurements (no timing):
 
   python -m speculative.benchmark --render docs/results.json
 
-It prints progress lines and finally the Markdown report. What it does (DESIGN.md section 7):
+It prints progress lines and finally the Markdown report. What it does (the parts live in
+speculative/bench/, one module per concern):
 
   * Inputs: real sentences of a seqio task (default `libreoffice_ende` test split), or a TSV file,
     padded to a fixed `inputs_length` as T5X does. The same inputs and the same weights serve every
@@ -30,18 +31,25 @@ It prints progress lines and finally the Markdown report. What it does (DESIGN.m
     order rotates per batch and repeat), each call ending in `block_until_ready`; a method's
     walltime is the sum over input batches of the median over repeats.
     Speedup = baseline walltime / speculative walltime.
-  * Cost model, measured on this machine with warm jitted calls on a realistic cache (encoder run
-    on the real inputs, decoder cache prefilled): t(T) = target `extend` time for T tokens,
-    c = draft single-token step / target single-token step, v(T) = t(T) / t(1). Each is the
-    median over interleaved rounds of the marginal per-call time of a jitted loop of `extend`
-    calls ((time of 2n calls - time of n calls) / n: no dispatch, no work hoisted out of the loop).
-    t(1) is timed again after the sweep to detect load drift.
+  * Cost model (speculative/bench/costs.py), measured on this machine with warm jitted calls on a
+    realistic cache (encoder run on the real inputs, decoder cache prefilled): t(T) = target
+    `extend` time for T tokens, c = draft single-token step / target single-token step, v(T) =
+    t(T) / t(1). Each time is the marginal per-call time of a jitted loop of `extend` calls ((time
+    of 2n calls - time of n calls) / n: no dispatch, no work hoisted out of the loop), in
+    interleaved rounds; c and v(T) are medians of per-round ratios, with their spread (IQR /
+    median). An estimate too noisy (spread above costs.MAX_SPREAD, or v(T) < 1) is refused: the
+    predictions and overheads that use it read "too noisy to predict". t(1) is timed again after
+    the sweep to detect load drift.
   * Predicted speedup (the paper's EXP) = analysis.walltime_improvement(alpha, gamma, c,
     v(gamma+1)) with the measured alpha (mean over drafted positions of sum_x min(p, q));
     measured (EMP) as above.
   * Profile per method: (decode time - prefill time) / loop steps = time per step, split into
     gamma x draft step, the verify call v(gamma+1) and the rest ("overhead": sampling, acceptance,
     the draft catch-up token, loop bookkeeping).
+  * Roofline (speculative/bench/roofline.py), per batch size: the bytes of weights a decode step
+    reads, the stream bandwidth of a bare jitted matvec of that size, the resulting floor per
+    token beside our baseline's decode step per token, and v(T) of a bare jitted stack of the
+    target's decoder matmuls beside the target's measured v(T).
   * Stock-equivalent check: the matmuls per step of the compiled stock-equivalent and baseline
     loops are counted in the optimized HLO (XLA may hoist the loop-invariant cross-attention K/V
     projection, in which case the two loops do the same work and the report says so).
@@ -53,1377 +61,300 @@ Outputs under `output_dir`: results.json (everything), results.md (tables in the
 paper's Tables 2 and 4, the targets check, the profile, the machine), speedup_vs_gamma.png and
 alpha.png.
 
-Drafters are named in the `drafters` option: 'model' (the draft model, `ModelDrafter`), 'unigram' /
-'bigram' (tables estimated on the training targets), 'prompt_lookup' (copying),
-'prompt_lookup+model' (copying, else the draft model), any name added with `register_drafter`, or
-'package.module:factory' for a factory defined elsewhere. A factory receives a `DrafterContext` and
-returns (drafter, draft_params). c of a drafter that is not a `ModelDrafter` is its measured
-propose(gamma) time / gamma / target step.
+Drafters are named in the `drafters` option (see speculative/bench/methods.py): 'model',
+'unigram', 'bigram', 'prompt_lookup', 'prompt_lookup+model', any name added with
+`methods.register_drafter`, or 'package.module:factory'. c of a drafter that is not a
+`ModelDrafter` is its measured propose(gamma) time / gamma / target step.
 """
+
 from __future__ import annotations
 
-import dataclasses
 import datetime
 import functools
-import gc
 import importlib
-import importlib.util
-import json
 import logging
-import math
-import os
-import platform
-import re
-import statistics
 import sys
 import time
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any
+from typing import Callable
+from typing import Mapping
+from typing import Sequence
 
-import jax
-import jax.numpy as jnp
 import numpy as np
 
-from speculative import analysis
-from speculative import decoding
-from speculative import drafters as drafters_lib
+from speculative import batching
 from speculative import infer
-from speculative import sampling as sampling_lib
+from speculative.bench import conclude as conclude_lib
+from speculative.bench import costs as costs_lib
+from speculative.bench import inputs as inputs_lib
+from speculative.bench import machine as machine_lib
+from speculative.bench import methods as methods_lib
+from speculative.bench import report as report_lib
+from speculative.bench import roofline
+from speculative.bench import sweep
 from speculative.models import t5 as t5_lib
 
-EOS_ID = 1
-BASELINE = "baseline"
-STOCK_EQUIVALENT = "stock_equivalent"
-STOCK_T5X = "stock_t5x"
-SPECULATIVE = "speculative"
 DEFAULT_QUICK_GIN = "configs/benchmark/quick.gin"
-
-# Targets of the benchmark (issue 4); checked and reported, never asserted in tests.
-TARGET_EXP_RATIO = 0.9       # batch 1, greedy: measured >= 0.9 x predicted
-TARGET_GREEDY = 1.5          # batch 1, greedy: >= 1.5x over our baseline
-TARGET_GREEDY_STOCK = 2.0    # batch 1, greedy: >= 2x over the stock (T5X or equivalent) baseline
-TARGET_SAMPLED = 1.3         # batch 1, temperature 1: >= 1.3x over our baseline
-TARGET_LARGE_BATCH = 1.0     # batch 8: never slower than the baseline
+DRIFT_WARNING = 0.15  # relative change of t(1) between before and after the sweep
 
 
-# ----------------------------------------------------------------------------------------------
-# Drafters (a registry, so n-gram / prompt-lookup drafters plug in by name).
-# ----------------------------------------------------------------------------------------------
+def _check_options(
+  *,
+  repeats,
+  num_examples,
+  inputs_length,
+  max_new_tokens,
+  cost_repeats,
+  batch_sizes,
+  temperatures,
+  stock_t5x,
+  drafters,
+  cost_position,
+) -> None:
+  """Raises ValueError on a bad option, before any work."""
+  for name, value in (
+    ("repeats", repeats),
+    ("num_examples", num_examples),
+    ("inputs_length", inputs_length),
+    ("max_new_tokens", max_new_tokens),
+    ("cost_repeats", cost_repeats),
+  ):
+    if not isinstance(value, (int, np.integer)) or value < 1:
+      raise ValueError(f"{name} must be an integer >= 1; got {value!r}")
+  if not batch_sizes or any(int(b) < 1 for b in batch_sizes):
+    raise ValueError(f"batch_sizes must be integers >= 1; got {batch_sizes!r}")
+  if not temperatures or any(float(t) < 0 for t in temperatures):
+    raise ValueError(f"temperatures must be >= 0; got {temperatures!r}")
+  if stock_t5x not in ("auto", "on", "off"):
+    raise ValueError(f"stock_t5x must be 'auto', 'on' or 'off'; got {stock_t5x!r}")
+  if stock_t5x == "on" and not methods_lib.t5x_available():
+    raise ValueError("stock_t5x='on' but t5x is not importable (pip install t5x, or use 'auto')")
+  if not drafters:
+    raise ValueError("drafters is empty")
+  for name in drafters:
+    methods_lib.resolve_drafter(name)
+  if cost_position < 1 or cost_position >= max_new_tokens:
+    raise ValueError(f"cost_position must be in [1, max_new_tokens); got {cost_position}")
 
 
-@dataclasses.dataclass(frozen=True)
-class DrafterContext:
-  """What a drafter factory may use.
-
-  Attributes:
-    target: the target model; target_params: its params.
-    draft: the draft model (None if no draft config was given); draft_params: its params.
-    vocab_size: the shared vocabulary size.
-    examples: the benchmark inputs (infer.Example).
-    train_sequences: callable returning the training corpus as decoder streams (token id arrays
-      [0, ..., 1]), lazily and cached: what n-gram tables are estimated from.
-  """
-  target: Any
-  target_params: Any
-  draft: Any
-  draft_params: Any
-  vocab_size: int
-  examples: Sequence[infer.Example]
-  train_sequences: Callable[[], Sequence[np.ndarray]]
-
-
-DrafterFactory = Callable[[DrafterContext], tuple[Any, Any]]
-
-
-def _model_drafter(ctx: DrafterContext) -> tuple[Any, Any]:
-  if ctx.draft is None:
-    raise ValueError("drafter 'model' needs draft_config (and a draft checkpoint)")
-  return drafters_lib.ModelDrafter(ctx.draft), ctx.draft_params
-
-
-def _drafter_class(name: str):
-  if not hasattr(drafters_lib, name):
-    raise ValueError(f"speculative.drafters has no {name}; cannot build this drafter")
-  return getattr(drafters_lib, name)
-
-
-def _unigram_drafter(ctx: DrafterContext) -> tuple[Any, Any]:
-  """i.i.d. draws from the training corpus' unigram table (c ~ 0; the paper's Table 3)."""
-  params = drafters_lib.estimate_unigram(ctx.train_sequences(), ctx.vocab_size)
-  return _drafter_class("UnigramDrafter")(ctx.vocab_size), params
-
-
-def _bigram_drafter(ctx: DrafterContext) -> tuple[Any, Any]:
-  """The training corpus' (sparse, smoothed) bigram table."""
-  params = drafters_lib.estimate_bigram(ctx.train_sequences(), ctx.vocab_size)
-  return _drafter_class("BigramDrafter")(ctx.vocab_size), params
-
-
-def _prompt_lookup_drafter(ctx: DrafterContext) -> tuple[Any, Any]:
-  """Copies continuations of n-gram matches in the stream or the source; no draft otherwise."""
-  return _drafter_class("PromptLookupDrafter")(ctx.vocab_size), None
+def _models(
+  *,
+  target_config,
+  target_checkpoint,
+  draft_config,
+  draft_checkpoint,
+  allow_random_init: bool,
+  seed: int,
+  drafters: Sequence[str],
+  examples,
+  warnings: list[str],
+) -> dict[str, Any]:
+  """The target, its stock-equivalent twin, the draft model and the drafters (same weights for
+  every method)."""
+  target, target_params, target_desc = inputs_lib.build_model(
+    target_config, target_checkpoint, allow_random_init=allow_random_init, seed=seed, what="target"
+  )
+  descriptions = {"target": target_desc}
+  draft = draft_params = None
+  if draft_config is not None:
+    draft, draft_params, descriptions["draft"] = inputs_lib.build_model(
+      draft_config,
+      draft_checkpoint,
+      allow_random_init=allow_random_init,
+      seed=seed + 1,
+      what="draft",
+    )
+    if draft.vocab_size != target.vocab_size:
+      raise ValueError(
+        f"draft and target vocabularies differ: {draft.vocab_size} != {target.vocab_size}"
+      )
+  if "random init" in target_desc or "random init" in descriptions.get("draft", ""):
+    warnings.append("RANDOM-INIT weights: α and speedups do not describe trained models.")
+  ctx = methods_lib.DrafterContext(
+    target=target,
+    target_params=target_params,
+    draft=draft,
+    draft_params=draft_params,
+    vocab_size=target.vocab_size,
+    examples=examples,
+    train_sequences=methods_lib.train_sequences,
+  )
+  return {
+    "target": target,
+    "target_params": target_params,
+    "stock_target": t5_lib.T5(target_config, cache_cross_kv=False),
+    "drafters": methods_lib.build_drafters(drafters, ctx, warnings),
+    "descriptions": descriptions,
+  }
 
 
-def _prompt_lookup_model_drafter(ctx: DrafterContext) -> tuple[Any, Any]:
-  """Prompt lookup, falling back to the draft model for rows without a match."""
-  model_drafter, params = _model_drafter(ctx)
-  return _drafter_class("PromptLookupDrafter")(ctx.vocab_size, fallback=model_drafter), params
-
-
-DRAFTER_FACTORIES: dict[str, DrafterFactory] = {
-    "model": _model_drafter,
-    "unigram": _unigram_drafter,
-    "bigram": _bigram_drafter,
-    "prompt_lookup": _prompt_lookup_drafter,
-    "prompt_lookup+model": _prompt_lookup_model_drafter,
-}
-
-
-def register_drafter(name: str, factory: DrafterFactory) -> None:
-  """Makes `name` usable in the `drafters` option; factory(ctx) -> (drafter, draft_params)."""
-  if not name or ":" in name:
-    raise ValueError(f"drafter names must be non-empty and contain no ':'; got {name!r}")
-  DRAFTER_FACTORIES[name] = factory
-
-
-def resolve_drafter(name: str) -> DrafterFactory:
-  """A registered name, or 'package.module:factory'."""
-  if name in DRAFTER_FACTORIES:
-    return DRAFTER_FACTORIES[name]
-  if ":" in name:
-    module_name, _, attribute = name.partition(":")
-    try:
-      module = importlib.import_module(module_name)
-    except ImportError as e:
-      raise ValueError(f"drafter {name!r}: cannot import {module_name!r} ({e})") from e
-    if not hasattr(module, attribute):
-      raise ValueError(f"drafter {name!r}: {module_name} has no attribute {attribute!r}")
-    return getattr(module, attribute)
-  raise ValueError(f"unknown drafter {name!r}; known: {sorted(DRAFTER_FACTORIES)} "
-                   "(or 'package.module:factory')")
-
-
-def _is_model_drafter(drafter: Any) -> bool:
-  return isinstance(drafter, drafters_lib.ModelDrafter)
-
-
-# ----------------------------------------------------------------------------------------------
-# Inputs and models.
-# ----------------------------------------------------------------------------------------------
-
-
-def synthetic_examples(num_examples: int, inputs_length: int, vocab_size: int,
-                       seed: int = 0) -> list[infer.Example]:
-  """Random token inputs (EOS-terminated, lengths in [inputs_length/2, inputs_length]); for smoke
-  tests only: they exercise the timing code, not translation."""
-  rng = np.random.default_rng(seed)
-  examples = []
-  for i in range(num_examples):
-    length = int(rng.integers(max(2, inputs_length // 2), inputs_length + 1))
-    tokens = np.concatenate([rng.integers(2, vocab_size, length - 1), [EOS_ID]]).astype(np.int32)
-    examples.append(infer.Example(i, f"<synthetic {i}>", None, tokens, False))
-  return examples
-
-
-def load_examples(*, task: str | None, split: str, input_file: str | None, input_prefix: str,
-                  inputs_length: int, num_examples: int, skip_truncated: bool
-                  ) -> tuple[list[infer.Example], int]:
-  """The first `num_examples` inputs (skipping those longer than inputs_length if asked).
-
-  Returns (examples, number skipped)."""
-  if (task is None) == (input_file is None):
-    raise ValueError("give exactly one of task and input_file")
-  limit = None if skip_truncated else num_examples
-  if task is not None:
-    examples = infer.examples_from_task(task, split, inputs_length, limit)
-  else:
-    from speculative import tasks
-    examples = infer.examples_from_file(input_file, tasks.get_vocabulary(), inputs_length,
-                                        input_prefix, limit)
-  skipped = 0
-  if skip_truncated:
-    kept = [e for e in examples if not e.truncated][:num_examples]
-    last = kept[-1].index if kept else -1
-    skipped = sum(e.truncated for e in examples if e.index <= last)
-    examples = kept
-  else:
-    examples = examples[:num_examples]
-  if len(examples) < num_examples:
-    logging.warning("only %d examples available (asked for %d)", len(examples), num_examples)
-  if not examples:
-    raise ValueError("no benchmark inputs")
-  return examples, skipped
-
-
-def build_model(config: t5_lib.T5Config, checkpoint: str | None, *, allow_random_init: bool,
-                seed: int, what: str) -> tuple[t5_lib.T5, Any, str]:
-  """(model, f32 params, description). A missing checkpoint is an error unless allow_random_init."""
-  if checkpoint and os.path.exists(checkpoint):
-    model, params = infer.load_model(config, checkpoint)
-    source = checkpoint
-  elif allow_random_init:
-    if checkpoint:
-      logging.warning("%s checkpoint %s does not exist: using RANDOM-INIT weights", what,
-                      checkpoint)
-    model = t5_lib.T5(config)
-    params = jax.jit(model.init_params)(jax.random.PRNGKey(seed))
-    source = "random init (seed %d)" % seed
-  else:
-    raise FileNotFoundError(f"{what} checkpoint does not exist: {checkpoint!r} (set "
-                            "allow_random_init=True, e.g. --quick, to time random weights)")
-  n_params = int(sum(np.prod(x.shape) for x in jax.tree_util.tree_leaves(params)))
-  return model, params, f"{source}, {n_params / 1e6:.1f}M params"
-
-
-def _batches(examples: Sequence[infer.Example], batch_size: int,
-             inputs_length: int) -> list[tuple[list[infer.Example], np.ndarray]]:
-  """Input batches [batch_size, inputs_length]; a short last batch repeats row 0 (not counted)."""
-  out = []
-  for i in range(0, len(examples), batch_size):
-    chunk = list(examples[i:i + batch_size])
-    padded = infer._pad_batch(chunk, batch_size, inputs_length)  # pylint: disable=protected-access
-    out.append((chunk, padded))
+def _cost_models(
+  models: dict[str, Any],
+  examples,
+  *,
+  plan: Mapping[int, Mapping[str, list[int]]],
+  inputs_length: int,
+  max_new_tokens: int,
+  position: int,
+  repeats: int,
+  min_seconds: float,
+  step_timers: dict[int, dict[str, costs_lib.Timer]],
+  with_roofline: bool,
+  log: Callable[[str], None],
+) -> dict[str, Any]:
+  """{batch size: cost model} (costs.measure_costs, and roofline.measure_roofline under
+  'roofline' if `with_roofline`) for the gammas of `plan` ({batch size: {drafter: gammas}});
+  fills step_timers[batch] with its timers."""
+  out = {}
+  for batch_size in sorted(plan):
+    max_gamma = max(max(g, default=1) for g in plan[batch_size].values())
+    log(f"cost model, batch {batch_size} ...")
+    cm = out[str(batch_size)] = costs_lib.measure_costs(
+      target=models["target"],
+      target_params=models["target_params"],
+      stock_target=models["stock_target"],
+      draft_models={
+        name: (d.model, p)
+        for name, (d, p) in models["drafters"].items()
+        if methods_lib.is_model_drafter(d)
+      },
+      encoder_tokens=batching.batches(examples, batch_size, inputs_length)[0][1],
+      max_length=1 + max_new_tokens + max_gamma + 1,  # the speculative loop's cache length
+      verify_lengths=range(2, max_gamma + 2),
+      position=position,
+      repeats=repeats,
+      min_seconds=min_seconds,
+      check_hoisting=batch_size == min(plan),
+      keep_timers=step_timers.setdefault(batch_size, {}),
+    )
+    if with_roofline:
+      config = models["target"].config
+      cm["roofline"] = roofline.measure_roofline(
+        models["target"].param_shapes(),
+        logits_via_embedding=config.logits_via_embedding,
+        emb_dim=config.emb_dim,
+        batch_size=batch_size,
+        verify_lengths=range(2, max_gamma + 2),
+        repeats=repeats,
+        min_seconds=min_seconds,
+      )
+    log(
+      f"  target step {1e3 * cm['target_step_s']:.2f} ms, stock-equivalent step "
+      f"{1e3 * cm['stock_equivalent_step_s']:.2f} ms, "
+      + ", ".join(
+        f"{n}: step {1e3 * d['draft_step_s']:.3f} ms c={d['c']:.3f}"
+        for n, d in cm["drafters"].items()
+      )
+      + f"; v={', '.join(f'{k}:{v:.2f}' for k, v in cm['v'].items())}"
+      + "".join(f"\n  too noisy: {reason}" for reason in cm["noise"]["refused"].values())
+    )
   return out
 
 
-# ----------------------------------------------------------------------------------------------
-# Timing primitives.
-# ----------------------------------------------------------------------------------------------
-
-
-def _timed(fn: Callable[[], Any]) -> tuple[float, Any]:
-  """Seconds for fn() including `block_until_ready` on its output."""
-  start = time.perf_counter()
-  out = fn()
-  jax.block_until_ready(out)
-  return time.perf_counter() - start, out
-
-
-@functools.partial(jax.jit, static_argnames=("model",))
-def _repeat_extend(params, cache, tokens, start, num_calls, *, model):
-  """`num_calls` chained `extend` calls on the same positions (what a decode step does).
-
-  The tokens fed at call i+1 are the argmax of call i's logits, so nothing is loop-invariant (XLA
-  cannot hoist work out of the loop) and the full logits are needed, as in greedy decoding.
-  tokens: [B, T] int32; start: [B] int32; num_calls: [] int32 (an array: no recompile per count).
-  """
-  def body(_, carry):
-    cache, tokens = carry
-    logits, cache = model.extend(params, cache, tokens, start)  # [B, T, V]
-    return cache, jnp.argmax(logits, axis=-1).astype(jnp.int32)  # [B, T]
-
-  cache, tokens = jax.lax.fori_loop(0, num_calls, body, (cache, tokens))
-  return tokens, cache
-
-
-@functools.partial(jax.jit, static_argnames=("model", "max_length"))
-def _prefill(params, encoder_tokens, *, model, max_length):
-  """What every decode pays once: encoder, cache allocation, the start-token prefill call."""
-  batch = encoder_tokens.shape[0]
-  cache = model.init_cache(params, batch, max_length, encoder_tokens)
-  logits, cache = model.extend(params, cache, jnp.zeros((batch, 1), jnp.int32),
-                               jnp.zeros((batch,), jnp.int32))
-  return logits, cache
-
-
-@functools.partial(jax.jit, static_argnames=("drafter", "gamma", "sampling"))
-def _repeat_propose(draft_params, state, tokens, lengths, rng, sampling_params, num_calls, *,
-                    drafter, gamma, sampling):
-  """`num_calls` chained `drafter.propose` calls at the same lengths (one fresh key per call).
-
-  tokens: [B, L] int32 stream buffer, valid on [0, lengths); lengths: [B] int32; rng: a typed key.
-  """
-  batch = tokens.shape[0]
-
-  def body(i, carry):
-    state, tokens, acc = carry
-    keys = jax.vmap(lambda row: jax.random.fold_in(jax.random.fold_in(rng, i), row))(
-        jnp.arange(batch))  # [B] typed keys, as the decode loop passes them
-    proposal, state = drafter.propose(draft_params, state, tokens, lengths, gamma, keys, sampling,
-                                      sampling_params)
-    # Write a draft token just past the committed length (never read: rows are valid on
-    # [0, lengths)), so the buffer is loop-variant and XLA cannot hoist a stateless propose.
-    tokens = jax.vmap(lambda row, t, n: row.at[n].set(t))(tokens, proposal.tokens[:, 0], lengths)
-    # The acceptance step reads the whole q (residual max(0, p - q)); so does this sum.
-    return state, tokens, acc + jnp.sum(proposal.probs)
-
-  state, _, acc = jax.lax.fori_loop(0, num_calls, body,
-                                    (state, tokens, jnp.zeros((), jnp.float32)))
-  return acc, state
-
-
-def _calibrate(fn: Callable[[int], Any], min_seconds: float, max_calls: int = 4096) -> int:
-  """Compiles and warms fn(num_calls) (a jitted loop), then returns the num_calls at which one
-  timing lasts >= min_seconds (so dispatch overhead is negligible)."""
-  _timed(lambda: fn(1))  # compile + warm
-  num_calls = 1
-  while num_calls < max_calls:
-    seconds, _ = _timed(lambda: fn(num_calls))
-    if seconds >= min_seconds:
-      break
-    num_calls = min(max_calls, max(num_calls * 2,
-                                   int(num_calls * min_seconds / max(seconds, 1e-6)) + 1))
-  return num_calls
-
-
-def median_per_call(timers: Mapping[str, Callable[[int], Any]], repeats: int,
-                    min_seconds: float, max_calls: Mapping[str, int] | None = None,
-                    marginal: Sequence[str] = ()) -> dict[str, float]:
-  """Median seconds per call of each timer fn(num_calls), timed in interleaved rounds (every
-  timer once per round), so a change of background load affects all of them alike and ratios such
-  as c and v(T) stay meaningful.
-
-  Timers named in `marginal` are jitted loops: their per-call time is the marginal one,
-  (time of 2n calls - time of n calls) / n, which excludes what a loop pays once per invocation:
-  dispatch, and work XLA hoisted out of the loop (e.g. the cross-attention K/V projection of a
-  loop-invariant encoder output), exactly as inside a decode loop. The difference is taken of the
-  medians over rounds; when noise makes it non-positive (a call so cheap that timer jitter
-  dominates), the whole-invocation time per call is used instead, an upper bound, with a warning."""
-  max_calls = dict(max_calls or {})
-  calls = {name: _calibrate(fn, min_seconds, max_calls.get(name, 4096))
-           for name, fn in timers.items()}
-  single: dict[str, list[float]] = {name: [] for name in timers}
-  double: dict[str, list[float]] = {name: [] for name in marginal}
-  for _ in range(repeats):
-    for name, fn in timers.items():
-      n = calls[name]
-      single[name].append(_timed(lambda: fn(n))[0])  # pylint: disable=cell-var-from-loop
-      if name in double:
-        double[name].append(_timed(lambda: fn(2 * n))[0])  # pylint: disable=cell-var-from-loop
-  per_call = {}
-  for name, times in single.items():
-    whole = statistics.median(times) / calls[name]
-    if name not in double:
-      per_call[name] = float(whole)
-      continue
-    extra = (statistics.median(double[name]) - statistics.median(times)) / calls[name]
-    if extra <= 0:
-      logging.warning("timer %s: marginal time per call not resolved above noise (%d calls); "
-                      "using the whole-invocation time per call, %.3g s", name, calls[name], whole)
-      extra = whole
-    per_call[name] = float(extra)
-  return per_call
-
-
-def loop_body_matmuls(compiled_hlo: str) -> int | None:
-  """Number of `dot` ops executed per iteration of the (largest) while loop of an optimized HLO
-  module, following called computations; None if no loop is found.
-
-  Used to check whether XLA hoisted loop-invariant work (e.g. the cross-attention K/V projection of
-  the fixed encoder output) out of a decode loop."""
-  computations: dict[str, list[str]] = {}
-  current = None
-  for line in compiled_hlo.splitlines():
-    match = re.match(r"^(?:ENTRY )?(%?[\w.\-]+) ", line)
-    if match and line.rstrip().endswith("{"):
-      current = match.group(1)
-      computations[current] = []
-    elif current is not None:
-      computations[current].append(line)
-
-  def count(name: str, seen: set[str]) -> int:
-    if name in seen or name not in computations:
-      return 0
-    seen.add(name)
-    total = 0
-    for line in computations[name]:
-      total += len(re.findall(r"= \S+ dot\(", line))
-      for callee in re.findall(r"(?:calls|to_apply|body|condition|branch_computations)="
-                               r"\{?(%?[\w.\-]+)", line):
-        total += count(callee, seen)
-    return total
-
-  bodies = re.findall(r"body=(%?[\w.\-]+)", compiled_hlo)
-  if not bodies:
-    return None
-  return max(count(body, set()) for body in bodies)
-
-
-def measure_costs(*, target, target_params, stock_target, draft_models: Mapping[str, Any],
-                  encoder_tokens: np.ndarray, max_length: int, verify_lengths: Sequence[int],
-                  position: int, repeats: int, min_seconds: float,
-                  check_hoisting: bool = True,
-                  keep_timers: dict[str, Callable[[int], Any]] | None = None) -> dict[str, Any]:
-  """Per-call times on this machine for one batch size (seconds), and c, v(T).
-
-  `draft_models` maps a drafter name to (draft model, params) for the drafters that are models
-  (`ModelDrafter`); costs['drafters'][name] gets their step time and c.
-
-  Every timing runs on a cache whose encoder part comes from the real `encoder_tokens` and whose
-  decoder part is prefilled up to `position` (a typical mid-sentence position); the T new tokens
-  are written at `position`.
-  """
-  batch = encoder_tokens.shape[0]
-  enc = jnp.asarray(encoder_tokens)
-  start = jnp.full((batch,), position, jnp.int32)
-
-  def cache_at_position(model, params):
-    cache = model.init_cache(params, batch, max_length, enc)
-    prefix = jnp.asarray(encoder_tokens[:, :position] if encoder_tokens.shape[1] >= position
-                         else np.ones((batch, position), np.int32))
-    _, cache = model.extend(params, cache, prefix, jnp.zeros((batch,), jnp.int32))
-    return jax.block_until_ready(cache)
-
-  def extend_timer(model, params, num_tokens):
-    cache = cache_at_position(model, params)
-    tokens = jnp.ones((batch, num_tokens), jnp.int32)
-    return lambda n: _repeat_extend(params, cache, tokens, start, jnp.asarray(n, jnp.int32),
-                                    model=model)
-
-  def body_matmuls(model, params):
-    cache = cache_at_position(model, params)
-    try:
-      hlo = _repeat_extend.lower(params, cache, jnp.ones((batch, 1), jnp.int32), start,
-                                 jnp.asarray(1, jnp.int32), model=model).compile().as_text()
-    except Exception as e:  # pylint: disable=broad-except  # a diagnostic only
-      logging.warning("could not inspect the compiled decode step: %s", e)
-      return None
-    return loop_body_matmuls(hlo)
-
-  def prefill_timer(model, params):
-    return lambda n: [_prefill(params, enc, model=model, max_length=max_length) for _ in range(n)]
-
-  timers = {f"target_{t}": extend_timer(target, target_params, t)
-            for t in sorted(set([1] + list(verify_lengths)))}
-  timers["target_prefill"] = prefill_timer(target, target_params)
-  timers["stock_1"] = extend_timer(stock_target, target_params, 1)
-  timers["stock_prefill"] = prefill_timer(stock_target, target_params)
-  draft_keys: dict[str, str] = {}  # drafter name -> timer prefix (drafters may share a model)
-  for name, (draft, draft_params) in draft_models.items():
-    prefix = next((draft_keys[other] for other, (_, p) in draft_models.items()
-                   if other in draft_keys and p is draft_params), f"draft[{name}]")
-    draft_keys[name] = prefix
-    if f"{prefix}_1" not in timers:
-      timers[f"{prefix}_1"] = extend_timer(draft, draft_params, 1)
-      timers[f"{prefix}_2"] = extend_timer(draft, draft_params, 2)
-      timers[f"{prefix}_prefill"] = prefill_timer(draft, draft_params)
-  seconds = median_per_call(timers, repeats, min_seconds,
-                            max_calls={k: 64 for k in timers if k.endswith("prefill")},
-                            marginal=[k for k in timers if not k.endswith("prefill")])
-  if keep_timers is not None:  # the caller re-times t(1) after the sweep, to detect load drift
-    keep_timers["target_1"] = timers["target_1"]
-
-  costs: dict[str, Any] = {"batch_size": batch, "position": position, "max_length": max_length}
-  target_times = {int(k.split("_")[1]): v for k, v in seconds.items()
-                  if k.startswith("target_") and k != "target_prefill"}
-  costs["target_step_s"] = target_times[1]
-  costs["target_extend_s"] = {str(k): v for k, v in sorted(target_times.items())}
-  costs["v"] = {str(k): v / target_times[1] for k, v in sorted(target_times.items())}
-  costs["target_prefill_s"] = seconds["target_prefill"]
-  costs["stock_equivalent_step_s"] = seconds["stock_1"]
-  costs["stock_equivalent_prefill_s"] = seconds["stock_prefill"]
-  if check_hoisting:
-    # XLA's loop-invariant code motion may hoist the per-step cross-attention K/V projection of the
-    # (loop-invariant) encoder output out of the loop, making the stock-equivalent loop do exactly
-    # the per-step work of ours. Record the matmuls per step of both, as evidence.
-    costs["loop_matmuls"] = {"baseline": body_matmuls(target, target_params),
-                             "stock_equivalent": body_matmuls(stock_target, target_params)}
-  costs["drafters"] = {}
-  for name, prefix in draft_keys.items():
-    costs["drafters"][name] = {"kind": "model", "draft_step_s": seconds[f"{prefix}_1"],
-                               "draft_catch_up_s": seconds[f"{prefix}_2"],
-                               "draft_prefill_s": seconds[f"{prefix}_prefill"],
-                               "c": seconds[f"{prefix}_1"] / costs["target_step_s"]}
-  return costs
-
-
-def measure_propose(drafter, draft_params, *, encoder_tokens: np.ndarray, max_length: int,
-                    position: int, gamma: int, sampling, sampling_params, repeats: int,
-                    min_seconds: float) -> float:
-  """Seconds per `drafter.propose(gamma)` call (generic: any Drafter), at a mid-sentence length."""
-  batch = encoder_tokens.shape[0]
-  tokens = np.ones((batch, max_length), np.int32)
-  tokens[:, :min(position, encoder_tokens.shape[1])] = encoder_tokens[:, :position]
-  tokens[:, 0] = 0
-  tokens = jnp.asarray(tokens)
-  lengths = jnp.full((batch,), position, jnp.int32)
-  state = drafter.init(draft_params, tokens[:, :position], lengths, max_length,
-                       jnp.asarray(encoder_tokens))
-  rng = jax.random.key(0)  # typed keys, as the decode loop passes them
-  timer = lambda n: _repeat_propose(  # noqa: E731
-      draft_params, state, tokens, lengths, rng, sampling_params, jnp.asarray(n, jnp.int32),
-      drafter=drafter, gamma=gamma, sampling=sampling)
-  return median_per_call({"propose": timer}, repeats, min_seconds, marginal=["propose"])["propose"]
-
-
-# ----------------------------------------------------------------------------------------------
-# Decoders (one callable per method: encoder_tokens [B, S], rng -> tokens, lengths, metrics).
-# ----------------------------------------------------------------------------------------------
-
-
-@dataclasses.dataclass
-class Method:
-  """One decoding method of a group and its measurements."""
-  name: str
-  kind: str
-  decode: Callable[[jax.Array, jax.Array], Any]
-  drafter: str | None = None
-  gamma: int | None = None
-  drafter_obj: Any = None
-  first_call_s: float | None = None  # compile + one decode of the first input batch
-  times: list[list[float]] = dataclasses.field(default_factory=list)  # [input batch][repeat]
-  outputs: list[dict[str, np.ndarray]] = dataclasses.field(default_factory=list)
-
-
-def _decode_outputs(kind: str, result: Any) -> dict[str, np.ndarray]:
-  """Host copies: tokens [B, N], lengths [B], and per-row counters."""
-  if kind == STOCK_T5X:
-    tokens = np.asarray(result)
-    is_eos = tokens == EOS_ID
-    lengths = np.where(is_eos.any(1), is_eos.argmax(1) + 1, tokens.shape[1])
-    tokens = np.where(np.arange(tokens.shape[1])[None] < lengths[:, None], tokens, 0)
-    zeros = np.zeros(tokens.shape[0])
-    return {"tokens": tokens, "lengths": lengths, "target_calls": lengths, "drafted": zeros,
-            "accepted": zeros, "alpha_sum": zeros, "invalid": zeros.astype(bool)}
-  metrics = result.metrics
-  return {"tokens": np.asarray(result.tokens), "lengths": np.asarray(result.lengths),
-          "target_calls": np.asarray(metrics.target_calls), "drafted": np.asarray(metrics.drafted),
-          "accepted": np.asarray(metrics.accepted), "alpha_sum": np.asarray(metrics.alpha_sum),
-          "invalid": np.asarray(metrics.invalid)}
-
-
-def t5x_available() -> bool:
-  return importlib.util.find_spec("t5x") is not None
-
-
-def make_stock_t5x_decode(config: t5_lib.T5Config, params: Any, *, max_new_tokens: int,
-                          temperature: float) -> Callable[[jax.Array, jax.Array], jax.Array]:
-  """Stock T5X decoding: `EncoderDecoderModel(decode_fn=t5x.decoding.temperature_sample)` with
-  T5X's own network (`t5x.examples.t5.network.Transformer`) on the same parameter tree.
-
-  T5X's `temperature_sample` defaults to topk=1, i.e. greedy even at temperature 1; sampling from
-  the model's distribution needs topk=0, which is what we pass for temperature > 0. Temperature 0 is
-  greedy in T5X regardless of topk.
-  """
-  from t5x import decoding as t5x_decoding  # pylint: disable=g-import-not-at-top
-  from t5x import models as t5x_models  # pylint: disable=g-import-not-at-top
-  from t5x.examples.t5 import network as t5x_network  # pylint: disable=g-import-not-at-top
-
-  from speculative import tasks
-  net_config = t5x_network.T5Config(
-      vocab_size=config.vocab_size, dtype=jnp.dtype(config.dtype), emb_dim=config.emb_dim,
-      num_heads=config.num_heads, num_encoder_layers=config.num_encoder_layers,
-      num_decoder_layers=config.num_decoder_layers, head_dim=config.head_dim,
-      mlp_dim=config.mlp_dim, mlp_activations=tuple(config.mlp_activations), dropout_rate=0.0,
-      logits_via_embedding=config.logits_via_embedding,
-      float32_attention_logits=getattr(config, "float32_attention_logits", False))
-  vocabulary = tasks.get_vocabulary()
-  model = t5x_models.EncoderDecoderModel(
-      module=t5x_network.Transformer(config=net_config), input_vocabulary=vocabulary,
-      output_vocabulary=vocabulary, optimizer_def=None,
-      decode_fn=t5x_decoding.temperature_sample)
-  decoder_params = {"temperature": float(temperature), "topk": 0 if temperature > 0 else 1}
-
-  @jax.jit
-  def predict(params, encoder_tokens, rng):
-    batch = {"encoder_input_tokens": encoder_tokens,
-             "decoder_input_tokens": jnp.zeros((encoder_tokens.shape[0], max_new_tokens),
-                                               jnp.int32)}
-    decodes, _ = model.predict_batch_with_aux(params, batch, rng=rng,
-                                              decoder_params=dict(decoder_params))
-    return decodes  # [B, max_new_tokens]
-
-  return lambda encoder_tokens, rng: predict(params, encoder_tokens, rng)
-
-
-# ----------------------------------------------------------------------------------------------
-# The benchmark.
-# ----------------------------------------------------------------------------------------------
-
-
-def _gammas_for(gammas: Sequence[int] | Mapping[Any, Sequence[int]], batch_size: int,
-                allow_empty: bool = False, what: str = "gammas") -> list[int]:
-  """The gammas of one batch size from a list (every batch size) or a {batch size: list} dict."""
-  if isinstance(gammas, Mapping):
-    key = batch_size if batch_size in gammas else str(batch_size)
-    if key not in gammas:
-      raise ValueError(f"{what} has no entry for batch size {batch_size}: {dict(gammas)}")
-    values = list(gammas[key])
-  else:
-    values = list(gammas)
-  for g in values:
-    if not isinstance(g, (int, np.integer)) or isinstance(g, bool) or g < 1:
-      raise ValueError(f"gammas must be integers >= 1; got {g!r}")
-  if not values and not allow_empty:
-    raise ValueError(f"no {what} for batch size {batch_size}")
-  return sorted(set(int(g) for g in values))
-
-
-def _machine() -> dict[str, Any]:
-  cpu = platform.processor() or platform.machine()
-  try:
-    with open("/proc/cpuinfo", encoding="utf-8") as f:
-      for line in f:
-        if line.startswith("model name"):
-          cpu = line.split(":", 1)[1].strip()
-          break
-  except OSError:
-    pass
-  memory_gib = None
-  try:
-    with open("/proc/meminfo", encoding="utf-8") as f:
-      for line in f:
-        if line.startswith("MemTotal"):
-          memory_gib = int(line.split()[1]) / 2**20
-          break
-  except OSError:
-    pass
-  try:
-    usable = len(os.sched_getaffinity(0))
-  except AttributeError:  # pragma: no cover
-    usable = os.cpu_count()
-  return {"cpu": cpu, "cpu_count": os.cpu_count(), "usable_cores": usable,
-          "memory_gib": None if memory_gib is None else round(memory_gib, 1),
-          "platform": platform.platform(), "python": platform.python_version(),
-          "jax": jax.__version__, "backend": jax.default_backend(),
-          "devices": [str(d) for d in jax.devices()],
-          "load_average_start": list(os.getloadavg())}
-
-
-def _sum_rows(method: Method, batches, key: str) -> float:
-  """Sum of a per-row counter over the real (non-padding) rows of every input batch."""
-  total = 0.0
-  for (chunk, _), out in zip(batches, method.outputs):
-    total += float(np.sum(out[key][:len(chunk)]))
-  return total
-
-
-def _method_row(method: Method, batches, group: dict[str, Any]) -> dict[str, Any]:
-  """Walltime, tokens and counters of one method in one group."""
-  medians = [float(statistics.median(t)) for t in method.times]
-  walltime = float(sum(medians))
-  tokens = _sum_rows(method, batches, "lengths")
-  steps = float(sum(int(np.max(out["target_calls"])) for out in method.outputs))
-  row = {
-      "name": method.name, "method": method.kind, "drafter": method.drafter,
-      "gamma": method.gamma, "batch_size": group["batch_size"],
-      "temperature": group["temperature"], "examples": group["examples"],
-      "walltime_s": walltime, "walltime_per_batch_s": medians,
-      # Sum of per-batch minima: on a shared, loaded machine the minimum is the less noisy estimate.
-      "walltime_min_s": float(sum(min(t) for t in method.times)),
-      "repeat_spread": float(np.mean([(max(t) - min(t)) / max(statistics.median(t), 1e-12)
-                                      for t in method.times])),
-      # Compile time = the first call minus a steady-state decode of the same input batch.
-      "compile_s": method.first_call_s - medians[0], "first_call_s": method.first_call_s,
-      "generated_tokens": int(tokens),
-      "tokens_per_s": tokens / walltime if walltime > 0 else float("nan"),
-      "ms_per_token": 1e3 * walltime / tokens if tokens else float("nan"),
-      "target_calls": int(_sum_rows(method, batches, "target_calls")),
-      "loop_steps": int(steps),
-  }
-  if method.kind == SPECULATIVE:
-    row["drafted_tokens"] = int(_sum_rows(method, batches, "drafted"))
-    # gamma for a drafter that always drafts gamma tokens; less for prompt lookup without a match
-    # (EXP assumes gamma drafted tokens per call, so it overestimates such drafters).
-    row["drafted_per_call"] = row["drafted_tokens"] / max(row["target_calls"], 1)
-    row["accepted_tokens"] = int(_sum_rows(method, batches, "accepted"))
-    alpha_sum = _sum_rows(method, batches, "alpha_sum")
-    row["alpha"] = (min(1.0, max(0.0, alpha_sum / row["drafted_tokens"]))
-                    if row["drafted_tokens"] else None)
-  return row
-
-
-def _identical_rows(method: Method, reference: Method, batches) -> int:
-  same = 0
-  for (chunk, _), out, ref in zip(batches, method.outputs, reference.outputs):
-    for r in range(len(chunk)):
-      n, m = int(out["lengths"][r]), int(ref["lengths"][r])
-      same += int(n == m and np.array_equal(out["tokens"][r, :n], ref["tokens"][r, :m]))
-  return same
-
-
-def run_group(*, batch_size: int, temperature: float, examples, inputs_length: int,
-              max_new_tokens: int, target, target_params, stock_target, drafters: Mapping[str, Any],
-              gammas: Mapping[str, Sequence[int]], costs: dict[str, Any], repeats: int, seed: int,
-              stock_t5x_decode: Callable | None, cost_repeats: int, cost_min_seconds: float,
-              position: int, log: Callable[[str], None]) -> dict[str, Any]:
-  """Times every method of one (batch size, temperature) group; returns rows and summaries.
-
-  `drafters` maps a name to (drafter, draft params); `gammas` a drafter name to its gammas here."""
-  sampling, sampling_params = sampling_lib.make_sampling(temperature)
-  batches = _batches(examples, batch_size, inputs_length)
-  group = {"batch_size": batch_size, "temperature": temperature, "examples": len(examples),
-           "input_batches": len(batches)}
-
-  def autoregressive(model):
-    return lambda enc, rng: decoding.autoregressive_decode(
-        model, target_params, None, max_new_tokens=max_new_tokens, sampling=sampling,
-        sampling_params=sampling_params, rng=rng, eos_id=EOS_ID, encoder_tokens=enc,
-        check_finite=False)
-
-  def speculative(drafter, draft_params, gamma):
-    return lambda enc, rng: decoding.speculative_decode(
-        target, target_params, drafter, draft_params, None, gamma=gamma,
-        max_new_tokens=max_new_tokens, sampling=sampling, sampling_params=sampling_params,
-        rng=rng, eos_id=EOS_ID, encoder_tokens=enc, check_finite=False)
-
-  methods = [Method(BASELINE, BASELINE, autoregressive(target)),
-             Method(STOCK_EQUIVALENT, STOCK_EQUIVALENT, autoregressive(stock_target))]
-  if stock_t5x_decode is not None:
-    methods.append(Method(STOCK_T5X, STOCK_T5X, stock_t5x_decode(temperature)))
-  for drafter_name, (drafter, draft_params) in drafters.items():
-    for gamma in gammas.get(drafter_name, ()):
-      methods.append(Method(f"{drafter_name}/gamma={gamma}", SPECULATIVE,
-                            speculative(drafter, draft_params, gamma), drafter=drafter_name,
-                            gamma=gamma, drafter_obj=(drafter, draft_params)))
-
-  # Compile each method on the first batch (its time is reported separately from steady state).
-  first = jnp.asarray(batches[0][1])
-  for method in methods:
-    method.first_call_s, _ = _timed(
-        lambda: method.decode(first, jax.random.fold_in(jax.random.PRNGKey(seed), 0)))
-    log(f"  compiled {method.name}: {method.first_call_s:.1f}s")
-
-  # Steady state: interleaved per input batch, the method order rotating per batch and repeat.
-  gc.collect()
-  gc_was_enabled = gc.isenabled()
-  gc.disable()
-  try:
-    for batch_index, (_, encoder_tokens) in enumerate(batches):
-      enc = jnp.asarray(encoder_tokens)
-      rng = jax.random.fold_in(jax.random.PRNGKey(seed), batch_index)
-      times = {m.name: [] for m in methods}
-      for repeat in range(repeats):
-        shift = (batch_index + repeat) % len(methods)  # every method takes every slot
-        for method in methods[shift:] + methods[:shift]:
-          seconds, result = _timed(lambda: method.decode(enc, rng))
-          times[method.name].append(seconds)
-          if repeat == 0:
-            method.outputs.append(_decode_outputs(method.kind, result))
-      for method in methods:
-        method.times.append(times[method.name])
-  finally:
-    if gc_was_enabled:
-      gc.enable()
-
-  for method in methods:
-    for (chunk, _), out in zip(batches, method.outputs):
-      if np.any(out["invalid"][:len(chunk)]):
-        raise FloatingPointError(f"{method.name}: NaN/inf logits (no valid distribution)")
-
-  baseline = methods[0]
-  rows = {m.name: _method_row(m, batches, group) for m in methods}
-  base_row = rows[BASELINE]
-  stock_name = STOCK_T5X if STOCK_T5X in rows else STOCK_EQUIVALENT
-  greedy = temperature == 0
-  baselines = []
-  for method in methods:
-    if method.kind == SPECULATIVE:
-      continue
-    row = rows[method.name]
-    row["speedup_vs_baseline"] = base_row["walltime_s"] / row["walltime_s"]
-    if greedy:
-      row["identical_to_baseline"] = _identical_rows(method, baseline, batches)
-    step_s = costs["target_step_s"] if method.kind == BASELINE else (
-        costs["stock_equivalent_step_s"] if method.kind == STOCK_EQUIVALENT else None)
-    prefill_s = costs["target_prefill_s"] if method.kind == BASELINE else (
-        costs["stock_equivalent_prefill_s"] if method.kind == STOCK_EQUIVALENT else None)
-    if step_s is not None:
-      row["profile"] = _profile(row, prefill_s, {"target_step_s": step_s})
-    baselines.append(row)
-
-  speculative_rows = []
-  v_fn = analysis.verify_cost_fn({int(k): v for k, v in costs["v"].items()})
-  for method in methods:
-    if method.kind != SPECULATIVE:
-      continue
-    row = rows[method.name]
-    drafter, draft_params = method.drafter_obj
-    gamma = method.gamma
-    verify_s = costs["target_extend_s"].get(str(gamma + 1))
-    if verify_s is None:
-      verify_s = v_fn(gamma + 1) * costs["target_step_s"]
-    if costs["drafters"].get(method.drafter, {}).get("kind") == "model":
-      drafter_costs = costs["drafters"][method.drafter]
-      c = drafter_costs["c"]
-      draft_s = gamma * drafter_costs["draft_step_s"]
-      draft_prefill_s = drafter_costs["draft_prefill_s"]
-      c_source = "draft extend(T=1) / target extend(T=1)"
-    else:
-      # Not a model: time its whole propose(gamma) call (it depends on the sampling strategy).
-      draft_s = measure_propose(
-          drafter, draft_params, encoder_tokens=batches[0][1], max_length=costs["max_length"],
-          position=position, gamma=gamma, sampling=sampling, sampling_params=sampling_params,
-          repeats=cost_repeats, min_seconds=cost_min_seconds)
-      costs["drafters"].setdefault(method.drafter, {"kind": "propose", "propose_s": {}})
-      costs["drafters"][method.drafter]["propose_s"][_propose_key(gamma, temperature)] = draft_s
-      c = draft_s / gamma / costs["target_step_s"]
-      draft_prefill_s = 0.0
-      c_source = "propose(gamma) / gamma / target extend(T=1)"
-    metrics = dict(row)
-    metrics.update(c=c, v=costs["v"].get(str(gamma + 1), v_fn(gamma + 1)),
-                   baseline_walltime=base_row["walltime_s"],
-                   speculative_walltime=row["walltime_s"])
-    if row["drafted_tokens"] > 0:
-      row = analysis.speedup_row(metrics)
-    else:
-      # Nothing was drafted (e.g. prompt lookup never found a match): every call verified gamma+1
-      # positions and emitted one token, which costs what alpha = 0 costs in Theorem 3.8.
-      row = dict(metrics)
-      row.update(block_efficiency=row["generated_tokens"] / max(row["target_calls"], 1),
-                 acceptance_rate=None, alpha=None, alpha_used=0.0,
-                 alpha_source="nothing drafted (costed as alpha = 0)", expected_tokens=1.0,
-                 alpha_from_block_efficiency=None,
-                 predicted_speedup=float(analysis.walltime_improvement(0.0, gamma, c,
-                                                                       metrics["v"])),
-                 measured_speedup=base_row["walltime_s"] / row["walltime_s"])
-    row["c_source"] = c_source
-    row["speedup_vs_stock"] = rows[stock_name]["walltime_s"] / row["walltime_s"]
-    # Per generated token: under sampling the methods generate different (equally distributed)
-    # outputs, so their lengths differ by chance; this ratio is less sensitive to that.
-    row["speedup_per_token"] = base_row["ms_per_token"] / row["ms_per_token"]
-    row["measured_speedup_min"] = base_row["walltime_min_s"] / row["walltime_min_s"]
-    row["stock_baseline"] = stock_name
-    row["measured_over_predicted"] = row["measured_speedup"] / row["predicted_speedup"]
-    if greedy:
-      row["identical_to_baseline"] = _identical_rows(method, baseline, batches)
-    row["profile"] = _profile(row, costs["target_prefill_s"] + draft_prefill_s,
-                              {"draft_s": draft_s, "verify_s": verify_s})
-    speculative_rows.append(row)
-  log(_group_summary(group, baselines, speculative_rows))
-  return {"group": group, "baselines": baselines, "speculative": speculative_rows}
-
-
-def _propose_key(gamma: int, temperature: float) -> str:
-  return f"gamma={gamma},T={temperature:g}"
-
-
-def _profile(row: dict[str, Any], prefill_s: float, parts: dict[str, float]) -> dict[str, Any]:
-  """Time per loop step from the measured decode time, split into the measured parts + overhead."""
-  steps = max(row["loop_steps"], 1)
-  batches = max(len(row["walltime_per_batch_s"]), 1)
-  step_s = (row["walltime_s"] - batches * prefill_s) / steps
-  profile = {"prefill_s_per_decode": prefill_s, "step_s": step_s}
-  profile.update(parts)
-  profile["overhead_s"] = step_s - sum(parts.values())
-  # Negative values (possible under a noisy, shared CPU) are kept: they flag unreliable timings.
-  profile["overhead_fraction"] = profile["overhead_s"] / step_s if step_s != 0 else None
-  profile["prefill_fraction"] = batches * prefill_s / row["walltime_s"]
-  return profile
-
-
-def _group_summary(group, baselines, speculative_rows) -> str:
-  lines = [f"batch {group['batch_size']} temperature {group['temperature']}:"]
-  for row in baselines:
-    lines.append(f"  {row['name']:>18}: {row['walltime_s']:.3f}s {row['tokens_per_s']:.1f} tok/s")
-  for row in speculative_rows:
-    lines.append(f"  {row['name']:>18}: {row['walltime_s']:.3f}s {row['tokens_per_s']:.1f} tok/s "
-                 f"alpha {row['alpha_used']:.3f} EXP {row['predicted_speedup']:.2f}x "
-                 f"EMP {row['measured_speedup']:.2f}x")
-  return "\n".join(lines)
-
-
-def choose_gammas(groups: Sequence[dict[str, Any]], fallback_threshold: float
-                  ) -> list[dict[str, Any]]:
-  """Per (batch, temperature, drafter): the measured gamma with the best predicted speedup, or plain
-  decoding when even that prediction is below `fallback_threshold`. Also reports the best measured
-  gamma (an optimistic pick: the maximum of noisy measurements)."""
-  choices = []
-  for g in groups:
-    by_drafter: dict[str, list[dict[str, Any]]] = {}
-    for row in g["speculative"]:
-      by_drafter.setdefault(row["drafter"], []).append(row)
-    for drafter, rows in by_drafter.items():
-      best_pred = max(rows, key=lambda r: (r["predicted_speedup"], -r["gamma"]))
-      best_meas = max(rows, key=lambda r: (r["measured_speedup"], -r["gamma"]))
-      fallback = best_pred["predicted_speedup"] < fallback_threshold
-      choices.append({
-          "batch_size": g["group"]["batch_size"], "temperature": g["group"]["temperature"],
-          "drafter": drafter, "decision": "plain decoding" if fallback else "speculative",
-          "gamma": None if fallback else best_pred["gamma"],
-          "predicted_best_gamma": best_pred["gamma"],
-          "predicted_speedup": best_pred["predicted_speedup"],
-          "measured_speedup": 1.0 if fallback else best_pred["measured_speedup"],
-          "measured_speedup_at_predicted_gamma": best_pred["measured_speedup"],
-          "speedup_vs_stock": (None if fallback else best_pred["speedup_vs_stock"]),
-          "best_measured_gamma": best_meas["gamma"],
-          "best_measured_speedup": best_meas["measured_speedup"],
-      })
-  return choices
-
-
-def check_targets(groups: Sequence[dict[str, Any]], choices: Sequence[dict[str, Any]],
-                  primary_drafter: str) -> list[dict[str, Any]]:
-  """The issue's targets for the primary drafter, each evaluated at the gamma with the best
-  predicted speedup (the policy's gamma; for batch > 1 the policy's decision, which may be plain
-  decoding). Every entry names its (batch size, temperature, gamma) so the profile can explain
-  it."""
-  rows = {(g["group"]["batch_size"], g["group"]["temperature"], r["drafter"], r["gamma"]): r
-          for g in groups for r in g["speculative"]}
-  results = []
-
-  def add(name, value, threshold, choice, note):
-    results.append({"target": name, "value": value, "threshold": threshold,
-                    "met": bool(value >= threshold),
-                    "shortfall": None if value >= threshold else threshold - value,
-                    "relative": value / threshold, "note": note,
-                    "batch_size": choice["batch_size"], "temperature": choice["temperature"],
-                    "drafter": choice["drafter"], "gamma": choice["predicted_best_gamma"]})
-
-  for c in choices:
-    if c["drafter"] != primary_drafter:
-      continue
-    r = rows[(c["batch_size"], c["temperature"], c["drafter"], c["predicted_best_gamma"])]
-    gamma_note = f"γ={r['gamma']}"
-    if c["batch_size"] == 1 and c["temperature"] == 0:
-      if c["decision"] == "plain decoding":
-        gamma_note += " (the policy would fall back to plain decoding)"
-      add("batch 1, greedy: measured / predicted speedup", r["measured_over_predicted"],
-          TARGET_EXP_RATIO, c, gamma_note)
-      add("batch 1, greedy: speedup over our baseline", r["measured_speedup"], TARGET_GREEDY, c,
-          gamma_note)
-      add(f"batch 1, greedy: speedup over {r['stock_baseline']}", r["speedup_vs_stock"],
-          TARGET_GREEDY_STOCK, c, gamma_note)
-    elif c["batch_size"] == 1:
-      add(f"batch 1, temperature {c['temperature']:g}: speedup over our baseline",
-          r["measured_speedup"], TARGET_SAMPLED, c,
-          f"{gamma_note}; per generated token {r['speedup_per_token']:.2f}X")
-    else:
-      label = "greedy" if c["temperature"] == 0 else f"temperature {c['temperature']:g}"
-      if c["decision"] == "plain decoding":
-        note = (f"the policy falls back to plain decoding (best predicted "
-                f"{c['predicted_speedup']:.2f}X at γ={r['gamma']}, measured there "
-                f"{r['measured_speedup']:.2f}X)")
-      else:
-        note = gamma_note
-      add(f"batch {c['batch_size']}, {label}: never slower than the baseline",
-          c["measured_speedup"], TARGET_LARGE_BATCH, c, note)
-  return results
-
-
-# ----------------------------------------------------------------------------------------------
-# Report: Markdown and plots.
-# ----------------------------------------------------------------------------------------------
-
-
-def _fmt(value: Any, digits: int = 2, suffix: str = "", scale: float = 1.0) -> str:
-  """A table cell: floats to `digits` decimals after multiplying by `scale`; None -> '-'."""
-  if value is None:
-    return "-"
-  if isinstance(value, float) and math.isnan(value):
-    return "nan"
-  if isinstance(value, (float, np.floating)):
-    return f"{scale * value:.{digits}f}{suffix}"
-  if scale != 1.0 and isinstance(value, (int, np.integer)):
-    return f"{scale * value:.{digits}f}{suffix}"
-  return f"{value}{suffix}"
-
-
-def _table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
-  lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
-  lines += ["| " + " | ".join(str(c) for c in r) + " |" for r in rows]
-  return "\n".join(lines)
-
-
-def _loads(values: Sequence[float]) -> str:
-  return ", ".join(f"{x:.2f}" for x in values)
-
-
-def format_report(report: dict[str, Any]) -> str:
-  """The results page (Markdown)."""
-  cfg, machine = report["config"], report["machine"]
-  lines = [f"# {report['title']}", ""]
-  lines += [f"Regenerate with `{report['command']}` (from the repository root, on a quiet "
-            f"machine). Generated {report['generated_at']}.", ""]
-  lines += ["## Machine", "",
-            f"{machine['cpu']}; {machine['usable_cores']} usable of {machine['cpu_count']} CPU "
-            f"cores; {_fmt(machine['memory_gib'], 1)} GiB RAM; {machine['platform']}; "
-            f"Python {machine['python']}, jax {machine['jax']} (backend: {machine['backend']}). "
-            f"Load average (1/5/15 min) at start {_loads(machine['load_average_start'])}, at end "
-            f"{_loads(machine.get('load_average_end', []))}"
-            " (a load above the core count means other processes shared the CPU and timings are "
-            "noisy).", ""]
-  warn = [w for w in report.get("warnings", [])]
-  if warn:
-    lines += ["**Warnings:** " + " ".join(warn), ""]
-  lines += ["## Setup", "",
-            f"- Target: `{cfg['target_name']}` ({report['models']['target']}). "
-            f"Draft: `{cfg['draft_name']}` ({report['models'].get('draft', '-')}).",
-            f"- Inputs: {report['inputs']}, padded to {cfg['inputs_length']} tokens; at most "
-            f"{cfg['max_new_tokens']} new tokens, stop at EOS. f32 everywhere.",
-            f"- Drafters: {', '.join(cfg['drafters'])}. Batch sizes {cfg['batch_sizes']}, "
-            f"temperatures {cfg['temperatures']} (0 = greedy), top-k/top-p off.",
-            f"- Timing: every method compiled first (compile time separate), then each input batch "
-            f"decoded {cfg['repeats']}x by every method, interleaved; walltime = sum over input "
-            "batches of the median; `block_until_ready` on each call. Speedup = baseline / "
-            "speculative walltime on the same inputs and weights.",
-            "- Baselines: `baseline` = our cached loop, one target call per token; "
-            "`stock_equivalent` = the same loop with the cross-attention K/V recomputed from the "
-            "encoder output at every step, as T5X's decoder does"
-            + ("; `stock_t5x` = `t5x.decoding.temperature_sample` via T5X's `EncoderDecoderModel` "
-               "and network on the same weights (topk=0 when sampling; T5X's default topk=1 would "
-               "be greedy)." if cfg["stock_t5x"] else
-               " (t5x is not installed here, so this stands in for stock T5X)."),
-            "- EXP (predicted) = E[#tokens] / (gamma c + v(gamma+1)) with E[#tokens] = "
-            "(1 - alpha^(gamma+1)) / (1 - alpha) (Eq. 1, Thm 3.8 with the measured verify cost), "
-            "alpha = mean over drafted positions of sum_x min(p, q); EMP = measured.", ""]
-
-  lines += ["## Cost model (measured)", "",
-            "Per-call times of warm jitted `extend` calls on a realistic cache (encoder run on the "
-            "real inputs, decoder cache prefilled to a mid-sentence position), median of repeats. "
-            "c = draft step / target step; v(T) = target T-token call / target 1-token call.", ""]
-  header = ["batch", "target step ms", "(after the sweep)", "stock-equiv. step ms",
-            "target prefill ms"]
-  t_max = max(max(int(k) for k in cm["v"]) for cm in report["costs"].values())
-  header += [f"v({t})" for t in range(2, t_max + 1)]
-  rows, draft_rows = [], []
-  for b, cm in sorted(report["costs"].items(), key=lambda kv: int(kv[0])):
-    rows.append([b, _fmt(cm["target_step_s"], scale=1e3),
-                 _fmt(cm.get("target_step_s_after"), scale=1e3),
-                 _fmt(cm["stock_equivalent_step_s"], scale=1e3),
-                 _fmt(cm["target_prefill_s"], scale=1e3)]
-                + [_fmt(cm["v"].get(str(t)), 2) for t in range(2, t_max + 1)])
-    for name, dc in cm.get("drafters", {}).items():
-      if dc["kind"] == "model":
-        draft_rows.append([b, name, _fmt(dc["draft_step_s"], 3, scale=1e3),
-                           _fmt(dc["draft_catch_up_s"], 3, scale=1e3), _fmt(dc["c"], 3),
-                           _fmt(dc["draft_prefill_s"], scale=1e3)])
-      else:
-        per_gamma = ", ".join(f"{k}: {1e3 * s:.3f}" for k, s in dc["propose_s"].items())
-        draft_rows.append([b, name, f"propose ms {per_gamma}", "-", "per γ", "-"])
-  lines += [_table(header, rows), ""]
-  hoist = next((cm.get("loop_matmuls") for cm in report["costs"].values()
-                if cm.get("loop_matmuls")), None)
-  if hoist and hoist.get("baseline") is not None:
-    if hoist["baseline"] == hoist["stock_equivalent"]:
-      lines += [f"**Stock-equivalent = ours after XLA.** The compiled decode step of "
-                f"`stock_equivalent` runs the same {hoist['baseline']} matmuls per step as ours: "
-                "XLA's loop-invariant code motion hoists the cross-attention K/V projection of the "
-                "fixed encoder output out of the loop, so recomputing it \"every step\" costs "
-                "nothing after compilation. T5X's `temperature_sample` closes over the same "
-                "loop-invariant encoder output, so the same optimization applies to it; "
-                "differences between `baseline` and `stock_equivalent` here are noise. "
-                + ("`stock_t5x` above is T5X itself." if cfg["stock_t5x"] else
-                   "Timing stock T5X itself needs t5x installed (`stock_t5x='on'`)."), ""]
-    else:
-      lines += [f"The compiled decode step of `stock_equivalent` runs {hoist['stock_equivalent']} "
-                f"matmuls per step, ours {hoist['baseline']} (the cross-attention K/V are "
-                "recomputed every step).", ""]
-  if draft_rows:
-    lines += [_table(["batch", "drafter", "draft step ms", "draft 2-token call ms", "c",
-                      "draft prefill ms"], draft_rows), ""]
-
-  lines += ["## Speedup (layout of the paper's Table 2)", ""]
-  rows = []
-  for g in report["groups"]:
-    for r in g["speculative"]:
-      rows.append([cfg["task_label"], r["drafter"], _fmt(r["temperature"], 0),
-                   r["batch_size"], r["gamma"], _fmt(r["alpha_used"]),
-                   _fmt(r["measured_speedup"], 2, "X"), _fmt(r["speedup_per_token"], 2, "X"),
-                   _fmt(r["speedup_vs_stock"], 2, "X")])
-  lines += [_table(["TASK", "M_q", "TEMP", "BATCH", "γ", "α", "SPEED", "SPEED per token",
-                    "SPEED vs stock"], rows),
-            "", "SPEED = baseline walltime / speculative walltime (our own baseline); SPEED per "
-            "token = ratio of ms per generated token (differs from SPEED under sampling, where "
-            "output lengths differ by chance); SPEED vs stock is over "
-            + ("stock T5X." if cfg["stock_t5x"] else "the stock-T5X-equivalent loop."), ""]
-
-  lines += ["## Predicted vs measured (layout of the paper's Table 4)", ""]
-  rows = []
-  for g in report["groups"]:
-    for r in g["speculative"]:
-      rows.append([r["drafter"], _fmt(r["temperature"], 0), r["batch_size"], r["gamma"],
-                   _fmt(r["alpha_used"], 3), _fmt(r["drafted_per_call"]),
-                   _fmt(r["acceptance_rate"], 3),
-                   _fmt(r["block_efficiency"]), _fmt(r["expected_tokens"]), _fmt(r["c"], 3),
-                   _fmt(r["v"]), _fmt(r["predicted_speedup"], 2, "X"),
-                   _fmt(r["measured_speedup"], 2, "X"), _fmt(r["measured_over_predicted"]),
-                   _fmt(r["tokens_per_s"], 1), _fmt(r["compile_s"], 1),
-                   _fmt(r.get("identical_to_baseline"))])
-  lines += [_table(["M_q", "TEMP", "BATCH", "γ", "α", "drafted/call", "accept rate",
-                    "block eff.", "E[#tokens]",
-                    "c", "v(γ+1)", "EXP", "EMP", "EMP/EXP", "tokens/s", "compile s",
-                    "identical"], rows), "",
-            "accept rate = accepted / drafted (counts drafts after a rejection as not accepted, "
-            "so it is below α for γ > 1); block eff. = generated tokens / target calls; "
-            "identical = rows token-identical to the baseline (greedy only); drafted/call < γ "
-            "for a drafter that sometimes proposes fewer tokens (prompt lookup without a match), "
-            "where EXP, which assumes γ drafts per call, is optimistic.", ""]
-
-  lines += ["## Baselines", ""]
-  rows = []
-  for g in report["groups"]:
-    for r in g["baselines"]:
-      rows.append([r["batch_size"], _fmt(r["temperature"], 0), r["name"], _fmt(r["walltime_s"], 3),
-                   r["generated_tokens"], _fmt(r["tokens_per_s"], 1), _fmt(r["ms_per_token"]),
-                   _fmt(r["speedup_vs_baseline"], 2, "X"), _fmt(r["compile_s"], 1),
-                   _fmt(r.get("identical_to_baseline"))])
-  lines += [_table(["batch", "TEMP", "method", "walltime s", "tokens", "tokens/s", "ms/token",
-                    "vs baseline", "compile s", "identical"], rows), ""]
-
-  lines += ["## gamma choice", "",
-            f"Policy: among the measured gammas, the one with the best predicted speedup (EXP); if "
-            f"that is below {report['config']['fallback_threshold']:.2f}X, plain decoding. The "
-            "best "
-            "measured gamma is shown for comparison (picking it is optimistic: it is the maximum "
-            "of noisy measurements).", ""]
-  rows = [[c["batch_size"], _fmt(c["temperature"], 0), c["drafter"], c["decision"],
-           _fmt(c["gamma"]), _fmt(c["predicted_speedup"], 2, "X"),
-           _fmt(c["measured_speedup"], 2, "X"), _fmt(c["best_measured_gamma"]),
-           _fmt(c["best_measured_speedup"], 2, "X")] for c in report["choices"]]
-  lines += [_table(["batch", "TEMP", "M_q", "decision", "γ", "EXP", "EMP",
-                    "best measured γ", "its EMP"], rows), ""]
-
-  lines += ["## Targets", ""]
-  rows = [[t["target"], _fmt(t["value"], 2), _fmt(t["threshold"], 2),
-           "met" if t["met"] else
-           f"**missed by {t['shortfall']:.2f} ({100 * (1 - t['relative']):.0f}%)**",
-           t["note"]] for t in report["targets"]]
-  lines += [_table(["target", "value", "threshold", "result", "note"], rows) if rows
-            else "(no target applies to this sweep)", ""]
-  if report.get("analysis"):
-    lines += report["analysis"] + [""]
-
-  lines += ["## Profile (time per loop step)", "",
-            "step = (decode walltime - prefill) / loop steps (a loop step is one target call; at "
-            "batch > 1 the loop runs until the slowest row is done). draft = gamma x draft step, "
-            "verify = target (gamma+1)-token call, both from the cost model; overhead = the rest "
-            "(sampling and acceptance over the vocabulary, the draft's catch-up token, "
-            "bookkeeping).", ""]
-  rows = []
-  for g in report["groups"]:
-    for r in list(g["baselines"]) + list(g["speculative"]):
-      p = r.get("profile")
-      if not p:
-        continue
-      rows.append([r["batch_size"], _fmt(r["temperature"], 0), r["name"],
-                   _fmt(p["step_s"], scale=1e3), _fmt(p.get("draft_s", 0.0), scale=1e3),
-                   _fmt(p.get("verify_s", p.get("target_step_s")), scale=1e3),
-                   _fmt(p["overhead_s"], scale=1e3),
-                   _fmt(p["overhead_fraction"], 0, "%", scale=100),
-                   _fmt(p["prefill_s_per_decode"], scale=1e3),
-                   _fmt(p["prefill_fraction"], 0, "%", scale=100)])
-  lines += [_table(["batch", "TEMP", "method", "step ms", "draft ms", "verify/target ms",
-                    "overhead ms", "overhead %", "prefill ms", "prefill % of walltime"], rows), ""]
-
-  lines += ["## Plots", ""]
-  for name, caption in report.get("plots", {}).items():
-    lines += [f"![{caption}]({name})", "", f"*{caption}*", ""]
-  return "\n".join(lines)
-
-
-def make_plots(report: dict[str, Any], output_dir: str) -> dict[str, str]:
-  """speedup_vs_gamma.png and alpha.png; returns {file name: caption}."""
-  import matplotlib
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
-  from matplotlib.ticker import MaxNLocator  # pylint: disable=g-import-not-at-top
-
-  plots = {}
-  groups = report["groups"]
-  batch_sizes = sorted({g["group"]["batch_size"] for g in groups})
-  fig, axes = plt.subplots(1, len(batch_sizes), figsize=(6.4 * len(batch_sizes), 6.0),
-                           squeeze=False)
-  colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
-  for ax, batch_size in zip(axes[0], batch_sizes):
-    cm = report["costs"][str(batch_size)]
-    v_fn = analysis.verify_cost_fn({int(k): v for k, v in cm["v"].items()})
-    t_max = max(int(k) for k in cm["v"])
-    color_index = 0
-    for g in groups:
-      if g["group"]["batch_size"] != batch_size:
-        continue
-      by_drafter: dict[str, list] = {}
-      for r in g["speculative"]:
-        by_drafter.setdefault(r["drafter"], []).append(r)
-      for drafter, rows in by_drafter.items():
-        color = colors[color_index % len(colors)]
-        color_index += 1
-        rows = sorted(rows, key=lambda r: r["gamma"])
-        label = f"{drafter}, T={g['group']['temperature']:g}"
-        gammas = [r["gamma"] for r in rows]
-        ax.plot(gammas, [r["measured_speedup"] for r in rows], "o", color=color, ms=7,
-                label=f"{label}: measured")
-        if len(rows) < 2:  # a single measured gamma: the point only, no curves
-          continue
-        alpha = float(np.mean([r["alpha_used"] for r in rows]))
-        c = float(np.mean([r["c"] for r in rows]))
-        curve_gammas = np.arange(1, max(max(gammas), t_max - 1) + 1)
-        predicted = [float(analysis.walltime_improvement(alpha, int(k), c, v_fn(int(k) + 1)))
-                     for k in curve_gammas]
-        ax.plot(curve_gammas, predicted, "-", color=color, marker=".",
-                label=f"{label}: predicted (α={alpha:.2f}, c={c:.3f}, measured v)")
-        ideal = [float(analysis.walltime_improvement(alpha, int(k), c, 1.0)) for k in curve_gammas]
-        ax.plot(curve_gammas, ideal, ":", color=color, alpha=0.6,
-                label=f"{label}: predicted with v=1 (free verify)")
-    ax.axhline(1.0, color="gray", lw=0.8)
-    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    ax.set_xlim(0.5, max(max(line.get_xdata()) for line in ax.get_lines()) + 0.5)
-    ax.set_title(f"batch {batch_size}")
-    ax.set_xlabel("γ (drafted tokens per step)")
-    ax.set_ylabel("walltime speedup over baseline")
-    ax.grid(alpha=0.3)
-    # Below the axes, so no measured point is hidden.
-    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.13), ncol=1, frameon=False)
-  fig.suptitle("Speedup vs γ: measured (points) and Theorem 3.8 with measured α, c, v(γ+1) "
-               "(lines)", fontsize=10)
-  fig.tight_layout()
-  fig.savefig(os.path.join(output_dir, "speedup_vs_gamma.png"), dpi=110)
-  plt.close(fig)
-  plots["speedup_vs_gamma.png"] = ("Walltime speedup over our baseline vs γ; lines: predicted "
-                                   "(Thm 3.8 with measured v(γ+1), dotted: v=1)")
-
-  # alpha per drafter and temperature (averaged over gammas at the smallest batch size).
-  drafters = list(dict.fromkeys(r["drafter"] for g in groups for r in g["speculative"]))
-  temperatures = sorted({g["group"]["temperature"] for g in groups})
-  width_in = min(10.0, max(6.5, 1.2 * len(drafters) * len(temperatures)))
-  fig, ax = plt.subplots(figsize=(width_in, 4.2))
-  width = 0.8 / max(len(temperatures), 1)
-  for ti, temperature in enumerate(temperatures):
-    values, errors = [], []
-    for drafter in drafters:
-      alphas = [r["alpha_used"] for g in groups for r in g["speculative"]
-                if r["drafter"] == drafter and g["group"]["temperature"] == temperature
-                and g["group"]["batch_size"] == batch_sizes[0]]
-      values.append(float(np.mean(alphas)) if alphas else 0.0)
-      errors.append(float(np.std(alphas)) if alphas else 0.0)
-    x = np.arange(len(drafters)) + ti * width
-    bars = ax.bar(x, values, width, yerr=errors, capsize=3, label=f"temperature {temperature:g}")
-    for bar, value in zip(bars, values):
-      ax.text(bar.get_x() + bar.get_width() / 2, value + 0.02, f"{value:.2f}", ha="center",
-              fontsize=9)
-  ax.set_xticks(np.arange(len(drafters)) + width * (len(temperatures) - 1) / 2)
-  ax.set_xticklabels(drafters)
-  ax.set_ylim(0, 1.1)
-  ax.set_ylabel("α = mean Σ_x min(p(x), q(x))")
-  ax.set_title(f"α per drafter and temperature\n(batch {batch_sizes[0]}, mean ± sd over γ)",
-               fontsize=10)
-  ax.legend(fontsize=8)
-  ax.grid(axis="y", alpha=0.3)
-  fig.tight_layout()
-  fig.savefig(os.path.join(output_dir, "alpha.png"), dpi=110)
-  plt.close(fig)
-  plots["alpha.png"] = "α per drafter and temperature"
-  return plots
-
-
-def _analysis_notes(report: dict[str, Any]) -> list[str]:
-  """Plain-language explanation of every missed target, from the profile numbers.
-
-  The measured/predicted ratio factors (exactly, by construction) into
-    block efficiency / E[#tokens]                (Eq. 1's i.i.d. acceptance model vs reality)
-    x (gamma c + v) t(1) / measured spec step    (loop overhead beyond the draft and verify calls)
-    x measured baseline step / t(1)              (the baseline loop's own overhead)
-    x the rest                                   (prefill: encoder runs, paid once per decode)
-  """
-  notes = []
-  missed = [t for t in report["targets"] if not t["met"]]
-  if not missed:
-    return notes
-  notes += ["### Why targets were missed", ""]
-  by_row: dict[tuple, list[dict[str, Any]]] = {}
-  for t in missed:  # one explanation per measured configuration
-    by_row.setdefault((t["batch_size"], t["temperature"], t["drafter"], t["gamma"]), []).append(t)
-  for targets in by_row.values():
-    t = targets[0]
-    parts = ["- " + "; ".join(
-        f"**{m['target']}**: {m['value']:.2f} vs {m['threshold']:.2f}, short by "
-        f"{m['shortfall']:.2f}" for m in targets) + f" ({t['note']})."]
-    row = _row_for_target(report, t)
-    base = _baseline_row(report, t)
-    if row is not None and base is not None and "profile" in row and "profile" in base:
-      p, bp = row["profile"], base["profile"]
-      cm = report["costs"][str(row["batch_size"])]
-      t1 = cm["target_step_s"]
-      f_block = row["block_efficiency"] / row["expected_tokens"]
-      f_step = (p["draft_s"] + p["verify_s"]) / p["step_s"] if p["step_s"] > 0 else math.nan
-      f_base = bp["step_s"] / t1
-      ratio = row["measured_over_predicted"]
-      f_rest = ratio / (f_block * f_step * f_base) if f_block * f_step * f_base else math.nan
-      parts.append(
-          f"At γ={row['gamma']}: α={row['alpha_used']:.2f}, so Eq. 1 expects "
-          f"{row['expected_tokens']:.2f} tokens per target call (measured "
-          f"{row['block_efficiency']:.2f}); the model predicts {row['predicted_speedup']:.2f}X "
-          "from "
-          f"c={row['c']:.3f} and v(γ+1)={row['v']:.2f}. A measured speculative step takes "
-          f"{1e3 * p['step_s']:.1f} ms = {1e3 * p['draft_s']:.1f} ms drafting + "
-          f"{1e3 * p['verify_s']:.1f} ms verify + {1e3 * p['overhead_s']:.1f} ms other; a "
-          f"baseline step {1e3 * bp['step_s']:.1f} ms (a bare target call t(1) = {1e3 * t1:.1f} "
-          f"ms). EMP/EXP = {ratio:.2f} = {f_block:.2f} (block efficiency / E[#tokens]) x "
-          f"{f_step:.2f} (modelled / measured step) x {f_base:.2f} (baseline step / t(1)) x "
-          f"{f_rest:.2f} (prefill and the rest; prefill is "
-          f"{100 * p['prefill_fraction']:.0f}% of the speculative walltime).")
-      if row["v"] > 1.3:
-        parts.append(f"The verify call is far from free on this CPU (v={row['v']:.2f}; the paper "
-                     "assumes 1 on TPU), which caps the speedup at E[#tokens]/v = "
-                     f"{row['expected_tokens'] / row['v']:.2f}X before any drafting cost.")
-      if row["alpha_used"] < 0.6:
-        parts.append("α is low: the draft agrees with the target too rarely for long blocks.")
-      if (p["overhead_fraction"] or 0.0) > 0.15:
-        parts.append(f"The loop's own work (sampling and acceptance over the vocabulary, the "
-                     f"draft's catch-up token, bookkeeping) is "
-                     f"{_fmt(p['overhead_fraction'], 0, '%', scale=100)} of a speculative step.")
-    notes.append(" ".join(parts))
-  return notes
-
-
-def _target_rows(report, target, kind: str) -> list[dict[str, Any]]:
-  """The `kind` rows ('baselines' or 'speculative') of the target's (batch, temperature) group."""
-  return [r for g in report["groups"]
-          if (g["group"]["batch_size"] == target["batch_size"]
-              and g["group"]["temperature"] == target["temperature"])
-          for r in g[kind]]
-
-
-def _baseline_row(report, target) -> dict[str, Any] | None:
-  return next((r for r in _target_rows(report, target, "baselines")
-               if r["method"] == BASELINE), None)
-
-
-def _row_for_target(report, target) -> dict[str, Any] | None:
-  return next((r for r in _target_rows(report, target, "speculative")
-               if r["gamma"] == target["gamma"] and r["drafter"] == target["drafter"]), None)
-
-
-def _jsonable(value: Any) -> Any:
-  if isinstance(value, dict):
-    return {str(k): _jsonable(v) for k, v in value.items()}
-  if isinstance(value, (list, tuple)):
-    return [_jsonable(v) for v in value]
-  if isinstance(value, (np.integer,)):
-    return int(value)
-  if isinstance(value, (np.floating, float)):
-    value = float(value)
-    return None if math.isnan(value) or math.isinf(value) else value
-  if isinstance(value, np.ndarray):
-    return _jsonable(value.tolist())
-  return value
-
-
-def benchmark(*,
-              target_config: t5_lib.T5Config,
-              target_checkpoint: str | None,
-              draft_config: t5_lib.T5Config | None = None,
-              draft_checkpoint: str | None = None,
-              target_name: str = "target",
-              draft_name: str = "draft",
-              task: str | None = "libreoffice_ende",
-              split: str = "test",
-              input_file: str | None = None,
-              input_prefix: str = "",
-              examples: Sequence[infer.Example] | None = None,
-              num_examples: int = 40,
-              skip_truncated: bool = True,
-              inputs_length: int = 64,
-              max_new_tokens: int = 64,
-              batch_sizes: Sequence[int] = (1, 8),
-              temperatures: Sequence[float] = (0.0, 1.0),
-              gammas: Sequence[int] | Mapping[Any, Sequence[int]] = (1, 2, 3, 4, 5, 6, 7),
-              drafters: Sequence[str] = ("model",),
-              drafter_gammas: Mapping[str, Any] | None = None,
-              repeats: int = 3,
-              cost_repeats: int = 5,
-              cost_min_seconds: float = 0.2,
-              cost_position: int = 16,
-              stock_t5x: str = "auto",
-              fallback_threshold: float = 1.0,
-              allow_random_init: bool = False,
-              seed: int = 0,
-              output_dir: str | None = "docs",
-              title: str = "Results: speculative decoding walltime on this machine",
-              command: str = "python -m speculative.benchmark "
-                             "--gin_file=configs/benchmark/embedded.gin",
-              plots: bool = True,
-              verbose: bool = True) -> dict[str, Any]:
+def _drift_warnings(
+  costs: dict[str, Any],
+  step_timers: Mapping[int, Mapping[str, Any]],
+  repeats: int,
+  min_seconds: float,
+) -> list[str]:
+  """t(1) again after the sweep (the profile compares decode-time steps with the cost model
+  measured before it); a warning per batch size where it drifted."""
+  warnings = []
+  for batch_size, timers in step_timers.items():
+    cm = costs[str(batch_size)]
+    cm["target_step_s_after"] = costs_lib.retime(timers["target_1"], repeats, min_seconds)
+    drift = cm["target_step_s_after"] / cm["target_step_s"] - 1
+    if abs(drift) > DRIFT_WARNING:
+      warnings.append(
+        f"The target step time drifted by {100 * drift:+.0f}% between the cost "
+        f"model (before the sweep) and after it at batch {batch_size}: the machine's "
+        "load changed; c and v(T) ratios are still comparable, absolute profile "
+        "times are not."
+      )
+  return warnings
+
+
+def _sweep(
+  models: dict[str, Any],
+  costs: dict[str, Any],
+  examples,
+  *,
+  plan,
+  temperatures,
+  step_timers,
+  stock_t5x_decode,
+  warnings: list[str],
+  **kwargs,
+) -> list[dict[str, Any]]:
+  """sweep.run_group for every (batch size, temperature); warns of greedy rows that differ from
+  the baseline."""
+  groups = []
+  for batch_size in sorted(plan):
+    for temperature in temperatures:
+      kwargs["log"](f"group: batch {batch_size}, temperature {temperature}")
+      groups.append(
+        sweep.run_group(
+          batch_size=batch_size,
+          temperature=float(temperature),
+          examples=examples,
+          target=models["target"],
+          target_params=models["target_params"],
+          stock_target=models["stock_target"],
+          drafters=models["drafters"],
+          gammas=plan[batch_size],
+          costs=costs[str(batch_size)],
+          stock_t5x_decode=stock_t5x_decode,
+          target_step_timer=step_timers[batch_size]["target_1"],
+          **kwargs,
+        )
+      )
+      for row in groups[-1]["speculative"]:
+        if float(temperature) == 0 and row["identical_to_baseline"] < len(examples):
+          warnings.append(
+            f"greedy {row['name']} at batch {batch_size}: only "
+            f"{row['identical_to_baseline']}/{len(examples)} outputs identical to "
+            "the baseline (float rounding of the verify call vs T=1 steps)."
+          )
+  return groups
+
+
+def benchmark(
+  *,
+  target_config: t5_lib.T5Config,
+  target_checkpoint: str | None,
+  draft_config: t5_lib.T5Config | None = None,
+  draft_checkpoint: str | None = None,
+  target_name: str = "target",
+  draft_name: str = "draft",
+  task: str | None = "libreoffice_ende",
+  split: str = "test",
+  input_file: str | None = None,
+  input_prefix: str = "",
+  examples: Sequence[infer.Example] | None = None,
+  num_examples: int = 40,
+  skip_truncated: bool = True,
+  inputs_length: int = 64,
+  max_new_tokens: int = 64,
+  batch_sizes: Sequence[int] = (1, 8),
+  temperatures: Sequence[float] = (0.0, 1.0),
+  gammas: Sequence[int] | Mapping[Any, Sequence[int]] = (1, 2, 3, 4, 5, 6, 7),
+  drafters: Sequence[str] = ("model",),
+  drafter_gammas: Mapping[str, Any] | None = None,
+  repeats: int = 3,
+  cost_repeats: int = 5,
+  cost_min_seconds: float = 0.2,
+  cost_position: int = 16,
+  stock_t5x: str = "auto",
+  fallback_threshold: float = 1.0,
+  allow_random_init: bool = False,
+  seed: int = 0,
+  output_dir: str | None = "docs",
+  title: str = "Results: speculative decoding walltime on this machine",
+  command: str = "python -m speculative.benchmark --gin_file=configs/benchmark/embedded.gin",
+  plots: bool = True,
+  roofline_section: bool = True,
+  verbose: bool = True,
+) -> dict[str, Any]:
   """Runs the sweep; returns the report dict (also written to output_dir, unless None).
 
   Args (see the module docstring for the method):
@@ -1433,291 +364,176 @@ def benchmark(*,
     num_examples: how many inputs; skip_truncated: skip inputs longer than inputs_length.
     inputs_length: encoder length every batch is padded to; max_new_tokens: decode length cap.
     batch_sizes, temperatures: the groups; gammas: a list, or {batch size: list}.
-    drafters: drafter names (see `resolve_drafter`); the first is the primary one (targets, policy).
+    drafters: drafter names (see `methods.resolve_drafter`); the first is the primary one
+      (targets, policy).
     drafter_gammas: optional {drafter: gammas} overriding `gammas` for that drafter, again a list
       or {batch size: list}; an empty list skips the drafter at that batch size.
-    repeats: timed decodes per input batch and method; cost_repeats/cost_min_seconds: cost model.
+    repeats: timed decodes per input batch and method; cost_repeats/cost_min_seconds: cost model
+      (timing rounds, at least costs.MIN_ROUNDS for a noise verdict; least seconds per timing).
     cost_position: decoder position at which c and v(T) are measured.
     stock_t5x: 'auto' (time stock T5X when importable), 'on' (require it), 'off'.
     fallback_threshold: the gamma policy falls back to plain decoding below this predicted speedup.
     allow_random_init: time random weights when a checkpoint is missing (smoke runs only).
+    roofline_section: also measure the memory-bandwidth floor and the bare matmul stack's v(T)
+      (bench/roofline.py) for the report's roofline section.
   """
   log = print if verbose else (lambda *_: None)
-  for name, value in (("repeats", repeats), ("num_examples", num_examples),
-                      ("inputs_length", inputs_length), ("max_new_tokens", max_new_tokens),
-                      ("cost_repeats", cost_repeats)):
-    if not isinstance(value, (int, np.integer)) or value < 1:
-      raise ValueError(f"{name} must be an integer >= 1; got {value!r}")
-  if not batch_sizes or any(int(b) < 1 for b in batch_sizes):
-    raise ValueError(f"batch_sizes must be integers >= 1; got {batch_sizes!r}")
-  if not temperatures or any(float(t) < 0 for t in temperatures):
-    raise ValueError(f"temperatures must be >= 0; got {temperatures!r}")
-  if stock_t5x not in ("auto", "on", "off"):
-    raise ValueError(f"stock_t5x must be 'auto', 'on' or 'off'; got {stock_t5x!r}")
-  if stock_t5x == "on" and not t5x_available():
-    raise ValueError("stock_t5x='on' but t5x is not importable (pip install t5x, or use 'auto')")
-  if not drafters:
-    raise ValueError("drafters is empty")
-  factories = {name: resolve_drafter(name) for name in drafters}
-  if cost_position < 1 or cost_position >= max_new_tokens:
-    raise ValueError(f"cost_position must be in [1, max_new_tokens); got {cost_position}")
-  drafter_gammas = dict(drafter_gammas or {})
-  unknown = sorted(set(drafter_gammas) - set(drafters))
-  if unknown:
-    raise ValueError(f"drafter_gammas names drafters not in drafters={list(drafters)}: {unknown}")
-  # {batch size: {drafter: gammas}}, and the union per batch size (for the cost model's v(T)).
-  plan = {int(b): {name: (_gammas_for(drafter_gammas[name], int(b), allow_empty=True,
-                                      what=f"drafter_gammas[{name!r}]")
-                          if name in drafter_gammas else _gammas_for(gammas, int(b)))
-                   for name in drafters} for b in batch_sizes}
-  gammas_by_batch = {b: sorted(set().union(*per.values())) for b, per in plan.items()}
-  for b in gammas_by_batch:
-    if not plan[b][drafters[0]]:
-      raise ValueError(f"the primary drafter {drafters[0]!r} has no gammas at batch size {b}")
-  machine = _machine()
-  warnings = []
+  _check_options(
+    repeats=repeats,
+    num_examples=num_examples,
+    inputs_length=inputs_length,
+    max_new_tokens=max_new_tokens,
+    cost_repeats=cost_repeats,
+    batch_sizes=batch_sizes,
+    temperatures=temperatures,
+    stock_t5x=stock_t5x,
+    drafters=drafters,
+    cost_position=cost_position,
+  )
+  plan = sweep.gamma_plan(gammas, dict(drafter_gammas or {}), drafters, batch_sizes)
+  machine = machine_lib.machine_info()
+  warnings: list[str] = []
   t_start = time.perf_counter()
-
-  # Inputs.
-  if examples is None:
-    examples, skipped = load_examples(task=task, split=split, input_file=input_file,
-                                      input_prefix=input_prefix, inputs_length=inputs_length,
-                                      num_examples=num_examples, skip_truncated=skip_truncated)
-    source = (f"the first {len(examples)} examples of `{task}` / {split}" if task else
-              f"the first {len(examples)} lines of `{input_file}`")
-    if skipped:
-      source += f" ({skipped} longer than {inputs_length} tokens skipped)"
-    task_label = task or os.path.basename(input_file)
-  else:
-    examples = list(examples)[:num_examples]
-    source = f"{len(examples)} given examples ({examples[0].inputs.split()[0]}...)"
-    task_label = "given inputs"
-  for e in examples:
-    if len(e.input_tokens) > inputs_length:
-      raise ValueError(f"example {e.index} has {len(e.input_tokens)} input tokens > "
-                       f"inputs_length={inputs_length}")
+  examples, source, task_label = inputs_lib.benchmark_inputs(
+    examples=examples,
+    task=task,
+    split=split,
+    input_file=input_file,
+    input_prefix=input_prefix,
+    inputs_length=inputs_length,
+    num_examples=num_examples,
+    skip_truncated=skip_truncated,
+  )
   log(f"inputs: {source}")
-
-  # Models (the same weights serve every method).
-  target, target_params, target_desc = build_model(target_config, target_checkpoint,
-                                                   allow_random_init=allow_random_init, seed=seed,
-                                                   what="target")
-  stock_target = t5_lib.T5(target_config, cache_cross_kv=False)
-  models = {"target": target_desc}
-  draft = draft_params = None
-  if draft_config is not None:
-    draft, draft_params, models["draft"] = build_model(draft_config, draft_checkpoint,
-                                                       allow_random_init=allow_random_init,
-                                                       seed=seed + 1, what="draft")
-    if draft.vocab_size != target.vocab_size:
-      raise ValueError(f"draft and target vocabularies differ: {draft.vocab_size} != "
-                       f"{target.vocab_size}")
-  if "random init" in target_desc or "random init" in models.get("draft", ""):
-    warnings.append("RANDOM-INIT weights: α and speedups do not describe trained models.")
-  ctx = DrafterContext(target=target, target_params=target_params, draft=draft,
-                       draft_params=draft_params, vocab_size=target.vocab_size, examples=examples,
-                       train_sequences=_train_sequences)
-  drafter_objs = {}
-  for name, factory in factories.items():
-    try:
-      drafter, params = factory(ctx)
-    except Exception as e:  # pylint: disable=broad-except
-      if name == drafters[0]:
-        raise
-      # A secondary drafter that cannot be built must not cost the whole run; the page says so.
-      warnings.append(f"drafter {name!r} skipped: {type(e).__name__}: {e}")
-      logging.warning("drafter %r skipped: %s", name, e)
-      continue
-    if drafter.vocab_size != target.vocab_size:
-      raise ValueError(f"drafter {name!r} vocab_size {drafter.vocab_size} != target "
-                       f"{target.vocab_size}")
-    drafter_objs[name] = (drafter, params)
-  log(f"target: {target_desc}; draft: {models.get('draft', '-')}")
-
-  use_t5x = stock_t5x == "on" or (stock_t5x == "auto" and t5x_available())
+  models = _models(
+    target_config=target_config,
+    target_checkpoint=target_checkpoint,
+    draft_config=draft_config,
+    draft_checkpoint=draft_checkpoint,
+    allow_random_init=allow_random_init,
+    seed=seed,
+    drafters=drafters,
+    examples=examples,
+    warnings=warnings,
+  )
+  log(
+    f"target: {models['descriptions']['target']}; draft: {models['descriptions'].get('draft', '-')}"
+  )
+  use_t5x = stock_t5x == "on" or (stock_t5x == "auto" and methods_lib.t5x_available())
   stock_t5x_decode = None
   if use_t5x:
-    stock_t5x_decode = lambda temperature: make_stock_t5x_decode(  # noqa: E731
-        target_config, target_params, max_new_tokens=max_new_tokens, temperature=temperature)
-
-  # Cost model per batch size.
-  costs = {}
-  step_timers: dict[int, dict[str, Callable[[int], Any]]] = {}
-  for batch_size in sorted(gammas_by_batch):
-    max_gamma = max(gammas_by_batch[batch_size])
-    max_length = 1 + max_new_tokens + max_gamma + 1  # the speculative loop's cache length
-    encoder_tokens = _batches(examples, batch_size, inputs_length)[0][1]
-    log(f"cost model, batch {batch_size} ...")
-    costs[str(batch_size)] = measure_costs(
-        target=target, target_params=target_params, stock_target=stock_target,
-        draft_models={name: (d.model, p) for name, (d, p) in drafter_objs.items()
-                      if _is_model_drafter(d)},
-        encoder_tokens=encoder_tokens, max_length=max_length,
-        verify_lengths=range(2, max_gamma + 2), position=min(cost_position, max_new_tokens - 1),
-        repeats=cost_repeats, min_seconds=cost_min_seconds,
-        check_hoisting=batch_size == min(gammas_by_batch),
-        keep_timers=step_timers.setdefault(batch_size, {}))
-    cm = costs[str(batch_size)]
-    log(f"  target step {1e3 * cm['target_step_s']:.2f} ms, stock-equivalent step "
-        f"{1e3 * cm['stock_equivalent_step_s']:.2f} ms, "
-        + ", ".join(f"{n}: step {1e3 * d['draft_step_s']:.3f} ms c={d['c']:.3f}"
-                    for n, d in cm["drafters"].items())
-        + f"; v={', '.join(f'{k}:{v:.2f}' for k, v in cm['v'].items())}")
-
-  # The sweep.
-  groups = []
-  for batch_size in sorted(gammas_by_batch):
-    for temperature in temperatures:
-      log(f"group: batch {batch_size}, temperature {temperature}")
-      groups.append(run_group(
-          batch_size=batch_size, temperature=float(temperature), examples=examples,
-          inputs_length=inputs_length, max_new_tokens=max_new_tokens, target=target,
-          target_params=target_params, stock_target=stock_target, drafters=drafter_objs,
-          gammas=plan[batch_size], costs=costs[str(batch_size)], repeats=repeats,
-          seed=seed, stock_t5x_decode=stock_t5x_decode, cost_repeats=cost_repeats,
-          cost_min_seconds=cost_min_seconds, position=min(cost_position, max_new_tokens - 1),
-          log=log))
-      for row in groups[-1]["speculative"]:
-        if float(temperature) == 0 and row["identical_to_baseline"] < len(examples):
-          warnings.append(f"greedy {row['name']} at batch {batch_size}: only "
-                          f"{row['identical_to_baseline']}/{len(examples)} outputs identical to "
-                          "the baseline (float rounding of the verify call vs T=1 steps).")
-
-  # Load drift check: t(1) again after the sweep (the profile compares decode-time steps with the
-  # cost model measured before it).
-  for batch_size, timers in step_timers.items():
-    cm = costs[str(batch_size)]
-    cm["target_step_s_after"] = median_per_call(timers, cost_repeats, cost_min_seconds,
-                                                marginal=["target_1"])["target_1"]
-    drift = cm["target_step_s_after"] / cm["target_step_s"] - 1
-    if abs(drift) > 0.15:
-      warnings.append(f"The target step time drifted by {100 * drift:+.0f}% between the cost "
-                      f"model (before the sweep) and after it at batch {batch_size}: the machine's "
-                      "load changed; c and v(T) ratios are still comparable, absolute profile "
-                      "times are not.")
-  machine["load_average_end"] = list(os.getloadavg())
-  if max(machine["load_average_start"][0], machine["load_average_end"][0]) > machine[
-      "usable_cores"]:
-    warnings.append(f"The machine was busy (load average above {machine['usable_cores']} cores): "
-                    "timings are noisy; regenerate on a quiet machine.")
+    stock_t5x_decode = functools.partial(
+      methods_lib.make_stock_t5x_decode,
+      target_config,
+      models["target_params"],
+      max_new_tokens=max_new_tokens,
+    )
+  position = min(cost_position, max_new_tokens - 1)
+  step_timers: dict[int, dict[str, costs_lib.Timer]] = {}
+  costs = _cost_models(
+    models,
+    examples,
+    plan=plan,
+    inputs_length=inputs_length,
+    max_new_tokens=max_new_tokens,
+    position=position,
+    repeats=cost_repeats,
+    min_seconds=cost_min_seconds,
+    step_timers=step_timers,
+    with_roofline=roofline_section,
+    log=log,
+  )
+  groups = _sweep(
+    models,
+    costs,
+    examples,
+    plan=plan,
+    temperatures=temperatures,
+    step_timers=step_timers,
+    stock_t5x_decode=stock_t5x_decode,
+    warnings=warnings,
+    inputs_length=inputs_length,
+    max_new_tokens=max_new_tokens,
+    repeats=repeats,
+    seed=seed,
+    cost_repeats=cost_repeats,
+    cost_min_seconds=cost_min_seconds,
+    position=position,
+    log=log,
+  )
+  warnings += _drift_warnings(costs, step_timers, cost_repeats, cost_min_seconds)
+  busy = machine_lib.busy_warning(machine)
   report = {
-      "title": title,
-      "command": command,
-      "generated_at": datetime.datetime.now().isoformat(timespec="seconds"),
-      "elapsed_s": None,
-      "machine": machine,
-      "models": models,
-      "inputs": source,
-      "warnings": warnings,
-      "config": {
-          "target_name": target_name, "draft_name": draft_name, "task_label": task_label,
-          "inputs_length": inputs_length, "max_new_tokens": max_new_tokens,
-          "batch_sizes": sorted(gammas_by_batch), "temperatures": [float(t) for t in temperatures],
-          "gammas": {str(b): {name: g for name, g in per.items() if name in drafter_objs}
-                     for b, per in plan.items()},
-          "drafters": [name for name in drafters if name in drafter_objs],
-          "repeats": repeats, "cost_repeats": cost_repeats, "cost_position": cost_position,
-          "stock_t5x": use_t5x, "fallback_threshold": fallback_threshold, "seed": seed,
-          "target_checkpoint": target_checkpoint, "draft_checkpoint": draft_checkpoint,
+    "title": title,
+    "command": command,
+    "generated_at": datetime.datetime.now().isoformat(timespec="seconds"),
+    "elapsed_s": time.perf_counter() - t_start,
+    "machine": machine,
+    "models": models["descriptions"],
+    "inputs": source,
+    "warnings": warnings + ([busy] if busy else []),
+    "config": {
+      "target_name": target_name,
+      "draft_name": draft_name,
+      "task_label": task_label,
+      "inputs_length": inputs_length,
+      "max_new_tokens": max_new_tokens,
+      "batch_sizes": sorted(plan),
+      "temperatures": [float(t) for t in temperatures],
+      "gammas": {
+        str(b): {name: g for name, g in per.items() if name in models["drafters"]}
+        for b, per in plan.items()
       },
-      "costs": costs,
-      "groups": groups,
+      "drafters": [name for name in drafters if name in models["drafters"]],
+      "repeats": repeats,
+      "cost_repeats": cost_repeats,
+      "cost_position": cost_position,
+      "stock_t5x": use_t5x,
+      "fallback_threshold": fallback_threshold,
+      "seed": seed,
+      "target_checkpoint": target_checkpoint,
+      "draft_checkpoint": draft_checkpoint,
+    },
+    "costs": costs,
+    "groups": groups,
   }
-  report["elapsed_s"] = time.perf_counter() - t_start
-  report = conclude(report)
+  report = conclude_lib.conclude(report)
   if output_dir:
-    write_report(report, output_dir, plots=plots, log=log)
+    report_lib.write_report(report, output_dir, plots=plots, log=log)
   return report
-
-
-def conclude(report: dict[str, Any]) -> dict[str, Any]:
-  """Adds the gamma choices, the targets check and the explanations (from the measurements only, so
-  a saved results.json can be re-concluded and re-rendered); returns a JSON-ready copy."""
-  report = _jsonable(report)
-  report["choices"] = choose_gammas(report["groups"], report["config"]["fallback_threshold"])
-  report["targets"] = check_targets(report["groups"], report["choices"],
-                                    report["config"]["drafters"][0])
-  report["analysis"] = _analysis_notes(report)
-  return _jsonable(report)
-
-
-# Pages written by the other measurement scripts into subfolders of the output dir; the results
-# page includes them (each keeps its own command, date and machine line).
-RELATED_PAGES = (
-    ("spectr/results.md", "SpecTr: K drafts (scripts/bench_spectr.py)"),
-    ("drafters/drafters.md", "Draft sources, lenience, adaptive gamma (scripts/bench_drafters.py)"),
-)
-
-
-def related_sections(output_dir: str) -> str:
-  """The RELATED_PAGES found under output_dir, as sections (headings demoted one level)."""
-  parts = []
-  for relative, title in RELATED_PAGES:
-    path = os.path.join(output_dir, relative)
-    if not os.path.exists(path):
-      continue
-    with open(path, encoding="utf-8") as f:
-      body = f.read().strip()
-    body = "\n".join("#" + line if line.startswith("#") else line for line in body.splitlines())
-    parts.append(f"\n\n## {title}\n\nIncluded from `{relative}` (regenerated by its own "
-                 f"command, given below).\n\n{body}")
-  return "".join(parts)
-
-
-def write_report(report: dict[str, Any], output_dir: str, *, plots: bool = True,
-                 log: Callable[[str], None] = print) -> None:
-  """Writes results.json, results.md and (if `plots`) the PNG plots to output_dir, atomically."""
-  os.makedirs(output_dir, exist_ok=True)
-  if plots:
-    report["plots"] = make_plots(report, output_dir)
-  markdown = format_report(report) + related_sections(output_dir)
-  infer.write_atomic(os.path.join(output_dir, "results.json"),
-                     json.dumps(report, indent=1, ensure_ascii=False) + "\n")
-  infer.write_atomic(os.path.join(output_dir, "results.md"), markdown + "\n")
-  log(markdown)
-  log(f"wrote {output_dir}/results.md, results.json"
-      + (", speedup_vs_gamma.png, alpha.png" if plots else ""))
-
-
-def render(results_json: str, output_dir: str | None = None) -> dict[str, Any]:
-  """Re-concludes and re-renders a saved results.json (no timing): results.md, plots, JSON."""
-  with open(results_json, encoding="utf-8") as f:
-    report = json.load(f)
-  report = conclude(report)
-  write_report(report, output_dir or os.path.dirname(os.path.abspath(results_json)))
-  return report
-
-
-@functools.lru_cache(maxsize=1)
-def _train_sequences() -> list[np.ndarray]:
-  """The LibreOffice training targets as decoder streams (the embedded pair's training data)."""
-  return drafters_lib.libreoffice_target_sequences("train")
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-  import argparse
+  import argparse  # pylint: disable=g-import-not-at-top
 
-  import gin
+  import gin  # pylint: disable=g-import-not-at-top
 
-  from speculative import gin_utils
+  from speculative import gin_utils  # pylint: disable=g-import-not-at-top
+
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--gin_file", action="append")
   parser.add_argument("--gin_bindings", action="append", default=[])
-  parser.add_argument("--quick", action="store_true",
-                      help=f"smoke run: also parse {DEFAULT_QUICK_GIN} (few inputs, 2 gammas, "
-                           "1 repeat, random weights if checkpoints are missing)")
-  parser.add_argument("--render", metavar="RESULTS_JSON",
-                      help="no timing: re-render results.md and the plots from a saved "
-                           "results.json (into its directory)")
+  parser.add_argument(
+    "--quick",
+    action="store_true",
+    help=f"smoke run: also parse {DEFAULT_QUICK_GIN} (few inputs, 2 gammas, "
+    "1 repeat, random weights if checkpoints are missing)",
+  )
+  parser.add_argument(
+    "--render",
+    metavar="RESULTS_JSON",
+    help="no timing: re-render results.md and the plots from a saved "
+    "results.json (into its directory)",
+  )
   args = parser.parse_args(argv)
   logging.basicConfig(level=logging.WARNING)
   if args.render:
-    render(args.render)
+    report_lib.render(args.render)
     return
   if not args.gin_file:
     parser.error("--gin_file is required (or --render RESULTS_JSON)")
   gin_utils.register_configurables()
-  if t5x_available():
+  if methods_lib.t5x_available():
     # t5x registers gin configurables when imported; that must happen before the config is
     # parsed (and locked), not later inside make_stock_t5x_decode.
     importlib.import_module("t5x.models")

@@ -2,6 +2,7 @@
 
 Run: cd /work/main && .venv/bin/python -m pytest -q -p no:xdist tests/test_analysis.py
 """
+
 from __future__ import annotations
 
 import jax
@@ -55,11 +56,11 @@ def test_theorem_3_8_and_3_11_written_forms():
     for gamma in (1, 3, 7):
       for c in (0.0, 0.02, 0.3):
         thm38 = (1 - alpha ** (gamma + 1)) / ((1 - alpha) * (gamma * c + 1))
-        np.testing.assert_allclose(analysis.walltime_improvement(alpha, gamma, c), thm38,
-                                   rtol=1e-12)
+        np.testing.assert_allclose(
+          analysis.walltime_improvement(alpha, gamma, c), thm38, rtol=1e-12
+        )
         thm311 = (1 - alpha) * (gamma * c + gamma + 1) / (1 - alpha ** (gamma + 1))
-        np.testing.assert_allclose(analysis.operations_factor(alpha, gamma, c), thm311,
-                                   rtol=1e-12)
+        np.testing.assert_allclose(analysis.operations_factor(alpha, gamma, c), thm311, rtol=1e-12)
 
 
 def test_corollary_3_9():
@@ -86,21 +87,25 @@ def test_optimal_gamma_is_the_integer_argmax():
   assert analysis.optimal_gamma(0.999, 0.0, max_gamma=20) == 20
   # Batched alpha gives an int array of the same shape.
   batched = analysis.optimal_gamma(np.array([0.6, 0.9]), 0.02)
-  assert batched.shape == (2,) and list(batched) == [analysis.optimal_gamma(0.6, 0.02),
-                                                     analysis.optimal_gamma(0.9, 0.02)]
+  assert batched.shape == (2,) and list(batched) == [
+    analysis.optimal_gamma(0.6, 0.02),
+    analysis.optimal_gamma(0.9, 0.02),
+  ]
 
 
 def test_optimal_gamma_with_measured_verify_cost():
   # A verify cost that grows with T (as on this CPU) shortens the best gamma.
   free_verify = analysis.optimal_gamma(0.8, 0.05)
-  costly = analysis.verify_cost_fn({8: 2.1})  # DESIGN.md section 8: small target, v(8) ~ 2.1
+  costly = analysis.verify_cost_fn({8: 2.1})  # docs/design.md section 8: small target, v(8) ~ 2.1
   assert costly(1) == 1.0 and costly(8) == pytest.approx(2.1)
   assert costly(4) == pytest.approx(1.0 + 3 * 1.1 / 7)
   assert costly(15) == pytest.approx(2.1 + 7 * 1.1 / 7)  # linear extension past the last point
   assert analysis.optimal_gamma(0.8, 0.05, v=costly) < free_verify
   np.testing.assert_allclose(
-      analysis.walltime_improvement(0.8, 7, 0.05, costly),
-      analysis.expected_tokens(0.8, 7) / (7 * 0.05 + 2.1), rtol=1e-12)
+    analysis.walltime_improvement(0.8, 7, 0.05, costly),
+    analysis.expected_tokens(0.8, 7) / (7 * 0.05 + 2.1),
+    rtol=1e-12,
+  )
 
 
 def test_alpha_from_distributions_batched():
@@ -154,8 +159,9 @@ def test_lenience_monte_carlo(lenience):
 
 def test_lenience_limits():
   p, q = LENIENCE_P, LENIENCE_Q
-  np.testing.assert_allclose(analysis.lenient_alpha(p, q, 1.0),
-                             analysis.alpha_from_distributions(p, q), rtol=1e-12)
+  np.testing.assert_allclose(
+    analysis.lenient_alpha(p, q, 1.0), analysis.alpha_from_distributions(p, q), rtol=1e-12
+  )
   assert analysis.lenient_alpha(p, q, 0.0) == 1.0
   values = analysis.lenient_alpha(p, q, np.linspace(0.0, 1.0, 11))
   assert np.all(np.diff(values) <= 1e-12)  # more lenient (smaller l) accepts more
@@ -168,22 +174,36 @@ def test_lenience_limits():
 
 
 def test_speedup_row_from_metrics():
-  metrics = dict(name="small", gamma=4, generated_tokens=300, target_calls=100,
-                 drafted_tokens=400, accepted_tokens=220, alpha=0.7, c=0.05, v=1.2,
-                 baseline_walltime=3.0, speculative_walltime=1.5)
+  metrics = dict(
+    name="small",
+    gamma=4,
+    generated_tokens=300,
+    target_calls=100,
+    drafted_tokens=400,
+    accepted_tokens=220,
+    alpha=0.7,
+    c=0.05,
+    v=1.2,
+    baseline_walltime=3.0,
+    speculative_walltime=1.5,
+  )
   row = analysis.speedup_row(metrics)
   assert row["block_efficiency"] == 3.0
   assert row["acceptance_rate"] == 0.55
   assert row["alpha_used"] == 0.7 and row["alpha_source"] == "distributions"
   assert row["predicted_speedup"] == pytest.approx(
-      analysis.expected_tokens(0.7, 4) / (4 * 0.05 + 1.2))
+    analysis.expected_tokens(0.7, 4) / (4 * 0.05 + 1.2)
+  )
   assert row["measured_speedup"] == 2.0
   assert analysis.expected_tokens(row["alpha_from_block_efficiency"], 4) == pytest.approx(3.0)
   assert row["name"] == "small"
   # Without 'alpha' the empirical acceptance rate is used; without times no speedups appear.
-  bare = analysis.speedup_row({k: metrics[k] for k in
-                               ("gamma", "generated_tokens", "target_calls", "drafted_tokens",
-                                "accepted_tokens")})
+  bare = analysis.speedup_row(
+    {
+      k: metrics[k]
+      for k in ("gamma", "generated_tokens", "target_calls", "drafted_tokens", "accepted_tokens")
+    }
+  )
   assert bare["alpha_source"] == "acceptance_rate" and "predicted_speedup" not in bare
   assert "measured_speedup" not in bare
   table = analysis.format_markdown(analysis.speedup_table([metrics, metrics]))
@@ -196,8 +216,8 @@ def test_speedup_row_from_metrics():
 def test_alpha_from_block_efficiency_inverts_eq1():
   alphas = np.array([0.0, 0.2, 0.55, 0.9, 1.0])
   np.testing.assert_allclose(
-      analysis.alpha_from_block_efficiency(analysis.expected_tokens(alphas, 5), 5), alphas,
-      atol=1e-9)
+    analysis.alpha_from_block_efficiency(analysis.expected_tokens(alphas, 5), 5), alphas, atol=1e-9
+  )
 
 
 def test_bad_inputs_raise_value_errors():

@@ -1,0 +1,43 @@
+"""Fixed-shape input batches, as T5X pads them (shared by inference and the benchmark)."""
+
+from __future__ import annotations
+
+from typing import Any
+from typing import Sequence
+
+import numpy as np
+
+
+def pad_batch(examples: Sequence[Any], batch_size: int, inputs_length: int) -> np.ndarray:
+  """[batch_size, inputs_length] int32 encoder tokens of `examples` (each has `input_tokens`).
+
+  Tokens are right-padded with 0; rows past len(examples) repeat row 0 (they are discarded)."""
+  if len(examples) > batch_size:
+    raise ValueError(f"{len(examples)} examples do not fit a batch of {batch_size}")
+  batch = np.zeros((batch_size, inputs_length), np.int32)  # [batch, inputs_length]
+  for row, example in enumerate(examples):
+    batch[row, : len(example.input_tokens)] = example.input_tokens
+  for row in range(len(examples), batch_size):  # pad rows repeat the first example (discarded)
+    batch[row] = batch[0]
+  return batch
+
+
+def batches(
+  examples: Sequence[Any], batch_size: int, inputs_length: int
+) -> list[tuple[list[Any], np.ndarray]]:
+  """(chunk, padded [batch_size, inputs_length]) per consecutive chunk of `batch_size` examples; a
+  short last chunk is padded with copies of its row 0 (not counted)."""
+  out = []
+  for i in range(0, len(examples), batch_size):
+    chunk = list(examples[i : i + batch_size])
+    out.append((chunk, pad_batch(chunk, batch_size, inputs_length)))
+  return out
+
+
+def length_sorted_batches(examples: Sequence[Any], batch_size: int) -> list[list[Any]]:
+  """Batches of examples of similar input length (longest first), so that a batch's rows finish
+  at similar times and little compute goes to padding; outputs are written back in input order.
+  Batch 1 keeps the input order."""
+  if batch_size > 1:
+    examples = sorted(examples, key=lambda e: (-len(e.input_tokens), e.index))
+  return [list(examples[i : i + batch_size]) for i in range(0, len(examples), batch_size)]

@@ -1,0 +1,327 @@
+"""What the benchmark compares: drafters (built by name) and the decoding methods of a group.
+
+Drafters are named in the benchmark's `drafters` option: 'model' (the draft model,
+`ModelDrafter`), 'unigram' / 'bigram' (tables estimated on the training targets), 'prompt_lookup'
+(copying), 'prompt_lookup+model' (copying, else the draft model), any name added with
+`register_drafter`, or 'package.module:factory' for a factory defined elsewhere. A factory receives
+a `DrafterContext` and returns (drafter, draft_params).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import importlib
+import importlib.util
+import logging
+from typing import Any
+from typing import Callable
+from typing import Mapping
+from typing import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from speculative import decoding
+from speculative import drafters as drafters_lib
+from speculative import infer
+from speculative.bench.inputs import EOS_ID
+from speculative.models import t5 as t5_lib
+
+BASELINE = "baseline"
+STOCK_EQUIVALENT = "stock_equivalent"
+STOCK_T5X = "stock_t5x"
+SPECULATIVE = "speculative"
+
+
+# ----------------------------------------------------------------------------------------------
+# Drafters (a registry, so n-gram / prompt-lookup drafters plug in by name).
+# ----------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class DrafterContext:
+  """What a drafter factory may use.
+
+  Attributes:
+    target: the target model; target_params: its params.
+    draft: the draft model (None if no draft config was given); draft_params: its params.
+    vocab_size: the shared vocabulary size.
+    examples: the benchmark inputs (infer.Example).
+    train_sequences: callable returning the training corpus as decoder streams (token id arrays
+      [0, ..., 1]), lazily and cached: what n-gram tables are estimated from.
+  """
+
+  target: Any
+  target_params: Any
+  draft: Any
+  draft_params: Any
+  vocab_size: int
+  examples: Sequence[infer.Example]
+  train_sequences: Callable[[], Sequence[np.ndarray]]
+
+
+DrafterFactory = Callable[[DrafterContext], tuple[Any, Any]]
+
+
+def _registry_factory(name: str) -> DrafterFactory:
+  """A factory that builds drafter `name` through the one drafter registry (speculative.drafters)."""
+
+  def factory(ctx: DrafterContext) -> tuple[Any, Any]:
+    if drafters_lib.needs_draft_model(name) and ctx.draft is None:
+      raise ValueError(f"drafter {name!r} needs draft_config (and a draft checkpoint)")
+    return drafters_lib.build_drafter(
+      name,
+      vocab_size=ctx.vocab_size,
+      draft_model=ctx.draft,
+      draft_params=ctx.draft_params,
+      train_sequences=ctx.train_sequences,
+    )
+
+  return factory
+
+
+# The registry's drafters, plus any registered here for the benchmark only (`register_drafter`).
+DRAFTER_FACTORIES: dict[str, DrafterFactory] = {
+  name: _registry_factory(name) for name in drafters_lib.DRAFTERS
+}
+
+
+def register_drafter(name: str, factory: DrafterFactory) -> None:
+  """Makes `name` usable in the `drafters` option; factory(ctx) -> (drafter, draft_params)."""
+  if not name or ":" in name:
+    raise ValueError(f"drafter names must be non-empty and contain no ':'; got {name!r}")
+  DRAFTER_FACTORIES[name] = factory
+
+
+def resolve_drafter(name: str) -> DrafterFactory:
+  """A registered name, or 'package.module:factory'."""
+  if name in DRAFTER_FACTORIES:
+    return DRAFTER_FACTORIES[name]
+  if ":" in name:
+    module_name, _, attribute = name.partition(":")
+    try:
+      module = importlib.import_module(module_name)
+    except ImportError as e:
+      raise ValueError(f"drafter {name!r}: cannot import {module_name!r} ({e})") from e
+    if not hasattr(module, attribute):
+      raise ValueError(f"drafter {name!r}: {module_name} has no attribute {attribute!r}")
+    return getattr(module, attribute)
+  raise ValueError(
+    f"unknown drafter {name!r}; known: {sorted(DRAFTER_FACTORIES)} (or 'package.module:factory')"
+  )
+
+
+def is_model_drafter(drafter: Any) -> bool:
+  return isinstance(drafter, drafters_lib.ModelDrafter)
+
+
+@functools.lru_cache(maxsize=1)
+def train_sequences() -> list[np.ndarray]:
+  """The LibreOffice training targets as decoder streams (the embedded pair's training data)."""
+  from speculative import tasks
+
+  return tasks.target_token_sequences("train")
+
+
+def build_drafters(
+  names: Sequence[str], ctx: DrafterContext, warnings: list[str]
+) -> dict[str, tuple[Any, Any]]:
+  """{name: (drafter, params)} for the drafter `names` (the first, primary one must build; a
+  secondary one that cannot is skipped with a warning appended to `warnings`)."""
+  factories = {name: resolve_drafter(name) for name in names}
+  built = {}
+  for name, factory in factories.items():
+    try:
+      drafter, params = factory(ctx)
+    except Exception as e:  # pylint: disable=broad-except
+      if name == names[0]:
+        raise
+      # A secondary drafter that cannot be built must not cost the whole run; the page says so.
+      warnings.append(f"drafter {name!r} skipped: {type(e).__name__}: {e}")
+      logging.warning("drafter %r skipped: %s", name, e)
+      continue
+    if drafter.vocab_size != ctx.vocab_size:
+      raise ValueError(
+        f"drafter {name!r} vocab_size {drafter.vocab_size} != target {ctx.vocab_size}"
+      )
+    built[name] = (drafter, params)
+  return built
+
+
+# ----------------------------------------------------------------------------------------------
+# Decoding methods (one callable per method: encoder_tokens [B, S], rng -> tokens, lengths,
+# metrics).
+# ----------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class Method:
+  """One decoding method of a group and its measurements."""
+
+  name: str
+  kind: str
+  decode: Callable[[jax.Array, jax.Array], Any]
+  drafter: str | None = None
+  gamma: int | None = None
+  drafter_obj: Any = None
+  first_call_s: float | None = None  # compile + one decode of the first input batch
+  times: list[list[float]] = dataclasses.field(default_factory=list)  # [input batch][repeat]
+  outputs: list[dict[str, np.ndarray]] = dataclasses.field(default_factory=list)
+
+
+def decode_outputs(kind: str, result: Any) -> dict[str, np.ndarray]:
+  """Host copies: tokens [B, N], lengths [B], and per-row counters."""
+  if kind == STOCK_T5X:
+    tokens = np.asarray(result)
+    is_eos = tokens == EOS_ID
+    lengths = np.where(is_eos.any(1), is_eos.argmax(1) + 1, tokens.shape[1])
+    tokens = np.where(np.arange(tokens.shape[1])[None] < lengths[:, None], tokens, 0)
+    zeros = np.zeros(tokens.shape[0])
+    return {
+      "tokens": tokens,
+      "lengths": lengths,
+      "target_calls": lengths,
+      "drafted": zeros,
+      "accepted": zeros,
+      "alpha_sum": zeros,
+      "invalid": zeros.astype(bool),
+    }
+  metrics = result.metrics
+  return {
+    "tokens": np.asarray(result.tokens),
+    "lengths": np.asarray(result.lengths),
+    "target_calls": np.asarray(metrics.target_calls),
+    "drafted": np.asarray(metrics.drafted),
+    "accepted": np.asarray(metrics.accepted),
+    "alpha_sum": np.asarray(metrics.alpha_sum),
+    "invalid": np.asarray(metrics.invalid),
+  }
+
+
+def t5x_available() -> bool:
+  return importlib.util.find_spec("t5x") is not None
+
+
+def make_stock_t5x_decode(
+  config: t5_lib.T5Config, params: Any, *, max_new_tokens: int, temperature: float
+) -> Callable[[jax.Array, jax.Array], jax.Array]:
+  """Stock T5X decoding: `EncoderDecoderModel(decode_fn=t5x.decoding.temperature_sample)` with
+  T5X's own network (`t5x.examples.t5.network.Transformer`) on the same parameter tree.
+
+  T5X's `temperature_sample` defaults to topk=1, i.e. greedy even at temperature 1; sampling from
+  the model's distribution needs topk=0, which is what we pass for temperature > 0. Temperature 0 is
+  greedy in T5X regardless of topk.
+  """
+  from t5x import decoding as t5x_decoding  # pylint: disable=g-import-not-at-top
+  from t5x import models as t5x_models  # pylint: disable=g-import-not-at-top
+  from t5x.examples.t5 import network as t5x_network  # pylint: disable=g-import-not-at-top
+
+  from speculative import tasks
+
+  net_config = t5x_network.T5Config(
+    vocab_size=config.vocab_size,
+    dtype=jnp.dtype(config.dtype),
+    emb_dim=config.emb_dim,
+    num_heads=config.num_heads,
+    num_encoder_layers=config.num_encoder_layers,
+    num_decoder_layers=config.num_decoder_layers,
+    head_dim=config.head_dim,
+    mlp_dim=config.mlp_dim,
+    mlp_activations=tuple(config.mlp_activations),
+    dropout_rate=0.0,
+    logits_via_embedding=config.logits_via_embedding,
+    float32_attention_logits=getattr(config, "float32_attention_logits", False),
+  )
+  vocabulary = tasks.get_vocabulary()
+  model = t5x_models.EncoderDecoderModel(
+    module=t5x_network.Transformer(config=net_config),
+    input_vocabulary=vocabulary,
+    output_vocabulary=vocabulary,
+    optimizer_def=None,
+    decode_fn=t5x_decoding.temperature_sample,
+  )
+  decoder_params = {"temperature": float(temperature), "topk": 0 if temperature > 0 else 1}
+
+  @jax.jit
+  def predict(params, encoder_tokens, rng):
+    batch = {
+      "encoder_input_tokens": encoder_tokens,
+      "decoder_input_tokens": jnp.zeros((encoder_tokens.shape[0], max_new_tokens), jnp.int32),
+    }
+    decodes, _ = model.predict_batch_with_aux(
+      params, batch, rng=rng, decoder_params=dict(decoder_params)
+    )
+    return decodes  # [B, max_new_tokens]
+
+  return lambda encoder_tokens, rng: predict(params, encoder_tokens, rng)
+
+
+def make_methods(
+  *,
+  target,
+  target_params,
+  stock_target,
+  drafters: Mapping[str, Any],
+  gammas: Mapping[str, Sequence[int]],
+  max_new_tokens: int,
+  sampling,
+  sampling_params,
+  stock_t5x_decode: Callable | None,
+  temperature: float,
+) -> list[Method]:
+  """The methods of one group: baseline, stock_equivalent, stock_t5x (if given) and speculative
+  for every drafter (name -> (drafter, params)) x its gammas; stock_t5x_decode, if given, is
+  called as stock_t5x_decode(temperature=...) and returns the decode callable."""
+
+  def autoregressive(model):
+    return lambda enc, rng: decoding.autoregressive_decode(
+      model,
+      target_params,
+      None,
+      max_new_tokens=max_new_tokens,
+      sampling=sampling,
+      sampling_params=sampling_params,
+      rng=rng,
+      eos_id=EOS_ID,
+      encoder_tokens=enc,
+      check_finite=False,
+    )
+
+  def speculative(drafter, draft_params, gamma):
+    return lambda enc, rng: decoding.speculative_decode(
+      target,
+      target_params,
+      drafter,
+      draft_params,
+      None,
+      gamma=gamma,
+      max_new_tokens=max_new_tokens,
+      sampling=sampling,
+      sampling_params=sampling_params,
+      rng=rng,
+      eos_id=EOS_ID,
+      encoder_tokens=enc,
+      check_finite=False,
+    )
+
+  methods = [
+    Method(BASELINE, BASELINE, autoregressive(target)),
+    Method(STOCK_EQUIVALENT, STOCK_EQUIVALENT, autoregressive(stock_target)),
+  ]
+  if stock_t5x_decode is not None:
+    methods.append(Method(STOCK_T5X, STOCK_T5X, stock_t5x_decode(temperature=temperature)))
+  for drafter_name, (drafter, draft_params) in drafters.items():
+    for gamma in gammas.get(drafter_name, ()):
+      methods.append(
+        Method(
+          f"{drafter_name}/gamma={gamma}",
+          SPECULATIVE,
+          speculative(drafter, draft_params, gamma),
+          drafter=drafter_name,
+          gamma=gamma,
+          drafter_obj=(drafter, draft_params),
+        )
+      )
+  return methods

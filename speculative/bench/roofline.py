@@ -1,0 +1,103 @@
+"""How far the decode loop is from the machine's memory-bandwidth floor (the roofline section).
+
+  * bytes a decode step reads: the decoder's weights (the cached cross-attention K/V projections
+    excluded: they run once per input), plus the embedding table when it is also the logits layer;
+  * stream bandwidth: those bytes / the marginal time of a bare jitted matvec (matmul at batch B)
+    over one matrix of the same size, so the floor of a decode step is bytes / bandwidth;
+  * v(T) of a bare jitted stack of the target's decoder matmuls at B x T rows, beside the target's
+    measured v(T): what the shapes alone cost, without attention, norms or the cache.
+Every timing is costs.time_rounds (interleaved rounds, marginal time per call) and every ratio a
+median of per-round ratios with its noise verdict.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+from typing import Mapping
+from typing import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from speculative.bench import costs as costs_lib
+
+CACHED_PER_INPUT = ("encoder_decoder_attention/key/", "encoder_decoder_attention/value/")
+
+
+def decode_step_kernels(
+  param_shapes: Mapping[str, tuple[int, ...]], *, logits_via_embedding: bool
+) -> dict[str, tuple[int, ...]]:
+  """{name: shape} of the weights one decode step reads from a flat T5 `param_shapes()`."""
+  out = {}
+  for name, shape in param_shapes.items():
+    if name.startswith("decoder/") and not any(part in name for part in CACHED_PER_INPUT):
+      out[name] = tuple(shape)
+    elif logits_via_embedding and name.startswith("token_embedder/"):
+      out[name] = tuple(shape)
+  return out
+
+
+def weight_bytes(shapes: Mapping[str, tuple[int, ...]], itemsize: int = 4) -> int:
+  return int(sum(math.prod(shape) for shape in shapes.values()) * itemsize)
+
+
+@jax.jit
+def matmul_loop(kernels, inputs, num_calls):
+  """`num_calls` rounds of inputs[i] @ kernels[i] for every i; the inputs are scaled by a
+  loop-carried scalar and each product reduced by max, so nothing is hoisted or simplified away."""
+
+  def body(_, acc):
+    scale = 1.0 + 1e-9 * acc
+    return acc + sum(jnp.max((scale * x) @ w) for x, w in zip(inputs, kernels)) * 1e-12
+
+  return jax.lax.fori_loop(0, num_calls, body, jnp.zeros((), jnp.float32))
+
+
+def _stack_timer(kernel_shapes: Sequence[tuple[int, int]], rows: int, seed: int) -> costs_lib.Timer:
+  rng = np.random.default_rng(seed)
+  kernels = [jnp.asarray(rng.standard_normal(s, np.float32)) for s in kernel_shapes]
+  inputs = [jnp.asarray(rng.standard_normal((rows, s[0]), np.float32)) for s in kernel_shapes]
+  return lambda n: matmul_loop(kernels, inputs, jnp.asarray(n, jnp.int32))
+
+
+def measure_roofline(
+  param_shapes: Mapping[str, tuple[int, ...]],
+  *,
+  logits_via_embedding: bool,
+  emb_dim: int,
+  batch_size: int,
+  verify_lengths: Sequence[int],
+  repeats: int,
+  min_seconds: float,
+) -> dict[str, Any]:
+  """Bytes per decode step, stream bandwidth, the floor per step and v(T) of the bare decoder
+  matmul stack at `batch_size` (JSON-ready; 'noise' as in costs)."""
+  kernels = decode_step_kernels(param_shapes, logits_via_embedding=logits_via_embedding)
+  num_bytes = weight_bytes(kernels)
+  matrices = [s for s in kernels.values() if len(s) == 2]
+  lengths = sorted(set([1] + [int(t) for t in verify_lengths]))
+  timers = {"matvec": _stack_timer([(emb_dim, max(1, num_bytes // 4 // emb_dim))], batch_size, 0)}
+  timers.update({f"stack_{t}": _stack_timer(matrices, batch_size * t, t) for t in lengths})
+  rounds, whole = costs_lib.time_rounds(timers, repeats, min_seconds, marginal=list(timers))
+  seconds = {name: costs_lib.per_call_seconds(rounds, whole, name) for name in timers}
+  noise = costs_lib.NoiseLog()
+  noise.add("bare matvec", rounds["matvec"])
+  out = {
+    "batch_size": batch_size,
+    "weight_bytes": num_bytes,
+    "matvec_s": seconds["matvec"],
+    "bandwidth_gb_s": num_bytes / seconds["matvec"] / 1e9,
+    "floor_step_s": seconds["matvec"],
+    "bare_v": {"1": 1.0},
+  }
+  for t in lengths[1:]:
+    out["bare_v"][str(t)] = noise.add(
+      f"bare v({t})",
+      costs_lib.ratio_samples(rounds[f"stack_{t}"], rounds["stack_1"]),
+      minimum=1.0,
+      fallback=seconds[f"stack_{t}"] / seconds["stack_1"],
+    )
+  out["noise"] = noise.data
+  return out

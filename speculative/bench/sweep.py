@@ -1,0 +1,444 @@
+"""The sweep: every method of a (batch size, temperature) group timed, interleaved, on the same
+inputs; one row per method (walltime, counters, EXP vs EMP, the profile per loop step)."""
+
+from __future__ import annotations
+
+import gc
+import statistics
+from typing import Any
+from typing import Callable
+from typing import Mapping
+from typing import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from speculative import analysis
+from speculative import batching
+from speculative import sampling as sampling_lib
+from speculative.bench import costs as costs_lib
+from speculative.bench import methods as methods_lib
+from speculative.bench.methods import BASELINE
+from speculative.bench.methods import SPECULATIVE
+from speculative.bench.methods import STOCK_EQUIVALENT
+from speculative.bench.methods import STOCK_T5X
+from speculative.bench.methods import Method
+
+
+def gammas_for(
+  gammas: Sequence[int] | Mapping[Any, Sequence[int]],
+  batch_size: int,
+  allow_empty: bool = False,
+  what: str = "gammas",
+) -> list[int]:
+  """The gammas of one batch size from a list (every batch size) or a {batch size: list} dict."""
+  if isinstance(gammas, Mapping):
+    key = batch_size if batch_size in gammas else str(batch_size)
+    if key not in gammas:
+      raise ValueError(f"{what} has no entry for batch size {batch_size}: {dict(gammas)}")
+    values = list(gammas[key])
+  else:
+    values = list(gammas)
+  for g in values:
+    if not isinstance(g, (int, np.integer)) or isinstance(g, bool) or g < 1:
+      raise ValueError(f"gammas must be integers >= 1; got {g!r}")
+  if not values and not allow_empty:
+    raise ValueError(f"no {what} for batch size {batch_size}")
+  return sorted(set(int(g) for g in values))
+
+
+def gamma_plan(
+  gammas: Sequence[int] | Mapping[Any, Sequence[int]],
+  drafter_gammas: Mapping[str, Any],
+  drafters: Sequence[str],
+  batch_sizes: Sequence[int],
+) -> dict[int, dict[str, list[int]]]:
+  """{batch size: {drafter: gammas}}: `drafter_gammas[name]` where given, else `gammas`."""
+  unknown = sorted(set(drafter_gammas) - set(drafters))
+  if unknown:
+    raise ValueError(f"drafter_gammas names drafters not in drafters={list(drafters)}: {unknown}")
+  plan = {
+    int(b): {
+      name: (
+        gammas_for(drafter_gammas[name], int(b), allow_empty=True, what=f"drafter_gammas[{name!r}]")
+        if name in drafter_gammas
+        else gammas_for(gammas, int(b))
+      )
+      for name in drafters
+    }
+    for b in batch_sizes
+  }
+  for b, per in plan.items():
+    if not per[drafters[0]]:
+      raise ValueError(f"the primary drafter {drafters[0]!r} has no gammas at batch size {b}")
+  return plan
+
+
+def _sum_rows(method: Method, batches, key: str) -> float:
+  """Sum of a per-row counter over the real (non-padding) rows of every input batch."""
+  total = 0.0
+  for (chunk, _), out in zip(batches, method.outputs):
+    total += float(np.sum(out[key][: len(chunk)]))
+  return total
+
+
+def _method_row(method: Method, batches, group: dict[str, Any]) -> dict[str, Any]:
+  """Walltime, tokens and counters of one method in one group."""
+  medians = [float(statistics.median(t)) for t in method.times]
+  walltime = float(sum(medians))
+  tokens = _sum_rows(method, batches, "lengths")
+  steps = float(sum(int(np.max(out["target_calls"])) for out in method.outputs))
+  row = {
+    "name": method.name,
+    "method": method.kind,
+    "drafter": method.drafter,
+    "gamma": method.gamma,
+    "batch_size": group["batch_size"],
+    "temperature": group["temperature"],
+    "examples": group["examples"],
+    "walltime_s": walltime,
+    "walltime_per_batch_s": medians,
+    # Sum of per-batch minima: on a shared, loaded machine the minimum is the less noisy estimate.
+    "walltime_min_s": float(sum(min(t) for t in method.times)),
+    "repeat_spread": float(
+      np.mean([(max(t) - min(t)) / max(statistics.median(t), 1e-12) for t in method.times])
+    ),
+    # Compile time = the first call minus a steady-state decode of the same input batch.
+    "compile_s": method.first_call_s - medians[0],
+    "first_call_s": method.first_call_s,
+    "generated_tokens": int(tokens),
+    "tokens_per_s": tokens / walltime if walltime > 0 else float("nan"),
+    "ms_per_token": 1e3 * walltime / tokens if tokens else float("nan"),
+    "target_calls": int(_sum_rows(method, batches, "target_calls")),
+    "loop_steps": int(steps),
+  }
+  if method.kind == SPECULATIVE:
+    row["drafted_tokens"] = int(_sum_rows(method, batches, "drafted"))
+    # gamma for a drafter that always drafts gamma tokens; less for prompt lookup without a match
+    # (EXP assumes gamma drafted tokens per call, so it overestimates such drafters).
+    row["drafted_per_call"] = row["drafted_tokens"] / max(row["target_calls"], 1)
+    row["accepted_tokens"] = int(_sum_rows(method, batches, "accepted"))
+    alpha_sum = _sum_rows(method, batches, "alpha_sum")
+    row["alpha"] = (
+      min(1.0, max(0.0, alpha_sum / row["drafted_tokens"])) if row["drafted_tokens"] else None
+    )
+  return row
+
+
+def _identical_rows(method: Method, reference: Method, batches) -> int:
+  same = 0
+  for (chunk, _), out, ref in zip(batches, method.outputs, reference.outputs):
+    for r in range(len(chunk)):
+      n, m = int(out["lengths"][r]), int(ref["lengths"][r])
+      same += int(n == m and np.array_equal(out["tokens"][r, :n], ref["tokens"][r, :m]))
+  return same
+
+
+def time_methods(
+  methods: Sequence[Method], batches, *, repeats: int, seed: int, log: Callable[[str], None]
+) -> None:
+  """Fills each method's first_call_s, times and outputs: compiled on the first input batch, then
+  every batch decoded `repeats` times by every method, interleaved (the order rotating per batch
+  and repeat so every method takes every slot), garbage collection off."""
+  first = jnp.asarray(batches[0][1])
+  for method in methods:
+    method.first_call_s, _ = costs_lib.timed(
+      lambda: method.decode(first, jax.random.fold_in(jax.random.PRNGKey(seed), 0))
+    )  # pylint: disable=cell-var-from-loop
+    log(f"  compiled {method.name}: {method.first_call_s:.1f}s")
+  gc.collect()
+  gc_was_enabled = gc.isenabled()
+  gc.disable()
+  try:
+    for batch_index, (_, encoder_tokens) in enumerate(batches):
+      enc = jnp.asarray(encoder_tokens)
+      rng = jax.random.fold_in(jax.random.PRNGKey(seed), batch_index)
+      times = {m.name: [] for m in methods}
+      for repeat in range(repeats):
+        shift = (batch_index + repeat) % len(methods)
+        for method in list(methods[shift:]) + list(methods[:shift]):
+          seconds, result = costs_lib.timed(lambda: method.decode(enc, rng))  # pylint: disable=cell-var-from-loop
+          times[method.name].append(seconds)
+          if repeat == 0:
+            method.outputs.append(methods_lib.decode_outputs(method.kind, result))
+      for method in methods:
+        method.times.append(times[method.name])
+  finally:
+    if gc_was_enabled:
+      gc.enable()
+  for method in methods:
+    for (chunk, _), out in zip(batches, method.outputs):
+      if np.any(out["invalid"][: len(chunk)]):
+        raise FloatingPointError(f"{method.name}: NaN/inf logits (no valid distribution)")
+
+
+def run_group(
+  *,
+  batch_size: int,
+  temperature: float,
+  examples,
+  inputs_length: int,
+  max_new_tokens: int,
+  target,
+  target_params,
+  stock_target,
+  drafters: Mapping[str, Any],
+  gammas: Mapping[str, Sequence[int]],
+  costs: dict[str, Any],
+  repeats: int,
+  seed: int,
+  stock_t5x_decode: Callable | None,
+  cost_repeats: int,
+  cost_min_seconds: float,
+  position: int,
+  target_step_timer: costs_lib.Timer,
+  log: Callable[[str], None],
+) -> dict[str, Any]:
+  """Times every method of one (batch size, temperature) group; returns rows and summaries.
+
+  `drafters` maps a name to (drafter, draft params); `gammas` a drafter name to its gammas here;
+  `target_step_timer` is the cost model's t(1) timer (a drafter that is not a model has its
+  propose call timed against it)."""
+  sampling, sampling_params = sampling_lib.make_sampling(temperature)
+  batches = batching.batches(examples, batch_size, inputs_length)
+  group = {
+    "batch_size": batch_size,
+    "temperature": temperature,
+    "examples": len(examples),
+    "input_batches": len(batches),
+  }
+  methods = methods_lib.make_methods(
+    target=target,
+    target_params=target_params,
+    stock_target=stock_target,
+    drafters=drafters,
+    gammas=gammas,
+    max_new_tokens=max_new_tokens,
+    sampling=sampling,
+    sampling_params=sampling_params,
+    stock_t5x_decode=stock_t5x_decode,
+    temperature=temperature,
+  )
+  time_methods(methods, batches, repeats=repeats, seed=seed, log=log)
+
+  rows = {m.name: _method_row(m, batches, group) for m in methods}
+  baselines = _baseline_rows(methods, rows, batches, costs, greedy=temperature == 0)
+  propose_cost = lambda drafter, draft_params, gamma: costs_lib.measure_propose(  # noqa: E731
+    drafter,
+    draft_params,
+    encoder_tokens=batches[0][1],
+    max_length=costs["max_length"],
+    position=position,
+    gamma=gamma,
+    sampling=sampling,
+    sampling_params=sampling_params,
+    target_step=target_step_timer,
+    repeats=cost_repeats,
+    min_seconds=cost_min_seconds,
+  )
+  speculative_rows = [
+    _speculative_row(
+      m,
+      rows,
+      batches,
+      costs,
+      temperature=temperature,
+      reference=methods[0],
+      propose_cost=propose_cost,
+    )
+    for m in methods
+    if m.kind == SPECULATIVE
+  ]
+  log(_group_summary(group, baselines, speculative_rows))
+  return {"group": group, "baselines": baselines, "speculative": speculative_rows}
+
+
+def _baseline_rows(
+  methods: Sequence[Method],
+  rows: dict[str, dict[str, Any]],
+  batches,
+  costs: dict[str, Any],
+  *,
+  greedy: bool,
+) -> list[dict[str, Any]]:
+  """The rows of the non-speculative methods, with their speedups and profiles."""
+  base_row = rows[BASELINE]
+  step_costs = {
+    BASELINE: ("target_step_s", "target_prefill_s", costs_lib.TARGET_STEP),
+    STOCK_EQUIVALENT: (
+      "stock_equivalent_step_s",
+      "stock_equivalent_prefill_s",
+      costs_lib.STOCK_STEP,
+    ),
+  }
+  out = []
+  for method in methods:
+    if method.kind == SPECULATIVE:
+      continue
+    row = rows[method.name]
+    row["speedup_vs_baseline"] = base_row["walltime_s"] / row["walltime_s"]
+    if greedy:
+      row["identical_to_baseline"] = _identical_rows(method, methods[0], batches)
+    if method.kind in step_costs:
+      step, prefill, noise_name = step_costs[method.kind]
+      row["profile"] = profile(
+        row,
+        costs[prefill],
+        {"target_step_s": costs[step]},
+        costs_lib.refusal(costs.get("noise"), [noise_name]),
+      )
+    out.append(row)
+  return out
+
+
+def _draft_cost(
+  method: Method, costs: dict[str, Any], temperature: float, propose_cost: Callable
+) -> dict[str, Any]:
+  """c, the drafting time per step, the draft prefill and the noise key of c for a method."""
+  gamma = method.gamma
+  drafter_costs = costs["drafters"].get(method.drafter, {})
+  if drafter_costs.get("kind") == "model":
+    return {
+      "c": drafter_costs["c"],
+      "draft_s": gamma * drafter_costs["draft_step_s"],
+      "draft_prefill_s": drafter_costs["draft_prefill_s"],
+      "c_source": "draft extend(T=1) / target extend(T=1)",
+      "c_noise": costs_lib.c_key(method.drafter),
+    }
+  # Not a model: time its whole propose(gamma) call (it depends on the sampling strategy).
+  drafter, draft_params = method.drafter_obj
+  key = propose_key(gamma, temperature)
+  draft_s, c_samples, c_fallback = propose_cost(drafter, draft_params, gamma)
+  entry = costs["drafters"].setdefault(
+    method.drafter, {"kind": "propose", "propose_s": {}, "c": {}}
+  )
+  entry["propose_s"][key] = draft_s
+  noise_name = costs_lib.c_key(method.drafter, key)
+  entry["c"][key] = costs_lib.NoiseLog(costs["noise"]).add(
+    noise_name, c_samples, fallback=c_fallback
+  )
+  return {
+    "c": entry["c"][key],
+    "draft_s": draft_s,
+    "draft_prefill_s": 0.0,
+    "c_source": "propose(gamma) / gamma / target extend(T=1)",
+    "c_noise": noise_name,
+  }
+
+
+def _predicted_row(metrics: dict[str, Any], gamma: int, c: float) -> dict[str, Any]:
+  """analysis.speedup_row, or (nothing drafted) the alpha = 0 row of Theorem 3.8."""
+  if metrics["drafted_tokens"] > 0:
+    return analysis.speedup_row(metrics)
+  # Nothing was drafted (e.g. prompt lookup never found a match): every call verified gamma+1
+  # positions and emitted one token, which costs what alpha = 0 costs in Theorem 3.8.
+  row = dict(metrics)
+  row.update(
+    block_efficiency=analysis.block_efficiency(metrics),
+    acceptance_rate=None,
+    alpha=None,
+    alpha_used=0.0,
+    alpha_source="nothing drafted (costed as alpha = 0)",
+    expected_tokens=1.0,
+    alpha_from_block_efficiency=None,
+    predicted_speedup=float(analysis.walltime_improvement(0.0, gamma, c, metrics["v"])),
+    measured_speedup=metrics["baseline_walltime"] / metrics["speculative_walltime"],
+  )
+  return row
+
+
+def _speculative_row(
+  method: Method,
+  rows: dict[str, dict[str, Any]],
+  batches,
+  costs: dict[str, Any],
+  *,
+  temperature: float,
+  reference: Method,
+  propose_cost: Callable,
+) -> dict[str, Any]:
+  """One speculative method's row: counters, EXP (unless the costs are too noisy), EMP, profile."""
+  base_row = rows[BASELINE]
+  stock_name = STOCK_T5X if STOCK_T5X in rows else STOCK_EQUIVALENT
+  gamma = method.gamma
+  v_fn = analysis.verify_cost_fn({int(k): v for k, v in costs["v"].items()})
+  verify_s = costs["target_extend_s"].get(str(gamma + 1))
+  if verify_s is None:
+    verify_s = v_fn(gamma + 1) * costs["target_step_s"]
+  draft = _draft_cost(method, costs, temperature, propose_cost)
+  metrics = dict(rows[method.name])
+  metrics.update(
+    c=draft["c"],
+    v=costs["v"].get(str(gamma + 1), v_fn(gamma + 1)),
+    baseline_walltime=base_row["walltime_s"],
+    speculative_walltime=rows[method.name]["walltime_s"],
+  )
+  row = _predicted_row(metrics, gamma, draft["c"])
+  row["c_source"] = draft["c_source"]
+  row["prediction_refused"] = costs_lib.refusal(
+    costs.get("noise"), [costs_lib.v_key(gamma + 1), draft["c_noise"]]
+  )
+  if row["prediction_refused"]:
+    row["predicted_speedup"] = None
+  row["speedup_vs_stock"] = rows[stock_name]["walltime_s"] / row["walltime_s"]
+  # Per generated token: under sampling the methods generate different (equally distributed)
+  # outputs, so their lengths differ by chance; this ratio is less sensitive to that.
+  row["speedup_per_token"] = base_row["ms_per_token"] / row["ms_per_token"]
+  row["measured_speedup_min"] = base_row["walltime_min_s"] / row["walltime_min_s"]
+  row["stock_baseline"] = stock_name
+  row["measured_over_predicted"] = (
+    None if row["predicted_speedup"] is None else row["measured_speedup"] / row["predicted_speedup"]
+  )
+  if temperature == 0:
+    row["identical_to_baseline"] = _identical_rows(method, reference, batches)
+  overhead_refused = costs_lib.refusal(
+    costs.get("noise"), [costs_lib.TARGET_STEP, costs_lib.v_key(gamma + 1), draft["c_noise"]]
+  )
+  row["profile"] = profile(
+    row,
+    costs["target_prefill_s"] + draft["draft_prefill_s"],
+    {"draft_s": draft["draft_s"], "verify_s": verify_s},
+    overhead_refused,
+  )
+  return row
+
+
+def propose_key(gamma: int, temperature: float) -> str:
+  return f"gamma={gamma},T={temperature:g}"
+
+
+def profile(
+  row: dict[str, Any], prefill_s: float, parts: dict[str, float], refused: str | None = None
+) -> dict[str, Any]:
+  """Time per loop step from the measured decode time, split into the measured parts + overhead
+  (None, with the reason in 'overhead_refused', when the parts' costs are too noisy)."""
+  steps = max(row["loop_steps"], 1)
+  batches = max(len(row["walltime_per_batch_s"]), 1)
+  step_s = (row["walltime_s"] - batches * prefill_s) / steps
+  out = {"prefill_s_per_decode": prefill_s, "step_s": step_s}
+  out.update(parts)
+  if refused:
+    out.update(overhead_s=None, overhead_fraction=None, overhead_refused=refused)
+  else:
+    out["overhead_s"] = step_s - sum(parts.values())
+    out["overhead_fraction"] = out["overhead_s"] / step_s if step_s != 0 else None
+  out["prefill_fraction"] = batches * prefill_s / row["walltime_s"]
+  return out
+
+
+def _speedup(value: float | None) -> str:
+  return "too noisy to predict" if value is None else f"{value:.2f}x"
+
+
+def _group_summary(group, baselines, speculative_rows) -> str:
+  lines = [f"batch {group['batch_size']} temperature {group['temperature']}:"]
+  for row in baselines:
+    lines.append(f"  {row['name']:>18}: {row['walltime_s']:.3f}s {row['tokens_per_s']:.1f} tok/s")
+  for row in speculative_rows:
+    lines.append(
+      f"  {row['name']:>18}: {row['walltime_s']:.3f}s {row['tokens_per_s']:.1f} tok/s "
+      f"alpha {row['alpha_used']:.3f} EXP {_speedup(row['predicted_speedup'])} "
+      f"EMP {_speedup(row['measured_speedup'])}"
+    )
+  return "\n".join(lines)
