@@ -1,12 +1,14 @@
 """Tests of T5X checkpoint reading/writing without t5x (speculative/checkpoints.py).
 
-The fixture `../shared/fixtures/t5x_tiny/ckpt/checkpoint_0` was written by stock T5X; loading it
+The fixture `tests/fixtures/t5x_tiny/ckpt/checkpoint_0` was written by stock T5X; loading it
 must give exactly the arrays of `params.msgpack`. Saving must produce the same layout (msgpack with
 relative tensorstore specs + gzip zarr arrays), round-trip exactly (also with bfloat16 storage),
 be atomic, and every broken input must raise an error that names the problem.
 """
+
 from __future__ import annotations
 
+import dataclasses
 import os
 from pathlib import Path
 import shutil
@@ -21,10 +23,7 @@ from speculative import checkpoints
 from speculative.checkpoints import CheckpointError
 
 REPO = Path(__file__).resolve().parents[1]
-FIXTURE = REPO.parent / 'shared' / 'fixtures' / 't5x_tiny'
-needs_fixture = pytest.mark.skipif(
-    not (FIXTURE / 'ckpt' / 'checkpoint_0' / 'checkpoint').is_file(),
-    reason=f'T5X fixture checkpoint not found under {FIXTURE} (../shared is missing)')
+FIXTURE = REPO / 'tests' / 'fixtures' / 't5x_tiny'  # written by stock T5X (its README.md)
 
 
 def _flat(tree):
@@ -43,10 +42,12 @@ def _assert_trees_equal(a, b):
 def _small_params():
   rng = np.random.default_rng(0)
   return {
-      'token_embedder': {'embedding': rng.normal(size=(11, 4)).astype(np.float32)},
-      'encoder': {'layers_0': {'mlp': {'wi_0': {'kernel': rng.normal(size=(4, 6)).astype(
-          np.float32)}}}, 'encoder_norm': {'scale': np.ones((4,), np.float32)}},
-      'decoder': {'relpos_bias': {'rel_embedding': rng.normal(size=(2, 32)).astype(np.float32)}},
+    'token_embedder': {'embedding': rng.normal(size=(11, 4)).astype(np.float32)},
+    'encoder': {
+      'layers_0': {'mlp': {'wi_0': {'kernel': rng.normal(size=(4, 6)).astype(np.float32)}}},
+      'encoder_norm': {'scale': np.ones((4,), np.float32)},
+    },
+    'decoder': {'relpos_bias': {'rel_embedding': rng.normal(size=(2, 32)).astype(np.float32)}},
   }
 
 
@@ -58,17 +59,18 @@ def fixture_params():
 # ------------------------------------------------------------------------------------------------
 # Reading the real T5X checkpoint.
 # ------------------------------------------------------------------------------------------------
-@needs_fixture
 @pytest.mark.parametrize('where', ['ckpt/checkpoint_0', 'ckpt', 'ckpt/checkpoint_0/checkpoint'])
 def test_fixture_checkpoint_equals_params_msgpack(fixture_params, where):
   params = checkpoints.load_t5x_checkpoint(FIXTURE / where)
   _assert_trees_equal(params, fixture_params)
 
 
-@needs_fixture
 def test_fixture_checkpoint_state_and_model_shapes(fixture_params):
-  from speculative.models.t5 import T5, T5Config
   import json
+
+  from speculative.models.t5 import T5
+  from speculative.models.t5 import T5Config
+
   result = checkpoints.read_t5x_checkpoint(FIXTURE / 'ckpt', include_state=True)
   assert result['step'] == 0 and result['path'].name == 'checkpoint_0'
   states = result['state']['param_states']['token_embedder']['embedding']
@@ -90,7 +92,9 @@ def test_save_layout_is_t5x(tmp_path):
   assert int(contents['optimizer']['state']['step']) == 5
   spec = contents['optimizer']['target']['token_embedder']['embedding']
   assert spec['driver'] == 'zarr' and spec['kvstore'] == {
-      'driver': 'file', 'path': 'target.token_embedder.embedding'}  # relative to checkpoint dir
+    'driver': 'file',
+    'path': 'target.token_embedder.embedding',
+  }  # relative to checkpoint dir
   assert spec['metadata']['compressor']['id'] == 'gzip'
   assert (out / 'target.token_embedder.embedding' / '.zarray').is_file()
   assert (out / 'target.encoder.layers_0.mlp.wi_0.kernel' / '.zarray').is_file()
@@ -99,13 +103,20 @@ def test_save_layout_is_t5x(tmp_path):
 @pytest.mark.parametrize('dtype', [None, 'bfloat16'])
 def test_save_load_round_trip(tmp_path, dtype):
   params = _small_params()
-  optimizer_state = {'token_embedder': {'embedding': {
-      'v': np.full((11, 4), 0.5, np.float32), 'm': np.zeros((1,), np.float32)}}}
-  checkpoints.save_t5x_checkpoint(params, tmp_path, 3, dtype=dtype,
-                                  optimizer_state=optimizer_state)
+  optimizer_state = {
+    'token_embedder': {
+      'embedding': {'v': np.full((11, 4), 0.5, np.float32), 'm': np.zeros((1,), np.float32)}
+    }
+  }
+  checkpoints.save_t5x_checkpoint(params, tmp_path, 3, dtype=dtype, optimizer_state=optimizer_state)
   stored = checkpoints.load_t5x_checkpoint(tmp_path, dtype=None)
-  expected = params if dtype is None else flax.traverse_util.unflatten_dict(
-      {k: v.astype(jnp.bfloat16) for k, v in _flat(params).items()}, sep='/')
+  expected = (
+    params
+    if dtype is None
+    else flax.traverse_util.unflatten_dict(
+      {k: v.astype(jnp.bfloat16) for k, v in _flat(params).items()}, sep='/'
+    )
+  )
   _assert_trees_equal(stored, expected)
   as_f32 = checkpoints.load_t5x_checkpoint(tmp_path)  # default: cast to float32
   assert all(v.dtype == np.float32 for v in _flat(as_f32).values())
@@ -113,7 +124,6 @@ def test_save_load_round_trip(tmp_path, dtype):
   _assert_trees_equal(state['param_states'], optimizer_state)
 
 
-@needs_fixture
 def test_fixture_resave_round_trip(tmp_path, fixture_params):
   checkpoints.save_t5x_checkpoint(fixture_params, tmp_path, 0)
   _assert_trees_equal(checkpoints.load_t5x_checkpoint(tmp_path), fixture_params)
@@ -122,8 +132,10 @@ def test_fixture_resave_round_trip(tmp_path, fixture_params):
 def test_latest_step_is_chosen_and_incomplete_ignored(tmp_path):
   params = _small_params()
   checkpoints.save_t5x_checkpoint(params, tmp_path, 3)
-  later = {**params, 'encoder': {**params['encoder'],
-                                 'encoder_norm': {'scale': np.full((4,), 2.0, np.float32)}}}
+  later = {
+    **params,
+    'encoder': {**params['encoder'], 'encoder_norm': {'scale': np.full((4,), 2.0, np.float32)}},
+  }
   checkpoints.save_t5x_checkpoint(later, tmp_path, 10)
   (tmp_path / 'checkpoint_20').mkdir()  # e.g. an interrupted foreign writer: no msgpack
   (tmp_path / 'checkpoint_30.tmp-123').mkdir()
@@ -136,6 +148,7 @@ def test_latest_step_is_chosen_and_incomplete_ignored(tmp_path):
 def test_save_is_atomic_on_failure(tmp_path, monkeypatch):
   def boom(*args, **kwargs):
     raise RuntimeError('disk full')
+
   monkeypatch.setattr(checkpoints.serialization, 'msgpack_serialize', boom)
   with pytest.raises(RuntimeError, match='disk full'):
     checkpoints.save_t5x_checkpoint(_small_params(), tmp_path, 1)
@@ -162,7 +175,8 @@ def test_save_refuses_to_overwrite_unless_asked(tmp_path):
   checkpoints.save_t5x_checkpoint(params, tmp_path, 1, overwrite=True)
   assert sorted(p.name for p in tmp_path.iterdir()) == ['checkpoint_1']
   np.testing.assert_array_equal(
-      checkpoints.load_t5x_checkpoint(tmp_path)['encoder']['encoder_norm']['scale'], 3.0)
+    checkpoints.load_t5x_checkpoint(tmp_path)['encoder']['encoder_norm']['scale'], 3.0
+  )
   with pytest.raises(ValueError, match="'params'"):
     checkpoints.save_t5x_checkpoint({'params': params}, tmp_path, 2)
 
@@ -177,7 +191,12 @@ def test_save_load_params_file(tmp_path):
   _assert_trees_equal(loaded, flax.traverse_util.unflatten_dict(expected, sep='/'))
   exact = checkpoints.load_params(checkpoints.save_params(params, tmp_path / 'f.msgpack', None))
   _assert_trees_equal(exact, params)
-  assert [p.name for p in sorted(tmp_path.iterdir())] == ['f.msgpack', 'w.msgpack']
+  assert [p.name for p in sorted(tmp_path.iterdir())] == [
+    'f.msgpack',
+    'f.msgpack.json',
+    'w.msgpack',
+    'w.msgpack.json',
+  ]  # + sha256/config sidecars
 
 
 # ------------------------------------------------------------------------------------------------
@@ -204,7 +223,7 @@ def test_error_missing_checkpoint_file(saved):
 
 def test_error_corrupt_msgpack(saved):
   data = (saved / 'checkpoint').read_bytes()
-  (saved / 'checkpoint').write_bytes(data[:len(data) // 2])  # truncated
+  (saved / 'checkpoint').write_bytes(data[: len(data) // 2])  # truncated
   with pytest.raises(CheckpointError, match='corrupt T5X checkpoint msgpack'):
     checkpoints.load_t5x_checkpoint(saved)
   (saved / 'checkpoint').write_bytes(serialization.msgpack_serialize({'a': np.zeros(2)}))
@@ -214,8 +233,9 @@ def test_error_corrupt_msgpack(saved):
 
 def test_error_missing_zarr_array(saved):
   shutil.rmtree(saved / 'target.encoder.layers_0.mlp.wi_0.kernel')
-  with pytest.raises(CheckpointError,
-                     match='missing array target/encoder/layers_0/mlp/wi_0/kernel'):
+  with pytest.raises(
+    CheckpointError, match='missing array target/encoder/layers_0/mlp/wi_0/kernel'
+  ):
     checkpoints.load_t5x_checkpoint(saved)
 
 
@@ -260,16 +280,19 @@ def test_saved_checkpoint_restores_like_t5x(tmp_path):
   'cast' driver (restore_dtype) and reads with jax's `async_deserialize` onto a sharding.
   """
   import asyncio
+
   import jax
-  import tensorstore as ts
   from jax.experimental.array_serialization import serialization as array_serialization
+  import tensorstore as ts
 
   params = _small_params()
   out = checkpoints.save_t5x_checkpoint(params, tmp_path, 2, dtype='bfloat16')
   contents = serialization.msgpack_restore((out / 'checkpoint').read_bytes())
   specs = flax.traverse_util.flatten_dict(
-      contents['optimizer']['target'], is_leaf=lambda _, v: isinstance(v, dict) and 'driver' in v,
-      sep='/')
+    contents['optimizer']['target'],
+    is_leaf=lambda _, v: isinstance(v, dict) and 'driver' in v,
+    sep='/',
+  )
   assert specs.keys() == _flat(params).keys()
   sharding = jax.sharding.SingleDeviceSharding(jax.devices()[0])
   for name, spec_dict in specs.items():
@@ -281,7 +304,8 @@ def test_saved_checkpoint_restores_like_t5x(tmp_path):
     spec = {'base': spec, 'driver': 'cast', 'dtype': 'float32'}  # restore_dtype=float32
     restored = asyncio.run(array_serialization.async_deserialize(sharding, spec))
     np.testing.assert_array_equal(
-        np.asarray(restored), _flat(params)[name].astype(jnp.bfloat16).astype(np.float32))
+      np.asarray(restored), _flat(params)[name].astype(jnp.bfloat16).astype(np.float32)
+    )
 
 
 def test_relative_paths_with_parent_components_round_trip(tmp_path, monkeypatch):
@@ -292,3 +316,74 @@ def test_relative_paths_with_parent_components_round_trip(tmp_path, monkeypatch)
   checkpoints.save_t5x_checkpoint(params, '../model_dir', 7)
   restored = checkpoints.load_t5x_checkpoint('../model_dir')
   np.testing.assert_array_equal(restored['layer']['kernel'], params['layer']['kernel'])
+
+
+# ------------------------------------------------------------------------------------------------
+# Metadata: sha256 + model config recorded with the weights and verified on load.
+# ------------------------------------------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class _Config:
+  width: int = 4
+  acts: tuple = ('gelu', 'linear')
+
+
+def test_params_file_records_and_verifies_sha256_and_config(tmp_path):
+  path = checkpoints.save_params(_small_params(), tmp_path / 'w.msgpack', None, config=_Config())
+  metadata = checkpoints.read_metadata(path)
+  assert metadata['sha256'] == checkpoints.sha256_of(path)
+  assert metadata['config'] == {'width': 4, 'acts': ['gelu', 'linear']}
+  _assert_trees_equal(checkpoints.load_params(path, config=_Config()), _small_params())
+  with pytest.raises(
+    CheckpointError, match=r'different model config:\n  width: weights 4, given 5'
+  ):
+    checkpoints.load_params(path, config=_Config(width=5))
+  data = bytearray(path.read_bytes())
+  data[len(data) // 2] ^= 1  # one flipped bit inside an array: still parses, must be refused
+  path.write_bytes(bytes(data))
+  with pytest.raises(CheckpointError, match=f'{path} is corrupt or was changed'):
+    checkpoints.load_params(path)
+
+
+def test_zeros_are_refused_naming_the_file(tmp_path, caplog):
+  zeros = tmp_path / 'zeros.msgpack'
+  zeros.write_bytes(bytes(64 * 1024))
+  with pytest.raises(CheckpointError, match=f'{zeros}'):
+    checkpoints.load_params(zeros)
+  # 64 KiB of zeros written into a file without metadata (a legacy file): refused too.
+  legacy = tmp_path / 'legacy.msgpack'
+  legacy.write_bytes(
+    serialization.msgpack_serialize(
+      {'w': np.random.default_rng(0).normal(size=(200, 100)).astype(np.float32)}
+    )
+  )
+  checkpoints.load_params(legacy)  # loads, with a warning
+  assert 'has no metadata' in caplog.text
+  data = bytearray(legacy.read_bytes())
+  data[1000 : 1000 + 64 * 1024] = bytes(64 * 1024)
+  legacy.write_bytes(bytes(data))
+  with pytest.raises(CheckpointError, match=f'{legacy} looks corrupt'):
+    checkpoints.load_params(legacy)
+
+
+def test_t5x_checkpoint_with_config_is_verified(tmp_path):
+  out = checkpoints.save_t5x_checkpoint(
+    _small_params(), tmp_path, 2, config=_Config(), extra_files={'extra.bin': b'abc'}
+  )
+  assert (out / 'extra.bin').read_bytes() == b'abc'
+  assert checkpoints.read_metadata(out)['step'] == 2
+  _assert_trees_equal(checkpoints.load_t5x_checkpoint(out, config=_Config()), _small_params())
+  with pytest.raises(CheckpointError, match='width: weights 4, given 7'):
+    checkpoints.load_params(out, config=_Config(width=7))
+  (out / 'extra.bin').write_bytes(b'abd')
+  with pytest.raises(CheckpointError, match='is corrupt or was changed'):
+    checkpoints.load_t5x_checkpoint(out)
+
+
+def test_stale_temporaries_are_removed(tmp_path):
+  checkpoints.save_t5x_checkpoint(_small_params(), tmp_path, 1)
+  (tmp_path / 'checkpoint_2.tmp-1-abc').mkdir()
+  (tmp_path / 'checkpoint_1.old-x').mkdir()
+  (tmp_path / 'best.msgpack.tmp-zz').write_bytes(b'half')
+  removed = checkpoints.remove_stale_temporaries(tmp_path)
+  assert sorted(removed) == ['best.msgpack.tmp-zz', 'checkpoint_1.old-x', 'checkpoint_2.tmp-1-abc']
+  assert [p.name for p in tmp_path.iterdir()] == ['checkpoint_1']

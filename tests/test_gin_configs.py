@@ -8,6 +8,7 @@ size, gamma, temperature, T5-XXL target, batch 1) and the alpha / speedup its he
 
   python -m pytest -q -p no:xdist tests/test_gin_configs.py
 """
+
 from __future__ import annotations
 
 import inspect
@@ -28,12 +29,18 @@ XXL = options.T5_1_1_SIZES['xxl']
 
 # Paper Table 2: (task, draft, temperature) -> (gamma, alpha, speedup). T5-XXL target, batch 1.
 TABLE2 = {
-    ('ende', 'small', 0): (7, 0.75, 3.4), ('ende', 'small', 1): (7, 0.62, 2.6),
-    ('ende', 'base', 0): (7, 0.8, 2.8), ('ende', 'base', 1): (5, 0.68, 2.4),
-    ('ende', 'large', 0): (7, 0.82, 1.7), ('ende', 'large', 1): (3, 0.71, 1.4),
-    ('cnndm', 'small', 0): (5, 0.65, 3.1), ('cnndm', 'small', 1): (5, 0.53, 2.3),
-    ('cnndm', 'base', 0): (5, 0.73, 3.0), ('cnndm', 'base', 1): (3, 0.55, 2.2),
-    ('cnndm', 'large', 0): (3, 0.74, 2.2), ('cnndm', 'large', 1): (3, 0.56, 1.7),
+  ('ende', 'small', 0): (7, 0.75, 3.4),
+  ('ende', 'small', 1): (7, 0.62, 2.6),
+  ('ende', 'base', 0): (7, 0.8, 2.8),
+  ('ende', 'base', 1): (5, 0.68, 2.4),
+  ('ende', 'large', 0): (7, 0.82, 1.7),
+  ('ende', 'large', 1): (3, 0.71, 1.4),
+  ('cnndm', 'small', 0): (5, 0.65, 3.1),
+  ('cnndm', 'small', 1): (5, 0.53, 2.3),
+  ('cnndm', 'base', 0): (5, 0.73, 3.0),
+  ('cnndm', 'base', 1): (3, 0.55, 2.2),
+  ('cnndm', 'large', 0): (3, 0.74, 2.2),
+  ('cnndm', 'large', 1): (3, 0.56, 1.7),
 }
 TASK_NAMES = {'ende': 'speculative_wmt_t2t_ende_v003', 'cnndm': 'speculative_cnn_dailymail_v002'}
 ROWS = sorted(TABLE2)
@@ -42,8 +49,14 @@ REQUIRED = ["CHECKPOINT_PATH = '/ckpt/target'", "DRAFT_CHECKPOINT_PATH = '/ckpt/
 
 
 def _shape(config) -> tuple[int, ...]:
-  return (config.emb_dim, config.num_heads, config.num_encoder_layers, config.num_decoder_layers,
-          config.head_dim, config.mlp_dim)
+  return (
+    config.emb_dim,
+    config.num_heads,
+    config.num_encoder_layers,
+    config.num_decoder_layers,
+    config.head_dim,
+    config.mlp_dim,
+  )
 
 
 def _value(reference):
@@ -78,10 +91,8 @@ def test_local_experiment_binds_paper_row(row, clean_gin):
   _check_header(path, gamma, alpha, speedup)
   gin_utils.register_configurables()
   gin.external_configurable(infer_lib.infer, 'infer')  # as `python -m speculative.infer` does
-  gin.parse_config_files_and_bindings([str(path)],
-                                      REQUIRED + ["INFER_OUTPUT_DIR = '/tmp/out'"])
-  bound = {name: _value(gin.query_parameter(f'infer.{name}'))
-           for name in gin.get_bindings('infer')}
+  gin.parse_config_files_and_bindings([str(path)], REQUIRED + ["INFER_OUTPUT_DIR = '/tmp/out'"])
+  bound = {name: _value(gin.query_parameter(f'infer.{name}')) for name in gin.get_bindings('infer')}
   assert set(bound) <= set(inspect.signature(infer_lib.infer).parameters)
   assert bound['gamma'] == gamma
   assert bound['temperature'] == float(temperature)
@@ -99,8 +110,11 @@ def test_local_experiment_binds_paper_row(row, clean_gin):
 
 def test_every_table2_row_has_exactly_one_file_per_runner():
   for runner in ('local', 't5x'):
-    names = {p.stem for p in (CONFIGS / runner / 'experiments').glob('*_t[01].gin')
-             if 'baseline' not in p.stem}
+    names = {
+      p.stem
+      for p in (CONFIGS / runner / 'experiments').glob('*_t[01].gin')
+      if 'baseline' not in p.stem
+    }
     assert names == set(ROW_IDS), runner
 
 
@@ -115,8 +129,11 @@ def test_t5x_experiment_file_text_matches_paper_row(row):
   assert re.search(rf"^DRAFT_SIZE = '{draft}'$", text, re.M)
   assert re.search(rf'^GAMMA = {gamma}$', text, re.M)
   assert re.search(rf'^TEMPERATURE = {float(temperature)}$', text, re.M)
-  for include in ('t5x/examples/t5/t5_1_1/xxl.gin', 'configs/t5x/infer.gin',
-                  f'configs/t5x/experiments/{task}_task.gin'):
+  for include in (
+    't5x/examples/t5/t5_1_1/xxl.gin',
+    'configs/t5x/infer.gin',
+    f'configs/t5x/experiments/{task}_task.gin',
+  ):
     assert f"include '{include}'" in text
 
 
@@ -130,19 +147,22 @@ def t5x_gin(clean_gin, monkeypatch):
   import t5x
   from t5x import eval as t5x_eval
   from t5x import infer as t5x_infer
+
   main = sys.modules['__main__']
   monkeypatch.setattr(main, 'infer', t5x_infer.infer, raising=False)
-  monkeypatch.setattr(main, 'write_inferences_to_file', t5x_infer.write_inferences_to_file,
-                      raising=False)
+  monkeypatch.setattr(
+    main, 'write_inferences_to_file', t5x_infer.write_inferences_to_file, raising=False
+  )
   monkeypatch.setattr(main, 'evaluate', t5x_eval.evaluate, raising=False)
   gin.add_config_file_search_path(str(Path(t5x.__file__).resolve().parents[1]))
 
 
 def _t5x_parse(files, bindings=()):
   gin.parse_config_files_and_bindings(
-      [str(f) for f in files], list(bindings) + REQUIRED + ["INFER_OUTPUT_DIR = '/tmp/o'",
-                                                            "EVAL_OUTPUT_DIR = '/tmp/e'"],
-      finalize_config=False)
+    [str(f) for f in files],
+    list(bindings) + REQUIRED + ["INFER_OUTPUT_DIR = '/tmp/o'", "EVAL_OUTPUT_DIR = '/tmp/e'"],
+    finalize_config=False,
+  )
 
 
 @pytest.mark.parametrize('row', ROWS, ids=ROW_IDS)
@@ -155,8 +175,12 @@ def test_t5x_experiment_binds_paper_row(row, t5x_gin):
   assert _shape(model.target.config) == XXL
   assert _shape(model.draft.config) == options.T5_1_1_SIZES[draft]
   assert model.target.config.dtype == model.draft.config.dtype == 'bfloat16'  # T5X's TPU dtype
-  assert model.decode_defaults == {'gamma': gamma, 'temperature': float(temperature), 'topk': 0,
-                                   'topp': 0.0}
+  assert model.decode_defaults == {
+    'gamma': gamma,
+    'temperature': float(temperature),
+    'topk': 0,
+    'topp': 0.0,
+  }
   assert _value(gin.query_parameter('%MIXTURE_OR_TASK_NAME')) == TASK_NAMES[task]
   assert gin.query_parameter('utils.DatasetConfig.batch_size') == 1
   assert gin.query_parameter('infer_script.infer.mode') == 'predict_with_aux'
@@ -178,9 +202,15 @@ def test_t5x_baseline_binds_stock_model(task, temperature, t5x_gin):
 
 
 def test_t5x_eval_and_tiny_infer_bind(t5x_gin):
-  _t5x_parse(['t5x/examples/t5/t5_1_1/small.gin', CONFIGS / 't5x' / 'eval.gin'],
-             ["DRAFT_SIZE = 'tiny'", 'GAMMA = 3', "MIXTURE_OR_TASK_NAME = 'libreoffice_ende'",
-              'DROPOUT_RATE = 0.0'])
+  _t5x_parse(
+    ['t5x/examples/t5/t5_1_1/small.gin', CONFIGS / 't5x' / 'eval.gin'],
+    [
+      "DRAFT_SIZE = 'tiny'",
+      'GAMMA = 3',
+      "MIXTURE_OR_TASK_NAME = 'libreoffice_ende'",
+      'DROPOUT_RATE = 0.0',
+    ],
+  )
   model = _value(gin.query_parameter('%MODEL'))
   assert _shape(model.target.config) == options.T5_1_1_SIZES['small']
   assert model.gamma == 3 and model.decode_defaults['temperature'] == 0.0

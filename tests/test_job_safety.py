@@ -1,0 +1,356 @@
+"""Batch jobs never silently lie: every bad input of docs/batch_jobs.md fails with its documented
+error before a model loads; a re-run resumes only outputs of identical settings; one writer per
+output directory; weights are verified; training resumes past a corrupt newest checkpoint."""
+
+import dataclasses
+import os
+from pathlib import Path
+import shutil
+import subprocess
+import sys
+
+import gin
+import jax
+import pytest
+
+from speculative import checkpoints
+from speculative import gin_utils
+from speculative import infer
+from speculative import jobs
+from speculative.models.t5 import T5
+from speculative.models.t5 import T5Config
+
+REPO = Path(__file__).resolve().parents[1]
+SOURCES = ["Click OK.", "Open the file menu.", "Hello", "Select a cell range."]
+
+
+def _config(decoder_layers: int) -> T5Config:
+  return T5Config(
+    vocab_size=8000,
+    dtype="float32",
+    emb_dim=16,
+    num_heads=2,
+    num_encoder_layers=1,
+    num_decoder_layers=decoder_layers,
+    head_dim=8,
+    mlp_dim=32,
+    mlp_activations=("gelu", "linear"),
+    dropout_rate=0.0,
+    logits_via_embedding=False,
+    float32_attention_logits=False,
+  )
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+  root = tmp_path_factory.mktemp("jobs")
+  target, draft = _config(2), _config(1)
+  checkpoints.save_params(
+    T5(target).init_params(jax.random.PRNGKey(0)), root / "t.msgpack", dtype=None, config=target
+  )
+  checkpoints.save_params(
+    T5(draft).init_params(jax.random.PRNGKey(1)), root / "d.msgpack", dtype=None, config=draft
+  )
+  (root / "in.tsv").write_text("".join(f"{s}\tRef {i}\n" for i, s in enumerate(SOURCES)))
+  kwargs = dict(
+    target_config=target,
+    target_checkpoint=str(root / "t.msgpack"),
+    draft_config=draft,
+    draft_checkpoint=str(root / "d.msgpack"),
+    input_file=str(root / "in.tsv"),
+    task_feature_lengths={"inputs": 24, "targets": 6},
+    batch_size=2,
+    gamma=3,
+    progress=False,
+  )
+  return root, kwargs
+
+
+@pytest.fixture
+def no_model_load(monkeypatch):
+  """Fails the test if a model would be loaded: the errors must come before that."""
+
+  def refuse(*args, **kwargs):
+    raise AssertionError("a model was loaded before the error")
+
+  monkeypatch.setattr(infer, "load_model", refuse)
+
+
+# The bad-input table of docs/batch_jobs.md: (row id, how to break the job, error, message).
+def _zeros(root, tmp):
+  (tmp / "zeros.msgpack").write_bytes(bytes(64 * 1024))
+  return {"target_checkpoint": str(tmp / "zeros.msgpack")}
+
+
+def _flipped(root, tmp):
+  data = bytearray((root / "t.msgpack").read_bytes())
+  data[len(data) // 2] ^= 0xFF
+  (tmp / "flipped.msgpack").write_bytes(bytes(data))
+  shutil.copy(root / "t.msgpack.json", tmp / "flipped.msgpack.json")
+  return {"target_checkpoint": str(tmp / "flipped.msgpack")}
+
+
+def _text(name, data):
+  def make(root, tmp):
+    (tmp / name).write_bytes(data)
+    return {"input_file": str(tmp / name)}
+
+  return make
+
+
+def _blocked_output(root, tmp):
+  (tmp / "a_file").write_text("x")
+  return {"output_dir": str(tmp / "a_file" / "out")}
+
+
+BAD_INPUTS = [
+  ("gamma_fraction", {"gamma": 2.5}, ValueError, "gamma must be an integer"),
+  ("gamma_zero", {"gamma": 0}, ValueError, r"gamma must be in \[1, 32\]"),
+  ("gamma_huge", {"gamma": 1000}, ValueError, r"gamma must be in \[1, 32\]"),
+  ("temperature_negative", {"temperature": -1.0}, ValueError, "temperature must be in"),
+  ("top_k_negative", {"top_k": -1}, ValueError, "top_k must be in"),
+  ("top_p_zero", {"top_p": 0.0}, ValueError, r"top_p must be in \(0.0, 1.0\]"),
+  ("top_p_above_one", {"top_p": 1.5}, ValueError, "top_p must be in"),
+  ("lenience_zero", {"lenience": 0.0}, ValueError, "lenience must be in"),
+  ("batch_size_zero", {"batch_size": 0}, ValueError, "batch_size must be in"),
+  ("num_examples_zero", {"num_examples": 0}, ValueError, r"num_examples \(None = all\)"),
+  ("num_examples_negative", {"num_examples": -1}, ValueError, r"num_examples \(None = all\)"),
+  ("unknown_drafter", {"drafter": "trigram"}, ValueError, "unknown drafter"),
+  (
+    "task_and_file",
+    {"mixture_or_task_name": "libreoffice_ende"},
+    ValueError,
+    "exactly one of mixture_or_task_name",
+  ),
+  (
+    "missing_target",
+    {"target_checkpoint": "/nope/t.msgpack"},
+    FileNotFoundError,
+    "target_checkpoint does not exist: /nope/t.msgpack",
+  ),
+  (
+    "missing_draft",
+    {"draft_checkpoint": "/nope/d.msgpack"},
+    FileNotFoundError,
+    "draft_checkpoint does not exist: /nope/d.msgpack",
+  ),
+  ("missing_input", {"input_file": "/nope/in.txt"}, FileNotFoundError, "input_file does not exist"),
+  (
+    "draft_vocab",
+    {"draft_config": dataclasses.replace(_config(1), vocab_size=4000)},
+    ValueError,
+    "draft and target vocabularies differ",
+  ),
+  ("unwritable_output", _blocked_output, PermissionError, "is not writable"),
+  (
+    "not_utf8",
+    _text("latin1.txt", b"Click OK.\nCaf\xe9\n"),
+    ValueError,
+    r"latin1.txt:2: not valid UTF-8",
+  ),
+  (
+    "empty_line",
+    _text("gap.txt", b"Click OK.\n\nHello\n"),
+    ValueError,
+    "gap.txt:2: empty input line",
+  ),
+  ("zeros_weights", _zeros, checkpoints.CheckpointError, "zeros.msgpack"),
+  (
+    "corrupt_weights",
+    _flipped,
+    checkpoints.CheckpointError,
+    "flipped.msgpack is corrupt or was changed",
+  ),
+  (
+    "wrong_config_same_shapes",
+    {"target_config": dataclasses.replace(_config(2), dtype="bfloat16")},
+    checkpoints.CheckpointError,
+    "different model config:\n  dtype: weights 'float32'",
+  ),
+]
+
+
+@pytest.mark.parametrize(
+  "change,error,message", [r[1:] for r in BAD_INPUTS], ids=[r[0] for r in BAD_INPUTS]
+)
+def test_bad_input_table(setup, tmp_path, no_model_load, change, error, message):
+  root, kwargs = setup
+  kwargs = {**kwargs, "output_dir": str(tmp_path / "out")}
+  kwargs.update(change(root, tmp_path) if callable(change) else change)
+  with pytest.raises(error, match=message):
+    infer.infer(**kwargs)
+
+
+def test_docs_table_lists_every_row():
+  text = (REPO / "docs" / "batch_jobs.md").read_text()
+  for row_id, *_ in BAD_INPUTS:
+    assert f"`{row_id}`" in text, row_id
+
+
+def test_bom_is_not_text(setup):
+  root, _ = setup
+  from speculative import tasks
+
+  vocab = tasks.get_vocabulary(None)
+  plain = root / "plain.txt"
+  plain.write_bytes(b"Click OK.\nHello\n")
+  bom = root / "bom.txt"
+  bom.write_bytes("\ufeffClick OK.\r\nHello\r\n".encode())
+  a = infer.examples_from_file(str(plain), vocab, 24)
+  b = infer.examples_from_file(str(bom), vocab, 24)
+  assert [e.inputs for e in a] == [e.inputs for e in b] == ["Click OK.", "Hello"]
+  assert [e.input_tokens.tolist() for e in a] == [e.input_tokens.tolist() for e in b]
+
+
+def test_changed_settings_are_refused_before_loading(setup, tmp_path, monkeypatch):
+  root, kwargs = setup
+  out = str(tmp_path / "out")
+  first = infer.infer(output_dir=out, num_examples=3, **kwargs)
+  assert first["examples"] == 3
+  monkeypatch.setattr(infer, "load_model", lambda *a: pytest.fail("loaded a model"))
+  other_draft = tmp_path / "d2.msgpack"
+  checkpoints.save_params(
+    T5(_config(1)).init_params(jax.random.PRNGKey(9)), other_draft, dtype=None
+  )
+  other_input = tmp_path / "in2.tsv"
+  other_input.write_text("Hello\tRef\nClick OK.\tRef\nBye\tRef\n")
+  for change, field in [
+    ({"gamma": 5}, "gamma: was 3, now 5"),
+    ({"drafter": "prompt_lookup+model"}, 'drafter: was "model"'),
+    ({"draft_checkpoint": str(other_draft)}, "draft_checkpoint_sha256: was"),
+    ({"input_file": str(other_input)}, "inputs_sha256: was"),
+    ({"num_examples": 4}, "num_examples: was 3, now 4"),
+    ({"temperature": 1.0}, "temperature: was 0.0, now 1.0"),
+  ]:
+    with pytest.raises(ValueError, match=field) as info:
+      infer.infer(output_dir=out, **{**kwargs, "num_examples": 3, **change})
+    assert "new output directory" in str(info.value) and "overwrite" in str(info.value)
+
+
+def test_overwrite_clears_old_outputs(setup, tmp_path):
+  root, kwargs = setup
+  out = tmp_path / "out"
+  infer.infer(output_dir=str(out), num_examples=2, modes=("baseline",), **kwargs)
+  summary = infer.infer(
+    output_dir=str(out), num_examples=3, modes=("baseline",), overwrite=True, **kwargs
+  )
+  assert summary["examples"] == 3
+  assert jobs.read_manifest(str(out))["num_examples"] == 3
+
+
+def test_outputs_without_manifest_are_refused(setup, tmp_path, no_model_load):
+  root, kwargs = setup
+  out = tmp_path / "old"
+  out.mkdir()
+  (out / "predictions-baseline.jsonl").write_text('{"index": 0}\n')
+  with pytest.raises(ValueError, match="without a manifest.json"):
+    infer.infer(output_dir=str(out), **kwargs)
+
+
+def test_one_writer_per_output_dir(setup, tmp_path, no_model_load):
+  root, kwargs = setup
+  out = tmp_path / "out"
+  out.mkdir()
+  # Another process holds the lock: the run is refused at once, naming its pid.
+  holder = subprocess.Popen(
+    [
+      sys.executable,
+      "-c",
+      "import sys, time; from speculative import jobs; "
+      f"jobs.OutputLock({str(out)!r}).acquire(); print('locked', flush=True); time.sleep(60)",
+    ],
+    cwd=REPO,
+    stdout=subprocess.PIPE,
+    text=True,
+  )
+  try:
+    assert holder.stdout.readline().strip() == "locked"
+    with pytest.raises(RuntimeError, match=f"in use by another run \\(pid {holder.pid}"):
+      infer.infer(output_dir=str(out), **kwargs)
+  finally:
+    holder.kill()  # kill -9: the OS drops its lock
+    holder.wait()
+  with jobs.OutputLock(str(out)):  # the killed holder's lock file does not block
+    with pytest.raises(RuntimeError, match=f"pid {os.getpid()}"):
+      jobs.OutputLock(str(out)).acquire()
+
+
+# ----------------------------------------------------------------------------------------------
+# Gin: unknown or unused bindings, missing files.
+# ----------------------------------------------------------------------------------------------
+@pytest.fixture
+def gin_infer():
+  gin.clear_config()
+  gin_utils.register_configurables()
+  gin.external_configurable(infer.infer, "infer")
+  yield
+  gin.clear_config()
+
+
+@pytest.mark.parametrize(
+  "binding,message",
+  [
+    ("GAMA = 5", "macro GAMA is not used by the run file \\(did you mean GAMMA"),
+    ("TOP_K = 5", "did you mean TOPK"),
+    ("infer.gama = 5", "has no parameter 'gama' \\(did you mean gamma"),
+  ],
+)
+def test_unused_or_unknown_bindings_are_refused(gin_infer, binding, message):
+  with pytest.raises(ValueError, match=message):
+    gin_utils.parse(["configs/local/run.gin"], [binding])
+
+
+def test_known_bindings_pass_and_missing_gin_file_names_search_path(gin_infer):
+  gin_utils.parse(["configs/local/run.gin"], ["GAMMA = 5", "INPUT_FILE = '-'", "TOPP = 0.9"])
+  assert gin.query_parameter("infer.gamma") is not None
+  with pytest.raises(FileNotFoundError, match="gin file 'configs/nope.gin' not found; searched"):
+    gin_utils.parse(["configs/nope.gin"], [])
+
+
+def test_help_lists_the_run_file_macros():
+  out = subprocess.run(
+    [sys.executable, "-m", "speculative.infer", "--help"],
+    cwd=REPO,
+    capture_output=True,
+    text=True,
+    check=True,
+  )
+  for line in ("GAMMA = 3", "INPUT_FILE = None", "TOPK = 0", "TOPP = 1.0", "OVERWRITE = False"):
+    assert line in out.stdout, line
+  assert "cudart" not in out.stderr and "oneDNN" not in out.stderr
+
+
+# ----------------------------------------------------------------------------------------------
+# Training checkpoints.
+# ----------------------------------------------------------------------------------------------
+def test_train_resume_falls_back_past_a_corrupt_newest_checkpoint(tmp_path, caplog):
+  import numpy as np
+  import optax
+
+  from speculative import train
+
+  config = _config(1)
+  params = T5(config).init_params(jax.random.PRNGKey(0))
+  optimizer = optax.adam(1e-3)
+  state = optimizer.init(params)
+  train.save_train_state(str(tmp_path), 1, params, state, config=config)
+  later = jax.tree_util.tree_map(lambda x: x + 1, params)
+  newest = train.save_train_state(str(tmp_path), 2, later, state, config=config)
+  assert checkpoints.read_metadata(newest)["config"]["num_decoder_layers"] == 1
+  (tmp_path / "checkpoint_3.tmp-1-x").mkdir()  # left by a kill
+  step, restored, _ = train.restore_latest(str(tmp_path), params, state, config)
+  assert step == 2
+  (Path(newest) / "optax_state.msgpack").write_bytes(b"\x00" * 10)  # corrupt the newest
+  step, restored, _ = train.restore_latest(str(tmp_path), params, state, config)
+  assert step == 1 and "checkpoint_2" in caplog.text
+  np.testing.assert_array_equal(
+    restored["token_embedder"]["embedding"], params["token_embedder"]["embedding"]
+  )
+  # An optimizer that does not match: the error names the file.
+  shutil.rmtree(newest)
+  with pytest.raises(
+    checkpoints.CheckpointError,
+    match="checkpoint_1/optax_state.msgpack: optimizer state does not match",
+  ):
+    train.restore_latest(str(tmp_path), params, optax.sgd(1e-3).init(params) + ({},), config)
+  assert checkpoints.remove_stale_temporaries(tmp_path) == ["checkpoint_3.tmp-1-x"]
