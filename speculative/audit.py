@@ -1,0 +1,381 @@
+"""Exactness audit: explain every difference between greedy baseline and speculative outputs.
+
+Greedy speculative decoding is token-identical to the target's greedy baseline in exact
+arithmetic. In finite precision the verify call (gamma+1 positions in one `extend`) and the
+baseline's 1-token steps compute the same function with different shapes, so XLA may accumulate in
+a different order and round differently; where the target's two best logits are closer than that
+rounding, the argmax can flip and the outputs diverge from there on. `audit_divergences` finds, per
+differing example, the first differing position, recomputes the target's logits there in FLOAT32
+(float32 copy of the config, params cast to float32, one teacher-forced full forward over the
+shared prefix) and classifies the divergence:
+
+  * 'near-tie': both candidate tokens (the baseline's and the speculative one) are within `bound`
+    of the float32 maximum logit, i.e. either could be the argmax of a forward pass that rounds
+    each logit by up to bound/2. Expected in reduced precision; not a bug.
+  * 'mismatch': one of the candidates is further than `bound` below the float32 maximum (or the
+    sequences differ in length only, which rounding cannot cause: a stop at EOS or max length is
+    decided by a shared token). This is what a broken acceptance rule or cache bug looks like.
+
+The bound. Let eps be the machine epsilon of the dtype the decode ran in (`jnp.finfo(dtype).eps`:
+bfloat16 has 8 significand bits, eps = 2^-7 (unit roundoff u = eps/2 = 2^-8); float32 2^-23).
+Write each pass's logits as z~_v = z_v + e_v with |e_v| <= (C/2) * eps * max(|z_v|, 1). Two
+passes (the 1-token step and the verify call) pick tokens a and b only if z_top1 - z_a <= 2 max|e|
+and z_top1 - z_b <= 2 max|e|. Hence
+
+  bound = C * eps(dtype) * max(|z_top1|, |z_a|, |z_b|, 1),
+
+and a divergence is a near-tie iff z_top1 - z_a <= bound and z_top1 - z_b <= bound (with the
+usual candidates, the float32 top two, this is `gap` <= bound). The max(., 1) floor covers logits
+near 0, whose absolute error is set by the O(1) activations, not by |z|.
+
+C: the analytical minimum is C = 2 (|e| <= eps |z|): the hidden state feeding the float32
+vocabulary projection is rounded to the dtype twice (the last residual add and the final RMS norm
+output, <= u relative each). The residual stream's rounding in earlier layers adds to that; on the
+embedded target in bfloat16 (`logit_error_ratios`, the top-2 logits at every position of 30
+greedy test translations) |e| / (eps max(|z|, 1)) has median 0.16, 99th percentile 1.03 and
+maximum 4.4. DEFAULT_BOUND_FACTOR = 10 (|e| <= 5 eps max(|z|, 1)) covers that maximum with a
+margin: for bfloat16 logits of magnitude 5-10 the bound is 0.4-0.8 logit units (the issue's two
+divergences had gaps 0.0098 and 0.0047; a wrong acceptance rule typically emits tokens whole logit
+units below the top). For float32, eps = 2^-23 makes the bound ~1e-5 at that magnitude, so any
+float32 divergence with a visible gap is a mismatch. Pass `bound_factor` to tighten or loosen it;
+`scripts/audit_bf16.py` prints the measured ratios next to its verdicts.
+
+The API takes only the model object, its params, the encoder inputs and token id lists, so any
+runner (speculative.infer, the benchmark, the T5X adapter) can call it. See docs/exactness.md.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from collections.abc import Sequence
+import dataclasses
+import functools
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+NEAR_TIE = 'near-tie'
+MISMATCH = 'mismatch'
+DEFAULT_BOUND_FACTOR = 10.0
+
+
+@dataclasses.dataclass(frozen=True)
+class Divergence:
+  """The first difference of one example's baseline and speculative outputs.
+
+  Attributes:
+    example: index of the example in the inputs.
+    position: index of the first differing generated token (0 = first generated token).
+    baseline_token: the baseline's token there (-1 if the baseline had stopped).
+    speculative_token: the speculative token there (-1 if the speculative output had stopped).
+    baseline_logit: float32 target logit of baseline_token (nan if -1).
+    speculative_logit: float32 target logit of speculative_token (nan if -1).
+    top_tokens: the float32 top-2 tokens (best first).
+    top_logits: their float32 logits.
+    gap: top_logits[0] - top_logits[1].
+    deficit: largest float32 distance of a candidate token below the top logit (the quantity
+      compared with `bound`; equals `gap` when the candidates are the top two).
+    bound: the rounding bound at this position (module docstring).
+    dtype: the dtype the decode ran in (the bound's eps).
+    verdict: NEAR_TIE or MISMATCH.
+  """
+
+  example: int
+  position: int
+  baseline_token: int
+  speculative_token: int
+  baseline_logit: float
+  speculative_logit: float
+  top_tokens: tuple[int, int]
+  top_logits: tuple[float, float]
+  gap: float
+  deficit: float
+  bound: float
+  dtype: str
+  verdict: str
+
+
+def rounding_bound(
+  logits: Sequence[float], dtype: Any, factor: float = DEFAULT_BOUND_FACTOR
+) -> float:
+  """factor * eps(dtype) * max(|z| for z in logits, 1): how far rounding can move a logit gap."""
+  dtype = jnp.dtype(dtype)
+  if not jnp.issubdtype(dtype, jnp.floating):
+    raise ValueError(f'rounding_bound needs a floating dtype, got {dtype}')
+  if factor <= 0:
+    raise ValueError(f'bound factor must be > 0, got {factor}')
+  magnitude = max([abs(float(z)) for z in logits] + [1.0])
+  return float(factor * float(jnp.finfo(dtype).eps) * magnitude)
+
+
+def first_difference(a: Sequence[int], b: Sequence[int]) -> int | None:
+  """Index of the first position where a and b differ (len of the shorter if one is a prefix of
+  the other); None if they are equal."""
+  a, b = [int(t) for t in a], [int(t) for t in b]
+  for i, (x, y) in enumerate(zip(a, b)):
+    if x != y:
+      return i
+  return None if len(a) == len(b) else min(len(a), len(b))
+
+
+def float32_model(model: Any) -> Any:
+  """A copy of `model` whose config computes in float32 (dtype and logits head)."""
+  config = getattr(model, 'config', None)
+  if (
+    not dataclasses.is_dataclass(model)
+    or not dataclasses.is_dataclass(config)
+    or not hasattr(config, 'dtype')
+  ):
+    raise TypeError(
+      f'the audit needs a dataclass model with a dataclass `config` holding '
+      f'`dtype` (e.g. speculative.models.t5.T5), got {type(model).__name__}'
+    )
+  changes = {'dtype': 'float32'}
+  if hasattr(config, 'logits_dtype'):
+    changes['logits_dtype'] = None
+  return dataclasses.replace(model, config=dataclasses.replace(config, **changes))
+
+
+def _as_float32(params: Any) -> Any:
+  return jax.tree.map(
+    lambda x: (
+      jnp.asarray(x, jnp.float32)
+      if jnp.issubdtype(jnp.asarray(x).dtype, jnp.floating)
+      else jnp.asarray(x)
+    ),
+    params,
+  )
+
+
+@functools.partial(jax.jit, static_argnames=('model',))
+def _logits_at(
+  model: Any,
+  params: Any,
+  encoder_tokens: jax.Array,
+  decoder_inputs: jax.Array,
+  positions: jax.Array,
+) -> jax.Array:
+  """Teacher-forced logits of rows at `positions`: [N, V] float32."""
+  logits = model.forward(params, encoder_tokens, decoder_inputs)  # [N, T, V]
+  return jnp.take_along_axis(logits, positions[:, None, None], axis=1)[:, 0].astype(jnp.float32)
+
+
+def _decoder_inputs(
+  prefixes: Sequence[Sequence[int]], start_token: int, length: int | None = None
+) -> np.ndarray:
+  """[start, prefix..., 0-padding] rows, [N, max(length, 1 + max prefix length)] int32 (causal:
+  padding after a position does not change its logits)."""
+  length = max(length or 0, 1 + max(len(p) for p in prefixes))
+  out = np.zeros((len(prefixes), length), np.int32)
+  out[:, 0] = start_token
+  for i, prefix in enumerate(prefixes):
+    out[i, 1 : 1 + len(prefix)] = prefix
+  return out
+
+
+def teacher_forced_logits(
+  model: Any,
+  params: Any,
+  encoder_tokens: Any,
+  prefixes: Sequence[Sequence[int]],
+  *,
+  float32: bool = True,
+) -> np.ndarray:
+  """The target's next-token logits after each decoder prefix: [N, V] float32 numpy.
+
+  Args:
+    model: an encoder-decoder model with `forward(params, encoder_tokens, decoder_input_tokens)`
+      and a dataclass `config` (a `speculative.models.t5.T5`).
+    params: its parameters (any float dtype).
+    encoder_tokens: [N, S] int32, row i the encoder input of prefixes[i].
+    prefixes: N lists of generated token ids (the decoder start token is prepended).
+    float32: recompute in a float32 copy of the model with float32 params (False: as given).
+  """
+  encoder_tokens = np.asarray(encoder_tokens, np.int32)
+  if encoder_tokens.ndim != 2 or encoder_tokens.shape[0] != len(prefixes):
+    raise ValueError(f'encoder_tokens must be [{len(prefixes)}, S], got {encoder_tokens.shape}')
+  if float32:
+    model, params = float32_model(model), _as_float32(params)
+  start = int(getattr(model.config, 'decoder_start_token_id', 0))
+  positions = np.array([len(p) for p in prefixes], np.int32)
+  logits = _logits_at(
+    model,
+    params,
+    jnp.asarray(encoder_tokens),
+    jnp.asarray(_decoder_inputs(prefixes, start)),
+    jnp.asarray(positions),
+  )
+  return np.asarray(logits)  # [N, V]
+
+
+def _classify(
+  example: int,
+  position: int,
+  baseline_token: int,
+  speculative_token: int,
+  logits: np.ndarray,
+  dtype: str,
+  factor: float,
+) -> Divergence:
+  """A Divergence from the float32 logits [V] at the first differing position."""
+  top = np.argsort(-logits, kind='stable')[:2]
+  top_logits = (float(logits[top[0]]), float(logits[top[1]]))
+  candidates = [t for t in (baseline_token, speculative_token) if t >= 0]
+  logit_of = lambda t: float(logits[t]) if t >= 0 else float('nan')
+  bound = rounding_bound([top_logits[0]] + [logit_of(t) for t in candidates], dtype, factor)
+  deficit = max(top_logits[0] - logit_of(t) for t in candidates)
+  # A length-only difference (a candidate is -1) is never rounding: the stop was decided by a
+  # shared token.
+  near_tie = len(candidates) == 2 and deficit <= bound
+  return Divergence(
+    example=example,
+    position=position,
+    baseline_token=baseline_token,
+    speculative_token=speculative_token,
+    baseline_logit=logit_of(baseline_token),
+    speculative_logit=logit_of(speculative_token),
+    top_tokens=(int(top[0]), int(top[1])),
+    top_logits=top_logits,
+    gap=top_logits[0] - top_logits[1],
+    deficit=deficit,
+    bound=bound,
+    dtype=dtype,
+    verdict=NEAR_TIE if near_tie else MISMATCH,
+  )
+
+
+def audit_divergences(
+  model: Any,
+  params: Any,
+  encoder_tokens: Any,
+  baseline: Sequence[Sequence[int]],
+  speculative: Sequence[Sequence[int]],
+  *,
+  dtype: Any = None,
+  bound_factor: float = DEFAULT_BOUND_FACTOR,
+) -> list[Divergence]:
+  """Classifies the first difference of every example whose outputs differ.
+
+  Args:
+    model: the target (`speculative.models.t5.T5`, or any dataclass encoder-decoder model with a
+      `config` and `forward(params, encoder_tokens, decoder_input_tokens)`).
+    params: the target's parameters.
+    encoder_tokens: [N, S] int32 encoder inputs (0 = padding), row i for example i.
+    baseline: N lists of generated token ids of the greedy baseline (EOS included, no padding).
+    speculative: N lists of generated token ids of the speculative decode.
+    dtype: the dtype the decodes ran in, for the bound (default `model.config.dtype`).
+    bound_factor: C of the bound (module docstring).
+
+  Returns:
+    One Divergence per differing example, in example order.
+  """
+  if len(baseline) != len(speculative):
+    raise ValueError(f'{len(baseline)} baseline sequences but {len(speculative)} speculative')
+  encoder_tokens = np.asarray(encoder_tokens, np.int32)
+  if encoder_tokens.ndim != 2 or encoder_tokens.shape[0] != len(baseline):
+    raise ValueError(f'encoder_tokens must be [{len(baseline)}, S], got {encoder_tokens.shape}')
+  dtype = jnp.dtype(dtype if dtype is not None else model.config.dtype).name
+  found = []  # (example, position, baseline token, speculative token)
+  for i, (base, spec) in enumerate(zip(baseline, speculative)):
+    base, spec = [int(t) for t in base], [int(t) for t in spec]
+    position = first_difference(base, spec)
+    if position is not None:
+      found.append(
+        (
+          i,
+          position,
+          base[position] if position < len(base) else -1,
+          spec[position] if position < len(spec) else -1,
+        )
+      )
+  if not found:
+    return []
+  rows = [i for i, *_ in found]
+  prefixes = [[int(t) for t in baseline[i][:position]] for i, position, *_ in found]
+  logits = teacher_forced_logits(model, params, encoder_tokens[rows], prefixes)  # [D, V]
+  return [
+    _classify(i, position, b, s, logits[k], dtype, bound_factor)
+    for k, (i, position, b, s) in enumerate(found)
+  ]
+
+
+def summarize(divergences: Sequence[Divergence], num_examples: int) -> dict[str, int]:
+  """{identical, diverged, near_tie, mismatch} counts over `num_examples` examples."""
+  if len(divergences) > num_examples:
+    raise ValueError(f'{len(divergences)} divergences among {num_examples} examples')
+  near_tie = sum(d.verdict == NEAR_TIE for d in divergences)
+  return {
+    'identical': num_examples - len(divergences),
+    'diverged': len(divergences),
+    'near_tie': near_tie,
+    'mismatch': len(divergences) - near_tie,
+  }
+
+
+def format_table(
+  divergences: Sequence[Divergence], token_text: Callable[[int], str] | None = None
+) -> str:
+  """A Markdown table of divergences (one row each); `token_text` renders token ids (optional)."""
+
+  def tok(t: int) -> str:
+    if t < 0:
+      return '(stopped)'
+    return f'{t} `{token_text(t)}`' if token_text is not None else str(t)
+
+  lines = [
+    '| example | position | baseline token | speculative token | f32 logit (base) | '
+    'f32 logit (spec) | f32 top-2 gap | bound | verdict |',
+    '|---:|---:|---|---|---:|---:|---:|---:|---|',
+  ]
+  for d in divergences:
+    lines.append(
+      f'| {d.example} | {d.position} | {tok(d.baseline_token)} | '
+      f'{tok(d.speculative_token)} | {d.baseline_logit:.4f} | '
+      f'{d.speculative_logit:.4f} | {d.gap:.4f} | {d.bound:.4f} | {d.verdict} |'
+    )
+  return '\n'.join(lines)
+
+
+@functools.partial(jax.jit, static_argnames=('model',))
+def _forward(
+  model: Any, params: Any, encoder_tokens: jax.Array, decoder_inputs: jax.Array
+) -> jax.Array:
+  return model.forward(params, encoder_tokens, decoder_inputs).astype(jnp.float32)  # [N, T, V]
+
+
+def logit_error_ratios(
+  model: Any,
+  params: Any,
+  encoder_tokens: Any,
+  sequences: Sequence[Sequence[int]],
+  pad_to: int | None = None,
+) -> np.ndarray:
+  """|z_dtype - z_f32| / (eps(dtype) * max(|z_f32|, 1)) of the float32 top-2 logits at every
+  position of every sequence (teacher-forced full forwards in the model's dtype and in float32): an
+  empirical check of the per-logit error the bound assumes (<= C/2). Flat float64.
+
+  Args: as `audit_divergences`; sequences are N lists of generated token ids (e.g. the baseline's);
+  pad_to: a fixed decoder length to pad to (>= the longest sequence), so that repeated calls with
+  different sequence lengths compile once.
+  """
+  encoder_tokens = np.asarray(encoder_tokens, np.int32)
+  if encoder_tokens.ndim != 2 or encoder_tokens.shape[0] != len(sequences):
+    raise ValueError(f'encoder_tokens must be [{len(sequences)}, S], got {encoder_tokens.shape}')
+  eps = float(jnp.finfo(jnp.dtype(model.config.dtype)).eps)
+  start = int(getattr(model.config, 'decoder_start_token_id', 0))
+  # Position t predicts sequence[t] from [start] + sequence[:t]: feed the sequences shifted right.
+  inputs = jnp.asarray(
+    _decoder_inputs([[int(t) for t in s][:-1] for s in sequences], start, pad_to)
+  )  # [N, T]
+  low = np.asarray(_forward(model, params, jnp.asarray(encoder_tokens), inputs))  # [N, T, V]
+  ref = np.asarray(
+    _forward(float32_model(model), _as_float32(params), jnp.asarray(encoder_tokens), inputs)
+  )  # [N, T, V]
+  top2 = np.argsort(-ref, axis=-1)[..., :2]  # [N, T, 2]
+  z_ref = np.take_along_axis(ref, top2, -1).astype(np.float64)
+  z_low = np.take_along_axis(low, top2, -1).astype(np.float64)
+  ratio = np.abs(z_low - z_ref) / (eps * np.maximum(np.abs(z_ref), 1.0))  # [N, T, 2]
+  valid = np.arange(inputs.shape[1])[None, :] < np.array([len(s) for s in sequences])[:, None]
+  return ratio[valid].reshape(-1)
