@@ -26,16 +26,21 @@ t5's `rouge_mean`, not the bootstrap).
 Helpers for the batch job (no TensorFlow needed): `load_split`, `make_inputs`; and `get_vocabulary`.
 seqio and TensorFlow are imported only by the functions that need them, so importing this module is cheap.
 """
+
 from __future__ import annotations
 
 import functools
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Mapping, Sequence
+from typing import TYPE_CHECKING
+from typing import Any
+from typing import Mapping
+from typing import Sequence
 
 from speculative import corpus
 
 if TYPE_CHECKING:  # imported lazily at run time (TensorFlow is slow to import)
+  import numpy as np
   import seqio
   import tensorflow as tf
 
@@ -56,6 +61,7 @@ SPLITS = corpus.SPLITS
 
 # ------------------------------------------------------------------------------------------------
 # Helpers for the batch job.
+
 
 def make_inputs(source: str) -> str:
   """The model input for an English source sentence: "translate English to German: " + source."""
@@ -79,14 +85,39 @@ def load_split(split: str, data_dir: str | Path | None = None) -> list[tuple[str
   return corpus.read_tsv_gz(path)
 
 
-@functools.lru_cache(maxsize=None)
+def target_token_sequences(
+  split: str = "train",
+  vocabulary_path: str | Path | None = None,
+  data_dir: str | Path | None = None,
+  limit: int | None = None,
+) -> list["np.ndarray"]:
+  """Decoder streams [0 (start), ids of the German target..., 1 (eos)] of a LibreOffice split.
+
+  Tokenized with the shipped SentencePiece model (`VOCAB_PATH`, no extra ids), read directly with
+  sentencepiece so TensorFlow is not imported. What the n-gram drafters' tables are estimated from.
+  """
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  import sentencepiece  # pylint: disable=g-import-not-at-top
+
+  pairs = load_split(split, data_dir)
+  if limit is not None:
+    pairs = pairs[:limit]
+  processor = sentencepiece.SentencePieceProcessor(model_file=str(vocabulary_path or VOCAB_PATH))
+  ids = processor.encode([target for _, target in pairs])
+  return [np.asarray([0] + seq + [1], np.int32) for seq in ids]
+
+
+@functools.cache
 def _sentencepiece_vocabulary(path: str, extra_ids: int) -> "seqio.SentencePieceVocabulary":
   import seqio  # pylint: disable=g-import-not-at-top
+
   return seqio.SentencePieceVocabulary(path, extra_ids=extra_ids)
 
 
-def get_vocabulary(path: str | Path | None = None, extra_ids: int = 0,
-                   ) -> "seqio.SentencePieceVocabulary":
+def get_vocabulary(
+  path: str | Path | None = None,
+  extra_ids: int = 0,
+) -> "seqio.SentencePieceVocabulary":
   """The seqio vocabulary of a SentencePiece model (default: the shipped `spm8k.model`, no extra ids:
   pad=0, eos=1, unk=2, vocab_size 8000). One instance per (path, extra_ids); the model file is read on
   first use, so a remote path (gs://...) is not opened here."""
@@ -99,14 +130,19 @@ def get_vocabulary(path: str | Path | None = None, extra_ids: int = 0,
 # ------------------------------------------------------------------------------------------------
 # Metrics and postprocessing (t5.evaluation.metrics conventions).
 
-def bleu(targets: Sequence[Any], predictions: Sequence[str], tokenize: str = "intl",
-         ) -> dict[str, float]:
+
+def bleu(
+  targets: Sequence[Any],
+  predictions: Sequence[str],
+  tokenize: str = "intl",
+) -> dict[str, float]:
   """Corpus BLEU (sacrebleu, exp smoothing, case-sensitive) -> {'bleu': score in [0, 100]}.
 
   `targets` is one reference string per prediction, or one list of references per prediction (all
   lists of the same length).
   """
   import sacrebleu  # pylint: disable=g-import-not-at-top
+
   if len(targets) != len(predictions):
     raise ValueError(f"bleu: {len(targets)} targets but {len(predictions)} predictions")
   if not predictions:
@@ -118,16 +154,69 @@ def bleu(targets: Sequence[Any], predictions: Sequence[str], tokenize: str = "in
     references = [[refs[i] for refs in targets] for i in range(num_references)]
   else:
     references = [list(targets)]
-  score = sacrebleu.corpus_bleu(list(predictions), references, smooth_method="exp", smooth_value=0.0,
-                                force=False, lowercase=False, tokenize=tokenize,
-                                use_effective_order=False)
+  score = sacrebleu.corpus_bleu(
+    list(predictions),
+    references,
+    smooth_method="exp",
+    smooth_value=0.0,
+    force=False,
+    lowercase=False,
+    tokenize=tokenize,
+    use_effective_order=False,
+  )
   return {"bleu": float(score.score)}
 
 
-def rouge(targets: Sequence[str], predictions: Sequence[str],
-          score_keys: Sequence[str] = ("rouge1", "rouge2", "rougeLsum")) -> dict[str, float]:
+def chrf(targets: Sequence[str], predictions: Sequence[str]) -> dict[str, float]:
+  """Corpus chrF (sacrebleu defaults: character 6-grams, beta 2) -> {'chrf': score in [0, 100]}."""
+  import sacrebleu  # pylint: disable=g-import-not-at-top
+
+  if len(targets) != len(predictions) or not predictions:
+    raise ValueError(f"chrf: {len(targets)} targets and {len(predictions)} predictions")
+  return {"chrf": float(sacrebleu.corpus_chrf(list(predictions), [list(targets)]).score)}
+
+
+def is_looping(text: str, max_ngram: int = 6, min_repeats: int = 3) -> bool:
+  """True when some word n-gram (n <= max_ngram) occurs `min_repeats` times back to back (a single
+  word: one more time), e.g. "die Tabelle die Tabelle die Tabelle": the repetition loop of an
+  undertrained decoder. tests/test_tasks.py checks that the test split's references have (almost) none.
+  """
+  words = text.split()
+  for n in range(1, max_ngram + 1):
+    copies = min_repeats + (n == 1)
+    # A span of `copies` repeats of period n gives n * (copies - 1) consecutive positions i with
+    # words[i] == words[i - n].
+    needed, run = n * (copies - 1), 0
+    for i in range(n, len(words)):
+      run = run + 1 if words[i] == words[i - n] else 0
+      if run >= needed:
+        return True
+  return False
+
+
+def loop_rate(targets: Sequence[str], predictions: Sequence[str]) -> dict[str, float]:
+  """Percent of predictions that fall into a repetition loop (`is_looping`)."""
+  del targets
+  return {"loop_pct": 100.0 * sum(map(is_looping, predictions)) / max(len(predictions), 1)}
+
+
+def translation_metrics(targets: Sequence[str], predictions: Sequence[str]) -> dict[str, float]:
+  """BLEU, chrF and the repetition-loop rate: the quality figures of an En-De job."""
+  return {
+    **bleu(targets, predictions),
+    **chrf(targets, predictions),
+    **loop_rate(targets, predictions),
+  }
+
+
+def rouge(
+  targets: Sequence[str],
+  predictions: Sequence[str],
+  score_keys: Sequence[str] = ("rouge1", "rouge2", "rougeLsum"),
+) -> dict[str, float]:
   """Mean ROUGE F-measure x 100 over examples (deterministic; t5's `rouge_mean`)."""
   from rouge_score import rouge_scorer  # pylint: disable=g-import-not-at-top
+
   if len(targets) != len(predictions):
     raise ValueError(f"rouge: {len(targets)} targets but {len(predictions)} predictions")
   if not predictions:
@@ -143,8 +232,9 @@ def rouge(targets: Sequence[str], predictions: Sequence[str],
   return {key: 100.0 * total / len(predictions) for key, total in totals.items()}
 
 
-def postprocess_text(output: Any, example: Mapping[str, Any] | None = None,
-                     is_target: bool = False) -> str:
+def postprocess_text(
+  output: Any, example: Mapping[str, Any] | None = None, is_target: bool = False
+) -> str:
   """seqio postprocess_fn: decoded model output (or a `*_pretokenized` target) -> stripped str."""
   del example, is_target
   if isinstance(output, bytes):
@@ -157,8 +247,12 @@ def postprocess_text(output: Any, example: Mapping[str, Any] | None = None,
 # ------------------------------------------------------------------------------------------------
 # Preprocessors (tf.data).
 
-def parse_tsv_line(dataset: "tf.data.Dataset", source_key: str = "en", target_key: str = "de",
-                   ) -> "tf.data.Dataset":
+
+def parse_tsv_line(
+  dataset: "tf.data.Dataset",
+  source_key: str = "en",
+  target_key: str = "de",
+) -> "tf.data.Dataset":
   """{'line': "en<TAB>de"} or a dataset of lines -> {source_key: en, target_key: de}."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
@@ -171,26 +265,35 @@ def parse_tsv_line(dataset: "tf.data.Dataset", source_key: str = "en", target_ke
   return dataset.map(parse, num_parallel_calls=tf.data.AUTOTUNE)
 
 
-def translate(dataset: "tf.data.Dataset", source_key: str, target_key: str,
-              prefix: str = TRANSLATE_EN_DE_PREFIX) -> "tf.data.Dataset":
+def translate(
+  dataset: "tf.data.Dataset", source_key: str, target_key: str, prefix: str = TRANSLATE_EN_DE_PREFIX
+) -> "tf.data.Dataset":
   """{source_key, target_key} -> {'inputs': prefix + source, 'targets': target} (t5 `translate`)."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
   def convert(example):
-    return {"inputs": tf.strings.join([prefix, example[source_key]]),
-            "targets": example[target_key]}
+    return {
+      "inputs": tf.strings.join([prefix, example[source_key]]),
+      "targets": example[target_key],
+    }
 
   return dataset.map(convert, num_parallel_calls=tf.data.AUTOTUNE)
 
 
-def summarize(dataset: "tf.data.Dataset", article_key: str = "article",
-              summary_key: str = "highlights", prefix: str = SUMMARIZE_PREFIX) -> "tf.data.Dataset":
+def summarize(
+  dataset: "tf.data.Dataset",
+  article_key: str = "article",
+  summary_key: str = "highlights",
+  prefix: str = SUMMARIZE_PREFIX,
+) -> "tf.data.Dataset":
   """{article_key, summary_key} -> {'inputs': prefix + article, 'targets': summary} (t5 `summarize`)."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
   def convert(example):
-    return {"inputs": tf.strings.join([prefix, example[article_key]]),
-            "targets": example[summary_key]}
+    return {
+      "inputs": tf.strings.join([prefix, example[article_key]]),
+      "targets": example[summary_key],
+    }
 
   return dataset.map(convert, num_parallel_calls=tf.data.AUTOTUNE)
 
@@ -198,21 +301,30 @@ def summarize(dataset: "tf.data.Dataset", article_key: str = "article",
 def tokenization_preprocessors() -> list[Any]:
   """The T5 tail of every task: tokenize (keeping `*_pretokenized`), cache placeholder, EOS."""
   import seqio  # pylint: disable=g-import-not-at-top
-  return [seqio.preprocessors.tokenize, seqio.CacheDatasetPlaceholder(),
-          seqio.preprocessors.append_eos_after_trim]
+
+  return [
+    seqio.preprocessors.tokenize,
+    seqio.CacheDatasetPlaceholder(),
+    seqio.preprocessors.append_eos_after_trim,
+  ]
 
 
 def output_features(vocabulary: "seqio.Vocabulary") -> dict[str, "seqio.Feature"]:
   """T5's output features: `inputs` and `targets`, both with EOS, one shared vocabulary."""
   import seqio  # pylint: disable=g-import-not-at-top
-  return {"inputs": seqio.Feature(vocabulary=vocabulary, add_eos=True, required=False),
-          "targets": seqio.Feature(vocabulary=vocabulary, add_eos=True)}
+
+  return {
+    "inputs": seqio.Feature(vocabulary=vocabulary, add_eos=True, required=False),
+    "targets": seqio.Feature(vocabulary=vocabulary, add_eos=True),
+  }
 
 
 def libreoffice_text_preprocessors() -> list[Any]:
   """TSV line -> {'inputs', 'targets'} text, before tokenization."""
-  return [functools.partial(parse_tsv_line, source_key="en", target_key="de"),
-          functools.partial(translate, source_key="en", target_key="de")]
+  return [
+    functools.partial(parse_tsv_line, source_key="en", target_key="de"),
+    functools.partial(translate, source_key="en", target_key="de"),
+  ]
 
 
 def wmt_ende_text_preprocessors() -> list[Any]:
@@ -228,29 +340,36 @@ def cnn_dailymail_text_preprocessors() -> list[Any]:
 # ------------------------------------------------------------------------------------------------
 # Sources and registration.
 
+
 def _read_gzip_lines(filepattern: str) -> "tf.data.Dataset":
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
   return tf.data.TextLineDataset(filepattern, compression_type="GZIP")
 
 
 def libreoffice_source(data_dir: str | Path | None = None) -> "seqio.DataSource":
   """A seqio source of the corpus' gzip TSV lines, one file per split (yields {'text': line})."""
   import seqio  # pylint: disable=g-import-not-at-top
+
   data_dir = Path(data_dir or DATA_DIR)
   num_examples = None
   stats_path = data_dir / "stats.json"
   if stats_path.exists():
     stats = json.loads(stats_path.read_text(encoding="utf-8"))
-    num_examples = {split: stats["splits"][split]["pairs"] for split in SPLITS
-                    if split in stats.get("splits", {})}
+    num_examples = {
+      split: stats["splits"][split]["pairs"] for split in SPLITS if split in stats.get("splits", {})
+    }
   return seqio.FileDataSource(
-      read_file_fn=_read_gzip_lines,
-      split_to_filepattern={split: str(split_path(split, data_dir)) for split in SPLITS},
-      num_input_examples=num_examples)
+    read_file_fn=_read_gzip_lines,
+    split_to_filepattern={split: str(split_path(split, data_dir)) for split in SPLITS},
+    num_input_examples=num_examples,
+  )
 
 
-def _as_vocabulary(vocabulary: "str | Path | seqio.Vocabulary", extra_ids: int,
-                   ) -> "seqio.Vocabulary":
+def _as_vocabulary(
+  vocabulary: "str | Path | seqio.Vocabulary",
+  extra_ids: int,
+) -> "seqio.Vocabulary":
   if isinstance(vocabulary, (str, Path)):
     return get_vocabulary(vocabulary, extra_ids=extra_ids)
   return vocabulary
@@ -258,15 +377,18 @@ def _as_vocabulary(vocabulary: "str | Path | seqio.Vocabulary", extra_ids: int,
 
 def _add_task(name: str, **kwargs: Any) -> None:
   import seqio  # pylint: disable=g-import-not-at-top
+
   if name in seqio.TaskRegistry.names():
     seqio.TaskRegistry.remove(name)  # re-registering replaces: register_tasks() is idempotent
   seqio.TaskRegistry.add(name, **kwargs)
 
 
-def register_tasks(vocabulary: "str | Path | seqio.Vocabulary | None" = None,
-                   tfds_vocabulary: "str | Path | seqio.Vocabulary" = T5_PUBLIC_VOCAB_PATH,
-                   tfds_extra_ids: int = T5_PUBLIC_VOCAB_EXTRA_IDS,
-                   data_dir: str | Path | None = None) -> list[str]:
+def register_tasks(
+  vocabulary: "str | Path | seqio.Vocabulary | None" = None,
+  tfds_vocabulary: "str | Path | seqio.Vocabulary" = T5_PUBLIC_VOCAB_PATH,
+  tfds_extra_ids: int = T5_PUBLIC_VOCAB_EXTRA_IDS,
+  data_dir: str | Path | None = None,
+) -> list[str]:
   """Registers the three tasks (replacing earlier registrations of the same names); returns the names.
 
   Args:
@@ -277,25 +399,32 @@ def register_tasks(vocabulary: "str | Path | seqio.Vocabulary | None" = None,
     data_dir: directory of the LibreOffice split files (default: data/libreoffice_ende).
   """
   import seqio  # pylint: disable=g-import-not-at-top
+
   local_vocabulary = _as_vocabulary(vocabulary if vocabulary is not None else VOCAB_PATH, 0)
   tfds_vocab = _as_vocabulary(tfds_vocabulary, tfds_extra_ids)
   tail = tokenization_preprocessors()
-  _add_task(LIBREOFFICE_TASK,
-            source=libreoffice_source(data_dir),
-            preprocessors=libreoffice_text_preprocessors() + tail,
-            output_features=output_features(local_vocabulary),
-            postprocess_fn=postprocess_text,
-            metric_fns=[bleu])
-  _add_task(WMT_ENDE_TASK,
-            source=seqio.TfdsDataSource(tfds_name=WMT_ENDE_TFDS),
-            preprocessors=wmt_ende_text_preprocessors() + tail,
-            output_features=output_features(tfds_vocab),
-            postprocess_fn=postprocess_text,
-            metric_fns=[bleu])
-  _add_task(CNN_DAILYMAIL_TASK,
-            source=seqio.TfdsDataSource(tfds_name=CNN_DAILYMAIL_TFDS),
-            preprocessors=cnn_dailymail_text_preprocessors() + tail,
-            output_features=output_features(tfds_vocab),
-            postprocess_fn=postprocess_text,
-            metric_fns=[rouge])
+  _add_task(
+    LIBREOFFICE_TASK,
+    source=libreoffice_source(data_dir),
+    preprocessors=libreoffice_text_preprocessors() + tail,
+    output_features=output_features(local_vocabulary),
+    postprocess_fn=postprocess_text,
+    metric_fns=[translation_metrics],
+  )
+  _add_task(
+    WMT_ENDE_TASK,
+    source=seqio.TfdsDataSource(tfds_name=WMT_ENDE_TFDS),
+    preprocessors=wmt_ende_text_preprocessors() + tail,
+    output_features=output_features(tfds_vocab),
+    postprocess_fn=postprocess_text,
+    metric_fns=[bleu],
+  )
+  _add_task(
+    CNN_DAILYMAIL_TASK,
+    source=seqio.TfdsDataSource(tfds_name=CNN_DAILYMAIL_TFDS),
+    preprocessors=cnn_dailymail_text_preprocessors() + tail,
+    output_features=output_features(tfds_vocab),
+    postprocess_fn=postprocess_text,
+    metric_fns=[rouge],
+  )
   return [LIBREOFFICE_TASK, WMT_ENDE_TASK, CNN_DAILYMAIL_TASK]

@@ -1,4 +1,5 @@
 """Tests of speculative/tasks.py: the shipped vocabulary, the three seqio tasks, metrics and helpers."""
+
 from __future__ import annotations
 
 import json
@@ -12,10 +13,10 @@ import tensorflow_datasets as tfds  # noqa: E402  (seqio depends on it)
 from speculative import tasks  # noqa: E402
 
 ROUND_TRIP_TEXTS = [
-    "Wählen Sie Extras – Optionen… – LibreOffice – Allgemein, um Größe und Maße zu ändern.",
-    "Drücken Sie „Strg+Umschalt+F9“, um 12.345,67 € zu berechnen: ÄÖÜ äöü ß ẞ.",
-    "Use the shortcut Ctrl + F9 (12.5 cm) to \"recalculate\" the sheet's 'formulas'.",
-    "Rare characters fall back to bytes: é ñ ø 中文 🙂 ½ ≤ ≠ → ©.",
+  "Wählen Sie Extras – Optionen… – LibreOffice – Allgemein, um Größe und Maße zu ändern.",
+  "Drücken Sie „Strg+Umschalt+F9“, um 12.345,67 € zu berechnen: ÄÖÜ äöü ß ẞ.",
+  "Use the shortcut Ctrl + F9 (12.5 cm) to \"recalculate\" the sheet's 'formulas'.",
+  "Rare characters fall back to bytes: é ñ ø 中文 🙂 ½ ≤ ≠ → ©.",
 ]
 
 
@@ -81,7 +82,7 @@ def test_libreoffice_task_tokenizes_prefix_and_appends_eos(registered):
     assert example["inputs_pretokenized"].decode() == tasks.make_inputs(en)
     assert example["targets_pretokenized"].decode() == de
     inputs, targets = example["inputs"].tolist(), example["targets"].tolist()
-    assert inputs[:len(prefix_ids)] == prefix_ids
+    assert inputs[: len(prefix_ids)] == prefix_ids
     assert inputs[-1] == vocab.eos_id and targets[-1] == vocab.eos_id
     assert vocab.decode(inputs) == tasks.make_inputs(en)
     assert task.postprocess_fn(vocab.decode(targets), example=example) == de
@@ -95,14 +96,16 @@ def _run_registered_pipeline(task_name, records):
   if name in seqio.TaskRegistry.names():
     seqio.TaskRegistry.remove(name)
   seqio.TaskRegistry.add(
-      name,
-      source=seqio.FunctionDataSource(
-          lambda split, shuffle_files, seed=None: tf.data.Dataset.from_tensor_slices(records),
-          splits=["validation"]),
-      preprocessors=registered_task.preprocessors,
-      output_features=tasks.output_features(tasks.get_vocabulary()),
-      postprocess_fn=registered_task.postprocess_fn,
-      metric_fns=registered_task.metric_fns)
+    name,
+    source=seqio.FunctionDataSource(
+      lambda split, shuffle_files, seed=None: tf.data.Dataset.from_tensor_slices(records),
+      splits=["validation"],
+    ),
+    preprocessors=registered_task.preprocessors,
+    output_features=tasks.output_features(tasks.get_vocabulary()),
+    postprocess_fn=registered_task.postprocess_fn,
+    metric_fns=registered_task.metric_fns,
+  )
   try:
     task = seqio.get_mixture_or_task(name)
     dataset = task.get_dataset({"inputs": 64, "targets": 64}, split="validation", shuffle=False)
@@ -116,18 +119,24 @@ def test_wmt_task_preprocessing_on_in_memory_records(registered):
   records = {"de": ["Das ist gut.", "Größe ändern"], "en": ["That is good.", "Resize"]}
   examples = _run_registered_pipeline(tasks.WMT_ENDE_TASK, records)
   assert [ex["inputs_pretokenized"].decode() for ex in examples] == [
-      "translate English to German: That is good.", "translate English to German: Resize"]
+    "translate English to German: That is good.",
+    "translate English to German: Resize",
+  ]
   assert [ex["targets_pretokenized"].decode() for ex in examples] == records["de"]
   assert all(ex["targets"][-1] == 1 for ex in examples)
 
 
 def test_cnn_dailymail_task_preprocessing_on_in_memory_records(registered):
   del registered
-  records = {"article": ["The cat sat on the mat . It was happy ."], "highlights": ["Cat sat ."],
-             "id": ["0001"]}
+  records = {
+    "article": ["The cat sat on the mat . It was happy ."],
+    "highlights": ["Cat sat ."],
+    "id": ["0001"],
+  }
   examples = _run_registered_pipeline(tasks.CNN_DAILYMAIL_TASK, records)
   assert examples[0]["inputs_pretokenized"].decode() == (
-      "summarize: The cat sat on the mat . It was happy .")
+    "summarize: The cat sat on the mat . It was happy ."
+  )
   assert examples[0]["targets_pretokenized"].decode() == "Cat sat ."
   assert examples[0]["inputs"][-1] == 1
 
@@ -146,8 +155,10 @@ def test_bleu():
 def test_rouge():
   summaries = ["The cat sat on the mat . It was happy .", "Stocks fell sharply on Monday ."]
   assert tasks.rouge(summaries, summaries) == {
-      "rouge1": pytest.approx(100.0), "rouge2": pytest.approx(100.0),
-      "rougeLsum": pytest.approx(100.0)}
+    "rouge1": pytest.approx(100.0),
+    "rouge2": pytest.approx(100.0),
+    "rougeLsum": pytest.approx(100.0),
+  }
   disjoint = tasks.rouge(summaries, ["zebra quantum", "violin orbit"])
   assert disjoint == {"rouge1": 0.0, "rouge2": 0.0, "rougeLsum": 0.0}
   with pytest.raises(ValueError, match="no predictions"):
@@ -165,3 +176,15 @@ def test_helpers():
     tasks.load_split("dev")
   with pytest.raises(TypeError):
     tasks.make_inputs(b"bytes")
+
+
+def test_loop_detector_flags_repetition_loops_and_no_reference():
+  assert tasks.is_looping("die Tabelle die Tabelle die Tabelle")
+  assert tasks.is_looping("Klicken Sie Klicken Klicken Klicken Klicken")
+  assert not tasks.is_looping("a b c a b c")  # two copies are text, three are a loop
+  assert not tasks.is_looping("x x x")  # a single word needs four copies
+  references = [de for _, de in tasks.load_split("test")]
+  assert sum(map(tasks.is_looping, references)) == 0
+  metrics = tasks.translation_metrics(references[:50], references[:50])
+  assert metrics["bleu"] == pytest.approx(100.0) and metrics["chrf"] == pytest.approx(100.0)
+  assert metrics["loop_pct"] == 0.0

@@ -1,4 +1,5 @@
 """Training: the loss falls, checkpoints are T5X layout, and a resumed run equals an uninterrupted one."""
+
 import dataclasses
 import gzip
 import json
@@ -10,11 +11,23 @@ import pytest
 from speculative import checkpoints
 from speculative import tasks
 from speculative import train
-from speculative.models.t5 import T5, T5Config
+from speculative.models.t5 import T5
+from speculative.models.t5 import T5Config
 
-TINY = T5Config(vocab_size=8000, dtype="float32", emb_dim=32, num_heads=2, num_encoder_layers=1,
-                num_decoder_layers=1, head_dim=16, mlp_dim=64, mlp_activations=("gelu", "linear"),
-                dropout_rate=0.1, logits_via_embedding=False, float32_attention_logits=False)
+TINY = T5Config(
+  vocab_size=8000,
+  dtype="float32",
+  emb_dim=32,
+  num_heads=2,
+  num_encoder_layers=1,
+  num_decoder_layers=1,
+  head_dim=16,
+  mlp_dim=64,
+  mlp_activations=("gelu", "linear"),
+  dropout_rate=0.1,
+  logits_via_embedding=False,
+  float32_attention_logits=False,
+)
 
 
 @pytest.fixture(scope="module")
@@ -24,9 +37,17 @@ def data(tmp_path_factory):
   for name, chunk in (("train", pairs[:64]), ("validation", pairs[64:])):
     with gzip.open(root / f"{name}.tsv.gz", "wt", encoding="utf-8") as f:
       f.writelines(f"{en}\t{de}\n" for en, de in chunk)
-  return dict(train_tsv=str(root / "train.tsv.gz"), validation_tsv=str(root / "validation.tsv.gz"),
-              spm_model=str(tasks.VOCAB_PATH), tokens_per_batch=1024, bucket_lengths=(64,), learning_rate=3e-3,
-              warmup_steps=5, eval_every=1000, checkpoint_every=1000)
+  return dict(
+    train_tsv=str(root / "train.tsv.gz"),
+    validation_tsv=str(root / "validation.tsv.gz"),
+    spm_model=str(tasks.VOCAB_PATH),
+    tokens_per_batch=1024,
+    bucket_lengths=(64,),
+    learning_rate=3e-3,
+    warmup_steps=5,
+    eval_every=1000,
+    checkpoint_every=1000,
+  )
 
 
 def _log(output_dir):
@@ -35,8 +56,13 @@ def _log(output_dir):
 
 def test_loss_falls_and_exports(data, tmp_path):
   out = tmp_path / "run"
-  train.train(model_config=TINY, output_dir=str(out), num_steps=40,
-              export_path=str(tmp_path / "model.msgpack"), **{**data, "eval_every": 20})
+  train.train(
+    model_config=TINY,
+    output_dir=str(out),
+    num_steps=40,
+    export_path=str(tmp_path / "model.msgpack"),
+    **{**data, "eval_every": 20},
+  )
   log = _log(out)
   assert [m["step"] for m in log] == [20, 40]
   assert log[-1]["val_nll"] < log[0]["val_nll"] - 0.3  # the model learns the data
@@ -62,32 +88,52 @@ def test_bad_arguments(data, tmp_path):
   with pytest.raises(ValueError, match="num_steps"):
     train.train(model_config=TINY, output_dir=str(tmp_path), num_steps=0, **data)
   with pytest.raises(ValueError, match="teacher"):
-    train.train(model_config=TINY, output_dir=str(tmp_path), num_steps=2, distill_weight=0.5,
-                **data)
+    train.train(
+      model_config=TINY, output_dir=str(tmp_path), num_steps=2, distill_weight=0.5, **data
+    )
   empty = tmp_path / "empty.tsv.gz"
   with gzip.open(empty, "wt") as f:
     f.write("")
   with pytest.raises(ValueError, match="no examples"):
-    train.train(model_config=TINY, output_dir=str(tmp_path), num_steps=2,
-                **{**data, "train_tsv": str(empty)})
+    train.train(
+      model_config=TINY, output_dir=str(tmp_path), num_steps=2, **{**data, "train_tsv": str(empty)}
+    )
 
 
 def test_distillation_step_runs(data, tmp_path):
   teacher_dir = tmp_path / "teacher"
   checkpoints.save_t5x_checkpoint(T5(TINY).init_params(jax.random.PRNGKey(3)), teacher_dir, 0)
   student = dataclasses.replace(TINY, emb_dim=16, head_dim=8, mlp_dim=32)
-  metrics = train.train(model_config=student, output_dir=str(tmp_path / "student"), num_steps=3,
-                        teacher_config=TINY, teacher_checkpoint=str(teacher_dir),
-                        distill_weight=0.5, **data)
+  metrics = train.train(
+    model_config=student,
+    output_dir=str(tmp_path / "student"),
+    num_steps=3,
+    teacher_config=TINY,
+    teacher_checkpoint=str(teacher_dir),
+    distill_weight=0.5,
+    **data,
+  )
   assert np.isfinite(metrics["val_nll"])
   # The teacher may also be a shipped bf16 .msgpack (the target exactly as it is served).
   shipped = tmp_path / "teacher.msgpack"
   checkpoints.save_params(T5(TINY).init_params(jax.random.PRNGKey(3)), shipped)
-  metrics = train.train(model_config=student, output_dir=str(tmp_path / "student2"), num_steps=2,
-                        teacher_config=TINY, teacher_checkpoint=str(shipped),
-                        distill_weight=1.0, **data)
+  metrics = train.train(
+    model_config=student,
+    output_dir=str(tmp_path / "student2"),
+    num_steps=2,
+    teacher_config=TINY,
+    teacher_checkpoint=str(shipped),
+    distill_weight=1.0,
+    **data,
+  )
   assert np.isfinite(metrics["val_nll"])
   with pytest.raises(FileNotFoundError, match="teacher"):
-    train.train(model_config=student, output_dir=str(tmp_path / "student3"), num_steps=2,
-                teacher_config=TINY, teacher_checkpoint=str(tmp_path / "missing"),
-                distill_weight=0.5, **data)
+    train.train(
+      model_config=student,
+      output_dir=str(tmp_path / "student3"),
+      num_steps=2,
+      teacher_config=TINY,
+      teacher_checkpoint=str(tmp_path / "missing"),
+      distill_weight=0.5,
+      **data,
+    )

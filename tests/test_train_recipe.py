@@ -1,0 +1,87 @@
+"""The small-data NMT recipe of speculative/train.py: label smoothing, the rsqrt schedule, held-out
+exclusion (speculative/overlap.py) and best-validation export."""
+
+import json
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from speculative import checkpoints
+from speculative import overlap
+from speculative import train
+
+
+def test_label_smoothing_matches_explicit_soft_targets():
+  rng = np.random.default_rng(0)
+  logits = jnp.asarray(rng.normal(size=(2, 3, 7)), jnp.float32)  # [batch, length, vocab]
+  targets = jnp.asarray(rng.integers(0, 7, size=(2, 3)))
+  weights = jnp.ones((2, 3))
+  ls = 0.1
+  loss, nll = train.cross_entropy_loss(logits, targets, weights, z_loss=0.0, label_smoothing=ls)
+  soft = np.full((2, 3, 7), ls / 6)
+  np.put_along_axis(soft, np.asarray(targets)[..., None], 1 - ls, axis=-1)
+  entropy = -np.sum(soft[0, 0] * np.log(soft[0, 0]))
+  expected, _ = train.cross_entropy_loss(logits, targets, weights, 0.0, soft_targets=soft)
+  np.testing.assert_allclose(loss, expected - entropy, rtol=1e-5)
+  _, plain_nll = train.cross_entropy_loss(logits, targets, weights, z_loss=0.0)
+  np.testing.assert_allclose(nll, plain_nll, rtol=1e-6)  # reported NLL is never smoothed
+  # A perfect fit to the smoothed distribution has loss 0.
+  perfect = jnp.asarray(np.log(soft), jnp.float32)
+  zero, _ = train.cross_entropy_loss(perfect, targets, weights, 0.0, label_smoothing=ls)
+  assert abs(float(zero)) < 1e-5
+
+
+def test_rsqrt_schedule_warms_up_then_decays_and_unknown_kind_is_refused():
+  s = train.make_schedule("rsqrt", 1e-3, warmup_steps=100, num_steps=10)
+  values = [float(s(i)) for i in (0, 49, 99, 399, 9999)]
+  np.testing.assert_allclose(values, [1e-5, 5e-4, 1e-3, 5e-4, 1e-4], rtol=1e-5)
+  with pytest.raises(ValueError, match="schedule must be one of"):
+    train.make_schedule("linear", 1e-3, 10, 10)
+
+
+def test_overlap_finds_exact_and_near_duplicates_on_either_side():
+  heldout = [
+    ("Click the OK button to close the dialog.", "Klicken Sie auf OK."),
+    ("Select 3 cells in column A.", "Wählen Sie drei Zellen aus."),
+  ]
+  train_pairs = [
+    ("click the ok button, to close the dialog", "anders"),  # exact after normalizing
+    ("Select 12 cells in column A!", "Etwas"),  # digits normalized: exact
+    ("Select the cells in the column A now.", "x"),  # unrelated enough
+    ("Something else", "Klicken Sie auf OK."),  # target side exact
+    ("Click the OK button to close the dialog box.", "y"),  # near duplicate
+    ("Open a new spreadsheet document.", "Öffnen Sie ein neues Tabellendokument."),
+  ]
+  drop, report = overlap.find_overlap(train_pairs, heldout)
+  assert drop.tolist() == [True, True, False, True, True, False]
+  assert report["source_exact"] == 2 and report["source_near"] == 1
+  assert report["target_exact"] == 1 and report["dropped"] == 4
+
+
+def test_best_validation_params_are_exported(tmp_path):
+  params = {"w": np.arange(4, dtype=np.float32)}
+  best = tmp_path / "best.msgpack"
+  checkpoints.save_params(params, best, dtype="float32")
+  (tmp_path / "best.json").write_text(json.dumps({"step": 7, "val_nll": 1.0}))
+  out = tmp_path / "export.msgpack"
+  train._export(
+    {"w": np.zeros(4, np.float32)},
+    str(out),
+    "float32",
+    True,
+    str(best),
+    str(tmp_path / "best.json"),
+    step=99,
+  )
+  np.testing.assert_array_equal(checkpoints.load_params(out)["w"], params["w"])
+  with pytest.raises(FileNotFoundError, match="no evaluation"):
+    train._export(
+      params,
+      str(out),
+      "float32",
+      True,
+      str(tmp_path / "none.msgpack"),
+      str(tmp_path / "none.json"),
+      step=1,
+    )
