@@ -25,16 +25,16 @@ Variants:
 The output depends only on the package contents (the versions are recorded), the options and the
 split salt, so rerunning with the same packages reproduces the shipped files byte for byte.
 """
+
 from __future__ import annotations
 
 import argparse
 import glob
 import json
-import os
+from pathlib import Path
 import subprocess
 import sys
 import tempfile
-from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
@@ -123,8 +123,9 @@ def find_debs(directory: Path) -> list[Path]:
 
 
 def deb_field(deb: Path, field: str) -> str:
-  result = subprocess.run(["dpkg-deb", "--field", str(deb), field], check=True, capture_output=True,
-                          text=True)
+  result = subprocess.run(
+    ["dpkg-deb", "--field", str(deb), field], check=True, capture_output=True, text=True
+  )
   return result.stdout.strip()
 
 
@@ -145,20 +146,21 @@ def compare_with_reference(pairs: list[corpus.Pair], raw_clean_count: int, refer
   reference_unique = set(reference_pairs)
   ours = set(pairs)
   return {
-      "reference": reference.name,
-      "reference_sha256": corpus.sha256_file(reference),
-      "reference_pairs": len(reference_pairs),
-      "reference_unique_pairs": len(reference_unique),
-      "ours_pairs_before_dedup": raw_clean_count,
-      "ours_unique_pairs": len(ours),
-      "shared_unique_pairs": len(ours & reference_unique),
-      "only_ours": len(ours - reference_unique),
-      "only_reference": len(reference_unique - ours),
+    "reference": reference.name,
+    "reference_sha256": corpus.sha256_file(reference),
+    "reference_pairs": len(reference_pairs),
+    "reference_unique_pairs": len(reference_unique),
+    "ours_pairs_before_dedup": raw_clean_count,
+    "ours_unique_pairs": len(ours),
+    "shared_unique_pairs": len(ours & reference_unique),
+    "only_ours": len(ours - reference_unique),
+    "only_reference": len(reference_unique - ours),
   }
 
 
-def write_outputs(output_dir: Path, splits: dict[str, list[corpus.Pair]], stats: dict,
-                  sources_text: str) -> dict:
+def write_outputs(
+  output_dir: Path, splits: dict[str, list[corpus.Pair]], stats: dict, sources_text: str
+) -> dict:
   output_dir.mkdir(parents=True, exist_ok=True)
   files = {}
   for name in corpus.SPLITS:
@@ -167,40 +169,66 @@ def write_outputs(output_dir: Path, splits: dict[str, list[corpus.Pair]], stats:
     files[path.name] = corpus.sha256_file(path)
   notice = NOTICE_TEMPLATE.format(files=", ".join(files), sources=sources_text)
   (output_dir / "NOTICE").write_text(notice, encoding="utf-8")
-  rows = "\n".join(f"| {name} | {stats['splits'][name]['pairs']} | "
-                   f"{stats['splits'][name]['unique_sources']} |" for name in corpus.SPLITS)
+  rows = "\n".join(
+    f"| {name} | {stats['splits'][name]['pairs']} | {stats['splits'][name]['unique_sources']} |"
+    for name in corpus.SPLITS
+  )
   (output_dir / "README.md").write_text(README_TEMPLATE.format(rows=rows), encoding="utf-8")
   stats["sha256"] = files
-  (output_dir / "stats.json").write_text(json.dumps(stats, indent=2, ensure_ascii=False) + "\n",
-                                         encoding="utf-8")
+  (output_dir / "stats.json").write_text(
+    json.dumps(stats, indent=2, ensure_ascii=False) + "\n", encoding="utf-8"
+  )
   return stats
 
 
 def main(argv: list[str] | None = None) -> None:
   parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   parser.add_argument("--output_dir", type=Path, default=DEFAULT_OUTPUT_DIR)
-  parser.add_argument("--debs", type=Path, default=None,
-                      help="directory holding the two .deb files (skips apt-get download)")
-  parser.add_argument("--from_tsv", type=Path, default=None,
-                      help="build the splits from this en<TAB>de TSV instead of the packages")
-  parser.add_argument("--inline_switch", choices=("default", "all"), default="default",
-                      help="inline switches: keep the default variant, or all variants concatenated")
+  parser.add_argument(
+    "--debs",
+    type=Path,
+    default=None,
+    help="directory holding the two .deb files (skips apt-get download)",
+  )
+  parser.add_argument(
+    "--from_tsv",
+    type=Path,
+    default=None,
+    help="build the splits from this en<TAB>de TSV instead of the packages",
+  )
+  parser.add_argument(
+    "--inline_switch",
+    choices=("default", "all"),
+    default="default",
+    help="inline switches: keep the default variant, or all variants concatenated",
+  )
   parser.add_argument("--test_size", type=int, default=2000)
   parser.add_argument("--validation_size", type=int, default=1000)
   parser.add_argument("--salt", default=corpus.DEFAULT_SPLIT_SALT)
-  parser.add_argument("--reference", type=Path, default=REFERENCE_TSV,
-                      help="reference TSV to compare with (skipped when missing)")
+  parser.add_argument(
+    "--reference",
+    type=Path,
+    default=REFERENCE_TSV,
+    help="reference TSV to compare with (skipped when missing)",
+  )
   args = parser.parse_args(argv)
 
   comparisons: dict | None = None
-  stats: dict = {"options": {"test_size": args.test_size, "validation_size": args.validation_size,
-                             "salt": args.salt}}
+  stats: dict = {
+    "options": {
+      "test_size": args.test_size,
+      "validation_size": args.validation_size,
+      "salt": args.salt,
+    }
+  }
   if args.from_tsv is not None:
     raw = corpus.read_tsv_gz(args.from_tsv)
     stats["source"] = {"from_tsv": args.from_tsv.name, "sha256": corpus.sha256_file(args.from_tsv)}
-    sources_text = (f"  (rebuilt from {args.from_tsv.name}, sha256 "
-                    f"{stats['source']['sha256']}: an en<TAB>de extraction of the\n"
-                    f"  Debian packages {' and '.join(PACKAGES)}; versions not recorded)\n")
+    sources_text = (
+      f"  (rebuilt from {args.from_tsv.name}, sha256 "
+      f"{stats['source']['sha256']}: an en<TAB>de extraction of the\n"
+      f"  Debian packages {' and '.join(PACKAGES)}; versions not recorded)\n"
+    )
   else:
     with tempfile.TemporaryDirectory(prefix="libreoffice_help_") as tmp:
       tmp_dir = Path(tmp)
@@ -212,23 +240,34 @@ def main(argv: list[str] | None = None) -> None:
         comparisons = {}
         # Compare both extraction modes with the reference: "all" is how the reference was made.
         for mode in ("default", "all"):
-          mode_raw = raw if mode == args.inline_switch else corpus.align_help_trees(
-              help_root, inline_switch=mode)
+          mode_raw = (
+            raw
+            if mode == args.inline_switch
+            else corpus.align_help_trees(help_root, inline_switch=mode)
+          )
           comparisons[f"inline_switch={mode}"] = compare_with_reference(
-              corpus.clean_pairs(mode_raw), len(corpus.clean_pairs(mode_raw, deduplicate=False)),
-              args.reference)
+            corpus.clean_pairs(mode_raw),
+            len(corpus.clean_pairs(mode_raw, deduplicate=False)),
+            args.reference,
+          )
     stats["source"] = {"debian_packages": packages}
     stats["options"]["inline_switch"] = args.inline_switch
-    sources_text = "".join(f"  {name} {version} (Debian source package libreoffice)\n"
-                           for name, version in packages.items())
+    sources_text = "".join(
+      f"  {name} {version} (Debian source package libreoffice)\n"
+      for name, version in packages.items()
+    )
   cleaned_with_duplicates = corpus.clean_pairs(raw, deduplicate=False)
   pairs = corpus.clean_pairs(raw)
   splits = corpus.split_pairs(pairs, args.test_size, args.validation_size, args.salt)
-  stats["counts"] = {"aligned_paragraphs": len(raw),
-                     "after_dropping_empty_and_equal": len(cleaned_with_duplicates),
-                     "after_deduplication": len(pairs)}
-  stats["splits"] = {name: {"pairs": len(split), "unique_sources": len({en for en, _ in split})}
-                     for name, split in splits.items()}
+  stats["counts"] = {
+    "aligned_paragraphs": len(raw),
+    "after_dropping_empty_and_equal": len(cleaned_with_duplicates),
+    "after_deduplication": len(pairs),
+  }
+  stats["splits"] = {
+    name: {"pairs": len(split), "unique_sources": len({en for en, _ in split})}
+    for name, split in splits.items()
+  }
   if comparisons is not None:
     stats["reference_comparison"] = comparisons
   stats = write_outputs(args.output_dir, splits, stats, sources_text)

@@ -19,12 +19,13 @@ and prints the length table. Choices:
     or shuffling, one thread, a fixed random seed; rerunning reproduces the model byte for byte.
 Use --lengths_only to print the length table for the shipped model without retraining.
 """
+
 from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
+import sys
 
 import numpy as np
 import sentencepiece as spm
@@ -37,19 +38,24 @@ from speculative import corpus  # noqa: E402  (after the sys.path insert, so the
 from speculative import tasks  # noqa: E402
 
 TRAINER_OPTIONS = dict(
-    model_type="unigram",
-    vocab_size=8000,
-    pad_id=0, eos_id=1, unk_id=2, bos_id=-1,  # T5 / seqio conventions
-    pad_piece="<pad>", eos_piece="</s>", unk_piece="<unk>",
-    byte_fallback=True,
-    character_coverage=0.9995,
-    normalization_rule_name="identity",
-    split_digits=False,
-    max_sentence_length=1 << 16,  # some help paragraphs are long; never drop one silently
-    input_sentence_size=0,  # use every sentence, no sampling
-    shuffle_input_sentence=False,
-    num_threads=1,
-    minloglevel=2,
+  model_type="unigram",
+  vocab_size=8000,
+  pad_id=0,
+  eos_id=1,
+  unk_id=2,
+  bos_id=-1,  # T5 / seqio conventions
+  pad_piece="<pad>",
+  eos_piece="</s>",
+  unk_piece="<unk>",
+  byte_fallback=True,
+  character_coverage=0.9995,
+  normalization_rule_name="identity",
+  split_digits=False,
+  max_sentence_length=1 << 16,  # some help paragraphs are long; never drop one silently
+  input_sentence_size=0,  # use every sentence, no sampling
+  shuffle_input_sentence=False,
+  num_threads=1,
+  minloglevel=2,
 )
 RANDOM_SEED = 20230518
 
@@ -63,8 +69,9 @@ def training_sentences(train_path: Path) -> list[str]:
 def train(train_path: Path, model_prefix: Path) -> None:
   sentences = training_sentences(train_path)
   spm.set_random_generator_seed(RANDOM_SEED)
-  spm.SentencePieceTrainer.train(sentence_iterator=iter(sentences), model_prefix=str(model_prefix),
-                                 **TRAINER_OPTIONS)
+  spm.SentencePieceTrainer.train(
+    sentence_iterator=iter(sentences), model_prefix=str(model_prefix), **TRAINER_OPTIONS
+  )
   # The model proto records `model_prefix`; store the bare name, not this machine's absolute path,
   # so the model bytes do not depend on where the repo is checked out.
   model_path = model_prefix.with_suffix(".model")
@@ -76,9 +83,13 @@ def train(train_path: Path, model_prefix: Path) -> None:
 
 def _summary(lengths: list[int]) -> dict:
   values = np.asarray(lengths)
-  return {"mean": round(float(values.mean()), 2), "p50": int(np.percentile(values, 50)),
-          "p95": int(np.percentile(values, 95)), "p99": int(np.percentile(values, 99)),
-          "max": int(values.max())}
+  return {
+    "mean": round(float(values.mean()), 2),
+    "p50": int(np.percentile(values, 50)),
+    "p95": int(np.percentile(values, 95)),
+    "p99": int(np.percentile(values, 99)),
+    "max": int(values.max()),
+  }
 
 
 def length_stats(data_dir: Path, model_path: Path) -> dict:
@@ -106,24 +117,30 @@ def main(argv: list[str] | None = None) -> None:
   lengths = length_stats(args.data_dir, model_path)
   vocab = tasks.get_vocabulary(str(model_path))
   info = {
-      "trained_on": "train.tsv.gz (English then German side)",
-      "train_sha256": corpus.sha256_file(args.data_dir / "train.tsv.gz"),
-      "trainer_options": TRAINER_OPTIONS,
-      "random_seed": RANDOM_SEED,
-      "sentencepiece_version": spm.__version__,
-      "model_sha256": corpus.sha256_file(model_path),
-      "vocab_size": vocab.vocab_size, "pad_id": vocab.pad_id, "eos_id": vocab.eos_id,
-      "unk_id": vocab.unk_id,
-      "token_lengths_with_eos": lengths,
+    "trained_on": "train.tsv.gz (English then German side)",
+    "train_sha256": corpus.sha256_file(args.data_dir / "train.tsv.gz"),
+    "trainer_options": TRAINER_OPTIONS,
+    "random_seed": RANDOM_SEED,
+    "sentencepiece_version": spm.__version__,
+    "model_sha256": corpus.sha256_file(model_path),
+    "vocab_size": vocab.vocab_size,
+    "pad_id": vocab.pad_id,
+    "eos_id": vocab.eos_id,
+    "unk_id": vocab.unk_id,
+    "token_lengths_with_eos": lengths,
   }
   if not args.lengths_only:
-    (model_prefix.with_suffix(".json")).write_text(json.dumps(info, indent=2) + "\n", encoding="utf-8")
+    (model_prefix.with_suffix(".json")).write_text(
+      json.dumps(info, indent=2) + "\n", encoding="utf-8"
+    )
   print(f"model {model_path} sha256 {info['model_sha256']} vocab_size {vocab.vocab_size}")
   print(f"{'split':<11}{'side':<8}{'mean':>7}{'p50':>6}{'p95':>6}{'p99':>6}{'max':>6}")
   for split, split_stats in lengths.items():
     for side in ("inputs", "targets"):
       s = split_stats[side]
-      print(f"{split:<11}{side:<8}{s['mean']:>7}{s['p50']:>6}{s['p95']:>6}{s['p99']:>6}{s['max']:>6}")
+      print(
+        f"{split:<11}{side:<8}{s['mean']:>7}{s['p50']:>6}{s['p95']:>6}{s['p99']:>6}{s['max']:>6}"
+      )
 
 
 if __name__ == "__main__":

@@ -27,6 +27,7 @@ in the same split, and no English sentence of test or validation occurs in train
 This module has no dependency beyond the standard library; `scripts/make_corpus.py` downloads and
 unpacks the packages and calls it.
 """
+
 from __future__ import annotations
 
 import gzip
@@ -35,7 +36,9 @@ import html.parser
 import io
 import os
 from pathlib import Path
-from typing import Iterable, Iterator, Sequence
+from typing import Iterable
+from typing import Iterator
+from typing import Sequence
 
 Pair = tuple[str, str]
 
@@ -48,10 +51,24 @@ SPLITS = ("train", "validation", "test")
 # malformed headings (e.g. text/simpress/01/06060000.html).
 _PARAGRAPH_TAGS = frozenset({"p", "h", "h1", "h2", "h3", "h4", "h5", "h6"})
 # HTML void elements never get an end tag; they must not be pushed on the open-element stack.
-_VOID_TAGS = frozenset({
-    "area", "base", "br", "col", "embed", "hr", "img", "input", "link", "meta", "param", "source",
-    "track", "wbr",
-})
+_VOID_TAGS = frozenset(
+  {
+    "area",
+    "base",
+    "br",
+    "col",
+    "embed",
+    "hr",
+    "img",
+    "input",
+    "link",
+    "meta",
+    "param",
+    "source",
+    "track",
+    "wbr",
+  }
+)
 _INLINE_SWITCH_MODES = ("default", "all")
 
 
@@ -174,8 +191,10 @@ def _page_paths(lang_dir: Path) -> list[str]:
   return sorted(path.relative_to(lang_dir).as_posix() for path in text_dir.rglob("*.html"))
 
 
-def read_help_tree(lang_dir: str | os.PathLike, inline_switch: str = "default",
-                   ) -> dict[tuple[str, str, int], str]:
+def read_help_tree(
+  lang_dir: str | os.PathLike,
+  inline_switch: str = "default",
+) -> dict[tuple[str, str, int], str]:
   """Reads one language's help tree into {(relative path, id, occurrence): text}, in sorted order.
 
   `occurrence` numbers repeated ids within a page (embedded snippets can repeat a paragraph), so the
@@ -193,9 +212,12 @@ def read_help_tree(lang_dir: str | os.PathLike, inline_switch: str = "default",
   return paragraphs
 
 
-def align_help_trees(help_root: str | os.PathLike, source_lang: str = SOURCE_LANG_DIR,
-                     target_lang: str = TARGET_LANG_DIR, inline_switch: str = "default",
-                     ) -> list[Pair]:
+def align_help_trees(
+  help_root: str | os.PathLike,
+  source_lang: str = SOURCE_LANG_DIR,
+  target_lang: str = TARGET_LANG_DIR,
+  inline_switch: str = "default",
+) -> list[Pair]:
   """Aligns `help_root/<source_lang>` with `help_root/<target_lang>` by (file, id, occurrence).
 
   Returns the raw aligned pairs (not cleaned: empty and equal sides are still there), in source order
@@ -227,15 +249,21 @@ def _source_rank(source: str, salt: str) -> bytes:
   return hashlib.sha256((salt + "\x00" + source).encode("utf-8")).digest()
 
 
-def split_pairs(pairs: Sequence[Pair], test_size: int = 2000, validation_size: int = 1000,
-                salt: str = DEFAULT_SPLIT_SALT) -> dict[str, list[Pair]]:
+def split_pairs(
+  pairs: Sequence[Pair],
+  test_size: int = 2000,
+  validation_size: int = 1000,
+  salt: str = DEFAULT_SPLIT_SALT,
+) -> dict[str, list[Pair]]:
   """Splits pairs into train/validation/test, disjoint on the English source (see module docstring).
 
   Within a split, pairs keep their input order. Raises ValueError when the corpus is too small to leave
   a non-empty train split.
   """
   if test_size < 1 or validation_size < 1:
-    raise ValueError(f"test_size and validation_size must be >= 1, got {test_size}, {validation_size}")
+    raise ValueError(
+      f"test_size and validation_size must be >= 1, got {test_size}, {validation_size}"
+    )
   pairs_per_source: dict[str, int] = {}
   for source, _ in pairs:
     pairs_per_source[source] = pairs_per_source.get(source, 0) + 1
@@ -256,8 +284,9 @@ def split_pairs(pairs: Sequence[Pair], test_size: int = 2000, validation_size: i
     splits[split_of_source[pair[0]]].append(pair)
   if not splits["train"] or filled["validation"] < validation_size:
     raise ValueError(
-        f"corpus too small to split: {len(pairs)} pairs for test_size={test_size}, "
-        f"validation_size={validation_size} and a non-empty train split")
+      f"corpus too small to split: {len(pairs)} pairs for test_size={test_size}, "
+      f"validation_size={validation_size} and a non-empty train split"
+    )
   return splits
 
 
@@ -296,7 +325,9 @@ def iter_tsv_gz(path: str | os.PathLike) -> Iterator[Pair]:
         continue
       fields = line.split("\t")
       if len(fields) != 2:
-        raise ValueError(f"{path}:{line_number}: expected 2 tab-separated fields, got {len(fields)}")
+        raise ValueError(
+          f"{path}:{line_number}: expected 2 tab-separated fields, got {len(fields)}"
+        )
       yield fields[0], fields[1]
 
 

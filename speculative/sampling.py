@@ -33,6 +33,7 @@ Conventions:
   * Sampling from a probability vector is Gumbel-max on log(probs): zero-probability tokens are
     never drawn and the vector need not be normalized (used for the residual).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -42,7 +43,6 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 import numpy as np
-
 
 # --------------------------------------------------------------------------------------------------
 # Standardized sampling.
@@ -60,6 +60,7 @@ class SamplingConfig:
     top_p: apply a nucleus filter with the run-time value `SamplingParams.top_p` (1 = keep all).
       With both filters, top-k is applied first and top-p on the renormalized top-k distribution.
   """
+
   greedy: bool = False
   top_k: bool = False
   top_p: bool = False
@@ -67,8 +68,10 @@ class SamplingConfig:
   def __post_init__(self):
     for name in ('greedy', 'top_k', 'top_p'):
       if not isinstance(getattr(self, name), (bool, np.bool_)):
-        raise ValueError(f'SamplingConfig.{name} must be a bool (the run-time value goes in '
-                         f'SamplingParams), got {getattr(self, name)!r}')
+        raise ValueError(
+          f'SamplingConfig.{name} must be a bool (the run-time value goes in '
+          f'SamplingParams), got {getattr(self, name)!r}'
+        )
     if self.greedy and (self.top_k or self.top_p):
       raise ValueError('SamplingConfig(greedy=True) ignores top-k/top-p; set top_k=top_p=False')
 
@@ -86,6 +89,7 @@ class SamplingParams:
     top_k: [] int32, >= 0. 0 means no top-k filter. Ties with the k-th logit are kept.
     top_p: [] float32 in (0, 1]. 1 means no nucleus filter. Ties with the last kept prob are kept.
   """
+
   temperature: jax.Array
   top_k: jax.Array
   top_p: jax.Array
@@ -93,9 +97,11 @@ class SamplingParams:
   @classmethod
   def create(cls, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0) -> 'SamplingParams':
     """Validated constructor; always returns strongly typed f32/int32 scalars (stable jit cache)."""
-    params = cls(temperature=jnp.asarray(temperature, jnp.float32),
-                 top_k=jnp.asarray(top_k, jnp.int32),
-                 top_p=jnp.asarray(top_p, jnp.float32))
+    params = cls(
+      temperature=jnp.asarray(temperature, jnp.float32),
+      top_k=jnp.asarray(top_k, jnp.int32),
+      top_p=jnp.asarray(top_p, jnp.float32),
+    )
     params.validate()
     return params
 
@@ -103,8 +109,9 @@ class SamplingParams:
     """Raises ValueError for out-of-range values (only checks concrete, non-traced values)."""
     for name in ('temperature', 'top_k', 'top_p'):
       if np.ndim(getattr(self, name)) != 0:
-        raise ValueError(f'SamplingParams.{name} must be a scalar, got shape '
-                         f'{np.shape(getattr(self, name))}')
+        raise ValueError(
+          f'SamplingParams.{name} must be a scalar, got shape {np.shape(getattr(self, name))}'
+        )
     if _is_concrete(self.temperature):
       t = float(self.temperature)
       if not np.isfinite(t) or t < 0:
@@ -119,8 +126,9 @@ class SamplingParams:
         raise ValueError(f'top_p must be in (0, 1] (1 = disabled), got {p}')
 
 
-def make_sampling(temperature: float = 1.0, top_k: int = 0,
-                  top_p: float = 1.0) -> tuple[SamplingConfig, SamplingParams]:
+def make_sampling(
+  temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0
+) -> tuple[SamplingConfig, SamplingParams]:
   """Convenience: the minimal static strategy for these values, plus the run-time values.
 
   temperature 0 -> greedy; top_k > 0 enables top-k; top_p < 1 enables top-p. Use an explicit
@@ -128,8 +136,9 @@ def make_sampling(temperature: float = 1.0, top_k: int = 0,
   """
   params = SamplingParams.create(temperature, top_k, top_p)
   greedy = float(temperature) == 0.0
-  config = SamplingConfig(greedy=greedy, top_k=not greedy and int(top_k) > 0,
-                          top_p=not greedy and float(top_p) < 1.0)
+  config = SamplingConfig(
+    greedy=greedy, top_k=not greedy and int(top_k) > 0, top_p=not greedy and float(top_p) < 1.0
+  )
   return config, params
 
 
@@ -168,12 +177,15 @@ def check_finite(logits: jax.Array, what: str = 'logits') -> None:
   bad = np.asarray(invalid_logits(jnp.asarray(logits)))
   if bad.any():
     where = np.argwhere(bad)[:5].tolist()
-    raise ValueError(f'{what} contain NaN/+inf or an all -inf row at indices {where} '
-                     f'({int(bad.sum())} rows); the model produced no valid distribution')
+    raise ValueError(
+      f'{what} contain NaN/+inf or an all -inf row at indices {where} '
+      f'({int(bad.sum())} rows); the model produced no valid distribution'
+    )
 
 
-def probs_from_logits(logits: jax.Array, config: SamplingConfig,
-                      params: SamplingParams) -> jax.Array:
+def probs_from_logits(
+  logits: jax.Array, config: SamplingConfig, params: SamplingParams
+) -> jax.Array:
   """The standardized transform: logits [..., V] -> probabilities [..., V] (float32).
 
   Rows with invalid logits (see `invalid_logits`) become all-NaN so the caller can detect them.
@@ -225,8 +237,12 @@ def check_lenience(lenience: Any) -> None:
       raise ValueError(f'lenience must be in (0, 1] (1 = exact speculative decoding), got {value}')
 
 
-def accept_test(uniforms: jax.Array, draft_prob: jax.Array, target_prob: jax.Array,
-                lenience: jax.Array | float | None = None) -> jax.Array:
+def accept_test(
+  uniforms: jax.Array,
+  draft_prob: jax.Array,
+  target_prob: jax.Array,
+  lenience: jax.Array | float | None = None,
+) -> jax.Array:
   """The acceptance rule, elementwise: accept x iff r * q(x) <= p(x) (and p(x) > 0).
 
   Equivalent to r < min(1, p(x)/q(x)) without a division. The `p(x) > 0` guard only matters for
@@ -241,8 +257,9 @@ def accept_test(uniforms: jax.Array, draft_prob: jax.Array, target_prob: jax.Arr
   return (uniforms * draft_prob <= target_prob) & (target_prob > 0)
 
 
-def lenient_argmax_accept(target_logits: jax.Array, draft_tokens: jax.Array,
-                          lenience: jax.Array | float) -> jax.Array:
+def lenient_argmax_accept(
+  target_logits: jax.Array, draft_tokens: jax.Array, lenience: jax.Array | float
+) -> jax.Array:
   """The argmax form of lenience: [B, gamma] bool, p(x_i) >= l * max_y p(y) and l < 1.
 
   Args:
@@ -257,10 +274,13 @@ def lenient_argmax_accept(target_logits: jax.Array, draft_tokens: jax.Array,
   A token with a -inf logit (p = 0) is never accepted.
   """
   assert target_logits.ndim == 3 and target_logits.shape[:2] == draft_tokens.shape, (
-      target_logits.shape, draft_tokens.shape)
+    target_logits.shape,
+    draft_tokens.shape,
+  )
   logits = target_logits.astype(jnp.float32)
-  at_draft = jnp.take_along_axis(logits, draft_tokens[..., None].astype(jnp.int32),
-                                 axis=-1)[..., 0]  # [B, gamma]
+  at_draft = jnp.take_along_axis(logits, draft_tokens[..., None].astype(jnp.int32), axis=-1)[
+    ..., 0
+  ]  # [B, gamma]
   gap = at_draft - jnp.max(logits, axis=-1)  # [B, gamma], <= 0
   lenience = jnp.asarray(lenience, jnp.float32)
   return (gap >= jnp.log(lenience)) & jnp.isfinite(at_draft) & (lenience < 1.0)
@@ -279,16 +299,23 @@ class AcceptResult:
     min_mass: [B, gamma] float32, sum_x min(p_i(x), q_i(x)) at every drafted position (the
       per-position acceptance probability, Corollary 3.6); 0 at positions >= num_drafted.
   """
+
   num_accepted: jax.Array
   next_token: jax.Array
   tokens: jax.Array
   min_mass: jax.Array
 
 
-def speculative_accept(draft_tokens: jax.Array, draft_probs: jax.Array, target_probs: jax.Array,
-                       keys: jax.Array, num_drafted: jax.Array | None = None, *,
-                       lenience: jax.Array | float | None = None,
-                       lenient_accepts: jax.Array | None = None) -> AcceptResult:
+def speculative_accept(
+  draft_tokens: jax.Array,
+  draft_probs: jax.Array,
+  target_probs: jax.Array,
+  keys: jax.Array,
+  num_drafted: jax.Array | None = None,
+  *,
+  lenience: jax.Array | float | None = None,
+  lenient_accepts: jax.Array | None = None,
+) -> AcceptResult:
   """Speculative acceptance (Alg. 1) for a batch of rows.
 
   Args:
@@ -354,10 +381,12 @@ def speculative_accept(draft_tokens: jax.Array, draft_probs: jax.Array, target_p
   next_dist = jnp.where(residual_mass > 0, residual, target_n)
   next_token = sample_rows(sample_keys, next_dist)  # [B]
 
-  block = jnp.concatenate([draft_tokens.astype(jnp.int32),
-                           jnp.zeros((batch, 1), jnp.int32)], axis=1)  # [B, gamma+1]
-  block = jnp.where(jnp.arange(gamma + 1)[None, :] == num_accepted[:, None],
-                    next_token[:, None], block)
+  block = jnp.concatenate(
+    [draft_tokens.astype(jnp.int32), jnp.zeros((batch, 1), jnp.int32)], axis=1
+  )  # [B, gamma+1]
+  block = jnp.where(
+    jnp.arange(gamma + 1)[None, :] == num_accepted[:, None], next_token[:, None], block
+  )
   if lenience is None:
     min_mass = jnp.sum(jnp.minimum(target_probs[:, :gamma], draft_probs), axis=-1)  # [B, gamma]
   else:
@@ -365,5 +394,9 @@ def speculative_accept(draft_tokens: jax.Array, draft_probs: jax.Array, target_p
     min_mass = jnp.sum(jnp.minimum(target_probs[:, :gamma] / lenience, draft_probs), axis=-1)
   if lenient_accepts is not None:
     min_mass = jnp.where(lenient_accepts & drafted, 1.0, min_mass)
-  return AcceptResult(num_accepted=num_accepted.astype(jnp.int32), next_token=next_token,
-                      tokens=block, min_mass=min_mass)
+  return AcceptResult(
+    num_accepted=num_accepted.astype(jnp.int32),
+    next_token=next_token,
+    tokens=block,
+    min_mass=min_mass,
+  )

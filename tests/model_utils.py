@@ -1,4 +1,5 @@
 """Shared test helpers for tiny random models and exact sequence-distribution tests."""
+
 import itertools
 
 import jax
@@ -25,6 +26,7 @@ def random_params(model, seed, logit_scale=1.0):
       if 'logits_dense' in name:
         value = value * logit_scale
     return jnp.asarray(value, jnp.float32)
+
   return jax.tree_util.tree_map_with_path(make, shapes)
 
 
@@ -35,6 +37,7 @@ def pooled_chi_square(counts, exact):
   chi-square approximation holds. Returns (statistic, degrees of freedom, p-value).
   """
   from scipy import stats
+
   expected = counts.sum() * exact
   big = expected >= 5
   observed_bins = np.append(counts[big], counts[~big].sum())

@@ -1,5 +1,6 @@
 """Tests for speculative/models/decoder_only.py: cached chunked decoding == full forward, per-row
 offsets and overwriting stale entries, input validation, and the lm1b gin shapes."""
+
 from pathlib import Path
 
 import gin
@@ -8,17 +9,26 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from speculative.models.decoder_only import DecoderOnlyConfig, DecoderOnlyLM
+from speculative.models.decoder_only import DecoderOnlyConfig
+from speculative.models.decoder_only import DecoderOnlyLM
 
 REPO = Path(__file__).resolve().parents[1]
 
 VARIANTS = {
-    'rotary_rmsnorm_untied': DecoderOnlyConfig(vocab_size=11, d_model=32, d_ff=48, num_layers=2,
-                                               num_heads=4),
-    'learned_layernorm_tied': DecoderOnlyConfig(vocab_size=11, d_model=24, d_ff=40, num_layers=2,
-                                                num_heads=3, positions='learned',
-                                                max_positions=16, norm='layernorm',
-                                                tie_embeddings=True),
+  'rotary_rmsnorm_untied': DecoderOnlyConfig(
+    vocab_size=11, d_model=32, d_ff=48, num_layers=2, num_heads=4
+  ),
+  'learned_layernorm_tied': DecoderOnlyConfig(
+    vocab_size=11,
+    d_model=24,
+    d_ff=40,
+    num_layers=2,
+    num_heads=3,
+    positions='learned',
+    max_positions=16,
+    norm='layernorm',
+    tie_embeddings=True,
+  ),
 }
 
 
@@ -109,18 +119,29 @@ def test_lm1b_gin_shapes():
   with gin.unlock_config():
     gin.clear_config()
     gin.parse_config_files_and_bindings(
-        files, ['_pick_lm1b_models.target = %TARGET_MODEL',
-                '_pick_lm1b_models.draft = %DRAFT_MODEL'],
-        finalize_config=False)
+      files,
+      ['_pick_lm1b_models.target = %TARGET_MODEL', '_pick_lm1b_models.draft = %DRAFT_MODEL'],
+      finalize_config=False,
+    )
     try:
       target, draft = _pick_lm1b_models()
     finally:
       gin.clear_config()
   assert isinstance(target, DecoderOnlyLM) and isinstance(draft, DecoderOnlyLM)
-  assert (target.config.d_model, target.config.d_ff, target.config.num_layers,
-          target.config.num_heads, target.vocab_size) == (768, 3072, 12, 12, 8192)
-  assert (draft.config.d_model, draft.config.d_ff, draft.config.num_layers,
-          draft.config.num_heads, draft.vocab_size) == (256, 1024, 2, 4, 8192)
+  assert (
+    target.config.d_model,
+    target.config.d_ff,
+    target.config.num_layers,
+    target.config.num_heads,
+    target.vocab_size,
+  ) == (768, 3072, 12, 12, 8192)
+  assert (
+    draft.config.d_model,
+    draft.config.d_ff,
+    draft.config.num_layers,
+    draft.config.num_heads,
+    draft.vocab_size,
+  ) == (256, 1024, 2, 4, 8192)
   hash((target, draft))  # usable as jit static arguments
   assert 90e6 < _param_count(target) < 100e6
   assert 5e6 < _param_count(draft) < 7e6

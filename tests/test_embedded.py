@@ -5,10 +5,11 @@ the weight files they were recorded with. After retraining and re-exporting the 
 them (and review the diff) with
   .venv/bin/python tests/test_embedded.py --record
 """
+
 import hashlib
 import json
-import sys
 from pathlib import Path
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -26,8 +27,10 @@ from speculative.models import t5 as t5_lib
 
 REPO = Path(__file__).resolve().parents[1]
 FIXTURE = REPO / 'tests' / 'fixtures' / 'embedded_translation.json'
-WEIGHTS = {'target': REPO / 'models/embedded/target.msgpack',
-           'draft': REPO / 'models/embedded/draft.msgpack'}
+WEIGHTS = {
+  'target': REPO / 'models/embedded/target.msgpack',
+  'draft': REPO / 'models/embedded/draft.msgpack',
+}
 NUM_SENTENCES = 3  # the first test-split sentences
 INPUTS_LENGTH = 64
 MAX_NEW_TOKENS = 48
@@ -40,8 +43,9 @@ def _sha256(path: Path) -> str:
 
 
 def _load(name: str):
-  config = gin_utils.load_macro(str(REPO / f'configs/models/embedded_{name}.gin'),
-                                f'EMBEDDED_{name.upper()}', t5_lib.T5Config)
+  config = gin_utils.load_macro(
+    str(REPO / f'configs/models/embedded_{name}.gin'), f'EMBEDDED_{name.upper()}', t5_lib.T5Config
+  )
   return infer.load_model(config, str(WEIGHTS[name]))
 
 
@@ -53,20 +57,31 @@ def translate() -> dict:
   config, params = sampling.make_sampling(0.0)
   out = {'weights_sha256': {k: _sha256(p) for k, p in WEIGHTS.items()}, 'sentences': []}
   for en, _ in tasks.load_split('test')[:NUM_SENTENCES]:
-    ids = vocabulary.encode(tasks.make_inputs(en))[:INPUTS_LENGTH - 1] + [1]
+    ids = vocabulary.encode(tasks.make_inputs(en))[: INPUTS_LENGTH - 1] + [1]
     encoder_tokens = jnp.asarray([ids + [0] * (INPUTS_LENGTH - len(ids))], jnp.int32)  # [1, L]
-    common = dict(max_new_tokens=MAX_NEW_TOKENS, sampling=config, sampling_params=params,
-                  rng=jax.random.PRNGKey(0), eos_id=1, encoder_tokens=encoder_tokens)
+    common = dict(
+      max_new_tokens=MAX_NEW_TOKENS,
+      sampling=config,
+      sampling_params=params,
+      rng=jax.random.PRNGKey(0),
+      eos_id=1,
+      encoder_tokens=encoder_tokens,
+    )
     base = decoding.autoregressive_decode(target, target_params, None, **common)
-    spec = decoding.speculative_decode(target, target_params, drafters.ModelDrafter(draft),
-                                       draft_params, None, gamma=GAMMA, **common)
+    spec = decoding.speculative_decode(
+      target, target_params, drafters.ModelDrafter(draft), draft_params, None, gamma=GAMMA, **common
+    )
     length = int(base.lengths[0])
     tokens = np.asarray(base.tokens[0, :length]).tolist()
-    out['sentences'].append({
-        'source': en, 'tokens': tokens,
-        'speculative_tokens': np.asarray(spec.tokens[0, :int(spec.lengths[0])]).tolist(),
+    out['sentences'].append(
+      {
+        'source': en,
+        'tokens': tokens,
+        'speculative_tokens': np.asarray(spec.tokens[0, : int(spec.lengths[0])]).tolist(),
         'text': vocabulary.decode([t for t in tokens if t != 1]),
-        'target_calls': int(spec.metrics.target_calls[0])})
+        'target_calls': int(spec.metrics.target_calls[0]),
+      }
+    )
   return out
 
 
@@ -81,8 +96,9 @@ def test_shipped_weights_are_compact_and_as_recorded(recorded):
   assert sum(p.stat().st_size for p in WEIGHTS.values()) <= TOTAL_BYTES_LIMIT
   for name, path in WEIGHTS.items():
     assert _sha256(path) == recorded['weights_sha256'][name], (
-        f'{path} changed since the expected translations were recorded; re-record them with '
-        '`python tests/test_embedded.py --record` and review the diff')
+      f'{path} changed since the expected translations were recorded; re-record them with '
+      '`python tests/test_embedded.py --record` and review the diff'
+    )
     stored = checkpoints.load_params(str(path), dtype=None)
     dtypes = {str(x.dtype) for x in jax.tree_util.tree_leaves(stored)}
     assert dtypes <= {'bfloat16', 'float16', 'int8', 'float32'}, dtypes
@@ -108,6 +124,8 @@ if __name__ == '__main__':
   text = json.dumps(result, indent=1, ensure_ascii=False) + '\n'
   checkpoints.write_atomic(FIXTURE, text.encode())
   for sentence in result['sentences']:
-    print(f"{sentence['source']}\n  -> {sentence['text']}  ({len(sentence['tokens'])} tokens, "
-          f"{sentence['target_calls']} target calls)")
+    print(
+      f"{sentence['source']}\n  -> {sentence['text']}  ({len(sentence['tokens'])} tokens, "
+      f"{sentence['target_calls']} target calls)"
+    )
   print(f'wrote {FIXTURE}')

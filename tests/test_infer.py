@@ -1,46 +1,75 @@
 """The batch job: predictions, greedy identity, metrics, resuming after a kill, bad input."""
+
 import dataclasses
 import json
 import os
+from pathlib import Path
 import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import jax
 import pytest
 
+from speculative import batching
 from speculative import checkpoints
 from speculative import infer
-from speculative.models.t5 import T5, T5Config
+from speculative import tasks
+from speculative.models.t5 import T5
+from speculative.models.t5 import T5Config
 
 REPO = Path(__file__).resolve().parents[1]
-SOURCES = ["Click OK.", "Open the file menu and choose Save.", "Hello", "Select a cell range.",
-           "Press Enter to perform the search.", "Choose Format - Cells."]
+SOURCES = [
+  "Click OK.",
+  "Open the file menu and choose Save.",
+  "Hello",
+  "Select a cell range.",
+  "Press Enter to perform the search.",
+  "Choose Format - Cells.",
+]
 
 
 def _config(decoder_layers: int) -> T5Config:
-  return T5Config(vocab_size=8000, dtype="float32", emb_dim=16, num_heads=2, num_encoder_layers=1,
-                  num_decoder_layers=decoder_layers, head_dim=8, mlp_dim=32,
-                  mlp_activations=("gelu", "linear"), dropout_rate=0.0,
-                  logits_via_embedding=False, float32_attention_logits=False)
+  return T5Config(
+    vocab_size=8000,
+    dtype="float32",
+    emb_dim=16,
+    num_heads=2,
+    num_encoder_layers=1,
+    num_decoder_layers=decoder_layers,
+    head_dim=8,
+    mlp_dim=32,
+    mlp_activations=("gelu", "linear"),
+    dropout_rate=0.0,
+    logits_via_embedding=False,
+    float32_attention_logits=False,
+  )
 
 
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory):
   root = tmp_path_factory.mktemp("infer")
   target, draft = _config(2), _config(1)
-  checkpoints.save_params(T5(target).init_params(jax.random.PRNGKey(0)), root / "t.msgpack",
-                          dtype=None)
-  checkpoints.save_params(T5(draft).init_params(jax.random.PRNGKey(1)), root / "d.msgpack",
-                          dtype=None)
+  checkpoints.save_params(
+    T5(target).init_params(jax.random.PRNGKey(0)), root / "t.msgpack", dtype=None
+  )
+  checkpoints.save_params(
+    T5(draft).init_params(jax.random.PRNGKey(1)), root / "d.msgpack", dtype=None
+  )
   (root / "in.tsv").write_text("".join(f"{s}\tRef {i}\n" for i, s in enumerate(SOURCES)))
-  kwargs = dict(target_config=target, target_checkpoint=str(root / "t.msgpack"),
-                draft_config=draft, draft_checkpoint=str(root / "d.msgpack"),
-                input_file=str(root / "in.tsv"), input_prefix="translate English to German: ",
-                task_feature_lengths={"inputs": 24, "targets": 12}, batch_size=2, gamma=3,
-                progress=False)
+  kwargs = dict(
+    target_config=target,
+    target_checkpoint=str(root / "t.msgpack"),
+    draft_config=draft,
+    draft_checkpoint=str(root / "d.msgpack"),
+    input_file=str(root / "in.tsv"),
+    input_prefix="translate English to German: ",
+    task_feature_lengths={"inputs": 24, "targets": 12},
+    batch_size=2,
+    gamma=3,
+    progress=False,
+  )
   return root, kwargs
 
 
@@ -66,10 +95,38 @@ def test_predictions_metrics_and_greedy_identity(setup):
   assert not [p for p in os.listdir(out) if ".tmp-" in p]
 
 
+def test_length_sorted_batches_keep_input_order_and_outputs(setup):
+  """Batching sorts by input length; predictions come back in input order, equal to batch 1's
+  (random tiny models run to the length cap: cap % is 100 and the report says so)."""
+  root, kwargs = setup
+  one = infer.infer(
+    output_dir=str(root / "b1"), **{**kwargs, "batch_size": 1, "modes": ("baseline",)}
+  )
+  four = infer.infer(
+    output_dir=str(root / "b4"), **{**kwargs, "batch_size": 4, "modes": ("baseline",)}
+  )
+  rec = lambda d: [json.loads(x) for x in (root / d / "predictions-baseline.jsonl").open()]  # noqa: E731
+  assert [r["index"] for r in rec("b4")] == list(range(len(SOURCES)))
+  assert [r["tokens"] for r in rec("b4")] == [r["tokens"] for r in rec("b1")]
+  batches = batching.length_sorted_batches(
+    infer.examples_from_file(str(root / "in.tsv"), tasks.get_vocabulary(), 24), 4
+  )
+  lengths = [len(e.input_tokens) for b in batches for e in b]
+  assert lengths == sorted(lengths, reverse=True) and [len(b) for b in batches] == [4, 2]
+  for summary in (one, four):
+    base = summary["baseline"]
+    assert base["sentences_per_s"] > 0 and "chrf" in base and "loop_pct" in base
+    capped = [infer.hit_length_cap(r, 12) for r in rec("b1")]
+    assert base["cap_pct"] == pytest.approx(100.0 * sum(capped) / len(capped))
+  report = (root / "b4" / "report.md").read_text()
+  assert "chrF" in report and "sentences/s" in report and "source:" in report
+
+
 def test_adaptive_gamma_stays_exact_and_lenience_is_marked_approximate(setup):
   root, kwargs = setup
-  adaptive = infer.infer(output_dir=str(root / "adaptive"), draft_stop_below=0.5,
-                         adaptive_verify=True, **kwargs)
+  adaptive = infer.infer(
+    output_dir=str(root / "adaptive"), draft_stop_below=0.5, adaptive_verify=True, **kwargs
+  )
   assert adaptive["identical_outputs"] == len(SOURCES)  # exact: same greedy tokens
   assert "adaptive gamma" in (root / "adaptive" / "report.md").read_text()
   # Lenience changes the output, so greedy identity is not asserted, and the report says so.
@@ -96,20 +153,31 @@ def test_copy_drafters_stay_exact(setup, drafter):
 def test_resume_does_not_redo_finished_examples(setup, monkeypatch):
   root, kwargs = setup
   out = root / "run2"
-  first = infer.infer(output_dir=str(out), num_examples=2, **kwargs)
-  assert first["examples"] == 2
-  calls = []
   original = infer._record
-  monkeypatch.setattr(infer, "_record", lambda example, *a: calls.append(example.index) or
-                      original(example, *a))
+
+  def interrupted(example, *args):
+    if example.index == 2:
+      raise KeyboardInterrupt  # stands in for a kill while decoding the second batch
+    return original(example, *args)
+
+  monkeypatch.setattr(infer, "_record", interrupted)
+  with pytest.raises(KeyboardInterrupt):
+    infer.infer(output_dir=str(out), **kwargs)
+  finished = {json.loads(line)["index"] for line in (out / "predictions-speculative.jsonl").open()}
+  assert finished and 2 not in finished  # batches before example 2's (length order) are done
+  calls = []
+  monkeypatch.setattr(
+    infer, "_record", lambda example, *a: calls.append(example.index) or original(example, *a)
+  )
   infer.infer(output_dir=str(out), **kwargs)
-  # Examples 0 and 1 were done; only 2..5 are decoded, once per mode.
-  assert sorted(set(calls)) == [2, 3, 4, 5] and len(calls) == 8
+  # Only the unfinished examples are decoded, once per mode.
+  todo = sorted(set(range(len(SOURCES))) - finished)
+  assert sorted(set(calls)) == todo and len(calls) == 2 * len(todo)
   reference = infer.infer(output_dir=str(root / "run3"), **kwargs)
-  resumed = [json.loads(l)["tokens"] for l in (out / "predictions-speculative.jsonl").open()]
-  fresh = [json.loads(l)["tokens"] for l in (root / "run3" / "predictions-speculative.jsonl")
-           .open()]
-  assert resumed == fresh and reference["examples"] == len(SOURCES)
+  for mode in infer.MODES:  # byte-identical to an uninterrupted run (timings are kept apart)
+    name = f"predictions-{mode}.jsonl"
+    assert (out / name).read_bytes() == (root / "run3" / name).read_bytes()
+  assert reference["examples"] == len(SOURCES)
 
 
 def test_killed_job_resumes_without_losing_or_duplicating(setup, tmp_path):
@@ -117,16 +185,30 @@ def test_killed_job_resumes_without_losing_or_duplicating(setup, tmp_path):
   root, kwargs = setup
   out = tmp_path / "killed"
   bindings = [
-      "infer.target_config = @target/t5.T5Config()", "infer.draft_config = @draft/t5.T5Config()",
-      f"infer.target_checkpoint = '{root / 't.msgpack'}'",
-      f"infer.draft_checkpoint = '{root / 'd.msgpack'}'",
-      f"infer.input_file = '{root / 'in.tsv'}'", f"infer.output_dir = '{out}'",
-      "infer.task_feature_lengths = {'inputs': 24, 'targets': 12}",
-      "infer.batch_size = 1", "infer.gamma = 3", "infer.progress = False"]
+    "infer.target_config = @target/t5.T5Config()",
+    "infer.draft_config = @draft/t5.T5Config()",
+    f"infer.target_checkpoint = '{root / 't.msgpack'}'",
+    f"infer.draft_checkpoint = '{root / 'd.msgpack'}'",
+    f"infer.input_file = '{root / 'in.tsv'}'",
+    f"infer.output_dir = '{out}'",
+    "infer.task_feature_lengths = {'inputs': 24, 'targets': 12}",
+    "infer.batch_size = 1",
+    "infer.gamma = 3",
+    "infer.progress = False",
+  ]
   for scope, layers in (("target", 2), ("draft", 1)):
-    bindings += [f"{scope}/t5.T5Config.{k} = {v}" for k, v in dict(
-        vocab_size=8000, emb_dim=16, num_heads=2, num_encoder_layers=1,
-        num_decoder_layers=layers, head_dim=8, mlp_dim=32).items()]
+    bindings += [
+      f"{scope}/t5.T5Config.{k} = {v}"
+      for k, v in dict(
+        vocab_size=8000,
+        emb_dim=16,
+        num_heads=2,
+        num_encoder_layers=1,
+        num_decoder_layers=layers,
+        head_dim=8,
+        mlp_dim=32,
+      ).items()
+    ]
   gin_file = tmp_path / "job.gin"
   gin_file.write_text("\n".join(bindings) + "\n")
   cmd = [sys.executable, "-m", "speculative.infer", f"--gin_file={gin_file}"]
@@ -143,10 +225,17 @@ def test_killed_job_resumes_without_losing_or_duplicating(setup, tmp_path):
   assert done_before < len(SOURCES), "the job finished before it could be killed"
   subprocess.run(cmd, cwd=REPO, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
   for mode in infer.MODES:
-    indices = [json.loads(l)["index"] for l in (out / f"predictions-{mode}.jsonl").open()]
+    indices = [json.loads(line)["index"] for line in (out / f"predictions-{mode}.jsonl").open()]
     assert indices == list(range(len(SOURCES)))
   metrics = json.loads((out / "metrics.json").read_text())
   assert metrics["identical_outputs"] == len(SOURCES)
+  # Byte-identical to an uninterrupted run with the same settings (scripts/kill_soak.py repeats
+  # this at random kill points).
+  fresh = tmp_path / "fresh"
+  infer.infer(**{**kwargs, "output_dir": str(fresh), "input_prefix": "", "batch_size": 1})
+  for mode in infer.MODES:
+    name = f"predictions-{mode}.jsonl"
+    assert (out / name).read_bytes() == (fresh / name).read_bytes()
 
 
 def test_bad_inputs_raise_clear_errors(setup, tmp_path):
@@ -168,3 +257,27 @@ def test_bad_inputs_raise_clear_errors(setup, tmp_path):
   mismatched = dataclasses.replace(_config(1), vocab_size=4000)
   with pytest.raises(ValueError, match="vocab"):
     infer.infer(output_dir=str(tmp_path / "f"), **{**kwargs, "draft_config": mismatched})
+
+
+def test_greedy_divergence_is_audited_and_a_real_mismatch_fails(setup, monkeypatch):
+  """A test double whose speculative decode is deliberately wrong (row 0's first token replaced):
+  in float32 no rounding explains it, so the audit says 'mismatch' and the job fails naming it."""
+  root, kwargs = setup
+  real = infer.decoding.speculative_decode
+
+  def broken(*args, **kw):
+    result = real(*args, **kw)
+    tokens = result.tokens.at[0, 0].set((result.tokens[0, 0] + 7) % 8000)
+    return (
+      result.replace(tokens=tokens)
+      if hasattr(result, "replace")
+      else dataclasses.replace(result, tokens=tokens)
+    )
+
+  monkeypatch.setattr(infer.decoding, "speculative_decode", broken)
+  with pytest.raises(AssertionError, match="audit verdict 'mismatch'"):
+    infer.infer(output_dir=str(root / "broken"), **{**kwargs, "batch_size": 1})
+  metrics = json.loads((root / "broken" / "metrics.json").read_text())
+  assert metrics["audit"]["mismatch"] >= 1
+  first = metrics["divergences"][0]
+  assert first["position"] == 0 and first["verdict"] == "mismatch" and first["dtype"] == "float32"

@@ -1,5 +1,6 @@
 """Tests for speculative/sampling.py: the standardized transforms, validation, and the token-level
 exactness of speculative acceptance (output ~ p for any q, including adversarial pairs)."""
+
 import functools
 
 import jax
@@ -21,8 +22,9 @@ FALSE_FAILURE_RATE = 1e-4  # per test; split over the pairs (Bonferroni)
 
 
 def _probs(logits, config, **values):
-  return np.asarray(S.probs_from_logits(jnp.asarray(logits, jnp.float32), config,
-                                        S.SamplingParams.create(**values)))
+  return np.asarray(
+    S.probs_from_logits(jnp.asarray(logits, jnp.float32), config, S.SamplingParams.create(**values))
+  )
 
 
 LOGITS = np.array([[2.0, 1.0, 0.5, -1.0, 3.0, 0.0]], np.float32)
@@ -36,8 +38,12 @@ def test_greedy_is_one_hot_and_temperature_zero_is_greedy():
 
 def test_temperature():
   for t in (1.0, 0.5, 2.0):
-    np.testing.assert_allclose(_probs(LOGITS, S.SamplingConfig(), temperature=t),
-                               jax.nn.softmax(LOGITS / t), rtol=1e-6, atol=1e-7)
+    np.testing.assert_allclose(
+      _probs(LOGITS, S.SamplingConfig(), temperature=t),
+      jax.nn.softmax(LOGITS / t),
+      rtol=1e-6,
+      atol=1e-7,
+    )
 
 
 def test_top_k():
@@ -59,8 +65,9 @@ def test_top_p():
   # Sorted: 0.45, 0.3, 0.1, 0.1, 0.05. top_p=0.7 needs {0.45, 0.3}.
   np.testing.assert_allclose(_probs(logits, config, top_p=0.7), [[0, 0.6, 0, 0.4, 0]], rtol=1e-5)
   # 0.8 needs a third token; the two tied 0.1 tokens are both kept.
-  np.testing.assert_allclose(_probs(logits, config, top_p=0.8),
-                             [[0.1, 0.45, 0, 0.3, 0.1]] / np.float32(0.95), rtol=1e-5)
+  np.testing.assert_allclose(
+    _probs(logits, config, top_p=0.8), [[0.1, 0.45, 0, 0.3, 0.1]] / np.float32(0.95), rtol=1e-5
+  )
   np.testing.assert_allclose(_probs(logits, config, top_p=0.01), [[0, 1, 0, 0, 0]])
   np.testing.assert_allclose(_probs(logits, config, top_p=1.0), np.exp(logits), rtol=1e-5)
 
@@ -73,17 +80,26 @@ def test_top_k_then_top_p():
 
 
 def test_neg_inf_logits_and_invalid_rows():
-  logits = np.array([[0.0, -np.inf, 1.0, -np.inf],
-                     [-np.inf, -np.inf, -np.inf, -np.inf],
-                     [0.0, np.nan, 1.0, 2.0],
-                     [0.0, np.inf, 1.0, 2.0]], np.float32)
-  for config, values in [(S.SamplingConfig(), {}), (S.SamplingConfig(greedy=True), {}),
-                         (S.SamplingConfig(top_k=True, top_p=True), dict(top_k=1, top_p=0.5))]:
+  logits = np.array(
+    [
+      [0.0, -np.inf, 1.0, -np.inf],
+      [-np.inf, -np.inf, -np.inf, -np.inf],
+      [0.0, np.nan, 1.0, 2.0],
+      [0.0, np.inf, 1.0, 2.0],
+    ],
+    np.float32,
+  )
+  for config, values in [
+    (S.SamplingConfig(), {}),
+    (S.SamplingConfig(greedy=True), {}),
+    (S.SamplingConfig(top_k=True, top_p=True), dict(top_k=1, top_p=0.5)),
+  ]:
     probs = _probs(logits, config, **values)
     assert np.all(np.isfinite(probs[0])) and probs[0, 1] == 0 and probs[0, 3] == 0
     assert np.all(np.isnan(probs[1:])), 'invalid rows must not look like distributions'
-  np.testing.assert_allclose(_probs(logits[:1], S.SamplingConfig()),
-                             [[1 / (1 + np.e), 0, np.e / (1 + np.e), 0]], rtol=1e-6)
+  np.testing.assert_allclose(
+    _probs(logits[:1], S.SamplingConfig()), [[1 / (1 + np.e), 0, np.e / (1 + np.e), 0]], rtol=1e-6
+  )
   np.testing.assert_array_equal(S.invalid_logits(jnp.asarray(logits)), [False, True, True, True])
   S.check_finite(logits[:1])
   with pytest.raises(ValueError, match='NaN'):
@@ -171,10 +187,10 @@ def test_accept_num_drafted_limits_verification():
 def test_accept_degenerate_cases_have_no_nan():
   p = np.array([[[0.2, 0.8, 0.0, 0.0], [0.25] * 4]], np.float32)
   cases = {
-      'p_equals_q': p[:, :1],
-      'disjoint': np.array([[[0.0, 0.0, 0.5, 0.5]]], np.float32),
-      'one_hot_q_outside_p': np.array([[[0.0, 0.0, 0.0, 1.0]]], np.float32),
-      'q_zero_where_p_positive': np.array([[[1.0, 0.0, 0.0, 0.0]]], np.float32),
+    'p_equals_q': p[:, :1],
+    'disjoint': np.array([[[0.0, 0.0, 0.5, 0.5]]], np.float32),
+    'one_hot_q_outside_p': np.array([[[0.0, 0.0, 0.0, 1.0]]], np.float32),
+    'q_zero_where_p_positive': np.array([[[1.0, 0.0, 0.0, 0.0]]], np.float32),
   }
   for name, q in cases.items():
     for seed in range(20):
@@ -204,22 +220,27 @@ def _pairs():
       pairs.append((rng.dirichlet([concentration] * V), rng.dirichlet([concentration] * V)))
   p_random = rng.dirichlet([1.0] * V)
   pairs += [
-      (p_random, p_random),                                          # p == q
-      (eye[2], eye[2]),                                              # p == q, one-hot
-      (eye[1], rng.dirichlet([1.0] * V)),                            # one-hot p
-      (p_random, eye[3]),                                            # one-hot q inside supp(p)
-      (np.array([0.5, 0.5, 0, 0, 0, 0]), eye[4]),                    # one-hot q outside supp(p)
-      (eye[0], eye[5]),                                              # two different one-hots
-      (np.array([0.3, 0.3, 0.4, 0, 0, 0]), np.array([0, 0, 0, 0.2, 0.3, 0.5])),  # disjoint
-      (p_random, np.array([0.5, 0.5, 0, 0, 0, 0])),                  # q = 0 where p > 0
-      (np.array([0.2, 0.8, 0, 0, 0, 0]), p_random),                  # p = 0 where q > 0
-      (uniform, np.array([0.9, 0.02, 0.02, 0.02, 0.02, 0.02])),      # flat p, peaked q
-      (np.array([0.9, 0.02, 0.02, 0.02, 0.02, 0.02]), uniform),      # peaked p, flat q
-      (np.array([0.002, 0.998, 0, 0, 0, 0]), uniform),               # tiny target mass
-      (uniform, np.array([0.001, 0.001, 0.001, 0.001, 0.001, 0.995])),  # q almost one-hot
+    (p_random, p_random),  # p == q
+    (eye[2], eye[2]),  # p == q, one-hot
+    (eye[1], rng.dirichlet([1.0] * V)),  # one-hot p
+    (p_random, eye[3]),  # one-hot q inside supp(p)
+    (np.array([0.5, 0.5, 0, 0, 0, 0]), eye[4]),  # one-hot q outside supp(p)
+    (eye[0], eye[5]),  # two different one-hots
+    (np.array([0.3, 0.3, 0.4, 0, 0, 0]), np.array([0, 0, 0, 0.2, 0.3, 0.5])),  # disjoint
+    (p_random, np.array([0.5, 0.5, 0, 0, 0, 0])),  # q = 0 where p > 0
+    (np.array([0.2, 0.8, 0, 0, 0, 0]), p_random),  # p = 0 where q > 0
+    (uniform, np.array([0.9, 0.02, 0.02, 0.02, 0.02, 0.02])),  # flat p, peaked q
+    (np.array([0.9, 0.02, 0.02, 0.02, 0.02, 0.02]), uniform),  # peaked p, flat q
+    (np.array([0.002, 0.998, 0, 0, 0, 0]), uniform),  # tiny target mass
+    (uniform, np.array([0.001, 0.001, 0.001, 0.001, 0.001, 0.995])),  # q almost one-hot
   ]
-  return [(np.asarray(p, np.float32) / np.float32(np.sum(p)),
-           np.asarray(q, np.float32) / np.float32(np.sum(q))) for p, q in pairs]
+  return [
+    (
+      np.asarray(p, np.float32) / np.float32(np.sum(p)),
+      np.asarray(q, np.float32) / np.float32(np.sum(q)),
+    )
+    for p, q in pairs
+  ]
 
 
 PAIRS = _pairs()
@@ -235,8 +256,9 @@ def _speculative_samples(p, q, key, *, num_samples, use_draft=True):
   # Position 2's distribution (the bonus) is irrelevant to the first emitted token; make it uniform.
   p_block = jnp.broadcast_to(jnp.stack([p, jnp.full((V,), 1.0 / V)]), (num_samples, 2, V))
   num_drafted = jnp.full((num_samples,), 1 if use_draft else 0, jnp.int32)
-  result = S.speculative_accept(x[:, None], q_block, p_block,
-                                jax.random.split(accept_key, num_samples), num_drafted)
+  result = S.speculative_accept(
+    x[:, None], q_block, p_block, jax.random.split(accept_key, num_samples), num_drafted
+  )
   first = result.tokens[:, 0]  # [N]
   return jnp.bincount(first, length=V), jnp.sum(result.num_accepted), result.min_mass[0, 0]
 
@@ -250,8 +272,9 @@ def _assert_matches(counts, p, threshold, label):
     expected = n * p[support].astype(np.float64)
     statistic = np.sum((counts[support] - expected) ** 2 / expected)
     p_value = stats.chi2.sf(statistic, support.sum() - 1)
-    assert p_value > threshold, (f'{label}: chi2={statistic:.1f} p={p_value:.2e} counts={counts} '
-                                 f'expected={expected.round()}')
+    assert p_value > threshold, (
+      f'{label}: chi2={statistic:.1f} p={p_value:.2e} counts={counts} expected={expected.round()}'
+    )
 
 
 def test_token_level_output_matches_target_for_every_pair():
@@ -260,8 +283,9 @@ def test_token_level_output_matches_target_for_every_pair():
   threshold = FALSE_FAILURE_RATE / (2 * len(PAIRS))
   z = stats.norm.isf(threshold / 2)
   for i, (p, q) in enumerate(PAIRS):
-    counts, accepted, min_mass = _speculative_samples(jnp.asarray(p), jnp.asarray(q),
-                                                      jax.random.key(i), num_samples=NUM_SAMPLES)
+    counts, accepted, min_mass = _speculative_samples(
+      jnp.asarray(p), jnp.asarray(q), jax.random.key(i), num_samples=NUM_SAMPLES
+    )
     _assert_matches(counts, p, threshold, f'pair {i}')
     alpha = float(np.minimum(p, q).sum())
     np.testing.assert_allclose(float(min_mass), alpha, atol=1e-6)
@@ -275,8 +299,12 @@ def test_token_level_without_draft_samples_from_target():
   chosen = [PAIRS[0], PAIRS[13], PAIRS[16]]
   threshold = FALSE_FAILURE_RATE / len(chosen)
   for i, (p, q) in enumerate(chosen):
-    counts, accepted, _ = _speculative_samples(jnp.asarray(p), jnp.asarray(q),
-                                               jax.random.key(100 + i), num_samples=NUM_SAMPLES,
-                                               use_draft=False)
+    counts, accepted, _ = _speculative_samples(
+      jnp.asarray(p),
+      jnp.asarray(q),
+      jax.random.key(100 + i),
+      num_samples=NUM_SAMPLES,
+      use_draft=False,
+    )
     assert int(accepted) == 0
     _assert_matches(counts, p, threshold, f'no-draft pair {i}')

@@ -2,22 +2,29 @@
 
 import jax
 import jax.numpy as jnp
+import model_utils
 import numpy as np
 import pytest
 
 from speculative import decoding
 from speculative import drafters
 from speculative import sampling as S
-from speculative.models.t5 import T5, T5Config
-
-import model_utils
+from speculative.models.t5 import T5
+from speculative.models.t5 import T5Config
 
 FALSE_FAILURE_RATE = 1e-4
 
 
 def _config(vocab, d, layers):
-  return T5Config(vocab_size=vocab, emb_dim=d, num_heads=2, num_encoder_layers=layers,
-                  num_decoder_layers=layers, head_dim=d // 2, mlp_dim=2 * d)
+  return T5Config(
+    vocab_size=vocab,
+    emb_dim=d,
+    num_heads=2,
+    num_encoder_layers=layers,
+    num_decoder_layers=layers,
+    head_dim=d // 2,
+    mlp_dim=2 * d,
+  )
 
 
 # Greedy identity: vocab 64, 8 different source sentences, no EOS (every row runs to the end).
@@ -30,8 +37,9 @@ GREEDY, _ = S.make_sampling(0.0)
 
 @pytest.fixture(scope='module')
 def baseline_tokens():
-  result = decoding.autoregressive_decode(TARGET, TARGET_PARAMS, None, max_new_tokens=20,
-                                          sampling=GREEDY, encoder_tokens=SOURCES)
+  result = decoding.autoregressive_decode(
+    TARGET, TARGET_PARAMS, None, max_new_tokens=20, sampling=GREEDY, encoder_tokens=SOURCES
+  )
   return np.asarray(result.tokens)
 
 
@@ -39,8 +47,16 @@ def baseline_tokens():
 def test_greedy_speculative_equals_baseline(baseline_tokens, gamma):
   for rows in (slice(0, 8), slice(3, 4)):  # batch 8 and batch 1
     result = decoding.speculative_decode(
-        TARGET, TARGET_PARAMS, drafters.ModelDrafter(DRAFT), DRAFT_PARAMS, None, gamma=gamma,
-        max_new_tokens=20, sampling=GREEDY, encoder_tokens=SOURCES[rows])
+      TARGET,
+      TARGET_PARAMS,
+      drafters.ModelDrafter(DRAFT),
+      DRAFT_PARAMS,
+      None,
+      gamma=gamma,
+      max_new_tokens=20,
+      sampling=GREEDY,
+      encoder_tokens=SOURCES[rows],
+    )
     np.testing.assert_array_equal(np.asarray(result.tokens), baseline_tokens[rows])
     metrics = jax.tree.map(np.asarray, result.metrics)
     assert metrics.drafted.sum() > 0 and metrics.target_calls.max() <= 20
@@ -57,27 +73,40 @@ SAMPLING = S.SamplingConfig(top_k=True)
 
 def _exact_distribution(values):
   continuations = model_utils.all_continuations(SEQ_VOCAB, SEQ_NEW)
-  decoder_inputs = np.concatenate([np.zeros((len(continuations), 1), np.int32),
-                                   continuations[:, :-1]], 1)  # shift right, start token 0
-  logits = SEQ_TARGET.forward(SEQ_TARGET_PARAMS,
-                              jnp.asarray(np.tile(SEQ_SOURCE, (len(continuations), 1))),
-                              jnp.asarray(decoder_inputs))
+  decoder_inputs = np.concatenate(
+    [np.zeros((len(continuations), 1), np.int32), continuations[:, :-1]], 1
+  )  # shift right, start token 0
+  logits = SEQ_TARGET.forward(
+    SEQ_TARGET_PARAMS,
+    jnp.asarray(np.tile(SEQ_SOURCE, (len(continuations), 1))),
+    jnp.asarray(decoder_inputs),
+  )
   probs = np.asarray(S.probs_from_logits(logits, SAMPLING, values), np.float64)  # [V^3, 3, V]
   return model_utils.sequence_probs(probs, continuations)  # [V^3], index = base-V number
 
 
 @pytest.mark.parametrize('gamma', (1, 3))
-@pytest.mark.parametrize('setting', ({'temperature': 1.0}, {'temperature': 0.8, 'top_k': 4}),
-                         ids=('t1.0', 't0.8-topk4'))
+@pytest.mark.parametrize(
+  'setting', ({'temperature': 1.0}, {'temperature': 0.8, 'top_k': 4}), ids=('t1.0', 't0.8-topk4')
+)
 def test_sampled_sequences_follow_the_target_distribution(setting, gamma):
   values = S.SamplingParams.create(**setting)
   exact = _exact_distribution(values)
   assert abs(exact.sum() - 1) < 1e-5
   result = decoding.speculative_decode(
-      SEQ_TARGET, SEQ_TARGET_PARAMS, drafters.ModelDrafter(SEQ_DRAFT), SEQ_DRAFT_PARAMS, None,
-      gamma=gamma, max_new_tokens=SEQ_NEW, sampling=SAMPLING, sampling_params=values,
-      rng=17 * gamma, eos_id=None,
-      encoder_tokens=jnp.asarray(np.tile(SEQ_SOURCE, (SEQ_SAMPLES, 1))))
+    SEQ_TARGET,
+    SEQ_TARGET_PARAMS,
+    drafters.ModelDrafter(SEQ_DRAFT),
+    SEQ_DRAFT_PARAMS,
+    None,
+    gamma=gamma,
+    max_new_tokens=SEQ_NEW,
+    sampling=SAMPLING,
+    sampling_params=values,
+    rng=17 * gamma,
+    eos_id=None,
+    encoder_tokens=jnp.asarray(np.tile(SEQ_SOURCE, (SEQ_SAMPLES, 1))),
+  )
   tokens = np.asarray(result.tokens)
   counts = model_utils.sequence_counts(tokens, SEQ_VOCAB)
   assert counts[exact == 0].sum() == 0, 'sampled a continuation the target rules out'

@@ -13,6 +13,7 @@ Cache: per layer, keys and values [B, max_length, heads, head_dim] float32; `ext
 new entries of row b at start[b].. with a per-row `dynamic_update_slice` and masks keys by position
 (key position <= query position), so stale entries beyond a row's length are never read.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -48,6 +49,7 @@ class DecoderOnlyConfig:
     tie_embeddings: output logits via the transposed token embedding instead of a separate kernel.
     rotary_base: the RoPE frequency base.
   """
+
   vocab_size: int = 8192
   d_model: int = 768
   d_ff: int = 3072
@@ -66,13 +68,16 @@ class DecoderOnlyConfig:
       if not isinstance(value, int) or value < 1:
         raise ValueError(f'DecoderOnlyConfig.{name} must be a positive int, got {value!r}')
     if self.head_dim is None and self.d_model % self.num_heads:
-      raise ValueError(f'd_model={self.d_model} is not divisible by num_heads={self.num_heads}; '
-                       'set head_dim explicitly')
+      raise ValueError(
+        f'd_model={self.d_model} is not divisible by num_heads={self.num_heads}; '
+        'set head_dim explicitly'
+      )
     if self.head_dim is not None and (not isinstance(self.head_dim, int) or self.head_dim < 1):
       raise ValueError(f'DecoderOnlyConfig.head_dim must be a positive int, got {self.head_dim!r}')
     if self.positions not in _POSITIONS:
-      raise ValueError(f'DecoderOnlyConfig.positions must be one of {_POSITIONS}, '
-                       f'got {self.positions!r}')
+      raise ValueError(
+        f'DecoderOnlyConfig.positions must be one of {_POSITIONS}, got {self.positions!r}'
+      )
     if self.positions == 'rotary' and self.dims_per_head % 2:
       raise ValueError(f'rotary positions need an even head_dim, got {self.dims_per_head}')
     if self.norm not in _NORMS:
@@ -96,9 +101,11 @@ def _rotary(x: jax.Array, positions: jax.Array, base: float) -> jax.Array:
 
 def _write_rows(cache: jax.Array, update: jax.Array, start: jax.Array) -> jax.Array:
   """cache [B, S, ...] <- update [B, T, ...] at per-row offsets start [B]."""
+
   def write_one(row_cache, row_update, row_start):
     index = (row_start,) + (0,) * (row_cache.ndim - 1)
     return jax.lax.dynamic_update_slice(row_cache, row_update, index)
+
   return jax.vmap(write_one)(cache, update, start)
 
 
@@ -114,6 +121,7 @@ class _Norm(nn.Module):
 
 class SelfAttention(nn.Module):
   """Causal multi-head self-attention over the new tokens, optionally through a KV cache."""
+
   config: DecoderOnlyConfig
 
   @nn.compact
@@ -124,8 +132,9 @@ class SelfAttention(nn.Module):
     """
     cfg = self.config
     heads, head_dim = cfg.num_heads, cfg.dims_per_head
-    dense = lambda name: nn.DenseGeneral((heads, head_dim), use_bias=False, dtype=jnp.float32,
-                                         name=name)
+    dense = lambda name: nn.DenseGeneral(
+      (heads, head_dim), use_bias=False, dtype=jnp.float32, name=name
+    )
     query = dense('query')(x)  # [B, T, H, D]
     key = dense('key')(x)
     value = dense('value')(x)
@@ -139,8 +148,9 @@ class SelfAttention(nn.Module):
     else:
       keys = _write_rows(cache_kv[0], key, start)  # [B, S, H, D]
       values = _write_rows(cache_kv[1], value, start)
-      key_positions = jnp.broadcast_to(jnp.arange(keys.shape[1], dtype=jnp.int32),
-                                       keys.shape[:2])  # [B, S]
+      key_positions = jnp.broadcast_to(
+        jnp.arange(keys.shape[1], dtype=jnp.int32), keys.shape[:2]
+      )  # [B, S]
       new_cache = (keys, values)
     # Causal mask from positions: a query at j sees keys at positions <= j of its own row.
     mask = key_positions[:, None, :] <= positions[:, :, None]  # [B, T, S]
@@ -148,8 +158,9 @@ class SelfAttention(nn.Module):
     scores = jnp.where(mask[:, None], scores, jnp.finfo(jnp.float32).min)
     weights = jax.nn.softmax(scores, axis=-1)
     attended = jnp.einsum('bhts,bshd->bthd', weights, values)  # [B, T, H, D]
-    y = nn.DenseGeneral(cfg.d_model, axis=(-2, -1), use_bias=False, dtype=jnp.float32,
-                        name='out')(attended)  # [B, T, d]
+    y = nn.DenseGeneral(cfg.d_model, axis=(-2, -1), use_bias=False, dtype=jnp.float32, name='out')(
+      attended
+    )  # [B, T, d]
     return y, new_cache
 
 
@@ -169,7 +180,8 @@ class DecoderLayer(nn.Module):
   @nn.compact
   def __call__(self, x, positions, cache_kv=None, start=None):
     h, new_cache = SelfAttention(self.config, name='attention')(
-        _Norm(self.config.norm, name='pre_attention_norm')(x), positions, cache_kv, start)
+      _Norm(self.config.norm, name='pre_attention_norm')(x), positions, cache_kv, start
+    )
     x = x + h
     x = x + MlpBlock(self.config, name='mlp')(_Norm(self.config.norm, name='pre_mlp_norm')(x))
     return x, new_cache
@@ -177,18 +189,28 @@ class DecoderLayer(nn.Module):
 
 class DecoderOnlyTransformer(nn.Module):
   """tokens [B, T], positions [B, T] (+ optional cache) -> logits [B, T, V] float32."""
+
   config: DecoderOnlyConfig
 
   @nn.compact
   def __call__(self, tokens, positions, cache=None, start=None):
     cfg = self.config
-    embed = nn.Embed(cfg.vocab_size, cfg.d_model, dtype=jnp.float32,
-                     embedding_init=nn.initializers.normal(stddev=1.0), name='token_embedder')
+    embed = nn.Embed(
+      cfg.vocab_size,
+      cfg.d_model,
+      dtype=jnp.float32,
+      embedding_init=nn.initializers.normal(stddev=1.0),
+      name='token_embedder',
+    )
     x = embed(tokens)  # [B, T, d]
     if cfg.positions == 'learned':
-      x = x + nn.Embed(cfg.max_positions, cfg.d_model, dtype=jnp.float32,
-                       embedding_init=nn.initializers.normal(stddev=0.02),
-                       name='position_embedder')(positions)
+      x = x + nn.Embed(
+        cfg.max_positions,
+        cfg.d_model,
+        dtype=jnp.float32,
+        embedding_init=nn.initializers.normal(stddev=0.02),
+        name='position_embedder',
+      )(positions)
     new_cache = []
     for i in range(cfg.num_layers):
       layer_cache = None if cache is None else cache[i]
@@ -198,8 +220,7 @@ class DecoderOnlyTransformer(nn.Module):
     if cfg.tie_embeddings:
       logits = embed.attend(x) / math.sqrt(cfg.d_model)
     else:
-      logits = nn.Dense(cfg.vocab_size, use_bias=False, dtype=jnp.float32,
-                        name='logits_dense')(x)
+      logits = nn.Dense(cfg.vocab_size, use_bias=False, dtype=jnp.float32, name='logits_dense')(x)
     logits = logits.astype(jnp.float32)  # [B, T, V]
     return logits, (None if cache is None else tuple(new_cache))
 
@@ -207,6 +228,7 @@ class DecoderOnlyTransformer(nn.Module):
 @dataclasses.dataclass(frozen=True)
 class DecoderOnlyLM:
   """CachedLM wrapper (frozen, hashable: a valid jit static argument)."""
+
   config: DecoderOnlyConfig
 
   @property
@@ -221,32 +243,42 @@ class DecoderOnlyLM:
     tokens = jnp.zeros((1, 1), jnp.int32)
     return self.module.init(rng, tokens, jnp.zeros((1, 1), jnp.int32))['params']
 
-  def init_cache(self, params: Params, batch_size: int, max_length: int,
-                 encoder_tokens: jax.Array | None = None) -> Cache:
+  def init_cache(
+    self, params: Params, batch_size: int, max_length: int, encoder_tokens: jax.Array | None = None
+  ) -> Cache:
     del params
     if encoder_tokens is not None:
-      raise ValueError('DecoderOnlyLM has no encoder: encoder_tokens must be None '
-                       '(put the prompt in the decoder stream instead)')
+      raise ValueError(
+        'DecoderOnlyLM has no encoder: encoder_tokens must be None '
+        '(put the prompt in the decoder stream instead)'
+      )
     if max_length < 1 or batch_size < 1:
-      raise ValueError(f'init_cache needs batch_size >= 1 and max_length >= 1, '
-                       f'got {batch_size}, {max_length}')
+      raise ValueError(
+        f'init_cache needs batch_size >= 1 and max_length >= 1, got {batch_size}, {max_length}'
+      )
     if self.config.positions == 'learned' and max_length > self.config.max_positions:
-      raise ValueError(f'stream length {max_length} (prompt + new tokens + draft slack) exceeds '
-                       f'the model\'s max_positions={self.config.max_positions}')
+      raise ValueError(
+        f'stream length {max_length} (prompt + new tokens + draft slack) exceeds '
+        f'the model\'s max_positions={self.config.max_positions}'
+      )
     shape = (batch_size, max_length, self.config.num_heads, self.config.dims_per_head)
-    return tuple((jnp.zeros(shape, jnp.float32), jnp.zeros(shape, jnp.float32))
-                 for _ in range(self.config.num_layers))
+    return tuple(
+      (jnp.zeros(shape, jnp.float32), jnp.zeros(shape, jnp.float32))
+      for _ in range(self.config.num_layers)
+    )
 
-  def extend(self, params: Params, cache: Cache, tokens: jax.Array,
-             start: jax.Array) -> tuple[jax.Array, Cache]:
+  def extend(
+    self, params: Params, cache: Cache, tokens: jax.Array, start: jax.Array
+  ) -> tuple[jax.Array, Cache]:
     """Cached forward over T new tokens at per-row offsets; see interface.CachedLM.extend."""
     assert tokens.ndim == 2, tokens.shape
     batch, length = tokens.shape
     assert start.shape == (batch,), (start.shape, tokens.shape)
     assert len(cache) == self.config.num_layers
     positions = start.astype(jnp.int32)[:, None] + jnp.arange(length, dtype=jnp.int32)  # [B, T]
-    logits, cache = self.module.apply({'params': params}, tokens.astype(jnp.int32), positions,
-                                      cache, start.astype(jnp.int32))
+    logits, cache = self.module.apply(
+      {'params': params}, tokens.astype(jnp.int32), positions, cache, start.astype(jnp.int32)
+    )
     return logits, cache  # [B, T, V]
 
   def forward(self, params: Params, tokens: jax.Array) -> jax.Array:

@@ -20,9 +20,11 @@ Cache contract (all implementations):
   * T=1 is ordinary decoding, T=gamma+1 is the verify call; both go through the same code path, so
     cached chunked decoding equals the full no-cache forward (tested).
 """
+
 from __future__ import annotations
 
-from typing import Any, Protocol
+from typing import Any
+from typing import Protocol
 
 import jax
 
@@ -34,11 +36,11 @@ class CachedLM(Protocol):
   """A language model with a chunked, per-row-offset KV cache."""
 
   @property
-  def vocab_size(self) -> int:
-    ...
+  def vocab_size(self) -> int: ...
 
-  def init_cache(self, params: Params, batch_size: int, max_length: int,
-                 encoder_tokens: jax.Array | None = None) -> Cache:
+  def init_cache(
+    self, params: Params, batch_size: int, max_length: int, encoder_tokens: jax.Array | None = None
+  ) -> Cache:
     """Returns an empty cache for `max_length` decoder positions.
 
     For encoder-decoder models this runs the encoder once on `encoder_tokens` ([B, S] int32, 0 =
@@ -47,8 +49,9 @@ class CachedLM(Protocol):
     """
     ...
 
-  def extend(self, params: Params, cache: Cache, tokens: jax.Array,
-             start: jax.Array) -> tuple[jax.Array, Cache]:
+  def extend(
+    self, params: Params, cache: Cache, tokens: jax.Array, start: jax.Array
+  ) -> tuple[jax.Array, Cache]:
     """Cached forward over T new tokens per row.
 
     Args:
