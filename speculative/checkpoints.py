@@ -123,6 +123,18 @@ def read_metadata(path: PathLike) -> dict | None:
   return metadata
 
 
+def add_metadata(path: PathLike, config: Any, extra: dict | None = None) -> Path:
+  """Writes the sidecar (sha256 + config) of a params file saved before sidecars existed, after
+  checking that the file loads and its shapes match `config` (a T5Config). Returns the sidecar."""
+  from speculative.models import t5 as t5_lib  # pylint: disable=g-import-not-at-top
+
+  path = Path(path)
+  params = load_params(path)
+  validate_params(params, t5_lib.T5(config).param_shapes(), name=str(path))
+  _write_metadata(path, hashlib.sha256(path.read_bytes()).hexdigest(), config, extra)
+  return metadata_path(path)
+
+
 def _write_metadata(path: Path, sha256: str, config: Any, extra: dict | None) -> None:
   metadata = {
     'format': METADATA_FORMAT,

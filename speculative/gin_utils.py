@@ -89,7 +89,11 @@ def quiet_native_logs(verbose: bool = False) -> None:
   try:
     with open(os.devnull, 'w') as devnull:
       os.dup2(devnull.fileno(), 2)
-      import tensorflow  # noqa: F401  pylint: disable=unused-import
+      import tensorflow  # pylint: disable=g-import-not-at-top
+
+      # Initialise TF's devices now, muted: on a CPU machine its CUDA probe logs an E-level
+      # "failed call to cuInit" line at the first op otherwise. seqio's pipelines run on CPU.
+      tensorflow.config.set_visible_devices([], 'GPU')
   finally:
     os.dup2(saved, 2)
     os.close(saved)

@@ -387,3 +387,30 @@ def test_stale_temporaries_are_removed(tmp_path):
   removed = checkpoints.remove_stale_temporaries(tmp_path)
   assert sorted(removed) == ['best.msgpack.tmp-zz', 'checkpoint_1.old-x', 'checkpoint_2.tmp-1-abc']
   assert [p.name for p in tmp_path.iterdir()] == ['checkpoint_1']
+
+
+def test_add_metadata_gives_an_old_params_file_its_sidecar(tmp_path):
+  import jax
+
+  from speculative.models.t5 import T5
+  from speculative.models.t5 import T5Config
+
+  config = T5Config(
+    vocab_size=64,
+    emb_dim=8,
+    num_heads=2,
+    num_encoder_layers=1,
+    num_decoder_layers=1,
+    head_dim=4,
+    mlp_dim=16,
+  )
+  path = tmp_path / "old.msgpack"
+  checkpoints.save_params(T5(config).init_params(jax.random.PRNGKey(0)), path)
+  os.remove(checkpoints.metadata_path(path))  # as written before sidecars existed
+  checkpoints.add_metadata(path, config)
+  assert checkpoints.read_metadata(path)["config"]["emb_dim"] == 8
+  checkpoints.load_params(path, config=config)  # verified: hash and config match
+  with pytest.raises(Exception, match="old.msgpack"):
+    checkpoints.load_params(path, config=dataclasses.replace(config, dropout_rate=0.5))
+  with pytest.raises(Exception, match="old.msgpack"):
+    checkpoints.add_metadata(path, dataclasses.replace(config, emb_dim=16))  # shapes differ
