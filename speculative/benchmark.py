@@ -311,10 +311,16 @@ def _sweep(
       for row in groups[-1]["speculative"]:
         if float(temperature) == 0 and row["identical_to_baseline"] < len(examples):
           warnings.append(
-            f"greedy {row['name']} at batch {batch_size}: only "
-            f"{row['identical_to_baseline']}/{len(examples)} outputs identical to "
-            "the baseline (float rounding of the verify call vs T=1 steps)."
+            f"greedy {row['name']} at batch {batch_size}: "
+            f"{row['identical_to_baseline']}/{len(examples)} outputs identical to the "
+            f"baseline; divergence audit: {row['audit_near_tie']} near-tie, "
+            f"{row['audit_mismatch']} mismatch (docs/exactness.md)."
           )
+          if row["audit_mismatch"]:
+            raise AssertionError(
+              f"greedy {row['name']} at batch {batch_size} differs from the baseline beyond "
+              f"rounding (audit verdict 'mismatch'): {row['divergences'][:3]}"
+            )
   return groups
 
 

@@ -493,3 +493,54 @@ def test_batches_pad_like_t5x():
   assert (last[1] == last[0]).all()  # the pad row repeats row 0 (its outputs are discarded)
   with pytest.raises(ValueError, match="do not fit"):
     batching.pad_batch(examples, 2, 6)
+
+
+def test_greedy_rows_that_differ_are_audited():
+  """A speculative method whose row 0 emits a token no rounding explains (float32 model) gets
+  an audit verdict 'mismatch'; identical rows are not audited."""
+  from types import SimpleNamespace
+
+  from model_utils import random_params
+  import numpy as np
+
+  from speculative.bench import methods as methods_lib
+  from speculative.bench import sweep
+  from speculative.models.t5 import T5
+  from speculative.models.t5 import T5Config
+
+  config = T5Config(
+    vocab_size=32,
+    emb_dim=16,
+    num_heads=2,
+    num_encoder_layers=1,
+    num_decoder_layers=1,
+    head_dim=8,
+    mlp_dim=32,
+    dtype="float32",
+  )
+  model = T5(config)
+  params = random_params(model, 0, logit_scale=3.0)
+  encoder_tokens = np.array([[5, 6, 7, 1], [8, 9, 1, 0]], np.int32)  # [rows, S]
+  chunk = [SimpleNamespace(index=10), SimpleNamespace(index=11)]
+  logits = np.asarray(model.forward(params, encoder_tokens, np.zeros((2, 1), np.int32)))[:, 0]
+  best = logits.argmax(-1)
+  worst = logits.argmin(-1)
+  ref_tokens = np.stack([best, best], 1).astype(np.int32)  # [rows, 2]
+  out_tokens = ref_tokens.copy()
+  out_tokens[0, 0] = worst[0]  # a token far below the top logit
+  lengths = np.array([2, 2], np.int32)
+  make = lambda tokens: methods_lib.Method(  # noqa: E731
+    "m", methods_lib.SPECULATIVE, None, outputs=[{"tokens": tokens, "lengths": lengths}]
+  )
+  row = sweep._audited(
+    {"identical_to_baseline": 1},
+    make(out_tokens),
+    make(ref_tokens),
+    [(chunk, encoder_tokens)],
+    model,
+    params,
+  )
+  assert row["audit_mismatch"] == 1 and row["audit_near_tie"] == 0
+  assert row["divergences"][0]["example"] == 10 and row["divergences"][0]["position"] == 0
+  untouched = sweep._audited({"identical_to_baseline": 2}, None, None, [(chunk, None)], None, None)
+  assert "divergences" not in untouched

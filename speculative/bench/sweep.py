@@ -3,6 +3,7 @@ inputs; one row per method (walltime, counters, EXP vs EMP, the profile per loop
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import statistics
 from typing import Any
@@ -15,6 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from speculative import analysis
+from speculative import audit
 from speculative import batching
 from speculative import sampling as sampling_lib
 from speculative.bench import costs as costs_lib
@@ -135,6 +137,23 @@ def _identical_rows(method: Method, reference: Method, batches) -> int:
   return same
 
 
+def audit_rows(method: Method, reference: Method, batches, target, target_params) -> list[dict]:
+  """The divergence audit (speculative/audit.py) of every row whose greedy output differs from the
+  reference's: first differing position, float32 top-2 gap, near-tie or mismatch."""
+  found = []
+  for (chunk, encoder_tokens), out, ref in zip(batches, method.outputs, reference.outputs):
+    rows = range(len(chunk))
+    divergences = audit.audit_divergences(
+      target,
+      target_params,
+      np.asarray(encoder_tokens)[: len(chunk)],  # [rows, S]
+      [ref["tokens"][r, : int(ref["lengths"][r])] for r in rows],
+      [out["tokens"][r, : int(out["lengths"][r])] for r in rows],
+    )
+    found += [dict(dataclasses.asdict(d), example=int(chunk[d.example].index)) for d in divergences]
+  return found
+
+
 def time_methods(
   methods: Sequence[Method], batches, *, repeats: int, seed: int, log: Callable[[str], None]
 ) -> None:
@@ -238,14 +257,21 @@ def run_group(
     min_seconds=cost_min_seconds,
   )
   speculative_rows = [
-    _speculative_row(
+    _audited(
+      _speculative_row(
+        m,
+        rows,
+        batches,
+        costs,
+        temperature=temperature,
+        reference=methods[0],
+        propose_cost=propose_cost,
+      ),
       m,
-      rows,
+      methods[0],
       batches,
-      costs,
-      temperature=temperature,
-      reference=methods[0],
-      propose_cost=propose_cost,
+      target,
+      target_params,
     )
     for m in methods
     if m.kind == SPECULATIVE
@@ -345,6 +371,17 @@ def _predicted_row(metrics: dict[str, Any], gamma: int, c: float) -> dict[str, A
     predicted_speedup=float(analysis.walltime_improvement(0.0, gamma, c, metrics["v"])),
     measured_speedup=metrics["baseline_walltime"] / metrics["speculative_walltime"],
   )
+  return row
+
+
+def _audited(row, method, reference, batches, target, target_params) -> dict[str, Any]:
+  """Adds the divergence audit to a greedy row that is not identical to the baseline."""
+  if row.get("identical_to_baseline") is not None and row["identical_to_baseline"] < sum(
+    len(chunk) for chunk, _ in batches
+  ):
+    row["divergences"] = audit_rows(method, reference, batches, target, target_params)
+    row["audit_mismatch"] = sum(d["verdict"] == audit.MISMATCH for d in row["divergences"])
+    row["audit_near_tie"] = len(row["divergences"]) - row["audit_mismatch"]
   return row
 
 
