@@ -13,12 +13,12 @@ that fails), unpacks both with `dpkg -x` into a temporary directory, aligns the 
   data/libreoffice_ende/stats.json                       counts, versions, options, sha256 of each file
   data/libreoffice_ende/README.md                        what the files are
 
-and prints the counts and, when `../shared/data/libreoffice_help_en_de.tsv.gz` exists, how the
-extraction compares with that reference (pair counts and overlap of unique pairs).
+and prints the counts and, with `--reference PATH` (an independent en<TAB>de extraction of the same
+packages), how the extraction compares with that reference (pair counts and overlap of unique pairs).
 
 Variants:
   --debs DIR          use the two .deb files already in DIR instead of `apt-get download`
-  --from_tsv PATH     no apt at all: split an existing en<TAB>de TSV (e.g. the shared reference; it is
+  --from_tsv PATH     no apt at all: split an existing en<TAB>de TSV (e.g. a reference extraction; it is
                       cleaned and de-duplicated the same way)
   --output_dir DIR    write somewhere else (default data/libreoffice_ende)
 
@@ -44,7 +44,6 @@ from speculative import corpus  # noqa: E402  (after the sys.path insert, so the
 PACKAGES = ("libreoffice-help-en-us", "libreoffice-help-de")
 HELP_SUBDIR = Path("usr/share/libreoffice/help")
 DEFAULT_OUTPUT_DIR = REPO_ROOT / "data" / "libreoffice_ende"
-REFERENCE_TSV = REPO_ROOT.parent / "shared" / "data" / "libreoffice_help_en_de.tsv.gz"
 
 NOTICE_TEMPLATE = """\
 LibreOffice help En-De parallel corpus
@@ -208,8 +207,8 @@ def main(argv: list[str] | None = None) -> None:
   parser.add_argument(
     "--reference",
     type=Path,
-    default=REFERENCE_TSV,
-    help="reference TSV to compare with (skipped when missing)",
+    default=None,
+    help="reference en<TAB>de TSV to compare the extraction with (optional)",
   )
   args = parser.parse_args(argv)
 
