@@ -145,15 +145,25 @@ def _write_metadata(path: Path, sha256: str, config: Any, extra: dict | None) ->
   write_atomic(metadata_path(path), (json.dumps(metadata, indent=2) + '\n').encode())
 
 
+# Config fields that choose how the weights are computed with, not what they mean: the activation
+# dtype, the logits/attention-logits precision options and the training-only dropout rate. Weights
+# saved under one value load under another (e.g. the shipped float32-trained target run in
+# bfloat16), so `check_config` does not compare them.
+COMPUTE_ONLY_FIELDS = frozenset(
+  {'dtype', 'logits_dtype', 'float32_attention_logits', 'dropout_rate'}
+)
+
+
 def check_config(path: PathLike, config: Any, metadata: dict | None = None) -> None:
   """Raises `CheckpointError` if the config recorded with the weights at `path` differs from
-  `config` (a dataclass), naming each differing field. Weights without a recorded config pass."""
+  `config` (a dataclass), naming each differing field. Weights without a recorded config pass;
+  `COMPUTE_ONLY_FIELDS` are not compared."""
   metadata = read_metadata(path) if metadata is None else metadata
   recorded = (metadata or {}).get('config')
   if recorded is None or config is None:
     return
   wanted = config_dict(config)
-  fields = sorted(set(recorded) | set(wanted))
+  fields = sorted((set(recorded) | set(wanted)) - COMPUTE_ONLY_FIELDS)
   diffs = [
     f'{k}: weights {recorded.get(k)!r}, given {wanted.get(k)!r}'
     for k in fields

@@ -327,6 +327,32 @@ class _Config:
   acts: tuple = ('gelu', 'linear')
 
 
+def test_compute_only_fields_are_not_compared(tmp_path):
+  # The activation dtype (and the logits/attention precision options, dropout) choose how the
+  # weights are computed with, not what they mean: float32-trained weights run in bfloat16.
+  from speculative.models.t5 import T5Config
+
+  config = T5Config(
+    vocab_size=16,
+    emb_dim=4,
+    num_heads=1,
+    head_dim=4,
+    mlp_dim=8,
+    num_encoder_layers=1,
+    num_decoder_layers=1,
+  )
+  path = checkpoints.save_params(_small_params(), tmp_path / 'w.msgpack', None, config=config)
+  for change in (
+    {'dtype': 'bfloat16'},
+    {'logits_dtype': 'float32'},
+    {'dropout_rate': 0.1},
+    {'float32_attention_logits': True},
+  ):
+    checkpoints.check_config(path, dataclasses.replace(config, **change))
+  with pytest.raises(CheckpointError, match=r'different model config:\n  mlp_dim: weights 8'):
+    checkpoints.check_config(path, dataclasses.replace(config, mlp_dim=16, dtype='bfloat16'))
+
+
 def test_params_file_records_and_verifies_sha256_and_config(tmp_path):
   path = checkpoints.save_params(_small_params(), tmp_path / 'w.msgpack', None, config=_Config())
   metadata = checkpoints.read_metadata(path)

@@ -163,9 +163,9 @@ BAD_INPUTS = [
   ),
   (
     "wrong_config_same_shapes",
-    {"target_config": dataclasses.replace(_config(2), dtype="bfloat16")},
+    {"target_config": dataclasses.replace(_config(2), mlp_activations=("relu", "linear"))},
     checkpoints.CheckpointError,
-    "different model config:\n  dtype: weights 'float32'",
+    "different model config:\n  mlp_activations: weights \\['gelu', 'linear'\\]",
   ),
 ]
 
