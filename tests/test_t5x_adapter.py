@@ -1,11 +1,12 @@
 """Tests of `speculative.t5x_adapter`: the T5X model class, draft restore and decoder params.
 
 Without t5x (the project's own venv) the t5x-free parts run: decoder_params semantics, draft configs,
-the draft-restore state transformation, and the guarantee that nothing else imports t5x. With t5x
+the draft-restore state transformation, the exactness check's core (`exactness`, on real tiny decodes
+and a deliberately inexact one), and the guarantee that nothing else imports t5x. With t5x
 importable (a scratch venv with the google-research/t5x, google/airio and google-research/jestimator
 source trees on PYTHONPATH, docs/design.md section 5) the adapter is checked against stock T5X: identical
-greedy decodes on the tiny fixture (tests/fixtures/t5x_tiny), and `python -m t5x.infer` writing predictions through it
-under T5X's partitioner (4 host devices, 2-way model parallel).
+greedy decodes on the tiny fixture (tests/fixtures/t5x_tiny), `check_exactness`, and `python -m t5x.infer`
+writing predictions through it under T5X's partitioner (4 host devices, 2-way model parallel).
 
   python -m pytest -q -p no:xdist tests/test_t5x_adapter.py
 """
