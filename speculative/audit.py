@@ -41,7 +41,9 @@ float32 divergence with a visible gap is a mismatch. Pass `bound_factor` to tigh
 `scripts/audit_bf16.py` prints the measured ratios next to its verdicts.
 
 The API takes only the model object, its params, the encoder inputs and token id lists, so any
-runner (speculative.infer, the benchmark, the T5X adapter) can call it. See docs/exactness.md.
+runner (speculative.infer, the benchmark) can call it; `audit_arrays` is the same audit on padded
+device arrays, traceable inside jit / pjit (the T5X adapter's `check_exactness`). Both share
+`logits_at` (the float32 recompute) and `classify_logits` (the verdict rule). See docs/exactness.md.
 """
 
 from __future__ import annotations
@@ -56,8 +58,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+IDENTICAL = 'identical'
 NEAR_TIE = 'near-tie'
 MISMATCH = 'mismatch'
+# Integer verdict codes of the array form (`audit_arrays`; the T5X adapter's aux 'exactness_verdict').
+VERDICT_CODES = {IDENTICAL: 0, NEAR_TIE: 1, MISMATCH: 2}
 DEFAULT_BOUND_FACTOR = 10.0
 
 
@@ -101,13 +106,18 @@ def rounding_bound(
   logits: Sequence[float], dtype: Any, factor: float = DEFAULT_BOUND_FACTOR
 ) -> float:
   """factor * eps(dtype) * max(|z| for z in logits, 1): how far rounding can move a logit gap."""
+  magnitude = max([abs(float(z)) for z in logits] + [1.0])
+  return float(factor * _eps(dtype, factor) * magnitude)
+
+
+def _eps(dtype: Any, factor: float) -> float:
+  """Machine epsilon of `dtype`, after checking the bound's arguments."""
   dtype = jnp.dtype(dtype)
   if not jnp.issubdtype(dtype, jnp.floating):
     raise ValueError(f'rounding_bound needs a floating dtype, got {dtype}')
   if factor <= 0:
     raise ValueError(f'bound factor must be > 0, got {factor}')
-  magnitude = max([abs(float(z)) for z in logits] + [1.0])
-  return float(factor * float(jnp.finfo(dtype).eps) * magnitude)
+  return float(jnp.finfo(dtype).eps)
 
 
 def first_difference(a: Sequence[int], b: Sequence[int]) -> int | None:
@@ -196,18 +206,95 @@ def teacher_forced_logits(
   encoder_tokens = np.asarray(encoder_tokens, np.int32)
   if encoder_tokens.ndim != 2 or encoder_tokens.shape[0] != len(prefixes):
     raise ValueError(f'encoder_tokens must be [{len(prefixes)}, S], got {encoder_tokens.shape}')
-  if float32:
-    model, params = float32_model(model), _as_float32(params)
   start = int(getattr(model.config, 'decoder_start_token_id', 0))
   positions = np.array([len(p) for p in prefixes], np.int32)
-  logits = _logits_at(
+  logits = logits_at(
     model,
     params,
     jnp.asarray(encoder_tokens),
     jnp.asarray(_decoder_inputs(prefixes, start)),
     jnp.asarray(positions),
+    float32=float32,
   )
   return np.asarray(logits)  # [N, V]
+
+
+def logits_at(
+  model: Any,
+  params: Any,
+  encoder_tokens: jax.Array,
+  decoder_inputs: jax.Array,
+  positions: jax.Array,
+  *,
+  float32: bool = True,
+) -> jax.Array:
+  """Teacher-forced logits of each row at one position: [N, V] float32 (traceable).
+
+  Args:
+    model, params: as `teacher_forced_logits`.
+    encoder_tokens: [N, S] int32.
+    decoder_inputs: [N, T] int32 decoder inputs (the start token, then the tokens; causal, so
+      whatever follows a row's position does not change its logits).
+    positions: [N] int32, the position of each row to read (the logits predict the token there).
+    float32: recompute in a float32 copy of the model with float32 params (False: as given).
+  """
+  if float32:
+    model, params = float32_model(model), _as_float32(params)
+  return _logits_at(model, params, encoder_tokens, decoder_inputs, positions)
+
+
+def classify_logits(
+  logits: jax.Array,
+  baseline_token: jax.Array,
+  speculative_token: jax.Array,
+  dtype: Any,
+  factor: float = DEFAULT_BOUND_FACTOR,
+) -> dict[str, jax.Array]:
+  """The verdict rule (module docstring) on arrays, traceable: one row per divergence.
+
+  Args:
+    logits: [N, V] float32 target logits at each row's first differing position.
+    baseline_token, speculative_token: [N] int32 candidate tokens there (-1: that output had
+      stopped; at most one of the two per row).
+    dtype: the dtype the decodes ran in (the bound's eps).
+    factor: C of the bound.
+
+  Returns:
+    {'top_tokens': [N, 2] int32 and 'top_logits': [N, 2] float32 (the float32 top two, best
+    first, lower id first on ties), 'baseline_logit', 'speculative_logit' (nan for -1), 'gap',
+    'deficit', 'bound': [N] float32, 'near_tie': [N] bool (False: mismatch)}.
+  """
+  eps = _eps(dtype, factor)
+  logits = jnp.asarray(logits, jnp.float32)
+  top_logits, top_tokens = jax.lax.top_k(logits, 2)  # [N, 2]; ties: lower index first
+
+  tokens = jnp.stack(
+    [jnp.asarray(baseline_token, jnp.int32), jnp.asarray(speculative_token, jnp.int32)], axis=1
+  )  # [N, 2]
+  valid = tokens >= 0
+  candidates = jnp.where(
+    valid, jnp.take_along_axis(logits, jnp.maximum(tokens, 0), axis=1), jnp.nan
+  )  # [N, 2] float32, nan where the output had stopped
+  baseline_logit, speculative_logit = candidates[:, 0], candidates[:, 1]
+  magnitude = jnp.max(
+    jnp.where(valid, jnp.abs(candidates), 1.0), axis=1, initial=1.0
+  )  # max(|z_a|, |z_b|, 1) over the candidates present
+  magnitude = jnp.maximum(magnitude, jnp.abs(top_logits[:, 0]))
+  bound = factor * eps * magnitude
+  deficit = jnp.max(jnp.where(valid, top_logits[:, :1] - candidates, -jnp.inf), axis=1)
+  # A length-only difference (a candidate is -1) is never rounding: the stop was decided by a
+  # shared token.
+  near_tie = jnp.all(valid, axis=1) & (deficit <= bound)
+  return {
+    'top_tokens': top_tokens.astype(jnp.int32),
+    'top_logits': top_logits,
+    'baseline_logit': baseline_logit,
+    'speculative_logit': speculative_logit,
+    'gap': top_logits[:, 0] - top_logits[:, 1],
+    'deficit': deficit,
+    'bound': bound,
+    'near_tie': near_tie,
+  }
 
 
 def _classify(
@@ -220,29 +307,28 @@ def _classify(
   factor: float,
 ) -> Divergence:
   """A Divergence from the float32 logits [V] at the first differing position."""
-  top = np.argsort(-logits, kind='stable')[:2]
-  top_logits = (float(logits[top[0]]), float(logits[top[1]]))
-  candidates = [t for t in (baseline_token, speculative_token) if t >= 0]
-  logit_of = lambda t: float(logits[t]) if t >= 0 else float('nan')
-  bound = rounding_bound([top_logits[0]] + [logit_of(t) for t in candidates], dtype, factor)
-  deficit = max(top_logits[0] - logit_of(t) for t in candidates)
-  # A length-only difference (a candidate is -1) is never rounding: the stop was decided by a
-  # shared token.
-  near_tie = len(candidates) == 2 and deficit <= bound
+  row = classify_logits(
+    np.asarray(logits, np.float32)[None],
+    np.array([baseline_token], np.int32),
+    np.array([speculative_token], np.int32),
+    dtype,
+    factor,
+  )
+  row = {k: np.asarray(v)[0] for k, v in row.items()}
   return Divergence(
     example=example,
     position=position,
     baseline_token=baseline_token,
     speculative_token=speculative_token,
-    baseline_logit=logit_of(baseline_token),
-    speculative_logit=logit_of(speculative_token),
-    top_tokens=(int(top[0]), int(top[1])),
-    top_logits=top_logits,
-    gap=top_logits[0] - top_logits[1],
-    deficit=deficit,
-    bound=bound,
+    baseline_logit=float(row['baseline_logit']),
+    speculative_logit=float(row['speculative_logit']),
+    top_tokens=(int(row['top_tokens'][0]), int(row['top_tokens'][1])),
+    top_logits=(float(row['top_logits'][0]), float(row['top_logits'][1])),
+    gap=float(row['gap']),
+    deficit=float(row['deficit']),
+    bound=float(row['bound']),
     dtype=dtype,
-    verdict=NEAR_TIE if near_tie else MISMATCH,
+    verdict=NEAR_TIE if bool(row['near_tie']) else MISMATCH,
   )
 
 
@@ -299,6 +385,92 @@ def audit_divergences(
     _classify(i, position, b, s, logits[k], dtype, bound_factor)
     for k, (i, position, b, s) in enumerate(found)
   ]
+
+
+def audit_arrays(
+  model: Any,
+  params: Any,
+  encoder_tokens: jax.Array,
+  baseline: jax.Array,
+  baseline_lengths: jax.Array,
+  speculative: jax.Array,
+  speculative_lengths: jax.Array,
+  *,
+  offsets: jax.Array | None = None,
+  dtype: Any = None,
+  bound_factor: float = DEFAULT_BOUND_FACTOR,
+) -> dict[str, jax.Array]:
+  """`audit_divergences` on padded device arrays, traceable (inside jit / pjit): a verdict per row.
+
+  The same audit: the first differing generated position of each row, the target's float32 logits
+  there after the shared prefix (`logits_at`), the verdict by `classify_logits`. The float32
+  forward runs only when some row differs (`lax.cond`), over all N rows (static shapes).
+
+  Args:
+    model, params: as `audit_divergences`.
+    encoder_tokens: [N, S] int32.
+    baseline, speculative: [N, T] int32 decoder token streams (no start token): row i holds
+      offsets[i] prompt tokens, shared by both and not compared, then its generated tokens on
+      [offsets[i], offsets[i] + lengths[i]); what follows is ignored.
+    baseline_lengths, speculative_lengths: [N] int32 generated tokens per row.
+    offsets: [N] int32 prompt tokens before the generated ones (default 0).
+    dtype, bound_factor: as `audit_divergences`.
+
+  Returns:
+    {'verdict': [N] int32 `VERDICT_CODES` (0 identical, 1 near-tie, 2 mismatch), 'position': [N]
+    int32 first differing generated position (0 = first generated token; -1 if identical),
+    'baseline_token', 'speculative_token': [N] int32 (-1: stopped, or identical), 'gap',
+    'deficit', 'bound': [N] float32 (0 where identical)}.
+  """
+  baseline = jnp.asarray(baseline, jnp.int32)
+  speculative = jnp.asarray(speculative, jnp.int32)
+  if baseline.ndim != 2 or baseline.shape != speculative.shape:
+    raise ValueError(
+      f'baseline and speculative must be [N, T] of one shape, got {baseline.shape} and '
+      f'{speculative.shape}'
+    )
+  rows, length = baseline.shape
+  dtype = jnp.dtype(dtype if dtype is not None else model.config.dtype).name
+  offsets = jnp.zeros((rows,), jnp.int32) if offsets is None else jnp.asarray(offsets, jnp.int32)
+  generated = jnp.arange(length)[None, :] - offsets[:, None]  # [N, T] generated-token index
+
+  def present(tokens: jax.Array, lengths: jax.Array) -> jax.Array:  # [N, T], -1 where absent
+    inside = (generated >= 0) & (generated < jnp.asarray(lengths, jnp.int32)[:, None])
+    return jnp.where(inside, tokens, -1)
+
+  base, spec = present(baseline, baseline_lengths), present(speculative, speculative_lengths)
+  differs = (base != spec) & (generated >= 0)  # [N, T]
+  diverged = jnp.any(differs, axis=1)  # [N]
+  first = jnp.argmax(differs, axis=1).astype(jnp.int32)  # [N] stream index (0 if identical)
+  at_first = lambda tokens: jnp.where(
+    diverged, jnp.take_along_axis(tokens, first[:, None], axis=1)[:, 0], -1
+  )
+  baseline_token, speculative_token = at_first(base), at_first(spec)
+  start = int(getattr(model.config, 'decoder_start_token_id', 0))
+  decoder_inputs = jnp.concatenate(
+    [jnp.full((rows, 1), start, jnp.int32), baseline[:, :-1]], axis=1
+  )  # [N, T]: position t predicts baseline[:, t] from the shared prefix baseline[:, :t]
+  encoder_tokens = jnp.asarray(encoder_tokens, jnp.int32)
+  recompute = lambda: logits_at(model, params, encoder_tokens, decoder_inputs, first)
+  logits = jax.lax.cond(
+    jnp.any(diverged),
+    recompute,
+    lambda: jnp.zeros(jax.eval_shape(recompute).shape, jnp.float32),
+  )  # [N, V]
+  verdicts = classify_logits(logits, baseline_token, speculative_token, dtype, bound_factor)
+  code = jnp.where(verdicts['near_tie'], VERDICT_CODES[NEAR_TIE], VERDICT_CODES[MISMATCH]).astype(
+    jnp.int32
+  )
+  zero = lambda x: jnp.where(diverged, x, 0.0).astype(jnp.float32)
+  return {
+    'verdict': jnp.where(diverged, code, VERDICT_CODES[IDENTICAL]).astype(jnp.int32),
+    'position': jnp.where(diverged, first - offsets, -1).astype(jnp.int32),
+    'baseline_token': baseline_token,
+    'speculative_token': speculative_token,
+    'gap': zero(verdicts['gap']),
+    'deficit': zero(verdicts['deficit']),
+    'bound': zero(verdicts['bound']),
+  }
 
 
 def summarize(divergences: Sequence[Divergence], num_examples: int) -> dict[str, int]:

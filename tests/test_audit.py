@@ -161,6 +161,70 @@ def test_input_validation():
   assert audit.audit_divergences(model, _params(), ENCODER[:1], [[3, 1]], [[3, 1]]) == []
 
 
+def _padded(sequences, width):
+  """[N, width] int32 0-padded rows and [N] lengths."""
+  tokens = np.zeros((len(sequences), width), np.int32)
+  for i, seq in enumerate(sequences):
+    tokens[i, : len(seq)] = seq
+  return jnp.asarray(tokens), jnp.asarray([len(s) for s in sequences], jnp.int32)
+
+
+def test_audit_arrays_under_jit_agree_with_audit_divergences():
+  """The traceable array form gives the host audit's verdicts, positions, tokens, gaps and bounds,
+  with and without a shared prompt before the generated tokens."""
+  model = T5(TINY)
+  prefix = [4, 17]
+  params, a, b = _near_tie_params(model, _params(), prefix, delta=1e-3)
+  logits = audit.teacher_forced_logits(model, params, ENCODER[:1], [prefix])[0]
+  worst = int(np.argmin(logits))
+  encoder = ENCODER[[0, 1, 2, 0]]
+  baseline = [prefix + [a, 3], [5, 6], [4, 1], prefix + [a]]
+  speculative = [prefix + [b, 9], [5, 6], [4, 1, 7], prefix + [worst]]
+  run = jax.jit(lambda *args, offsets: audit.audit_arrays(model, params, *args, offsets=offsets))
+  for prompt in ([], [9, 12]):
+    streams = lambda seqs: _padded([prompt + s for s in seqs], 8)
+    (base, _), (spec, _) = streams(baseline), streams(speculative)
+    lengths = lambda seqs: jnp.asarray([len(s) for s in seqs], jnp.int32)
+    got = run(
+      encoder,
+      base,
+      lengths(baseline),
+      spec,
+      lengths(speculative),
+      offsets=jnp.full((4,), len(prompt), jnp.int32),
+    )
+    got = {k: np.asarray(v) for k, v in got.items()}
+    want = audit.audit_divergences(
+      model,
+      params,
+      encoder,
+      [prompt + s for s in baseline],
+      [prompt + s for s in speculative],
+    )
+    assert [d.example for d in want] == [0, 2, 3]
+    codes = [audit.VERDICT_CODES[d.verdict] for d in want]
+    np.testing.assert_array_equal(got['verdict'], [codes[0], 0, codes[1], codes[2]])
+    assert got['position'].tolist() == [2, -1, 2, 2]
+    for k, d in zip([0, 2, 3], want):
+      assert got['position'][k] + len(prompt) == d.position
+      assert (got['baseline_token'][k], got['speculative_token'][k]) == (
+        d.baseline_token,
+        d.speculative_token,
+      )
+      np.testing.assert_allclose(
+        [got['gap'][k], got['bound'][k]], [d.gap, d.bound], rtol=1e-4, atol=1e-6
+      )
+      if d.speculative_token >= 0:
+        np.testing.assert_allclose(got['deficit'][k], d.deficit, rtol=1e-4, atol=1e-6)
+    assert got['gap'][1] == got['bound'][1] == 0.0
+    if not prompt:  # the constructed near-tie, the length-only difference, the far token
+      assert codes == [1, 2, 2]
+  # Nothing differs: the float32 forward is skipped (lax.cond), every verdict is 0.
+  same = run(encoder, base, lengths(baseline), base, lengths(baseline), offsets=None)
+  np.testing.assert_array_equal(same['verdict'], 0)
+  np.testing.assert_array_equal(same['position'], -1)
+
+
 def _decode_both(model, params, drafter, draft_params, lenience=None):
   config, sampling_params = sampling.make_sampling(0.0)
   common = dict(

@@ -1,11 +1,12 @@
 """Tests of `speculative.t5x_adapter`: the T5X model class, draft restore and decoder params.
 
 Without t5x (the project's own venv) the t5x-free parts run: decoder_params semantics, draft configs,
-the draft-restore state transformation, and the guarantee that nothing else imports t5x. With t5x
+the draft-restore state transformation, the exactness check's core (`exactness`, on real tiny decodes
+and a deliberately inexact one), and the guarantee that nothing else imports t5x. With t5x
 importable (a scratch venv with the google-research/t5x, google/airio and google-research/jestimator
 source trees on PYTHONPATH, docs/design.md section 5) the adapter is checked against stock T5X: identical
-greedy decodes on the tiny fixture (tests/fixtures/t5x_tiny), and `python -m t5x.infer` writing predictions through it
-under T5X's partitioner (4 host devices, 2-way model parallel).
+greedy decodes on the tiny fixture (tests/fixtures/t5x_tiny), `check_exactness`, and `python -m t5x.infer`
+writing predictions through it under T5X's partitioner (4 host devices, 2-way model parallel).
 
   python -m pytest -q -p no:xdist tests/test_t5x_adapter.py
 """
@@ -20,13 +21,17 @@ import sys
 
 import jax
 import jax.numpy as jnp
+import model_utils
 import numpy as np
 import pytest
 
 from speculative import checkpoints
+from speculative import decoding
+from speculative import drafters
 from speculative import sampling as sampling_lib
 from speculative import t5x_adapter
 from speculative.models import t5 as t5_lib
+from speculative.t5x_adapter import exactness
 from speculative.t5x_adapter import options
 
 REPO = Path(__file__).resolve().parents[1]
@@ -225,6 +230,90 @@ def test_add_draft_checkpoint_errors(tiny_draft_checkpoint, tmp_path):
     t5x_adapter.add_draft_checkpoint(state, {'target': {}}, path=str(path))
 
 
+def _lenient(decode):
+  """A deliberately inexact speculative decode (the test double of tests/test_audit.py): lenience
+  1e-3 accepts any draft token within log(1000) of the target's top logit."""
+
+  def wrong(*args, **kwargs):
+    with pytest.warns(UserWarning, match='APPROXIMATE'):
+      return decode(*args, lenience=1e-3, **kwargs)
+
+  return wrong
+
+
+def test_exactness_check_core_without_t5x(monkeypatch):
+  """exactness_aux + enforce (what check_exactness runs) on real tiny decodes, eagerly and under
+  jit: an exact decode has verdict 0 everywhere; an inexact one raises naming row, position, gap
+  and bound; near-ties are logged, not raised."""
+  config = t5_lib.T5Config(
+    vocab_size=61,
+    emb_dim=16,
+    num_heads=2,
+    num_encoder_layers=1,
+    num_decoder_layers=2,
+    head_dim=8,
+    mlp_dim=24,
+  )
+  model = t5_lib.T5(config)
+  params = model_utils.random_params(model, 1, logit_scale=4.0)
+  encoder = jnp.asarray([[5, 9, 13, 2, 1, 0], [7, 3, 1, 0, 0, 0], [11, 4, 8, 6, 20, 1]], jnp.int32)
+  streams = np.random.default_rng(2).integers(0, config.vocab_size, (20, 12))
+  drafter = drafters.BigramDrafter(config.vocab_size)
+  table = drafters.estimate_bigram(streams, config.vocab_size)
+  greedy, greedy_params = sampling_lib.make_sampling(0.0)
+  common = dict(
+    max_new_tokens=10,
+    sampling=greedy,
+    sampling_params=greedy_params,
+    eos_id=1,
+    encoder_tokens=encoder,
+  )
+  baseline = decoding.autoregressive_decode(model, params, None, **common)
+
+  def check(spec_decode):
+    spec = spec_decode(model, params, drafter, table, None, gamma=3, **common)
+    aux = exactness.exactness_aux(
+      model, params, encoder, baseline.tokens, baseline.lengths, spec.tokens, spec.lengths
+    )
+    return exactness.enforce(aux)
+
+  aux = check(decoding.speculative_decode)
+  assert sorted(aux) == sorted(exactness.AUX_KEYS)  # the candidate tokens are not returned
+  np.testing.assert_array_equal(aux['exactness_verdict'], exactness.IDENTICAL)
+  np.testing.assert_array_equal(aux['exactness_position'], -1)
+  with pytest.raises(
+    exactness.ExactnessError,
+    match=r'batch row \d+: first difference at '
+    r'generated position \d+ .*gap .*bound',
+  ):
+    check(_lenient(decoding.speculative_decode))
+  # Under jit the report runs as a host callback: the call fails with the same message.
+  with pytest.raises(Exception, match='beyond rounding'):
+    jax.block_until_ready(jax.jit(lambda: check(_lenient(decoding.speculative_decode)))())
+  assert np.asarray(exactness.not_checked_aux(3)['exactness_verdict']).tolist() == [-1] * 3
+
+  # Near-ties are logged, mismatches raised; rows are named by example and decode.
+  logged = []
+  monkeypatch.setattr(exactness.logging, 'info', lambda *args: logged.append(args))
+  fields = dict(
+    exactness_verdict=np.array([1, 0]),
+    exactness_position=np.array([4, -1]),
+    exactness_gap=np.array([0.01, 0.0]),
+    exactness_deficit=np.array([0.01, 0.0]),
+    exactness_bound=np.array([0.3, 0.0]),
+    baseline_token=np.array([7, -1]),
+    speculative_token=np.array([8, -1]),
+  )
+  out = exactness.enforce(fields, num_decodes=2)
+  assert len(logged) == 1 and 'example 0 (decode 0): first difference' in logged[0][-1]
+  assert 'baseline_token' not in out
+  with pytest.raises(exactness.ExactnessError, match=r'example 0 \(decode 1\).*stopped'):
+    exactness.enforce(
+      dict(fields, exactness_verdict=np.array([0, 2]), baseline_token=np.array([7, -1])),
+      num_decodes=2,
+    )
+
+
 # ----------------------------------------------------------------------------------------------
 # Against real T5X (skipped where t5x is not importable).
 # ----------------------------------------------------------------------------------------------
@@ -302,6 +391,44 @@ def test_adapter_greedy_equals_stock_t5x_temperature_sample(t5x_tiny, tiny_draft
   assert int(aux['accepted'][0]) < int(aux['drafted'][0])
   assert float(aux['alpha'][0]) < 1.0
   assert int(aux['target_calls'][0]) > 64 / 5
+
+
+def test_adapter_check_exactness(t5x_tiny, tiny_draft_checkpoint, monkeypatch):
+  """check_exactness=True: verdict 0 for exact greedy decodes (under jit, as T5X calls it), -1 for
+  sampled ones, and an ExactnessError from a deliberately inexact speculative decode."""
+  _, draft_params = tiny_draft_checkpoint
+  tree = dict(t5x_tiny['params'], draft=draft_params)
+  model = t5x_adapter.SpeculativeEncoderDecoderModel(
+    t5x_tiny['module'],
+    t5x_tiny['vocabulary'],
+    t5x_tiny['vocabulary'],
+    draft_config=TINY,
+    gamma=4,
+    temperature=0.0,
+    topk=0,
+    check_exactness=True,
+  )
+  assert model.check_exactness
+  batch = _batch(t5x_tiny['fixture'])
+  decodes, aux = jax.jit(model.predict_batch_with_aux)(tree, batch)
+  expected = np.asarray(t5x_tiny['fixture']['results']['greedy_t0']['tokens'])
+  np.testing.assert_array_equal(np.asarray(decodes)[0], expected)
+  assert int(aux['accepted'][0]) < int(aux['drafted'][0])  # a real draft: some rejections
+  assert {k: np.asarray(aux[k]).tolist() for k in exactness.AUX_KEYS} == {
+    'exactness_verdict': [0],
+    'exactness_position': [-1],
+    'exactness_gap': [0.0],
+    'exactness_deficit': [0.0],
+    'exactness_bound': [0.0],
+  }
+  short = _batch(t5x_tiny['fixture'], decode_len=8)
+  _, sampled = model.predict_batch_with_aux(
+    tree, short, decoder_params={'temperature': 1.0, 'topk': 0}
+  )
+  assert np.asarray(sampled['exactness_verdict']).tolist() == [-1]
+  monkeypatch.setattr(decoding, 'speculative_decode', _lenient(decoding.speculative_decode))
+  with pytest.raises(exactness.ExactnessError, match=r'batch row 0: first difference at'):
+    model.predict_batch_with_aux(tree, short)
 
 
 def test_adapter_parameter_tree_restores_stock_checkpoints(t5x_tiny):
@@ -423,7 +550,8 @@ def test_adapter_prompts_and_max_decode_steps_match_stock_t5x(t5x_tiny):
 
 
 def test_t5x_infer_writes_predictions_through_the_adapter(t5x_tiny, tmp_path):
-  """`python -m t5x.infer` with configs/t5x/tiny_infer.gin, sharded over 4 host devices."""
+  """`python -m t5x.infer` with configs/t5x/tiny_infer.gin, sharded over 4 host devices, with the
+  exactness check on."""
   checkpoint = str((FIXTURE / 'ckpt' / 'checkpoint_0').resolve())
   output_dir = tmp_path / 'infer'
   env = dict(
@@ -438,6 +566,7 @@ def test_t5x_infer_writes_predictions_through_the_adapter(t5x_tiny, tmp_path):
     f"--gin.DRAFT_CHECKPOINT_PATH='{checkpoint}'",
     f"--gin.INFER_OUTPUT_DIR='{output_dir}'",
     '--gin.partitioning.PjitPartitioner.num_partitions=2',
+    '--gin.CHECK_EXACTNESS=True',  # the greedy baseline and audit run inside T5X's pjit
   ]
   run = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
   assert run.returncode == 0, run.stderr[-4000:]
@@ -449,6 +578,7 @@ def test_t5x_infer_writes_predictions_through_the_adapter(t5x_tiny, tmp_path):
   for record in records:
     aux = record['aux']
     assert aux['alpha'] == pytest.approx(1.0, abs=1e-5) and aux['accepted'] == aux['drafted']
+    assert aux['exactness_verdict'] == 0 and aux['exactness_position'] == -1
     assert 0 < aux['num_tokens'] <= 32 and record['prediction_tokens']
   # Same tokens as stock T5X greedy decoding of the same examples.
   import seqio

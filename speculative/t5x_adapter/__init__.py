@@ -10,7 +10,8 @@ and these work without t5x:
   add_draft_checkpoint, load_draft_params, DRAFT_KEY   (draft_checkpoint) restore the draft weights
   resolve_decoder_params, draft_config, to_t5_config, T5_1_1_SIZES   (options)
 
-`speculative.t5x_adapter.tasks` registers the project's seqio tasks (import it from gin). The gin run
+`speculative.t5x_adapter.exactness` is the model's optional exactness check (`check_exactness=True`;
+t5x-free). `speculative.t5x_adapter.tasks` registers the project's seqio tasks (import it from gin). The gin run
 files live in `configs/t5x/`; the rest of the `speculative` package never imports t5x.
 """
 

@@ -25,7 +25,8 @@ What the model does:
   * `predict_batch_with_aux` runs `speculative.decoding.speculative_decode` (target cache and draft
     cache, gamma drafts per target call) and returns T5X's `(decodes [B, L], {'scores': [B]})`, plus
     per-example speculative metrics in aux: num_tokens, target_calls, drafted, accepted, alpha_sum,
-    alpha, acceptance_rate, block_efficiency, invalid. `decoder_params` (temperature, topk, topp,
+    alpha, acceptance_rate, block_efficiency, invalid (and the exactness check's verdicts with
+    `check_exactness=True`, see `exactness`). `decoder_params` (temperature, topk, topp,
     gamma, decode_rng, eos_id, max_decode_steps) override the model's defaults per call with T5X's
     semantics; `num_decodes`, `return_all_decodes` (sorted by score, ascending) and
     `prompt_with_targets` behave as with `decoding.temperature_sample`.
@@ -40,12 +41,12 @@ What the model does:
 from __future__ import annotations
 
 import dataclasses
-import logging
 from typing import Any
 from typing import Callable
 from typing import Mapping
 from typing import MutableMapping
 
+from absl import logging
 import flax
 from flax.linen import partitioning as flax_partitioning
 import flax.struct
@@ -60,6 +61,7 @@ from speculative import drafters
 from speculative import sampling as sampling_lib
 from speculative.models import t5 as t5_lib
 from speculative.t5x_adapter import draft_checkpoint
+from speculative.t5x_adapter import exactness
 from speculative.t5x_adapter import options as options_lib
 
 Array = jax.Array
@@ -176,6 +178,11 @@ class SpeculativeEncoderDecoderModel(t5x_models.EncoderDecoderModel):
     compute_scores: compute `scores` in aux (one extra target forward unless greedy).
     cache_cross_kv: compute each layer's cross-attention K/V once per input (stock T5X recomputes
       them every step); outputs are identical.
+    check_exactness: greedy calls also run the baseline decode on the same rows and audit every
+      row that differs (`exactness`; docs/exactness.md): a mismatch raises
+      `exactness.ExactnessError`, near-ties are logged, and aux gains 'exactness_verdict' (-1 not
+      checked, 0 identical, 1 near-tie, 2 mismatch), 'exactness_position', 'exactness_gap',
+      'exactness_deficit' and 'exactness_bound'. Costs a baseline decode per call.
     decode_fn: accepted for signature compatibility with stock gin files and ignored.
   """
 
@@ -202,6 +209,7 @@ class SpeculativeEncoderDecoderModel(t5x_models.EncoderDecoderModel):
     topp: float = 0.0,
     compute_scores: bool = True,
     cache_cross_kv: bool = True,
+    check_exactness: bool = False,
   ):
     config_source = getattr(module, 'config', module)
     target_config = options_lib.to_t5_config(config_source)
@@ -221,10 +229,19 @@ class SpeculativeEncoderDecoderModel(t5x_models.EncoderDecoderModel):
     self._draft_checkpoint_path = draft_checkpoint_path
     self._draft_params: PyTree | None = None
     self._compute_scores = bool(compute_scores)
+    self._check_exactness = bool(check_exactness)
     self._decode_defaults = dict(gamma=gamma, temperature=temperature, topk=topk, topp=topp)
     # Validate the defaults now: a bad gin binding fails at construction, not mid-job. (The
     # vocabulary's eos_id is read at decode time: reading it here would open a gs:// model file.)
-    options_lib.resolve_decoder_params(None, **self._decode_defaults)
+    defaults = options_lib.resolve_decoder_params(None, **self._decode_defaults)
+    if self._check_exactness and not defaults.sampling.greedy:
+      logging.warning(
+        'check_exactness applies to greedy decodes only; the default decode samples '
+        '(temperature %s, topk %s, topp %s), so its aux exactness_verdict is -1 (not checked)',
+        temperature,
+        topk,
+        topp,
+      )
     super().__init__(
       module=T5XTransformer(target_config),
       input_vocabulary=input_vocabulary,
@@ -250,6 +267,10 @@ class SpeculativeEncoderDecoderModel(t5x_models.EncoderDecoderModel):
   @property
   def gamma(self) -> int:
     return int(self._decode_defaults['gamma'])
+
+  @property
+  def check_exactness(self) -> bool:
+    return self._check_exactness
 
   @property
   def decode_defaults(self) -> dict[str, Any]:
@@ -355,38 +376,22 @@ class SpeculativeEncoderDecoderModel(t5x_models.EncoderDecoderModel):
 
     Returns:
       decodes [B, L] int32 (or [B, num_decodes, L]) and aux {'scores': [B], metrics: [B]} (or
-      [B, num_decodes]).
+      [B, num_decodes]), plus the `exactness.AUX_KEYS` with check_exactness.
     """
     if return_all_decodes is None:
       return_all_decodes = self._default_decoder_params.return_all_decodes
-    if num_decodes is None:
-      num_decodes = self._default_decoder_params.num_decodes
-    num_decodes = int(num_decodes)
+    num_decodes = int(
+      self._default_decoder_params.num_decodes if num_decodes is None else num_decodes
+    )
     if num_decodes < 1:
       raise ValueError(f'num_decodes must be >= 1, got {num_decodes}')
     opts = self._resolve_options(rng, decoder_params)
     target_params, draft_params = self.split_params(params)
     rows = _expand_rows(batch, num_decodes, opts.eos_id, prompt_with_targets)
     decode_len = rows.decoder_input_tokens.shape[1]
-    max_new = (
-      decode_len if opts.max_decode_steps is None else min(decode_len, opts.max_decode_steps)
-    )
+    common = _decode_args(rows, opts, decode_len)
     result = decoding.speculative_decode(
-      self._target,
-      target_params,
-      self._drafter,
-      draft_params,
-      rows.prompt_tokens,
-      rows.stream_lengths,
-      gamma=opts.gamma,
-      max_new_tokens=max_new,
-      sampling=opts.sampling,
-      sampling_params=opts.sampling_params,
-      rng=opts.decode_rng,
-      eos_id=opts.eos_id,
-      encoder_tokens=rows.encoder_tokens,
-      row_ids=jnp.arange(rows.encoder_tokens.shape[0], dtype=jnp.int32),
-      check_finite=False,
+      self._target, target_params, self._drafter, draft_params, gamma=opts.gamma, **common
     )
     decodes, num_tokens = _t5x_layout(result, rows, decode_len, prompt_with_targets)  # [B*N, L]
     if self._compute_scores and not opts.sampling.greedy:
@@ -396,7 +401,42 @@ class SpeculativeEncoderDecoderModel(t5x_models.EncoderDecoderModel):
     else:  # greedy: log 1 per token, as T5X reports
       scores = jnp.zeros((decodes.shape[0],), jnp.float32)
     aux = _metrics_aux(result, scores, num_tokens)  # each [B*N]
+    if self._check_exactness:
+      aux.update(
+        self._exactness_aux(target_params, rows, opts, common, decodes, num_tokens, num_decodes)
+      )
     return _sort_decodes(decodes, aux, num_decodes, bool(return_all_decodes))
+
+  def _exactness_aux(
+    self,
+    target_params: PyTree,
+    rows: _ExpandedRows,
+    opts: options_lib.DecodeOptions,
+    common: dict[str, Any],
+    decodes: Array,
+    num_tokens: Array,
+    num_decodes: int,
+  ) -> dict[str, Array]:
+    """check_exactness: the baseline decode of the same rows and the audit of every row whose
+    greedy output differs (raises on a mismatch); verdict -1 for sampled decodes."""
+    if not opts.sampling.greedy:
+      return exactness.not_checked_aux(decodes.shape[0])
+    baseline = decoding.autoregressive_decode(self._target, target_params, **common)
+    prompt_with_targets = rows.prompt_tokens is not None
+    baseline_decodes, baseline_tokens = _t5x_layout(
+      baseline, rows, decodes.shape[1], prompt_with_targets
+    )
+    aux = exactness.exactness_aux(
+      self._target,
+      target_params,
+      rows.encoder_tokens,
+      baseline_decodes,
+      baseline_tokens,
+      decodes,
+      num_tokens,
+      offsets=rows.prompt_len,
+    )
+    return exactness.enforce(aux, num_decodes)
 
   def _resolve_options(
     self, rng: Array | None, decoder_params: MutableMapping[str, Any] | None
@@ -492,6 +532,25 @@ def _expand_rows(
     prompt_tokens=prompt,
     stream_lengths=prompt_len + 1,
     prompt_len=prompt_len,
+  )
+
+
+def _decode_args(
+  rows: _ExpandedRows, opts: options_lib.DecodeOptions, decode_len: int
+) -> dict[str, Any]:
+  """The arguments that the speculative decode and the baseline (check_exactness) share."""
+  max_new = decode_len if opts.max_decode_steps is None else min(decode_len, opts.max_decode_steps)
+  return dict(
+    prompt_tokens=rows.prompt_tokens,
+    prompt_lengths=rows.stream_lengths,
+    max_new_tokens=max_new,
+    sampling=opts.sampling,
+    sampling_params=opts.sampling_params,
+    rng=opts.decode_rng,
+    eos_id=opts.eos_id,
+    encoder_tokens=rows.encoder_tokens,
+    row_ids=jnp.arange(rows.encoder_tokens.shape[0], dtype=jnp.int32),
+    check_finite=False,
   )
 
 
