@@ -41,6 +41,7 @@ import numpy as np
 
 from speculative import gin_utils
 from speculative.models import t5 as t5_lib
+from speculative.models import t5_network
 
 CONFIG = 'configs/models/embedded_target.gin'
 
@@ -85,12 +86,12 @@ def make_steps(model: t5_lib.T5, write=None, scalar_start=False):
 
   def patched(*args):
     # The patch is active while tracing (first call); later calls reuse the compiled function.
-    saved = t5_lib._write_rows
-    t5_lib._write_rows = write
+    saved = t5_network.write_rows  # the cache write the decoder layers call
+    t5_network.write_rows = write
     try:
       return jitted(*args)
     finally:
-      t5_lib._write_rows = saved
+      t5_network.write_rows = saved
 
   return patched
 
