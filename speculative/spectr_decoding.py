@@ -3,7 +3,7 @@
 `spectr_decode` is `decoding.speculative_decode` with K drafts instead of one: every step drafts K
 sequences of length L (= gamma) for each row, verifies all K x (L+1) positions in one batched target
 `extend`, and picks the emitted block with the sequence-level selection of the paper's Algorithm 3
-(`spectr.spectr_sequence_select`, k-Seq with the optimal rho* at every depth). The output is
+(`spectr_sequence.spectr_sequence_select`, k-Seq with the optimal rho* at every depth). The output is
 distributed exactly as the target's (identical to it under argmax), and K = 1 is Leviathan's
 algorithm: the same tokens as `speculative_decode` for the same rng (tested).
 
@@ -52,7 +52,6 @@ import jax.numpy as jnp
 
 from speculative import decoding_state
 from speculative import sampling as sampling_lib
-from speculative import spectr
 from speculative.decoding_inputs import DecodeInputs
 from speculative.decoding_inputs import check_drafter
 from speculative.decoding_inputs import check_positive_int
@@ -61,6 +60,8 @@ from speculative.decoding_inputs import prepare_inputs
 from speculative.decoding_inputs import raise_if_invalid
 from speculative.drafters import base as drafter_base
 from speculative.models.interface import CachedLM
+from speculative.spectr_kseq import DEFAULT_BISECTION_ITERS
+from speculative.spectr_sequence import spectr_sequence_select
 
 # Key `use` ids (see the module docstring); 0 and 1 are decoding.py's.
 _USE_DRAFT, _USE_SELECT, _USE_EXTRA_DRAFTS = 0, 1, 2
@@ -225,7 +226,7 @@ def _spectr_jit(
     uniforms = jax.vmap(lambda key: jax.random.uniform(key, (length, k), jnp.float32))(
       uniform_keys
     )  # [B, L, K]
-    selection = spectr.spectr_sequence_select(
+    selection = spectr_sequence_select(
       draft_tokens.reshape(batch, k, length),
       draft_probs.reshape(batch, k, length, vocab),
       target_probs.reshape(batch, k, length + 1, vocab),
@@ -297,7 +298,7 @@ def spectr_decode(
   encoder_tokens: jax.Array | None = None,
   draft_encoder_tokens: jax.Array | None = None,
   row_ids: jax.Array | None = None,
-  num_iters: int = spectr.DEFAULT_BISECTION_ITERS,
+  num_iters: int = DEFAULT_BISECTION_ITERS,
   check_finite: bool = True,
 ) -> decoding_state.DecodeResult:
   """SpecTr decoding: K i.i.d. drafts of length L, one target call over K x (L+1) positions a step.
