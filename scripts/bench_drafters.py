@@ -55,9 +55,10 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from speculative import checkpoints  # pylint: disable=wrong-import-position
 from speculative import decoding  # pylint: disable=g-import-not-at-top,wrong-import-position
 from speculative import drafters as drafters_lib  # pylint: disable=wrong-import-position
-from speculative import infer  # pylint: disable=wrong-import-position
+from speculative import files  # pylint: disable=wrong-import-position
 from speculative import sampling as sampling_lib  # pylint: disable=wrong-import-position
 from speculative import tasks  # pylint: disable=wrong-import-position
 from speculative.bench import costs as costs_lib  # pylint: disable=wrong-import-position
@@ -144,7 +145,7 @@ def load_model(
   config = load_t5_config(gin_file, macro)
   path = REPO / checkpoint
   if path.exists():
-    model, params = infer.load_model(config, str(path))
+    model, params = checkpoints.load_model(config, str(path))
     return model, params, checkpoint
   if not allow_random_init:
     raise FileNotFoundError(f'{path} does not exist (pass --allow_random_init for a smoke run)')
@@ -747,7 +748,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     ('drafters.json', json.dumps(report, indent=2) + '\n'),
     ('drafters.md', text),
   ):
-    infer.write_atomic(os.path.join(args.output_dir, name), content)
+    files.write_atomic(os.path.join(args.output_dir, name), content)
   print()
   print(text)
   return report

@@ -56,10 +56,11 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from speculative import checkpoints  # pylint: disable=wrong-import-position
 from speculative import decoding  # pylint: disable=g-import-not-at-top,wrong-import-position
 from speculative import drafters  # pylint: disable=wrong-import-position
+from speculative import files  # pylint: disable=wrong-import-position
 from speculative import gin_utils  # pylint: disable=wrong-import-position
-from speculative import infer  # pylint: disable=wrong-import-position
 from speculative import sampling as sampling_lib  # pylint: disable=wrong-import-position
 from speculative import spectr_decoding  # pylint: disable=wrong-import-position
 from speculative import tasks  # pylint: disable=wrong-import-position
@@ -85,7 +86,7 @@ def build(
   config: t5_lib.T5Config, checkpoint: str, allow_random: bool, seed: int, what: str
 ) -> tuple[t5_lib.T5, Any, str]:
   if checkpoint and os.path.exists(checkpoint):
-    model, params = infer.load_model(config, checkpoint)
+    model, params = checkpoints.load_model(config, checkpoint)
     source = checkpoint
   elif allow_random:
     print(f'WARNING: {what} checkpoint {checkpoint!r} is missing: RANDOM-INIT weights', flush=True)
@@ -532,10 +533,10 @@ def main(argv=None) -> None:
   report = run(args)
   os.makedirs(args.output_dir, exist_ok=True)
   text = format_report(report)
-  infer.write_atomic(
+  files.write_atomic(
     os.path.join(args.output_dir, 'results.json'), json.dumps(report, indent=2) + '\n'
   )
-  infer.write_atomic(os.path.join(args.output_dir, 'results.md'), text)
+  files.write_atomic(os.path.join(args.output_dir, 'results.md'), text)
   print(text)
 
 

@@ -4,8 +4,9 @@
                     weights load, msgpack decoding that names a corrupt file, storage dtypes
   t5x_checkpoints   T5X checkpoint directories (format version 3: msgpack + gzip zarr arrays),
                     read and written atomically so that stock T5X restores them
-  params_files      our compact single-file weights (flax msgpack, optionally bfloat16) and the
-                    shape check of a parameter tree against a model's
+  params_files      our compact single-file weights (flax msgpack, optionally bfloat16), the
+                    shape check of a parameter tree against a model's, and `load_model` (a T5
+                    and its float32 params from either kind)
   files             atomic writes and the clean-up of a killed writer's temporaries
 
 `load_t5x_checkpoint` returns the `target` tree (the model parameters, no 'params' key), which is
@@ -17,6 +18,7 @@ from flax import serialization  # noqa: F401  (tests patch serialization through
 from speculative.files import remove_stale_temporaries
 from speculative.files import write_atomic
 from speculative.params_files import add_metadata
+from speculative.params_files import load_model
 from speculative.params_files import load_params
 from speculative.params_files import save_params
 from speculative.params_files import validate_params
@@ -44,6 +46,7 @@ __all__ = [
   'checkpoint_steps',
   'config_dict',
   'find_checkpoint_dir',
+  'load_model',
   'load_params',
   'load_t5x_checkpoint',
   'metadata_path',

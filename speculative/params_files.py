@@ -1,6 +1,6 @@
 """Our own weight files: one flax-msgpack file per model (optionally stored as bfloat16/float16;
-computation stays float32) with its metadata sidecar, and the shape check of a parameter tree
-against a model's."""
+computation stays float32) with its metadata sidecar, the shape check of a parameter tree against
+a model's, and `load_model`: a T5 with its float32 params from either kind of weights."""
 
 from __future__ import annotations
 
@@ -126,3 +126,18 @@ def validate_params(params: Params, expected_shapes: Any, *, name: str = 'params
   listing('unexpected', unexpected, lambda k: f'{k} {got[k]}')
   listing('shape mismatch', mismatched, lambda k: f'{k} has {got[k]}, model expects {want[k]}')
   raise CheckpointError('\n'.join(lines))
+
+
+def load_model(config: Any, checkpoint: PathLike) -> tuple[Any, Params]:
+  """A `T5(config)` and its float32 params (jax arrays) from a T5X checkpoint dir or a `.msgpack`
+  params file, verified against the weights' metadata and shape-checked."""
+  from speculative.models import t5 as t5_lib  # pylint: disable=g-import-not-at-top
+
+  if not checkpoint:
+    raise ValueError('no checkpoint path given')
+  if not os.path.exists(checkpoint):
+    raise FileNotFoundError(f'checkpoint does not exist: {checkpoint}')
+  model = t5_lib.T5(config)
+  params = load_params(checkpoint, dtype=np.float32, config=config)
+  validate_params(params, model.param_shapes(), name=checkpoint)
+  return model, jax.tree_util.tree_map(jnp.asarray, params)

@@ -25,7 +25,7 @@ import numpy as np
 
 from speculative import decoding
 from speculative import drafters as drafters_lib
-from speculative import infer
+from speculative import infer_inputs
 from speculative.bench.inputs import EOS_ID
 from speculative.models import t5 as t5_lib
 
@@ -48,7 +48,7 @@ class DrafterContext:
     target: the target model; target_params: its params.
     draft: the draft model (None if no draft config was given); draft_params: its params.
     vocab_size: the shared vocabulary size.
-    examples: the benchmark inputs (infer.Example).
+    examples: the benchmark inputs (infer_inputs.Example).
     train_sequences: callable returning the training corpus as decoder streams (token id arrays
       [0, ..., 1]), lazily and cached: what n-gram tables are estimated from.
   """
@@ -58,7 +58,7 @@ class DrafterContext:
   draft: Any
   draft_params: Any
   vocab_size: int
-  examples: Sequence[infer.Example]
+  examples: Sequence[infer_inputs.Example]
   train_sequences: Callable[[], Sequence[np.ndarray]]
 
 
