@@ -248,21 +248,7 @@ def k_sequential_select(
   draft_tokens = jnp.asarray(draft_tokens)
   accept_uniforms = jnp.asarray(accept_uniforms, jnp.float32)
   residual_uniform = jnp.asarray(residual_uniform, jnp.float32)
-  batch_shape = q.shape[:-1]
-  if draft_tokens.ndim != q.ndim or draft_tokens.shape[:-1] != batch_shape:
-    raise ValueError(
-      f"draft_tokens must be [..., K] with batch shape {batch_shape}; got {draft_tokens.shape}"
-    )
-  if accept_uniforms.shape != draft_tokens.shape:
-    raise ValueError(
-      f"accept_uniforms must match draft_tokens {draft_tokens.shape}; got {accept_uniforms.shape}"
-    )
-  if residual_uniform.shape != batch_shape:
-    raise ValueError(
-      f"residual_uniform must have the batch shape {batch_shape}; got {residual_uniform.shape}"
-    )
-  if not jnp.issubdtype(draft_tokens.dtype, jnp.integer):
-    raise ValueError(f"draft_tokens must be integer token ids; got dtype {draft_tokens.dtype}")
+  _check_select_shapes(q.shape[:-1], draft_tokens, accept_uniforms, residual_uniform)
   k = check_num_drafts(draft_tokens.shape[-1])
   rho = rho_star(q, p, k) if rho is None else jnp.asarray(rho, jnp.float32)  # [...]
 
@@ -279,6 +265,23 @@ def k_sequential_select(
   token = jnp.where(any_accepted, accepted_token, residual_token).astype(jnp.int32)
   accepted_index = jnp.where(any_accepted, first, -1).astype(jnp.int32)
   return token, accepted_index, acceptance_probability(rho, q, p, k)
+
+
+def _check_select_shapes(batch_shape, draft_tokens, accept_uniforms, residual_uniform) -> None:
+  if draft_tokens.ndim != len(batch_shape) + 1 or draft_tokens.shape[:-1] != batch_shape:
+    raise ValueError(
+      f"draft_tokens must be [..., K] with batch shape {batch_shape}; got {draft_tokens.shape}"
+    )
+  if accept_uniforms.shape != draft_tokens.shape:
+    raise ValueError(
+      f"accept_uniforms must match draft_tokens {draft_tokens.shape}; got {accept_uniforms.shape}"
+    )
+  if residual_uniform.shape != batch_shape:
+    raise ValueError(
+      f"residual_uniform must have the batch shape {batch_shape}; got {residual_uniform.shape}"
+    )
+  if not jnp.issubdtype(draft_tokens.dtype, jnp.integer):
+    raise ValueError(f"draft_tokens must be integer token ids; got dtype {draft_tokens.dtype}")
 
 
 def k_sequential_sample(

@@ -302,10 +302,7 @@ def _emit(
   next_token = sampling_lib.sample_rows(sample_keys, next_dist)  # [B]
 
   chosen = draft_tokens[rows, branch]  # [B, L]
-  block = jnp.concatenate([chosen, jnp.zeros((batch, 1), jnp.int32)], axis=1)  # [B, L+1]
-  block = jnp.where(
-    jnp.arange(length + 1)[None, :] == walk.num_accepted[:, None], next_token[:, None], block
-  )
+  block = sampling_lib.emitted_block(chosen, walk.num_accepted, next_token)  # [B, L+1]
   return SequenceSelection(
     num_accepted=walk.num_accepted,
     next_token=next_token,

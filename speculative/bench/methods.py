@@ -275,18 +275,17 @@ def make_methods(
   for every drafter (name -> (drafter, params)) x its gammas; stock_t5x_decode, if given, is
   called as stock_t5x_decode(temperature=...) and returns the decode callable."""
 
+  common = dict(
+    max_new_tokens=max_new_tokens,
+    sampling=sampling,
+    sampling_params=sampling_params,
+    eos_id=EOS_ID,
+    check_finite=False,
+  )
+
   def autoregressive(model):
     return lambda enc, rng: decoding.autoregressive_decode(
-      model,
-      target_params,
-      None,
-      max_new_tokens=max_new_tokens,
-      sampling=sampling,
-      sampling_params=sampling_params,
-      rng=rng,
-      eos_id=EOS_ID,
-      encoder_tokens=enc,
-      check_finite=False,
+      model, target_params, None, rng=rng, encoder_tokens=enc, **common
     )
 
   def speculative(drafter, draft_params, gamma):
@@ -297,13 +296,9 @@ def make_methods(
       draft_params,
       None,
       gamma=gamma,
-      max_new_tokens=max_new_tokens,
-      sampling=sampling,
-      sampling_params=sampling_params,
       rng=rng,
-      eos_id=EOS_ID,
       encoder_tokens=enc,
-      check_finite=False,
+      **common,
     )
 
   methods = [

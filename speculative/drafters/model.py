@@ -162,15 +162,11 @@ class ModelDrafter:
     if max_drafted is None:
       max_drafted = jnp.full((batch,), gamma, jnp.int32)
     max_drafted = jnp.clip(max_drafted.astype(jnp.int32), 1, gamma)  # [B]
-    if forced is None:
-      guidance = Guidance(
-        max_drafted=max_drafted,
-        forced_tokens=jnp.zeros((batch, gamma), jnp.int32),
-        forced=jnp.zeros((batch,), bool),
-      )
+
+    def sample_loop(cache, guidance, guided):
       return self._sample_loop(
         params,
-        state,
+        cache,
         tokens,
         lengths,
         gamma,
@@ -178,8 +174,16 @@ class ModelDrafter:
         sampling,
         sampling_params,
         guidance,
-        guided=False,
+        guided=guided,
       )
+
+    if forced is None:
+      guidance = Guidance(
+        max_drafted=max_drafted,
+        forced_tokens=jnp.zeros((batch, gamma), jnp.int32),
+        forced=jnp.zeros((batch,), bool),
+      )
+      return sample_loop(state, guidance, guided=False)
     assert forced_tokens is not None and forced_tokens.shape == (batch, gamma), (
       None if forced_tokens is None else forced_tokens.shape
     )
@@ -191,18 +195,7 @@ class ModelDrafter:
     return jax.lax.cond(
       jnp.all(guidance.forced),
       lambda cache: self._forced_call(params, cache, tokens, lengths, gamma, guidance),
-      lambda cache: self._sample_loop(
-        params,
-        cache,
-        tokens,
-        lengths,
-        gamma,
-        keys,
-        sampling,
-        sampling_params,
-        guidance,
-        guided=True,
-      ),
+      lambda cache: sample_loop(cache, guidance, guided=True),
       state,
     )
 
