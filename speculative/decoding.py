@@ -48,6 +48,7 @@ from speculative.decoding_state import last_tokens
 from speculative.decoding_state import make_result
 from speculative.decoding_state import prefill
 from speculative.decoding_state import row_keys
+from speculative.decoding_state import run_loop
 from speculative.drafters import base as drafter_base
 from speculative.models.interface import CachedLM
 
@@ -119,18 +120,9 @@ def _autoregressive_jit(
       target_calls=state.metrics.target_calls + active,
       invalid=state.metrics.invalid | (active & has_nan(probs)),
     )
-    return DecodeState(
-      step=state.step + 1,
-      tokens=tokens,
-      lengths=lengths,
-      done=done,
-      target_cache=cache,
-      draft_state=None,
-      metrics=metrics,
-    )
+    return state.advance(tokens, lengths, done, cache, None, metrics)
 
-  state = jax.lax.while_loop(lambda s: ~jnp.all(s.done), body, state)
-  return make_result(state, prompt_lengths, max_new_tokens)
+  return run_loop(body, state, prompt_lengths, max_new_tokens)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -260,18 +252,9 @@ def _speculative_jit(
       alpha_sum=state.metrics.alpha_sum + jnp.where(active, result.min_mass.sum(axis=1), 0.0),
       invalid=state.metrics.invalid | (active & invalid),
     )
-    return DecodeState(
-      step=state.step + 1,
-      tokens=tokens,
-      lengths=lengths,
-      done=done,
-      target_cache=cache,
-      draft_state=draft_state,
-      metrics=metrics,
-    )
+    return state.advance(tokens, lengths, done, cache, draft_state, metrics)
 
-  state = jax.lax.while_loop(lambda s: ~jnp.all(s.done), body, state)
-  return make_result(state, prompt_lengths, max_new_tokens)
+  return run_loop(body, state, prompt_lengths, max_new_tokens)
 
 
 def _accept(

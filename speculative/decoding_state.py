@@ -103,6 +103,10 @@ class DecodeState:
   draft_state: Any
   metrics: Any
 
+  def advance(self, tokens, lengths, done, target_cache, draft_state, metrics) -> 'DecodeState':
+    """The state after one step: the step counter + 1 and every other field as given."""
+    return DecodeState(self.step + 1, tokens, lengths, done, target_cache, draft_state, metrics)
+
 
 def row_keys(rng: jax.Array, row_ids: jax.Array, step: jax.Array, use: int) -> jax.Array:
   """[B] keys: fold_in(fold_in(fold_in(rng, row), step), use); `use` separates consumers."""
@@ -148,6 +152,12 @@ def initial_state(
     draft_state=draft_state,
     metrics=metrics,
   )
+
+
+def run_loop(body, state: DecodeState, prompt_lengths: jax.Array, max_new_tokens: int):
+  """`body` until every row is done (one `lax.while_loop`), then the DecodeResult."""
+  state = jax.lax.while_loop(lambda s: ~jnp.all(s.done), body, state)
+  return make_result(state, prompt_lengths, max_new_tokens)
 
 
 def commit_tokens(

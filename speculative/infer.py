@@ -300,12 +300,7 @@ def _summary(
     "batch_size": s.batch_size,
     "gamma": s.gamma,
     "drafter": s.drafter,
-    "draft_stop_below": s.draft_stop_below,
-    "adaptive_verify": s.adaptive_verify,
-    "lenience": s.lenience,
-    "temperature": s.temperature,
-    "top_k": s.top_k,
-    "top_p": s.top_p,
+    **s.decoding_knobs(),
     "machine": machine(),
   }
   for run in runs:

@@ -62,12 +62,7 @@ def build_manifest(settings: InferSettings, inputs: JobInputs) -> dict[str, Any]
     "batch_size": s.batch_size,
     "drafter": s.drafter if s.speculative else None,
     "gamma": s.gamma,
-    "draft_stop_below": s.draft_stop_below,
-    "adaptive_verify": s.adaptive_verify,
-    "lenience": s.lenience,
-    "temperature": s.temperature,
-    "top_k": s.top_k,
-    "top_p": s.top_p,
+    **s.decoding_knobs(),
     "seed": s.seed,
   }
 

@@ -87,6 +87,17 @@ class InferSettings:
   def max_new_tokens(self) -> int:
     return int(self.task_feature_lengths["targets"])
 
+  def decoding_knobs(self) -> dict[str, Any]:
+    """The knobs that shape the decoded tokens besides gamma and the drafter (manifest, summary)."""
+    return {
+      "draft_stop_below": self.draft_stop_below,
+      "adaptive_verify": self.adaptive_verify,
+      "lenience": self.lenience,
+      "temperature": self.temperature,
+      "top_k": self.top_k,
+      "top_p": self.top_p,
+    }
+
   def sampling(self) -> tuple[sampling_lib.SamplingConfig, sampling_lib.SamplingParams]:
     return sampling_lib.make_sampling(self.temperature, self.top_k, self.top_p)
 

@@ -266,18 +266,9 @@ def _spectr_jit(
       selections=metrics.selections + jnp.where(active, selection.num_selections, 0),
       invalid=metrics.invalid | (active & invalid),
     )
-    return decoding_state.DecodeState(
-      step=state.step + 1,
-      tokens=tokens,
-      lengths=lengths,
-      done=done,
-      target_cache=cache,
-      draft_state=draft_state,
-      metrics=metrics,
-    )
+    return state.advance(tokens, lengths, done, cache, draft_state, metrics)
 
-  state = jax.lax.while_loop(lambda s: ~jnp.all(s.done), body, state)
-  return decoding_state.make_result(state, prompt_lengths, max_new_tokens)
+  return decoding_state.run_loop(body, state, prompt_lengths, max_new_tokens)
 
 
 def spectr_decode(

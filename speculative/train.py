@@ -468,7 +468,7 @@ class _TrainLoop:
 
 
 def _export_run(s: TrainSettings, params, step: int) -> None:
-  _export(
+  export_params(
     params,
     s.export_path,
     s.export_dtype,
@@ -480,7 +480,7 @@ def _export_run(s: TrainSettings, params, step: int) -> None:
   )
 
 
-def _export(
+def export_params(
   params,
   export_path: str,
   export_dtype: str,

@@ -273,7 +273,7 @@ def _speculative_rows(
 ) -> list[dict[str, Any]]:
   """A row per speculative method (methods[0] is the baseline they are compared with), audited."""
   return [
-    _audited(
+    audited(
       _speculative_row(
         m,
         rows,
@@ -393,7 +393,7 @@ def _predicted_row(metrics: dict[str, Any], gamma: int, c: float) -> dict[str, A
   return row
 
 
-def _audited(row, method, reference, batches, target, target_params) -> dict[str, Any]:
+def audited(row, method, reference, batches, target, target_params) -> dict[str, Any]:
   """Adds the divergence audit to a greedy row that is not identical to the baseline."""
   if row.get("identical_to_baseline") is not None and row["identical_to_baseline"] < sum(
     len(chunk) for chunk, _ in batches
