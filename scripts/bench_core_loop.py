@@ -121,60 +121,14 @@ def main():
   target_params = jax.jit(target.init_params)(jax.random.key(0))
   draft_params = jax.jit(draft.init_params)(jax.random.key(1))
   prompt = jax.random.randint(jax.random.key(2), (1, PROMPT_LEN), 0, target.vocab_size)
-  greedy = sampling_lib.SamplingConfig(greedy=True)
   print(
     f'jax {jax.__version__}, {os.cpu_count()} cpus, load average {os.getloadavg()[0]:.1f}; '
     f'batch 1, prompt {PROMPT_LEN}, gamma {gamma}, {args.repeats} interleaved rounds'
   )
 
   timer = Timer()
-  self_drafter = drafters.ModelDrafter(target)  # draft == target: every draft is accepted
-  no_args = lambda: ()
   for steps in (steps_lo, steps_hi):
-    new_tokens = steps * (gamma + 1)
-    timer.add(
-      f'spec{steps}',
-      no_args,
-      functools.partial(
-        lambda n: (
-          decoding.speculative_decode(
-            target,
-            target_params,
-            self_drafter,
-            target_params,
-            prompt,
-            gamma=gamma,
-            max_new_tokens=n,
-            sampling=greedy,
-          ).tokens
-        ),
-        new_tokens,
-      ),
-    )
-    timer.add(
-      f'base{steps}',
-      no_args,
-      functools.partial(
-        lambda n: (
-          decoding.autoregressive_decode(
-            target, target_params, prompt, max_new_tokens=n, sampling=greedy
-          ).tokens
-        ),
-        new_tokens,
-      ),
-    )
-    result = decoding.speculative_decode(
-      target,
-      target_params,
-      self_drafter,
-      target_params,
-      prompt,
-      gamma=gamma,
-      max_new_tokens=new_tokens,
-      sampling=greedy,
-    )
-    assert int(result.metrics.target_calls[0]) == steps, result.metrics
-    assert int(result.metrics.accepted[0]) == steps * gamma, result.metrics
+    _add_decode_timers(timer, target, target_params, prompt, gamma, steps)
   cache_length = PROMPT_LEN + steps_hi * (gamma + 1) + gamma + 1
   position = PROMPT_LEN + (steps_hi * (gamma + 1)) // 2  # a typical mid-decode position
   lengths = sorted({2, gamma + 1, *range(1, 9)})
@@ -187,55 +141,88 @@ def main():
     )
   timer.run(args.repeats)
 
-  def report(clock):
-    get = lambda name: timer.median(name, clock)
-    t = {n: get(f'target{n}') / args.calls for n in lengths}
-    step = (get(f'spec{steps_hi}') - get(f'spec{steps_lo}')) / (steps_hi - steps_lo)
-    new_tokens_diff = (steps_hi - steps_lo) * (gamma + 1)
-    token = (get(f'base{steps_hi}') - get(f'base{steps_lo}')) / new_tokens_diff
-    components = t[2] + (gamma - 1) * t[1] + t[gamma + 1]
-    coarse = gamma * t[1] + t[gamma + 1]
-    draft_t1 = get('draft1') / args.calls
-    print(f'\n[median {clock} time over rounds]')
-    print(f'1. speculative step, draft == target (all accepted): {step * 1e3:.1f} ms')
-    print(
-      f'   components t(2) + {gamma - 1} t(1) + t({gamma + 1}) = {components * 1e3:.1f} ms '
-      f'-> loop overhead {100 * (step / components - 1):+.1f}%'
-    )
-    print(
-      f'   coarse reference {gamma} t(1) + t({gamma + 1}) = {coarse * 1e3:.1f} ms '
-      f'-> ratio {step / coarse:.3f}'
-    )
-    print(
-      f'   baseline: {token * 1e3:.1f} ms/token vs t(1) = {t[1] * 1e3:.1f} ms '
-      f'-> loop overhead {100 * (token / t[1] - 1):+.1f}%'
-    )
-    # c and v(T): medians of per-round ratios, with the benchmark's noise verdict.
-    ratio = lambda name: costs_lib.estimate(
-      costs_lib.ratio_samples(  # noqa: E731
-        timer.times[name][clock], timer.times['target1'][clock]
-      )
-    )
-    c = ratio('draft1')
-    v = {n: ratio(f'target{n}') for n in range(2, 9)}
-    print(
-      f'2. target T=1 call {t[1] * 1e3:.2f} ms, draft T=1 call {draft_t1 * 1e3:.2f} ms '
-      f'-> c = {c.value:.3f} (spread {c.spread:.2f})'
-    )
-    print('   v(T) = t(T)/t(1): ' + ', '.join(f'v({n})={v[n].value:.2f}' for n in v))
-    verdicts = [costs_lib.judge(c, 'c')] + [
-      costs_lib.judge(est, f'v({n})', minimum=1.0) for n, est in v.items()
-    ]
-    for verdict in filter(None, verdicts):
-      print(f'   too noisy to predict from: {verdict}')
-    print('   t(T) ms:          ' + ', '.join(f'{n}:{t[n] * 1e3:.1f}' for n in range(1, 9)))
-
-  report('wall')
-  report('cpu')
+  report('wall', timer, args, lengths)
+  report('cpu', timer, args, lengths)
   print(
     '\ncompile + first run (s): ' + ', '.join(f'{k} {v:.1f}' for k, v in timer.compile_s.items())
   )
   print(f'load average now {os.getloadavg()[0]:.1f}')
+
+
+def _add_decode_timers(timer: Timer, target, target_params, prompt, gamma: int, steps: int):
+  """Timers of `steps` speculative steps (draft == target: every draft is accepted, checked) and
+  of the baseline over as many tokens."""
+  greedy = sampling_lib.SamplingConfig(greedy=True)
+  self_drafter = drafters.ModelDrafter(target)  # draft == target: every draft is accepted
+  new_tokens = steps * (gamma + 1)
+
+  def speculative(n):
+    return decoding.speculative_decode(
+      target,
+      target_params,
+      self_drafter,
+      target_params,
+      prompt,
+      gamma=gamma,
+      max_new_tokens=n,
+      sampling=greedy,
+    )
+
+  def baseline(n):
+    return decoding.autoregressive_decode(
+      target, target_params, prompt, max_new_tokens=n, sampling=greedy
+    )
+
+  no_args = lambda: ()  # noqa: E731
+  timer.add(f'spec{steps}', no_args, lambda: speculative(new_tokens).tokens)
+  timer.add(f'base{steps}', no_args, lambda: baseline(new_tokens).tokens)
+  result = speculative(new_tokens)
+  assert int(result.metrics.target_calls[0]) == steps, result.metrics
+  assert int(result.metrics.accepted[0]) == steps * gamma, result.metrics
+
+
+def report(clock: str, timer: Timer, args, lengths) -> None:
+  """Part 1 (loop overhead) and part 2 (c, v(T) with the noise verdict) on one clock."""
+  gamma, (steps_lo, steps_hi) = args.gamma, args.steps
+  get = lambda name: timer.median(name, clock)  # noqa: E731
+  t = {n: get(f'target{n}') / args.calls for n in lengths}
+  step = (get(f'spec{steps_hi}') - get(f'spec{steps_lo}')) / (steps_hi - steps_lo)
+  new_tokens_diff = (steps_hi - steps_lo) * (gamma + 1)
+  token = (get(f'base{steps_hi}') - get(f'base{steps_lo}')) / new_tokens_diff
+  components = t[2] + (gamma - 1) * t[1] + t[gamma + 1]
+  coarse = gamma * t[1] + t[gamma + 1]
+  draft_t1 = get('draft1') / args.calls
+  print(f'\n[median {clock} time over rounds]')
+  print(f'1. speculative step, draft == target (all accepted): {step * 1e3:.1f} ms')
+  print(
+    f'   components t(2) + {gamma - 1} t(1) + t({gamma + 1}) = {components * 1e3:.1f} ms '
+    f'-> loop overhead {100 * (step / components - 1):+.1f}%'
+  )
+  print(
+    f'   coarse reference {gamma} t(1) + t({gamma + 1}) = {coarse * 1e3:.1f} ms '
+    f'-> ratio {step / coarse:.3f}'
+  )
+  print(
+    f'   baseline: {token * 1e3:.1f} ms/token vs t(1) = {t[1] * 1e3:.1f} ms '
+    f'-> loop overhead {100 * (token / t[1] - 1):+.1f}%'
+  )
+  # c and v(T): medians of per-round ratios, with the benchmark's noise verdict.
+  ratio = lambda name: costs_lib.estimate(  # noqa: E731
+    costs_lib.ratio_samples(timer.times[name][clock], timer.times['target1'][clock])
+  )
+  c = ratio('draft1')
+  v = {n: ratio(f'target{n}') for n in range(2, 9)}
+  print(
+    f'2. target T=1 call {t[1] * 1e3:.2f} ms, draft T=1 call {draft_t1 * 1e3:.2f} ms '
+    f'-> c = {c.value:.3f} (spread {c.spread:.2f})'
+  )
+  print('   v(T) = t(T)/t(1): ' + ', '.join(f'v({n})={v[n].value:.2f}' for n in v))
+  verdicts = [costs_lib.judge(c, 'c')] + [
+    costs_lib.judge(est, f'v({n})', minimum=1.0) for n, est in v.items()
+  ]
+  for verdict in filter(None, verdicts):
+    print(f'   too noisy to predict from: {verdict}')
+  print('   t(T) ms:          ' + ', '.join(f'{n}:{t[n] * 1e3:.1f}' for n in range(1, 9)))
 
 
 if __name__ == '__main__':

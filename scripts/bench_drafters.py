@@ -55,9 +55,10 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from speculative import checkpoints  # pylint: disable=wrong-import-position
 from speculative import decoding  # pylint: disable=g-import-not-at-top,wrong-import-position
 from speculative import drafters as drafters_lib  # pylint: disable=wrong-import-position
-from speculative import infer  # pylint: disable=wrong-import-position
+from speculative import files  # pylint: disable=wrong-import-position
 from speculative import sampling as sampling_lib  # pylint: disable=wrong-import-position
 from speculative import tasks  # pylint: disable=wrong-import-position
 from speculative.bench import costs as costs_lib  # pylint: disable=wrong-import-position
@@ -144,7 +145,7 @@ def load_model(
   config = load_t5_config(gin_file, macro)
   path = REPO / checkpoint
   if path.exists():
-    model, params = infer.load_model(config, str(path))
+    model, params = checkpoints.load_model(config, str(path))
     return model, params, checkpoint
   if not allow_random_init:
     raise FileNotFoundError(f'{path} does not exist (pass --allow_random_init for a smoke run)')
@@ -254,15 +255,7 @@ def decode_all(
     jax.block_until_ready(result)
     if compile_s is None:
       compile_s = time.perf_counter() - t0  # first batch: compile + run
-    metrics = jax.tree.map(np.asarray, result.metrics)
-    rows = slice(0, len(chunk))
-    for key in ('target_calls', 'drafted', 'accepted'):
-      totals[key] += int(getattr(metrics, key)[rows].sum())
-    totals['alpha_sum'] += float(metrics.alpha_sum[rows].sum())
-    lengths = np.asarray(result.lengths)[rows]
-    totals['generated'] += int(lengths.sum())
-    tokens = np.asarray(result.tokens)
-    outputs += [tokens[row, : lengths[row]].tolist() for row in range(len(chunk))]
+    outputs += _add_counts(totals, result, len(chunk))
   drafted = max(totals['drafted'], 1)
   return dict(
     alpha=totals['alpha_sum'] / drafted,
@@ -274,6 +267,21 @@ def decode_all(
     **totals,
     outputs=outputs,
   )
+
+
+def _add_counts(totals: dict[str, Any], result: Any, num_rows: int) -> list[list[int]]:
+  """Adds the first `num_rows` rows' counters of a decode result to `totals` (target calls,
+  drafted, accepted, alpha sum, generated tokens); returns those rows' generated tokens."""
+  metrics = jax.tree.map(np.asarray, result.metrics)
+  rows = slice(0, num_rows)
+  for key in ('target_calls', 'drafted', 'accepted'):
+    totals[key] += int(getattr(metrics, key)[rows].sum())
+  if 'alpha_sum' in totals:
+    totals['alpha_sum'] += float(metrics.alpha_sum[rows].sum())
+  lengths = np.asarray(result.lengths)[rows]
+  totals['generated'] += int(lengths.sum())
+  tokens = np.asarray(result.tokens)
+  return [tokens[row, : lengths[row]].tolist() for row in range(num_rows)]
 
 
 def bleu(outputs: Sequence[Sequence[int]], examples: Sequence[dict[str, Any]]) -> float:
@@ -344,10 +352,7 @@ def time_method(
       result = decode(encoder_tokens, row_ids)
       jax.block_until_ready(result)
       seconds += time.perf_counter() - t0
-      metrics = jax.tree.map(np.asarray, result.metrics)
-      counts['generated'] += int(np.asarray(result.lengths).sum())
-      for key in ('target_calls', 'drafted', 'accepted'):
-        counts[key] += int(getattr(metrics, key).sum())
+      _add_counts(counts, result, result.lengths.shape[0])
     totals.append(seconds)
   decode_s = statistics.median(totals)
   return dict(
@@ -362,95 +367,11 @@ def time_method(
 
 
 def walltime(target, target_params, draft, draft_params, examples, costs, args) -> dict[str, Any]:
-  sampling, sampling_params = sampling_lib.make_sampling(args.walltime_temperature)
-
-  def baseline(encoder_tokens, row_ids):
-    return decoding.autoregressive_decode(
-      target,
-      target_params,
-      None,
-      max_new_tokens=args.max_new_tokens,
-      sampling=sampling,
-      sampling_params=sampling_params,
-      rng=args.seed,
-      eos_id=EOS_ID,
-      encoder_tokens=encoder_tokens,
-      row_ids=row_ids,
-      check_finite=False,
-    )
-
-  def speculative(drafter, gamma, adaptive_verify=False):
-    def decode(encoder_tokens, row_ids):
-      return decoding.speculative_decode(
-        target,
-        target_params,
-        drafter,
-        draft_params,
-        None,
-        gamma=gamma,
-        max_new_tokens=args.max_new_tokens,
-        sampling=sampling,
-        sampling_params=sampling_params,
-        rng=args.seed,
-        eos_id=EOS_ID,
-        encoder_tokens=encoder_tokens,
-        row_ids=row_ids,
-        check_finite=False,
-        adaptive_verify=adaptive_verify,
-      )
-
-    return decode
-
-  methods: list[tuple[str, dict[str, Any], Callable]] = [
-    ('baseline', dict(kind='baseline'), baseline)
-  ]
-  for gamma in _ints(args.gammas):
-    methods.append(
-      (
-        f'fixed gamma={gamma}',
-        dict(kind='fixed', gamma=gamma),
-        speculative(drafters_lib.ModelDrafter(draft), gamma),
-      )
-    )
-  max_gamma = args.max_gamma
-  for threshold in _floats(args.stop_below):
-    for adaptive_verify in (False, True):
-      methods.append(
-        (
-          f'stop_below={threshold}, max gamma={max_gamma}'
-          + (', adaptive verify' if adaptive_verify else ''),
-          dict(
-            kind='confidence',
-            gamma=max_gamma,
-            stop_below=threshold,
-            adaptive_verify=adaptive_verify,
-          ),
-          speculative(
-            drafters_lib.ModelDrafter(draft, stop_below=threshold), max_gamma, adaptive_verify
-          ),
-        )
-      )
-  verify_costs = tuple(costs['v'][t] for t in range(1, max_gamma + 2))
-  rule = drafters_lib.AdaptiveGammaDrafter(
-    drafters_lib.ModelDrafter(draft),
-    draft_cost=round(costs['c'], 4),
-    verify_costs=tuple(round(v, 3) for v in verify_costs),
-  )
-  methods.append(
-    (
-      f'acceptance rule, max gamma={max_gamma}, adaptive verify',
-      dict(
-        kind='acceptance_rule',
-        gamma=max_gamma,
-        adaptive_verify=True,
-        draft_cost=rule.draft_cost,
-        verify_costs=rule.verify_costs,
-      ),
-      speculative(rule, max_gamma, True),
-    )
-  )
+  """Batch-1 walltime of the baseline, each fixed gamma and the adaptive-gamma rules."""
   rows = []
-  for name, info, decode in methods:
+  for name, info, decode in _walltime_methods(
+    target, target_params, draft, draft_params, costs, args
+  ):
     row = dict(
       method=name, **info, **time_method(decode, examples, args.inputs_length, args.repeats)
     )
@@ -475,6 +396,98 @@ def walltime(target, target_params, draft, draft_params, examples, costs, args) 
   )
 
 
+def _walltime_methods(
+  target, target_params, draft, draft_params, costs, args
+) -> list[tuple[str, dict[str, Any], Callable]]:
+  """(name, description, decode(encoder_tokens, row_ids)) of every method the walltime times."""
+  sampling, sampling_params = sampling_lib.make_sampling(args.walltime_temperature)
+  common = dict(
+    max_new_tokens=args.max_new_tokens,
+    sampling=sampling,
+    sampling_params=sampling_params,
+    rng=args.seed,
+    eos_id=EOS_ID,
+    check_finite=False,
+  )
+
+  def baseline(encoder_tokens, row_ids):
+    return decoding.autoregressive_decode(
+      target, target_params, None, encoder_tokens=encoder_tokens, row_ids=row_ids, **common
+    )
+
+  def speculative(drafter, gamma, adaptive_verify=False):
+    return lambda encoder_tokens, row_ids: decoding.speculative_decode(
+      target,
+      target_params,
+      drafter,
+      draft_params,
+      None,
+      gamma=gamma,
+      encoder_tokens=encoder_tokens,
+      row_ids=row_ids,
+      adaptive_verify=adaptive_verify,
+      **common,
+    )
+
+  methods: list[tuple[str, dict[str, Any], Callable]] = [
+    ('baseline', dict(kind='baseline'), baseline)
+  ]
+  for gamma in _ints(args.gammas):
+    methods.append(
+      (
+        f'fixed gamma={gamma}',
+        dict(kind='fixed', gamma=gamma),
+        speculative(drafters_lib.ModelDrafter(draft), gamma),
+      )
+    )
+  return methods + _adaptive_gamma_methods(draft, costs, args, speculative)
+
+
+def _adaptive_gamma_methods(
+  draft, costs, args, speculative: Callable
+) -> list[tuple[str, dict[str, Any], Callable]]:
+  """The confidence stop rule (static and adaptive verify width) per threshold, and the
+  acceptance-predicted rule with the measured c and v(T), all with the static maximum gamma."""
+  max_gamma = args.max_gamma
+  methods = []
+  for threshold in _floats(args.stop_below):
+    for adaptive_verify in (False, True):
+      methods.append(
+        (
+          f'stop_below={threshold}, max gamma={max_gamma}'
+          + (', adaptive verify' if adaptive_verify else ''),
+          dict(
+            kind='confidence',
+            gamma=max_gamma,
+            stop_below=threshold,
+            adaptive_verify=adaptive_verify,
+          ),
+          speculative(
+            drafters_lib.ModelDrafter(draft, stop_below=threshold), max_gamma, adaptive_verify
+          ),
+        )
+      )
+  rule = drafters_lib.AdaptiveGammaDrafter(
+    drafters_lib.ModelDrafter(draft),
+    draft_cost=round(costs['c'], 4),
+    verify_costs=tuple(round(costs['v'][t], 3) for t in range(1, max_gamma + 2)),
+  )
+  methods.append(
+    (
+      f'acceptance rule, max gamma={max_gamma}, adaptive verify',
+      dict(
+        kind='acceptance_rule',
+        gamma=max_gamma,
+        adaptive_verify=True,
+        draft_cost=rule.draft_cost,
+        verify_costs=rule.verify_costs,
+      ),
+      speculative(rule, max_gamma, True),
+    )
+  )
+  return methods
+
+
 # ----------------------------------------------------------------------------------------------
 # Markdown.
 # ----------------------------------------------------------------------------------------------
@@ -485,103 +498,130 @@ def _sampling_name(temperature: float) -> str:
 
 
 def markdown(report: dict[str, Any]) -> str:
+  """The tables of the parts that ran, then the command and machine line."""
   lines = []
+  for part, section in (
+    ('alpha', _alpha_markdown),
+    ('lenience', _lenience_markdown),
+    ('walltime', _walltime_markdown),
+  ):
+    if part in report:
+      lines += section(report)
   setup = report['setup']
-  target_name, draft_name = setup['target_name'], setup['draft_name']
-  if 'alpha' in report:
-    lines += [
-      f'### Alpha per drafter (paper Table 3 layout; gamma={setup["gamma"]}, '
-      f'{setup["num_examples"]} {setup["split"]} sentences)',
-      '',
-      '| M_p | M_q | Sampling | alpha | acceptance rate | tokens / target call | drafted / step |',
-      '|---|---|---|---|---|---|---|',
-    ]
-    for row in report['alpha']:
-      lines.append(
-        f'| {target_name} | {row["drafter_label"]} | {_sampling_name(row["temperature"])} '
-        f'| {row["alpha"]:.3f} | {row["acceptance"]:.3f} | '
-        f'{row["tokens_per_call"]:.2f} | {row["drafted_per_step"]:.2f} |'
-      )
-    lines += [
-      '',
-      'alpha = mean over drafted positions of sum_x min(p(x), q(x)); deterministic '
-      'drafters (prompt lookup) have one-hot q, so there alpha = P(accept). Prompt lookup '
-      'proposes only where an n-gram matches (drafted / step < gamma).',
-      '',
-    ]
-  if 'lenience' in report:
-    values = report['setup']['lenience']
-    header = ' | '.join(f'l={v:g}' for v in values)
-    lines += [
-      f'### Alpha vs lenience (paper Table 5 layout; M_q = {draft_name}, gamma={setup["gamma"]})',
-      '',
-      f'| M_p | M_q | Sampling | {header} |',
-      '|---|---|---|' + '---|' * len(values),
-    ]
-    for temperature, rows in report['lenience'].items():
-      cells = ' | '.join(f'{r["alpha"]:.3f}' for r in rows)
-      lines.append(
-        f'| {target_name} | {draft_name} | {_sampling_name(float(temperature))} | {cells} |'
-      )
-    lines += [
-      '',
-      'Tokens per target call and BLEU (l < 1 is APPROXIMATE: the output is no longer '
-      "the target's):",
-      '',
-      f'| Sampling | metric | {header} |',
-      '|---|---|' + '---|' * len(values),
-    ]
-    for temperature, rows in report['lenience'].items():
-      for metric, digits in (('tokens_per_call', 2), ('bleu', 1)):
-        cells = ' | '.join(f'{r[metric]:.{digits}f}' for r in rows)
-        lines.append(f'| {_sampling_name(float(temperature))} | {metric} | {cells} |')
-    lines += [
-      '',
-      'Greedy lenience accepts a draft token x iff p(x) >= l max p (target softmax at '
-      'temperature 1); sampling lenience accepts iff r l q(x) <= p(x), so no token is '
-      'emitted with probability above p(x)/l.',
-      '',
-    ]
-  if 'walltime' in report:
-    wall = report['walltime']
-    costs = report['costs']
-    lines += [
-      f'### Walltime: adaptive vs fixed gamma (batch 1, {_sampling_name(wall["temperature"])}'
-      f', {wall["examples"]} sentences, median of {setup["repeats"]})',
-      '',
-      f'Measured: target step {1000 * costs["target_step_s"]:.2f} ms, draft step '
-      f'{1000 * costs["draft_step_s"]:.2f} ms (c = {costs["c"]:.3f}), v(T) = '
-      + ', '.join(f'{v:.2f}' for _, v in sorted(costs['v'].items(), key=lambda kv: int(kv[0])))
-      + ' for T = 1..'
-      + ''.join(
-        f'. **Too noisy** (the acceptance rule below uses it anyway): {reason}'
-        for reason in costs.get('too_noisy', {}).values()
-      ),
-      '',
-      '| method | ms / token | speedup vs baseline | vs best fixed gamma | tokens / call | '
-      'drafted / step | compile s |',
-      '|---|---|---|---|---|---|---|',
-    ]
-    for row in wall['rows']:
-      vs_best = '' if row['vs_best_fixed'] is None else f'{row["vs_best_fixed"]:.2f}x'
-      lines.append(
-        f'| {row["method"]} | {row["ms_per_token"]:.2f} | {row["speedup"]:.2f}x | '
-        f'{vs_best} | {row["tokens_per_call"]:.2f} | {row["drafted_per_step"]:.2f} | '
-        f'{row["compile_s"]:.1f} |'
-      )
-    lines += [
-      '',
-      f'Best fixed gamma: {wall["best_fixed"]}. Adaptive gamma is exact (same tokens as '
-      'the baseline under argmax). With the static verify width it only saves draft calls; '
-      '"adaptive verify" also shrinks the target call to 1 + drafted tokens (lax.switch '
-      'over gamma+1 compiled widths).',
-      '',
-    ]
   lines.append(
     f'Command: `{setup["command"]}`; machine: {setup["machine"]}; target weights: '
     f'{setup["target_checkpoint"]}; draft weights: {setup["draft_checkpoint"]}.'
   )
   return '\n'.join(lines) + '\n'
+
+
+def _alpha_markdown(report: dict[str, Any]) -> list[str]:
+  """Alpha per drafter (paper Table 3 layout)."""
+  setup = report['setup']
+  target_name = setup['target_name']
+  lines = []
+  lines += [
+    f'### Alpha per drafter (paper Table 3 layout; gamma={setup["gamma"]}, '
+    f'{setup["num_examples"]} {setup["split"]} sentences)',
+    '',
+    '| M_p | M_q | Sampling | alpha | acceptance rate | tokens / target call | drafted / step |',
+    '|---|---|---|---|---|---|---|',
+  ]
+  for row in report['alpha']:
+    lines.append(
+      f'| {target_name} | {row["drafter_label"]} | {_sampling_name(row["temperature"])} '
+      f'| {row["alpha"]:.3f} | {row["acceptance"]:.3f} | '
+      f'{row["tokens_per_call"]:.2f} | {row["drafted_per_step"]:.2f} |'
+    )
+  lines += [
+    '',
+    'alpha = mean over drafted positions of sum_x min(p(x), q(x)); deterministic '
+    'drafters (prompt lookup) have one-hot q, so there alpha = P(accept). Prompt lookup '
+    'proposes only where an n-gram matches (drafted / step < gamma).',
+    '',
+  ]
+  return lines
+
+
+def _lenience_markdown(report: dict[str, Any]) -> list[str]:
+  """Alpha, tokens per call and BLEU vs lenience (paper Table 5 layout)."""
+  setup = report['setup']
+  target_name, draft_name = setup['target_name'], setup['draft_name']
+  lines = []
+  values = report['setup']['lenience']
+  header = ' | '.join(f'l={v:g}' for v in values)
+  lines += [
+    f'### Alpha vs lenience (paper Table 5 layout; M_q = {draft_name}, gamma={setup["gamma"]})',
+    '',
+    f'| M_p | M_q | Sampling | {header} |',
+    '|---|---|---|' + '---|' * len(values),
+  ]
+  for temperature, rows in report['lenience'].items():
+    cells = ' | '.join(f'{r["alpha"]:.3f}' for r in rows)
+    lines.append(
+      f'| {target_name} | {draft_name} | {_sampling_name(float(temperature))} | {cells} |'
+    )
+  lines += [
+    '',
+    'Tokens per target call and BLEU (l < 1 is APPROXIMATE: the output is no longer '
+    "the target's):",
+    '',
+    f'| Sampling | metric | {header} |',
+    '|---|---|' + '---|' * len(values),
+  ]
+  for temperature, rows in report['lenience'].items():
+    for metric, digits in (('tokens_per_call', 2), ('bleu', 1)):
+      cells = ' | '.join(f'{r[metric]:.{digits}f}' for r in rows)
+      lines.append(f'| {_sampling_name(float(temperature))} | {metric} | {cells} |')
+  lines += [
+    '',
+    'Greedy lenience accepts a draft token x iff p(x) >= l max p (target softmax at '
+    'temperature 1); sampling lenience accepts iff r l q(x) <= p(x), so no token is '
+    'emitted with probability above p(x)/l.',
+    '',
+  ]
+  return lines
+
+
+def _walltime_markdown(report: dict[str, Any]) -> list[str]:
+  """Walltime of adaptive vs fixed gamma, with the measured costs."""
+  setup = report['setup']
+  lines = []
+  wall = report['walltime']
+  costs = report['costs']
+  lines += [
+    f'### Walltime: adaptive vs fixed gamma (batch 1, {_sampling_name(wall["temperature"])}'
+    f', {wall["examples"]} sentences, median of {setup["repeats"]})',
+    '',
+    f'Measured: target step {1000 * costs["target_step_s"]:.2f} ms, draft step '
+    f'{1000 * costs["draft_step_s"]:.2f} ms (c = {costs["c"]:.3f}), v(T) = '
+    + ', '.join(f'{v:.2f}' for _, v in sorted(costs['v'].items(), key=lambda kv: int(kv[0])))
+    + ' for T = 1..'
+    + ''.join(
+      f'. **Too noisy** (the acceptance rule below uses it anyway): {reason}'
+      for reason in costs.get('too_noisy', {}).values()
+    ),
+    '',
+    '| method | ms / token | speedup vs baseline | vs best fixed gamma | tokens / call | '
+    'drafted / step | compile s |',
+    '|---|---|---|---|---|---|---|',
+  ]
+  for row in wall['rows']:
+    vs_best = '' if row['vs_best_fixed'] is None else f'{row["vs_best_fixed"]:.2f}x'
+    lines.append(
+      f'| {row["method"]} | {row["ms_per_token"]:.2f} | {row["speedup"]:.2f}x | '
+      f'{vs_best} | {row["tokens_per_call"]:.2f} | {row["drafted_per_step"]:.2f} | '
+      f'{row["compile_s"]:.1f} |'
+    )
+  lines += [
+    '',
+    f'Best fixed gamma: {wall["best_fixed"]}. Adaptive gamma is exact (same tokens as '
+    'the baseline under argmax). With the static verify width it only saves draft calls; '
+    '"adaptive verify" also shrinks the target call to 1 + drafted tokens (lax.switch '
+    'over gamma+1 compiled widths).',
+    '',
+  ]
+  return lines
 
 
 # ----------------------------------------------------------------------------------------------
@@ -620,39 +660,74 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
   target_name = f'{args.target_macro.lower()} ({num_params(target_params) / 1e6:.0f}M)'
   draft_name = f'{args.draft_macro.lower()} ({num_params(draft_params) / 1e6:.1f}M)'
   report: dict[str, Any] = dict(
-    setup=dict(
-      command='python '
-      + ' '.join(
-        [os.path.relpath(__file__, REPO)] + sys.argv[1:]
-        if argv is None
-        else ['scripts/bench_drafters.py', *argv]
-      ),
-      machine=_machine(),
-      git_commit=_git_commit(),
-      time=time.strftime('%Y-%m-%d %H:%M:%S'),
-      target_name=target_name,
-      draft_name=draft_name,
-      target_checkpoint=target_source,
-      draft_checkpoint=draft_source,
-      split=args.split,
-      num_examples=len(examples),
-      skipped_long_inputs=skipped,
-      inputs_length=args.inputs_length,
-      max_new_tokens=args.max_new_tokens,
-      gamma=args.gamma,
-      batch_size=args.batch_size,
-      lenience=_floats(args.lenience),
-      repeats=args.repeats,
-      seed=args.seed,
+    setup=_setup_record(
+      args, argv, (target_name, draft_name, target_source, draft_source), len(examples), skipped
     )
   )
-  common = dict(
+  models = (target, target_params, draft, draft_params)
+  if 'alpha' not in skip:
+    report['alpha'] = _alpha_part(models, examples, args, draft_name)
+  if 'lenience' not in skip:
+    report['lenience'] = _lenience_part(models, examples, args, report['setup']['lenience'])
+  if 'walltime' not in skip:
+    report['costs'], report['walltime'] = _walltime_part(models, examples, args)
+  text = markdown(report)
+  os.makedirs(args.output_dir, exist_ok=True)
+  for name, content in (
+    ('drafters.json', json.dumps(report, indent=2) + '\n'),
+    ('drafters.md', text),
+  ):
+    files.write_atomic(os.path.join(args.output_dir, name), content)
+  print()
+  print(text)
+  return report
+
+
+def _setup_record(args, argv, names, num_examples: int, skipped: int) -> dict[str, Any]:
+  """The report's `setup`: the command, machine, commit, the models (`names`: target and draft
+  names and weights) and every option that shapes the numbers."""
+  target_name, draft_name, target_source, draft_source = names
+  return dict(
+    command='python '
+    + ' '.join(
+      [os.path.relpath(__file__, REPO)] + sys.argv[1:]
+      if argv is None
+      else ['scripts/bench_drafters.py', *argv]
+    ),
+    machine=_machine(),
+    git_commit=_git_commit(),
+    time=time.strftime('%Y-%m-%d %H:%M:%S'),
+    target_name=target_name,
+    draft_name=draft_name,
+    target_checkpoint=target_source,
+    draft_checkpoint=draft_source,
+    split=args.split,
+    num_examples=num_examples,
+    skipped_long_inputs=skipped,
+    inputs_length=args.inputs_length,
+    max_new_tokens=args.max_new_tokens,
+    gamma=args.gamma,
+    batch_size=args.batch_size,
+    lenience=_floats(args.lenience),
+    repeats=args.repeats,
+    seed=args.seed,
+  )
+
+
+def _decode_options(args) -> dict[str, Any]:
+  return dict(
     gamma=args.gamma,
     batch_size=args.batch_size,
     inputs_length=args.inputs_length,
     max_new_tokens=args.max_new_tokens,
     seed=args.seed,
   )
+
+
+def _alpha_part(models, examples, args, draft_name: str) -> list[dict[str, Any]]:
+  """Table 3: alpha, acceptance and tokens per call of every drafter, greedy and sampled."""
+  target, target_params, draft, draft_params = models
+  print('== alpha per drafter', flush=True)
   labels = {
     'model': draft_name,
     'unigram': 'unigram (train split)',
@@ -660,97 +735,88 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     'prompt_lookup': 'prompt lookup',
     'prompt_lookup+model': f'prompt lookup + {draft_name}',
   }
-  ngram_sizes = tuple(_ints(args.ngram_sizes))
-
-  if 'alpha' not in skip:
-    print('== alpha per drafter', flush=True)
-    drafters = build_drafters(
-      [d.strip() for d in args.drafters.split(',') if d.strip()],
-      draft,
-      draft_params,
-      target.vocab_size,
-      ngram_sizes,
-    )
-    report['alpha'] = []
-    for name, (drafter, params) in drafters.items():
-      for temperature in (0.0, 1.0):
-        row = decode_all(
-          target, target_params, drafter, params, examples, temperature=temperature, **common
-        )
-        row.pop('outputs')
-        report['alpha'].append(
-          dict(drafter=name, drafter_label=labels[name], temperature=temperature, **row)
-        )
-        print(
-          f'  {name} {_sampling_name(temperature)}: alpha {row["alpha"]:.3f}, acceptance '
-          f'{row["acceptance"]:.3f}, {row["tokens_per_call"]:.2f} tokens/call',
-          flush=True,
-        )
-
-  if 'lenience' not in skip:
-    print('== alpha vs lenience', flush=True)
-    report['lenience'] = {}
-    model_drafter = drafters_lib.ModelDrafter(draft)
+  drafters = build_drafters(
+    [d.strip() for d in args.drafters.split(',') if d.strip()],
+    draft,
+    draft_params,
+    target.vocab_size,
+    tuple(_ints(args.ngram_sizes)),
+  )
+  rows = []
+  for name, (drafter, params) in drafters.items():
     for temperature in (0.0, 1.0):
-      rows = []
-      for lenience in report['setup']['lenience']:
-        row = decode_all(
-          target,
-          target_params,
-          model_drafter,
-          draft_params,
-          examples,
-          temperature=temperature,
-          lenience=lenience,
-          **common,
-        )
-        row['bleu'] = bleu(row.pop('outputs'), examples)
-        rows.append(dict(lenience=lenience, **row))
-        print(
-          f'  {_sampling_name(temperature)} l={lenience:g}: alpha {row["alpha"]:.3f}, '
-          f'{row["tokens_per_call"]:.2f} tokens/call, BLEU {row["bleu"]:.1f}',
-          flush=True,
-        )
-      report['lenience'][str(temperature)] = rows
+      row = decode_all(
+        target,
+        target_params,
+        drafter,
+        params,
+        examples,
+        temperature=temperature,
+        **_decode_options(args),
+      )
+      row.pop('outputs')
+      rows.append(dict(drafter=name, drafter_label=labels[name], temperature=temperature, **row))
+      print(
+        f'  {name} {_sampling_name(temperature)}: alpha {row["alpha"]:.3f}, acceptance '
+        f'{row["acceptance"]:.3f}, {row["tokens_per_call"]:.2f} tokens/call',
+        flush=True,
+      )
+  return rows
 
-  if 'walltime' not in skip:
-    print('== costs', flush=True)
-    encoder_tokens, _ = _encoder_batch(examples[:1], 1, args.inputs_length)
-    report['costs'] = measure_costs(
-      target,
-      target_params,
-      draft,
-      draft_params,
-      encoder_tokens,
-      args.max_gamma,
-      repeats=max(3, args.repeats),
-    )
-    print(
-      f'  c = {report["costs"]["c"]:.3f}, v = '
-      f'{ {k: round(v, 2) for k, v in report["costs"]["v"].items()} }',
-      flush=True,
-    )
-    print('== walltime (batch 1)', flush=True)
-    report['walltime'] = walltime(
-      target,
-      target_params,
-      draft,
-      draft_params,
-      examples[: args.walltime_examples],
-      report['costs'],
-      args,
-    )
 
-  text = markdown(report)
-  os.makedirs(args.output_dir, exist_ok=True)
-  for name, content in (
-    ('drafters.json', json.dumps(report, indent=2) + '\n'),
-    ('drafters.md', text),
-  ):
-    infer.write_atomic(os.path.join(args.output_dir, name), content)
-  print()
-  print(text)
-  return report
+def _lenience_part(models, examples, args, lenience_values) -> dict[str, list[dict[str, Any]]]:
+  """Table 5: the draft model drafter at every lenience, greedy and sampled, with BLEU."""
+  target, target_params, draft, draft_params = models
+  print('== alpha vs lenience', flush=True)
+  out = {}
+  model_drafter = drafters_lib.ModelDrafter(draft)
+  for temperature in (0.0, 1.0):
+    rows = []
+    for lenience in lenience_values:
+      row = decode_all(
+        target,
+        target_params,
+        model_drafter,
+        draft_params,
+        examples,
+        temperature=temperature,
+        lenience=lenience,
+        **_decode_options(args),
+      )
+      row['bleu'] = bleu(row.pop('outputs'), examples)
+      rows.append(dict(lenience=lenience, **row))
+      print(
+        f'  {_sampling_name(temperature)} l={lenience:g}: alpha {row["alpha"]:.3f}, '
+        f'{row["tokens_per_call"]:.2f} tokens/call, BLEU {row["bleu"]:.1f}',
+        flush=True,
+      )
+    out[str(temperature)] = rows
+  return out
+
+
+def _walltime_part(models, examples, args) -> tuple[dict[str, Any], dict[str, Any]]:
+  """(costs, walltime): c and v(T) at batch 1, then the batch-1 walltime of every method."""
+  target, target_params, draft, draft_params = models
+  print('== costs', flush=True)
+  encoder_tokens, _ = _encoder_batch(examples[:1], 1, args.inputs_length)
+  costs = measure_costs(
+    target,
+    target_params,
+    draft,
+    draft_params,
+    encoder_tokens,
+    args.max_gamma,
+    repeats=max(3, args.repeats),
+  )
+  print(
+    f'  c = {costs["c"]:.3f}, v = { ({k: round(v, 2) for k, v in costs["v"].items()}) }',
+    flush=True,
+  )
+  print('== walltime (batch 1)', flush=True)
+  wall = walltime(
+    target, target_params, draft, draft_params, examples[: args.walltime_examples], costs, args
+  )
+  return costs, wall
 
 
 if __name__ == '__main__':

@@ -58,12 +58,13 @@ sys.path.insert(0, str(REPO))
 
 from speculative import decoding  # pylint: disable=g-import-not-at-top,wrong-import-position
 from speculative import drafters  # pylint: disable=wrong-import-position
+from speculative import files  # pylint: disable=wrong-import-position
 from speculative import gin_utils  # pylint: disable=wrong-import-position
-from speculative import infer  # pylint: disable=wrong-import-position
 from speculative import sampling as sampling_lib  # pylint: disable=wrong-import-position
 from speculative import spectr_decoding  # pylint: disable=wrong-import-position
 from speculative import tasks  # pylint: disable=wrong-import-position
 from speculative.bench import costs as costs_lib  # pylint: disable=wrong-import-position
+from speculative.bench import inputs as inputs_lib  # pylint: disable=wrong-import-position
 from speculative.models import t5 as t5_lib  # pylint: disable=wrong-import-position
 
 EOS_ID = 1
@@ -84,20 +85,10 @@ def load_configs() -> tuple[t5_lib.T5Config, t5_lib.T5Config]:
 def build(
   config: t5_lib.T5Config, checkpoint: str, allow_random: bool, seed: int, what: str
 ) -> tuple[t5_lib.T5, Any, str]:
-  if checkpoint and os.path.exists(checkpoint):
-    model, params = infer.load_model(config, checkpoint)
-    source = checkpoint
-  elif allow_random:
-    print(f'WARNING: {what} checkpoint {checkpoint!r} is missing: RANDOM-INIT weights', flush=True)
-    model = t5_lib.T5(config)
-    params = model.init_params(jax.random.PRNGKey(seed))
-    source = f'random init (seed {seed})'
-  else:
-    raise FileNotFoundError(
-      f'{what} checkpoint does not exist: {checkpoint!r} (use --quick to time random weights)'
-    )
-  n_params = sum(int(np.prod(x.shape)) for x in jax.tree_util.tree_leaves(params))
-  return model, params, f'{source}, {n_params / 1e6:.1f}M params'
+  """(model, f32 params, description): the benchmark's loader (random init only if allowed)."""
+  return inputs_lib.build_model(
+    config, checkpoint, allow_random_init=allow_random, seed=seed, what=what
+  )
 
 
 def load_inputs(num_examples: int, inputs_length: int) -> tuple[np.ndarray, list[str]]:
@@ -168,33 +159,39 @@ def measure_costs(
       extra_timers={'target_1x1': reference},
       marginal_extra=['target_1x1'],
     )
-    rounds, noise = cm['rounds'], costs_lib.NoiseLog(cm['noise'])
-    costs['draft_ms'][str(k)] = 1e3 * cm['drafters']['draft']['draft_step_s']
-    t11_k = cm['seconds']['target_1x1']
-    costs['c'][str(k)] = noise.add(
-      f'c(K={k})',
-      costs_lib.ratio_samples(rounds['draft[draft]_1'], rounds['target_1x1']),
-      fallback=cm['drafters']['draft']['draft_step_s'] / t11_k,
-    )
-    for length in ls:
-      key = f'{k}x{length + 1}'
-      costs['target_ms'][key] = 1e3 * cm['target_extend_s'][str(length + 1)]
-      costs['v'][key] = noise.add(
-        f'v({key})',
-        costs_lib.ratio_samples(rounds[f'target_{length + 1}'], rounds['target_1x1']),
-        minimum=1.0,
-        fallback=cm['target_extend_s'][str(length + 1)] / t11_k,
-      )
-    t11.append(t11_k)
-    costs['too_noisy'].update(
-      {
-        name: reason
-        for name, reason in noise.data['refused'].items()
-        if name.startswith(('c(K=', f'v({k}x'))
-      }
-    )
+    t11.append(_add_costs_at_k(costs, cm, k, ls))
   costs['target_1x1_ms'] = 1e3 * float(np.median(t11))
   return costs
+
+
+def _add_costs_at_k(costs: dict[str, Any], cm: dict[str, Any], k: int, ls) -> float:
+  """d(K), c_K and every v(K x L+1) of one K's cost model `cm` into `costs` (with the refused
+  estimates); returns that K's t(1, 1) in seconds."""
+  rounds, noise = cm['rounds'], costs_lib.NoiseLog(cm['noise'])
+  costs['draft_ms'][str(k)] = 1e3 * cm['drafters']['draft']['draft_step_s']
+  t11_k = cm['seconds']['target_1x1']
+  costs['c'][str(k)] = noise.add(
+    f'c(K={k})',
+    costs_lib.ratio_samples(rounds['draft[draft]_1'], rounds['target_1x1']),
+    fallback=cm['drafters']['draft']['draft_step_s'] / t11_k,
+  )
+  for length in ls:
+    key = f'{k}x{length + 1}'
+    costs['target_ms'][key] = 1e3 * cm['target_extend_s'][str(length + 1)]
+    costs['v'][key] = noise.add(
+      f'v({key})',
+      costs_lib.ratio_samples(rounds[f'target_{length + 1}'], rounds['target_1x1']),
+      minimum=1.0,
+      fallback=cm['target_extend_s'][str(length + 1)] / t11_k,
+    )
+  costs['too_noisy'].update(
+    {
+      name: reason
+      for name, reason in noise.data['refused'].items()
+      if name.startswith(('c(K=', f'v({k}x'))
+    }
+  )
+  return t11_k
 
 
 # ----------------------------------------------------------------------------------------------
@@ -308,53 +305,8 @@ def run(args) -> dict[str, Any]:
   encs = [jnp.asarray(row[None]) for row in inputs]
 
   times, outputs = time_methods(methods, encs, args.repeats)
-
-  rows = []
-  for name, method in methods.items():
-    walltime = sum(statistics.median(t) for t in times[name])
-    results = outputs[name]
-    tokens = int(sum(r.lengths.sum() for r in results))
-    calls = int(sum(r.metrics.target_calls.sum() for r in results))
-    row = dict(
-      method=name,
-      kind=method['kind'],
-      K=method['K'],
-      L=method['L'],
-      walltime_s=walltime,
-      generated_tokens=tokens,
-      target_calls=calls,
-      ms_per_token=1e3 * walltime / max(tokens, 1),
-      block_efficiency=tokens / max(calls, 1),
-      compile_s=method['compile_s'],
-    )
-    if method['kind'] != 'baseline':
-      accepted = int(sum(r.metrics.accepted.sum() for r in results))
-      row['accepted'] = accepted
-    if method['kind'] == 'speculative':
-      drafted = int(sum(r.metrics.drafted.sum() for r in results))
-      row['alpha'] = float(sum(r.metrics.alpha_sum.sum() for r in results)) / max(drafted, 1)
-    if method['kind'] == 'spectr':
-      selections = int(sum(r.metrics.selections.sum() for r in results))
-      row['alpha_k_drafts'] = float(sum(r.metrics.alpha_sum.sum() for r in results)) / max(
-        selections, 1
-      )
-      row['alpha_one_draft'] = float(sum(r.metrics.single_alpha_sum.sum() for r in results)) / max(
-        selections, 1
-      )
-      row['spectr_table4'] = SPECTR_TABLE4.get((method['K'], method['L']))
-      if method['K'] == 1:
-        reference = outputs[f'speculative L={method["L"]}']
-        row['identical_to_speculative'] = all(
-          np.array_equal(a.tokens, b.tokens) for a, b in zip(results, reference)
-        )
-    rows.append(row)
-
-  base = next(r for r in rows if r['kind'] == 'baseline')
-  for row in rows:
-    row['speedup_vs_baseline'] = base['ms_per_token'] / row['ms_per_token']
-    if row['kind'] == 'spectr':
-      k1 = next(r for r in rows if r['kind'] == 'spectr' and r['K'] == 1 and r['L'] == row['L'])
-      row['speedup_vs_k1'] = k1['ms_per_token'] / row['ms_per_token']
+  rows = [_method_row(name, method, times[name], outputs) for name, method in methods.items()]
+  _add_relative_speeds(rows)
 
   # Cost model on a realistic cache: the first input, position 16.
   costs = measure_costs(
@@ -371,21 +323,7 @@ def run(args) -> dict[str, Any]:
   print('costs measured', flush=True)
   for row in rows:
     if row['kind'] == 'spectr':
-      k, length = row['K'], row['L']
-      key = f'{k}x{length + 1}'
-      row['model_step_ms'] = length * costs['draft_ms'][str(k)] + costs['target_ms'][key]
-      row['measured_step_ms'] = row['walltime_s'] * 1e3 / max(row['target_calls'], 1)
-      row['v'] = costs['v'][key]
-      too_noisy = [
-        costs['too_noisy'][n] for n in (f'c(K={k})', f'v({key})') if n in costs['too_noisy']
-      ]
-      row['predicted_speedup'] = (
-        None
-        if too_noisy
-        else row['block_efficiency'] / (length * costs['c'][str(k)] + costs['v'][key])
-      )
-      if too_noisy:
-        row['too_noisy'] = '; '.join(too_noisy)
+      _add_prediction(row, costs)
 
   return dict(
     date=datetime.datetime.now().isoformat(timespec='seconds'),
@@ -407,6 +345,70 @@ def run(args) -> dict[str, Any]:
     costs=costs,
     first_source=sources[0],
   )
+
+
+def _method_row(
+  name: str, method: dict[str, Any], times: list[list[float]], outputs: dict[str, list[Any]]
+) -> dict[str, Any]:
+  """A method's totals over the inputs: walltime (sum of per-input medians), tokens, calls,
+  acceptance, and (SpecTr K=1) whether it matches speculative decoding."""
+  walltime = sum(statistics.median(t) for t in times)
+  results = outputs[name]
+  total = lambda field: sum(getattr(r.metrics, field).sum() for r in results)  # noqa: E731
+  tokens = int(sum(r.lengths.sum() for r in results))
+  calls = int(total('target_calls'))
+  row = dict(
+    method=name,
+    kind=method['kind'],
+    K=method['K'],
+    L=method['L'],
+    walltime_s=walltime,
+    generated_tokens=tokens,
+    target_calls=calls,
+    ms_per_token=1e3 * walltime / max(tokens, 1),
+    block_efficiency=tokens / max(calls, 1),
+    compile_s=method['compile_s'],
+  )
+  if method['kind'] != 'baseline':
+    row['accepted'] = int(total('accepted'))
+  if method['kind'] == 'speculative':
+    row['alpha'] = float(total('alpha_sum')) / max(int(total('drafted')), 1)
+  if method['kind'] == 'spectr':
+    selections = int(total('selections'))
+    row['alpha_k_drafts'] = float(total('alpha_sum')) / max(selections, 1)
+    row['alpha_one_draft'] = float(total('single_alpha_sum')) / max(selections, 1)
+    row['spectr_table4'] = SPECTR_TABLE4.get((method['K'], method['L']))
+    if method['K'] == 1:
+      reference = outputs[f'speculative L={method["L"]}']
+      row['identical_to_speculative'] = all(
+        np.array_equal(a.tokens, b.tokens) for a, b in zip(results, reference)
+      )
+  return row
+
+
+def _add_relative_speeds(rows: list[dict[str, Any]]) -> None:
+  """Speedup per token over the baseline, and (SpecTr) over K=1 at the same L."""
+  base = next(r for r in rows if r['kind'] == 'baseline')
+  for row in rows:
+    row['speedup_vs_baseline'] = base['ms_per_token'] / row['ms_per_token']
+    if row['kind'] == 'spectr':
+      k1 = next(r for r in rows if r['kind'] == 'spectr' and r['K'] == 1 and r['L'] == row['L'])
+      row['speedup_vs_k1'] = k1['ms_per_token'] / row['ms_per_token']
+
+
+def _add_prediction(row: dict[str, Any], costs: dict[str, Any]) -> None:
+  """A SpecTr row's modelled and measured step, v and predicted speedup (None when too noisy)."""
+  k, length = row['K'], row['L']
+  key = f'{k}x{length + 1}'
+  row['model_step_ms'] = length * costs['draft_ms'][str(k)] + costs['target_ms'][key]
+  row['measured_step_ms'] = row['walltime_s'] * 1e3 / max(row['target_calls'], 1)
+  row['v'] = costs['v'][key]
+  too_noisy = [costs['too_noisy'][n] for n in (f'c(K={k})', f'v({key})') if n in costs['too_noisy']]
+  row['predicted_speedup'] = (
+    None if too_noisy else row['block_efficiency'] / (length * costs['c'][str(k)] + costs['v'][key])
+  )
+  if too_noisy:
+    row['too_noisy'] = '; '.join(too_noisy)
 
 
 def _fmt(value, digits=2):
@@ -433,34 +435,43 @@ def format_report(report: dict[str, Any]) -> str:
     'v = t(K, L+1)/t(1,1) | predicted speedup |',
     '|---|---|---|---|---|---|---|---|---|---|---|---|---|',
   ]
-  for row in report['rows']:
-    lines.append(
-      '| '
-      + ' | '.join(
-        [
-          row['method'],
-          str(row['K'] or '—'),
-          str(row['L'] or '—'),
-          _fmt(row['block_efficiency']),
-          _fmt(row.get('spectr_table4')),
-          _fmt(row.get('alpha_k_drafts', row.get('alpha')), 3),
-          _fmt(row.get('alpha_one_draft'), 3),
-          _fmt(row['ms_per_token'], 1),
-          _fmt(row['speedup_vs_baseline']),
-          _fmt(row.get('speedup_vs_k1')),
-          (
-            f'{row["measured_step_ms"]:.1f} / {row["model_step_ms"]:.1f}'
-            if 'model_step_ms' in row
-            else '—'
-          ),
-          _fmt(row.get('v')),
-          'too noisy to predict' if row.get('too_noisy') else _fmt(row.get('predicted_speedup')),
-        ]
-      )
-      + ' |'
+  lines += [_table_row(row) for row in report['rows']]
+  lines += _cost_lines(report['costs'])
+  lines += _comparison_lines(report['rows'])
+  return '\n'.join(lines) + '\n'
+
+
+def _table_row(row: dict[str, Any]) -> str:
+  return (
+    '| '
+    + ' | '.join(
+      [
+        row['method'],
+        str(row['K'] or '—'),
+        str(row['L'] or '—'),
+        _fmt(row['block_efficiency']),
+        _fmt(row.get('spectr_table4')),
+        _fmt(row.get('alpha_k_drafts', row.get('alpha')), 3),
+        _fmt(row.get('alpha_one_draft'), 3),
+        _fmt(row['ms_per_token'], 1),
+        _fmt(row['speedup_vs_baseline']),
+        _fmt(row.get('speedup_vs_k1')),
+        (
+          f'{row["measured_step_ms"]:.1f} / {row["model_step_ms"]:.1f}'
+          if 'model_step_ms' in row
+          else '—'
+        ),
+        _fmt(row.get('v')),
+        'too noisy to predict' if row.get('too_noisy') else _fmt(row.get('predicted_speedup')),
+      ]
     )
-  costs = report['costs']
-  lines += [
+    + ' |'
+  )
+
+
+def _cost_lines(costs: dict[str, Any]) -> list[str]:
+  """The measured costs, the step model and the refused estimates."""
+  lines = [
     '',
     f'Target single step t(1,1) = {costs["target_1x1_ms"]:.2f} ms; draft step d(K) ms: '
     + ', '.join(f'K={k}: {v:.2f}' for k, v in costs['draft_ms'].items())
@@ -476,9 +487,15 @@ def format_report(report: dict[str, Any]) -> str:
   )
   for reason in costs.get('too_noisy', {}).values():
     lines.append(f'**Too noisy to predict:** {reason}.')
-  for length in sorted({r['L'] for r in report['rows'] if r['kind'] == 'spectr'}):
+  return lines
+
+
+def _comparison_lines(rows: list[dict[str, Any]]) -> list[str]:
+  """Per L, each K relative to K=1; and whether K=1 matched speculative decoding."""
+  lines = []
+  for length in sorted({r['L'] for r in rows if r['kind'] == 'spectr'}):
     spectr_rows = sorted(
-      (r for r in report['rows'] if r['kind'] == 'spectr' and r['L'] == length),
+      (r for r in rows if r['kind'] == 'spectr' and r['L'] == length),
       key=lambda r: r['K'],
     )
     k1 = spectr_rows[0]
@@ -493,14 +510,14 @@ def format_report(report: dict[str, Any]) -> str:
       + '; '.join(parts)
       + f'. Fastest per token: K={best["K"]} ({best["ms_per_token"]:.1f} ms/token).'
     )
-  identical = [r for r in report['rows'] if 'identical_to_speculative' in r]
+  identical = [r for r in rows if 'identical_to_speculative' in r]
   if identical:
     lines.append(
       'SpecTr K=1 emits the same tokens as speculative decoding with the same seeds: '
       + ', '.join(f'L={r["L"]}: {_fmt(r["identical_to_speculative"])}' for r in identical)
       + '.'
     )
-  return '\n'.join(lines) + '\n'
+  return lines
 
 
 def main(argv=None) -> None:
@@ -532,10 +549,10 @@ def main(argv=None) -> None:
   report = run(args)
   os.makedirs(args.output_dir, exist_ok=True)
   text = format_report(report)
-  infer.write_atomic(
+  files.write_atomic(
     os.path.join(args.output_dir, 'results.json'), json.dumps(report, indent=2) + '\n'
   )
-  infer.write_atomic(os.path.join(args.output_dir, 'results.md'), text)
+  files.write_atomic(os.path.join(args.output_dir, 'results.md'), text)
   print(text)
 
 

@@ -181,6 +181,49 @@ def write_outputs(
 
 
 def main(argv: list[str] | None = None) -> None:
+  args = _parser().parse_args(argv)
+  stats: dict = {
+    "options": {
+      "test_size": args.test_size,
+      "validation_size": args.validation_size,
+      "salt": args.salt,
+    }
+  }
+  if args.from_tsv is not None:
+    raw, comparisons = corpus.read_tsv_gz(args.from_tsv), None
+    stats["source"] = {"from_tsv": args.from_tsv.name, "sha256": corpus.sha256_file(args.from_tsv)}
+    sources_text = (
+      f"  (rebuilt from {args.from_tsv.name}, sha256 "
+      f"{stats['source']['sha256']}: an en<TAB>de extraction of the\n"
+      f"  Debian packages {' and '.join(PACKAGES)}; versions not recorded)\n"
+    )
+  else:
+    raw, packages, comparisons = _extract_packages(args)
+    stats["source"] = {"debian_packages": packages}
+    stats["options"]["inline_switch"] = args.inline_switch
+    sources_text = "".join(
+      f"  {name} {version} (Debian source package libreoffice)\n"
+      for name, version in packages.items()
+    )
+  cleaned_with_duplicates = corpus.clean_pairs(raw, deduplicate=False)
+  pairs = corpus.clean_pairs(raw)
+  splits = corpus.split_pairs(pairs, args.test_size, args.validation_size, args.salt)
+  stats["counts"] = {
+    "aligned_paragraphs": len(raw),
+    "after_dropping_empty_and_equal": len(cleaned_with_duplicates),
+    "after_deduplication": len(pairs),
+  }
+  stats["splits"] = {
+    name: {"pairs": len(split), "unique_sources": len({en for en, _ in split})}
+    for name, split in splits.items()
+  }
+  if comparisons is not None:
+    stats["reference_comparison"] = comparisons
+  stats = write_outputs(args.output_dir, splits, stats, sources_text)
+  print(json.dumps(stats, indent=2, ensure_ascii=False))
+
+
+def _parser() -> argparse.ArgumentParser:
   parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   parser.add_argument("--output_dir", type=Path, default=DEFAULT_OUTPUT_DIR)
   parser.add_argument(
@@ -210,67 +253,34 @@ def main(argv: list[str] | None = None) -> None:
     default=None,
     help="reference en<TAB>de TSV to compare the extraction with (optional)",
   )
-  args = parser.parse_args(argv)
+  return parser
 
-  comparisons: dict | None = None
-  stats: dict = {
-    "options": {
-      "test_size": args.test_size,
-      "validation_size": args.validation_size,
-      "salt": args.salt,
-    }
-  }
-  if args.from_tsv is not None:
-    raw = corpus.read_tsv_gz(args.from_tsv)
-    stats["source"] = {"from_tsv": args.from_tsv.name, "sha256": corpus.sha256_file(args.from_tsv)}
-    sources_text = (
-      f"  (rebuilt from {args.from_tsv.name}, sha256 "
-      f"{stats['source']['sha256']}: an en<TAB>de extraction of the\n"
-      f"  Debian packages {' and '.join(PACKAGES)}; versions not recorded)\n"
-    )
-  else:
-    with tempfile.TemporaryDirectory(prefix="libreoffice_help_") as tmp:
-      tmp_dir = Path(tmp)
-      debs = find_debs(args.debs) if args.debs is not None else download_packages(tmp_dir)
-      packages = {deb_field(deb, "Package"): deb_field(deb, "Version") for deb in debs}
-      help_root = extract_debs(debs, tmp_dir / "root")
-      raw = corpus.align_help_trees(help_root, inline_switch=args.inline_switch)
-      if args.reference is not None and args.reference.exists():
-        comparisons = {}
-        # Compare both extraction modes with the reference: "all" is how the reference was made.
-        for mode in ("default", "all"):
-          mode_raw = (
-            raw
-            if mode == args.inline_switch
-            else corpus.align_help_trees(help_root, inline_switch=mode)
-          )
-          comparisons[f"inline_switch={mode}"] = compare_with_reference(
-            corpus.clean_pairs(mode_raw),
-            len(corpus.clean_pairs(mode_raw, deduplicate=False)),
-            args.reference,
-          )
-    stats["source"] = {"debian_packages": packages}
-    stats["options"]["inline_switch"] = args.inline_switch
-    sources_text = "".join(
-      f"  {name} {version} (Debian source package libreoffice)\n"
-      for name, version in packages.items()
-    )
-  cleaned_with_duplicates = corpus.clean_pairs(raw, deduplicate=False)
-  pairs = corpus.clean_pairs(raw)
-  splits = corpus.split_pairs(pairs, args.test_size, args.validation_size, args.salt)
-  stats["counts"] = {
-    "aligned_paragraphs": len(raw),
-    "after_dropping_empty_and_equal": len(cleaned_with_duplicates),
-    "after_deduplication": len(pairs),
-  }
-  stats["splits"] = {
-    name: {"pairs": len(split), "unique_sources": len({en for en, _ in split})}
-    for name, split in splits.items()
-  }
-  if comparisons is not None:
-    stats["reference_comparison"] = comparisons
-  stats = write_outputs(args.output_dir, splits, stats, sources_text)
-  print(json.dumps(stats, indent=2, ensure_ascii=False))
+
+def _extract_packages(args) -> tuple[list, dict[str, str], dict | None]:
+  """(aligned pairs, {package: version}, comparisons with --reference or None) from the Debian
+  packages (downloaded, or found in --debs)."""
+  comparisons = None
+  with tempfile.TemporaryDirectory(prefix="libreoffice_help_") as tmp:
+    tmp_dir = Path(tmp)
+    debs = find_debs(args.debs) if args.debs is not None else download_packages(tmp_dir)
+    packages = {deb_field(deb, "Package"): deb_field(deb, "Version") for deb in debs}
+    help_root = extract_debs(debs, tmp_dir / "root")
+    raw = corpus.align_help_trees(help_root, inline_switch=args.inline_switch)
+    if args.reference is not None and args.reference.exists():
+      comparisons = {}
+      # Compare both extraction modes with the reference: "all" is how the reference was made.
+      for mode in ("default", "all"):
+        mode_raw = (
+          raw
+          if mode == args.inline_switch
+          else corpus.align_help_trees(help_root, inline_switch=mode)
+        )
+        comparisons[f"inline_switch={mode}"] = compare_with_reference(
+          corpus.clean_pairs(mode_raw),
+          len(corpus.clean_pairs(mode_raw, deduplicate=False)),
+          args.reference,
+        )
+  return raw, packages, comparisons
 
 
 if __name__ == "__main__":

@@ -34,6 +34,7 @@ import random
 import statistics
 import sys
 import time
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -41,6 +42,7 @@ import numpy as np
 
 from speculative import gin_utils
 from speculative.models import t5 as t5_lib
+from speculative.models import t5_network
 
 CONFIG = 'configs/models/embedded_target.gin'
 
@@ -85,12 +87,12 @@ def make_steps(model: t5_lib.T5, write=None, scalar_start=False):
 
   def patched(*args):
     # The patch is active while tracing (first call); later calls reuse the compiled function.
-    saved = t5_lib._write_rows
-    t5_lib._write_rows = write
+    saved = t5_network.write_rows  # the cache write the decoder layers call
+    t5_network.write_rows = write
     try:
       return jitted(*args)
     finally:
-      t5_lib._write_rows = saved
+      t5_network.write_rows = saved
 
   return patched
 
@@ -105,6 +107,34 @@ def _prefilled_cache(params, encoder_tokens, prefix, *, model, max_length):
 
 
 def main() -> None:
+  args = _parser().parse_args()
+  config = gin_utils.load_macro(CONFIG, 'EMBEDDED_TARGET')
+  if args.weights:
+    from speculative import checkpoints
+
+    params = checkpoints.load_params('models/embedded/target.msgpack', config=config)
+  else:
+    params = t5_lib.T5(config).init_params(jax.random.PRNGKey(0))
+  variants = _variants(args, config)
+  rng = np.random.default_rng(0)
+  work = {}
+  for batch in args.batches:
+    work.update(_compiled_batch(args, config, params, variants, batch, rng))
+  print(f'compiled; loadavg {os.getloadavg()}', flush=True)
+  times, ratios = _time_rounds(work, args.rounds, args.steps)
+  print(
+    f'\nbatch variant   ms/step(median)  ratio_to_scatter(median of per-round)  '
+    f'loadavg {os.getloadavg()}'
+  )
+  for batch, name in work:
+    ratio = statistics.median(ratios[batch, name]) if ratios[batch, name] else float('nan')
+    print(
+      f'{batch:5d} {name:9s} {1e3 * statistics.median(times[batch, name]):8.2f}'
+      f'         {ratio:6.3f}'
+    )
+
+
+def _parser() -> argparse.ArgumentParser:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument('--batches', nargs='+', type=int, default=[1, 8, 32])
   parser.add_argument(
@@ -117,17 +147,13 @@ def main() -> None:
   parser.add_argument('--rounds', type=int, default=9)
   parser.add_argument('--weights', action='store_true')
   parser.add_argument('--old_module', default=None, help='t5.py of another version (variant old)')
-  args = parser.parse_args()
+  return parser
 
-  config = gin_utils.load_macro(CONFIG, 'EMBEDDED_TARGET')
+
+def _variants(args, config) -> dict[str, tuple[Any, Any]]:
+  """{variant: (model, jitted steps)} of the variants asked for (module docstring)."""
   ours = t5_lib.T5(config)
   stock = t5_lib.T5(config, cache_cross_kv=False)
-  if args.weights:
-    from speculative import checkpoints
-
-    params = checkpoints.load_params('models/embedded/target.msgpack', config=config)
-  else:
-    params = ours.init_params(jax.random.PRNGKey(0))
   variants = {
     'scatter': (ours, make_steps(ours)),
     'lockstep': (ours, make_steps(ours, scalar_start=True)),
@@ -143,31 +169,37 @@ def main() -> None:
     fields = old.T5Config.__dataclass_fields__
     old_model = old.T5(old.T5Config(**{f: getattr(config, f) for f in fields}))
     variants['old'] = (old_model, make_steps(old_model))
-  variants = {k: variants[k] for k in args.variants}
-  rng = np.random.default_rng(0)
-  work = {}
-  for batch in args.batches:
-    enc = rng.integers(2, config.vocab_size, (batch, args.encoder_length)).astype(np.int32)
-    enc[:, -5:] = 0  # some padding
-    enc = jnp.asarray(enc)
-    token = jnp.asarray(rng.integers(2, config.vocab_size, (batch,)), jnp.int32)
-    # Fill the prefix so attention sees realistic (non-zero) keys.
-    prefix = jnp.asarray(rng.integers(2, config.vocab_size, (batch, args.position)), jnp.int32)
-    outs = {}
-    for name, (model, fn) in variants.items():
-      cache = _prefilled_cache(params, enc, prefix, model=model, max_length=args.max_length)
-      call = (params, cache, token, jnp.asarray(args.position, jnp.int32), args.steps)
-      outs[name] = np.asarray(fn(*call))  # compile + warm up
-      work[batch, name] = (fn, call)
-    ref = outs.get('scatter')
-    for name in ('lockstep', 'onehot', 'stock', 'old'):
-      if ref is not None and name in outs and not np.array_equal(outs[name], ref):
-        print(f'WARNING batch {batch}: {name} tokens differ from scatter')
-  print(f'compiled; loadavg {os.getloadavg()}', flush=True)
+  return {k: variants[k] for k in args.variants}
 
+
+def _compiled_batch(args, config, params, variants, batch: int, rng) -> dict:
+  """{(batch, variant): (fn, call)} compiled and warmed on random inputs of this batch size;
+  warns where a variant's tokens differ from the scatter path's."""
+  enc = rng.integers(2, config.vocab_size, (batch, args.encoder_length)).astype(np.int32)
+  enc[:, -5:] = 0  # some padding
+  enc = jnp.asarray(enc)
+  token = jnp.asarray(rng.integers(2, config.vocab_size, (batch,)), jnp.int32)
+  # Fill the prefix so attention sees realistic (non-zero) keys.
+  prefix = jnp.asarray(rng.integers(2, config.vocab_size, (batch, args.position)), jnp.int32)
+  outs, work = {}, {}
+  for name, (model, fn) in variants.items():
+    cache = _prefilled_cache(params, enc, prefix, model=model, max_length=args.max_length)
+    call = (params, cache, token, jnp.asarray(args.position, jnp.int32), args.steps)
+    outs[name] = np.asarray(fn(*call))  # compile + warm up
+    work[batch, name] = (fn, call)
+  ref = outs.get('scatter')
+  for name in ('lockstep', 'onehot', 'stock', 'old'):
+    if ref is not None and name in outs and not np.array_equal(outs[name], ref):
+      print(f'WARNING batch {batch}: {name} tokens differ from scatter')
+  return work
+
+
+def _time_rounds(work: dict, rounds: int, steps: int) -> tuple[dict, dict]:
+  """Seconds per step of every (batch, variant) in shuffled rounds, and per-round ratios to the
+  scatter path of the same batch."""
   times = {key: [] for key in work}
   ratios = {key: [] for key in work}
-  for r in range(args.rounds):
+  for r in range(rounds):
     keys = list(work)
     random.Random(r).shuffle(keys)
     this = {}
@@ -175,22 +207,13 @@ def main() -> None:
       fn, call = work[key]
       t0 = time.perf_counter()
       jax.block_until_ready(fn(*call))
-      this[key] = (time.perf_counter() - t0) / args.steps
+      this[key] = (time.perf_counter() - t0) / steps
     for key, t in this.items():
       times[key].append(t)
       if (key[0], 'scatter') in this:
         ratios[key].append(t / this[key[0], 'scatter'])
     print(f'round {r} loadavg {os.getloadavg()}', flush=True)
-  print(
-    f'\nbatch variant   ms/step(median)  ratio_to_scatter(median of per-round)  '
-    f'loadavg {os.getloadavg()}'
-  )
-  for batch, name in work:
-    ratio = statistics.median(ratios[batch, name]) if ratios[batch, name] else float('nan')
-    print(
-      f'{batch:5d} {name:9s} {1e3 * statistics.median(times[batch, name]):8.2f}'
-      f'         {ratio:6.3f}'
-    )
+  return times, ratios
 
 
 if __name__ == '__main__':

@@ -511,9 +511,10 @@ def format_table(
 
 
 @functools.partial(jax.jit, static_argnames=('model',))
-def _forward(
+def forward_logits(
   model: Any, params: Any, encoder_tokens: jax.Array, decoder_inputs: jax.Array
 ) -> jax.Array:
+  """The teacher-forced float32 logits [N, T, V] of `model` (jitted once per model)."""
   return model.forward(params, encoder_tokens, decoder_inputs).astype(jnp.float32)  # [N, T, V]
 
 
@@ -541,9 +542,9 @@ def logit_error_ratios(
   inputs = jnp.asarray(
     _decoder_inputs([[int(t) for t in s][:-1] for s in sequences], start, pad_to)
   )  # [N, T]
-  low = np.asarray(_forward(model, params, jnp.asarray(encoder_tokens), inputs))  # [N, T, V]
+  low = np.asarray(forward_logits(model, params, jnp.asarray(encoder_tokens), inputs))  # [N, T, V]
   ref = np.asarray(
-    _forward(float32_model(model), _as_float32(params), jnp.asarray(encoder_tokens), inputs)
+    forward_logits(float32_model(model), _as_float32(params), jnp.asarray(encoder_tokens), inputs)
   )  # [N, T, V]
   top2 = np.argsort(-ref, axis=-1)[..., :2]  # [N, T, 2]
   z_ref = np.take_along_axis(ref, top2, -1).astype(np.float64)

@@ -80,10 +80,8 @@ from typing import Callable
 from typing import Mapping
 from typing import Sequence
 
-import numpy as np
-
 from speculative import batching
-from speculative import infer
+from speculative import infer_inputs
 from speculative.bench import conclude as conclude_lib
 from speculative.bench import costs as costs_lib
 from speculative.bench import inputs as inputs_lib
@@ -92,49 +90,11 @@ from speculative.bench import methods as methods_lib
 from speculative.bench import report as report_lib
 from speculative.bench import roofline
 from speculative.bench import sweep
+from speculative.bench.settings import BenchmarkSettings
 from speculative.models import t5 as t5_lib
 
 DEFAULT_QUICK_GIN = "configs/benchmark/quick.gin"
 DRIFT_WARNING = 0.15  # relative change of t(1) between before and after the sweep
-
-
-def _check_options(
-  *,
-  repeats,
-  num_examples,
-  inputs_length,
-  max_new_tokens,
-  cost_repeats,
-  batch_sizes,
-  temperatures,
-  stock_t5x,
-  drafters,
-  cost_position,
-) -> None:
-  """Raises ValueError on a bad option, before any work."""
-  for name, value in (
-    ("repeats", repeats),
-    ("num_examples", num_examples),
-    ("inputs_length", inputs_length),
-    ("max_new_tokens", max_new_tokens),
-    ("cost_repeats", cost_repeats),
-  ):
-    if not isinstance(value, (int, np.integer)) or value < 1:
-      raise ValueError(f"{name} must be an integer >= 1; got {value!r}")
-  if not batch_sizes or any(int(b) < 1 for b in batch_sizes):
-    raise ValueError(f"batch_sizes must be integers >= 1; got {batch_sizes!r}")
-  if not temperatures or any(float(t) < 0 for t in temperatures):
-    raise ValueError(f"temperatures must be >= 0; got {temperatures!r}")
-  if stock_t5x not in ("auto", "on", "off"):
-    raise ValueError(f"stock_t5x must be 'auto', 'on' or 'off'; got {stock_t5x!r}")
-  if stock_t5x == "on" and not methods_lib.t5x_available():
-    raise ValueError("stock_t5x='on' but t5x is not importable (pip install t5x, or use 'auto')")
-  if not drafters:
-    raise ValueError("drafters is empty")
-  for name in drafters:
-    methods_lib.resolve_drafter(name)
-  if cost_position < 1 or cost_position >= max_new_tokens:
-    raise ValueError(f"cost_position must be in [1, max_new_tokens); got {cost_position}")
 
 
 def _models(
@@ -336,7 +296,7 @@ def benchmark(
   split: str = "test",
   input_file: str | None = None,
   input_prefix: str = "",
-  examples: Sequence[infer.Example] | None = None,
+  examples: Sequence[infer_inputs.Example] | None = None,
   num_examples: int = 40,
   skip_truncated: bool = True,
   inputs_length: int = 64,
@@ -361,92 +321,94 @@ def benchmark(
   roofline_section: bool = True,
   verbose: bool = True,
 ) -> dict[str, Any]:
-  """Runs the sweep; returns the report dict (also written to output_dir, unless None).
+  """Runs the sweep; returns the report dict (also written to output_dir, unless None). The
+  arguments are `BenchmarkSettings`' (documented there); they are checked before any work."""
+  return _run(BenchmarkSettings(**locals()))
 
-  Args (see the module docstring for the method):
-    target_config, target_checkpoint: the target (T5X checkpoint dir or .msgpack params file).
-    draft_config, draft_checkpoint: the draft model (needed by the 'model' drafter).
-    task/split or input_file(+input_prefix): the inputs; or `examples` directly (e.g. synthetic).
-    num_examples: how many inputs; skip_truncated: skip inputs longer than inputs_length.
-    inputs_length: encoder length every batch is padded to; max_new_tokens: decode length cap.
-    batch_sizes, temperatures: the groups; gammas: a list, or {batch size: list}.
-    drafters: drafter names (see `methods.resolve_drafter`); the first is the primary one
-      (targets, policy).
-    drafter_gammas: optional {drafter: gammas} overriding `gammas` for that drafter, again a list
-      or {batch size: list}; an empty list skips the drafter at that batch size.
-    repeats: timed decodes per input batch and method; cost_repeats/cost_min_seconds: cost model
-      (timing rounds, at least costs.MIN_ROUNDS for a noise verdict; least seconds per timing).
-    cost_position: decoder position at which c and v(T) are measured.
-    stock_t5x: 'auto' (time stock T5X when importable), 'on' (require it), 'off'.
-    fallback_threshold: the gamma policy falls back to plain decoding below this predicted speedup.
-    allow_random_init: time random weights when a checkpoint is missing (smoke runs only).
-    roofline_section: also measure the memory-bandwidth floor and the bare matmul stack's v(T)
-      (bench/roofline.py) for the report's roofline section.
-  """
-  log = print if verbose else (lambda *_: None)
-  _check_options(
-    repeats=repeats,
-    num_examples=num_examples,
-    inputs_length=inputs_length,
-    max_new_tokens=max_new_tokens,
-    cost_repeats=cost_repeats,
-    batch_sizes=batch_sizes,
-    temperatures=temperatures,
-    stock_t5x=stock_t5x,
-    drafters=drafters,
-    cost_position=cost_position,
-  )
-  plan = sweep.gamma_plan(gammas, dict(drafter_gammas or {}), drafters, batch_sizes)
+
+def _run(s: BenchmarkSettings) -> dict[str, Any]:
+  """`benchmark` after its checks: inputs, models, the cost model, the sweep, the report."""
+  log = print if s.verbose else (lambda *_: None)
+  plan = sweep.gamma_plan(s.gammas, dict(s.drafter_gammas or {}), s.drafters, s.batch_sizes)
   machine = machine_lib.machine_info()
   warnings: list[str] = []
   t_start = time.perf_counter()
   examples, source, task_label = inputs_lib.benchmark_inputs(
-    examples=examples,
-    task=task,
-    split=split,
-    input_file=input_file,
-    input_prefix=input_prefix,
-    inputs_length=inputs_length,
-    num_examples=num_examples,
-    skip_truncated=skip_truncated,
+    examples=s.examples,
+    task=s.task,
+    split=s.split,
+    input_file=s.input_file,
+    input_prefix=s.input_prefix,
+    inputs_length=s.inputs_length,
+    num_examples=s.num_examples,
+    skip_truncated=s.skip_truncated,
   )
   log(f"inputs: {source}")
   models = _models(
-    target_config=target_config,
-    target_checkpoint=target_checkpoint,
-    draft_config=draft_config,
-    draft_checkpoint=draft_checkpoint,
-    allow_random_init=allow_random_init,
-    seed=seed,
-    drafters=drafters,
+    target_config=s.target_config,
+    target_checkpoint=s.target_checkpoint,
+    draft_config=s.draft_config,
+    draft_checkpoint=s.draft_checkpoint,
+    allow_random_init=s.allow_random_init,
+    seed=s.seed,
+    drafters=s.drafters,
     examples=examples,
     warnings=warnings,
   )
   log(
     f"target: {models['descriptions']['target']}; draft: {models['descriptions'].get('draft', '-')}"
   )
-  use_t5x = stock_t5x == "on" or (stock_t5x == "auto" and methods_lib.t5x_available())
+  costs, groups = _measure(s, models, examples, plan, warnings, log)
+  busy = machine_lib.busy_warning(machine)
+  report = {
+    "title": s.title,
+    "command": s.command,
+    "generated_at": datetime.datetime.now().isoformat(timespec="seconds"),
+    "elapsed_s": time.perf_counter() - t_start,
+    "machine": machine,
+    "models": models["descriptions"],
+    "inputs": source,
+    "warnings": warnings + ([busy] if busy else []),
+    "config": _config_record(s, plan, models, task_label),
+    "costs": costs,
+    "groups": groups,
+  }
+  report = conclude_lib.conclude(report)
+  if s.output_dir:
+    report_lib.write_report(report, s.output_dir, plots=s.plots, log=log)
+  return report
+
+
+def _measure(
+  s: BenchmarkSettings,
+  models: dict[str, Any],
+  examples,
+  plan,
+  warnings: list[str],
+  log: Callable[[str], None],
+) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+  """The cost model per batch size, then the sweep of every group, then t(1) again (drift)."""
   stock_t5x_decode = None
-  if use_t5x:
+  if s.use_t5x:
     stock_t5x_decode = functools.partial(
       methods_lib.make_stock_t5x_decode,
-      target_config,
+      s.target_config,
       models["target_params"],
-      max_new_tokens=max_new_tokens,
+      max_new_tokens=s.max_new_tokens,
     )
-  position = min(cost_position, max_new_tokens - 1)
+  position = min(s.cost_position, s.max_new_tokens - 1)
   step_timers: dict[int, dict[str, costs_lib.Timer]] = {}
   costs = _cost_models(
     models,
     examples,
     plan=plan,
-    inputs_length=inputs_length,
-    max_new_tokens=max_new_tokens,
+    inputs_length=s.inputs_length,
+    max_new_tokens=s.max_new_tokens,
     position=position,
-    repeats=cost_repeats,
-    min_seconds=cost_min_seconds,
+    repeats=s.cost_repeats,
+    min_seconds=s.cost_min_seconds,
     step_timers=step_timers,
-    with_roofline=roofline_section,
+    with_roofline=s.roofline_section,
     log=log,
   )
   groups = _sweep(
@@ -454,59 +416,47 @@ def benchmark(
     costs,
     examples,
     plan=plan,
-    temperatures=temperatures,
+    temperatures=s.temperatures,
     step_timers=step_timers,
     stock_t5x_decode=stock_t5x_decode,
     warnings=warnings,
-    inputs_length=inputs_length,
-    max_new_tokens=max_new_tokens,
-    repeats=repeats,
-    seed=seed,
-    cost_repeats=cost_repeats,
-    cost_min_seconds=cost_min_seconds,
+    inputs_length=s.inputs_length,
+    max_new_tokens=s.max_new_tokens,
+    repeats=s.repeats,
+    seed=s.seed,
+    cost_repeats=s.cost_repeats,
+    cost_min_seconds=s.cost_min_seconds,
     position=position,
     log=log,
   )
-  warnings += _drift_warnings(costs, step_timers, cost_repeats, cost_min_seconds)
-  busy = machine_lib.busy_warning(machine)
-  report = {
-    "title": title,
-    "command": command,
-    "generated_at": datetime.datetime.now().isoformat(timespec="seconds"),
-    "elapsed_s": time.perf_counter() - t_start,
-    "machine": machine,
-    "models": models["descriptions"],
-    "inputs": source,
-    "warnings": warnings + ([busy] if busy else []),
-    "config": {
-      "target_name": target_name,
-      "draft_name": draft_name,
-      "task_label": task_label,
-      "inputs_length": inputs_length,
-      "max_new_tokens": max_new_tokens,
-      "batch_sizes": sorted(plan),
-      "temperatures": [float(t) for t in temperatures],
-      "gammas": {
-        str(b): {name: g for name, g in per.items() if name in models["drafters"]}
-        for b, per in plan.items()
-      },
-      "drafters": [name for name in drafters if name in models["drafters"]],
-      "repeats": repeats,
-      "cost_repeats": cost_repeats,
-      "cost_position": cost_position,
-      "stock_t5x": use_t5x,
-      "fallback_threshold": fallback_threshold,
-      "seed": seed,
-      "target_checkpoint": target_checkpoint,
-      "draft_checkpoint": draft_checkpoint,
+  warnings += _drift_warnings(costs, step_timers, s.cost_repeats, s.cost_min_seconds)
+  return costs, groups
+
+
+def _config_record(s: BenchmarkSettings, plan, models: dict[str, Any], task_label: str) -> dict:
+  """The report's `config`: what was compared, as run."""
+  return {
+    "target_name": s.target_name,
+    "draft_name": s.draft_name,
+    "task_label": task_label,
+    "inputs_length": s.inputs_length,
+    "max_new_tokens": s.max_new_tokens,
+    "batch_sizes": sorted(plan),
+    "temperatures": [float(t) for t in s.temperatures],
+    "gammas": {
+      str(b): {name: g for name, g in per.items() if name in models["drafters"]}
+      for b, per in plan.items()
     },
-    "costs": costs,
-    "groups": groups,
+    "drafters": [name for name in s.drafters if name in models["drafters"]],
+    "repeats": s.repeats,
+    "cost_repeats": s.cost_repeats,
+    "cost_position": s.cost_position,
+    "stock_t5x": s.use_t5x,
+    "fallback_threshold": s.fallback_threshold,
+    "seed": s.seed,
+    "target_checkpoint": s.target_checkpoint,
+    "draft_checkpoint": s.draft_checkpoint,
   }
-  report = conclude_lib.conclude(report)
-  if output_dir:
-    report_lib.write_report(report, output_dir, plots=plots, log=log)
-  return report
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -5,22 +5,9 @@ sampling strategy, gamma, max_new_tokens and eos_id are static, everything else 
 sampling values, rng) is an array, so new prompts of the same shapes, a new temperature / top-k /
 top-p value or a new seed never recompile (`TRACE_COUNTS` counts traces, for tests).
 
-Stream conventions (per row b):
-  * The decoder stream is the prompt (left-aligned in `prompt_tokens[b]`, right-padded, length
-    `prompt_lengths[b] >= 1`) followed by generated tokens. For encoder-decoder models the caller
-    passes `encoder_tokens` (consumed by `init_cache`) and the decoder prompt is the decoder start
-    token (defaults to id 0 with length 1 when `prompt_tokens` is None).
-  * The token buffer and caches hold L_max = P + max_new_tokens + gamma + 1 positions (P = padded
-    prompt length), so a verify call of a row that is not done always fits.
-  * `lengths[b]` is the committed stream length. Target cache invariant at the start of a step: the
-    entries at positions [0, lengths-1) are correct. The verify call feeds [last committed token,
-    x_1..x_gamma] at start = lengths-1 (gamma+1 positions) and yields p_1..p_{gamma+1}; rejected
-    suffixes are "rolled back" by not advancing lengths (stale entries are overwritten later).
-  * A row stops at EOS (tokens after an EOS inside an accepted block are dropped; the EOS is kept)
-    or after max_new_tokens (overshoot of the last block is truncated). The loop ends when all rows
-    are done. Done rows still ride along in the batch but neither advance nor count metrics.
-  * RNG: row b's key at step s is fold_in(fold_in(rng, row_ids[b]), s), so a row's output does not
-    depend on the rest of the batch (pass the same `row_ids` to reproduce a row decoded alone).
+The loop state, the stream conventions (buffer, lengths, EOS, per-row RNG) and the in-loop steps
+shared with spectr_decoding.py live in decoding_state.py; the eager input checks in
+decoding_inputs.py. Both are re-exported here.
 
 Exactness: the speculative loop's output is distributed exactly as the baseline's (and equal to it
 token for token under argmax, up to float rounding of a T=gamma+1 call vs T=1 calls) -- unless a
@@ -34,162 +21,55 @@ branches (`lax.switch`) over widths 1..gamma+1 and feeds only 1 + max_b num_draf
 
 from __future__ import annotations
 
-import collections
 import functools
 from typing import Any
 import warnings
 
-import flax.struct
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from speculative import sampling as sampling_lib
+from speculative.decoding_inputs import DecodeInputs
+from speculative.decoding_inputs import check_drafter
+from speculative.decoding_inputs import check_positive_int
+from speculative.decoding_inputs import draft_encoder_inputs
+from speculative.decoding_inputs import prepare_inputs
+from speculative.decoding_inputs import raise_if_invalid
+from speculative.decoding_state import TRACE_COUNTS
+from speculative.decoding_state import DecodeMetrics
+from speculative.decoding_state import DecodeResult
+from speculative.decoding_state import DecodeState
+from speculative.decoding_state import commit_tokens
+from speculative.decoding_state import has_nan
+from speculative.decoding_state import init_buffer
+from speculative.decoding_state import initial_state
+from speculative.decoding_state import last_tokens
+from speculative.decoding_state import make_result
+from speculative.decoding_state import prefill
+from speculative.decoding_state import row_keys
+from speculative.decoding_state import run_loop
 from speculative.drafters import base as drafter_base
 from speculative.models.interface import CachedLM
 
-# Number of times each decode function was traced (== compiled); tests assert it does not grow.
-TRACE_COUNTS: collections.Counter = collections.Counter()
-
-
-@flax.struct.dataclass
-class DecodeMetrics:
-  """Per-row counters accumulated over the steps in which the row was not yet done.
-
-  Attributes:
-    target_calls: [B] int32, target `extend` calls in the loop (prefill not counted).
-    drafted: [B] int32, draft tokens proposed (sum of num_drafted).
-    accepted: [B] int32, draft tokens accepted by the rule (before EOS/max-length truncation).
-    alpha_sum: [B] float32, sum over drafted positions of sum_x min(p(x), q(x));
-      alpha = alpha_sum / drafted (docs/design.md section 7).
-    invalid: [B] bool, a target or draft distribution was NaN (NaN/+inf/all -inf logits).
-  """
-
-  target_calls: jax.Array
-  drafted: jax.Array
-  accepted: jax.Array
-  alpha_sum: jax.Array
-  invalid: jax.Array
-
-  @classmethod
-  def zeros(cls, batch: int) -> 'DecodeMetrics':
-    return cls(
-      target_calls=jnp.zeros((batch,), jnp.int32),
-      drafted=jnp.zeros((batch,), jnp.int32),
-      accepted=jnp.zeros((batch,), jnp.int32),
-      alpha_sum=jnp.zeros((batch,), jnp.float32),
-      invalid=jnp.zeros((batch,), bool),
-    )
-
-
-@flax.struct.dataclass
-class DecodeResult:
-  """What a decode returns.
-
-  Attributes:
-    tokens: [B, max_new_tokens] int32, the generated tokens, 0-padded after `lengths[b]`.
-    lengths: [B] int32, number of generated tokens per row (an EOS counts and is included).
-    metrics: per-row DecodeMetrics (spectr_decode: SpecTrMetrics).
-  """
-
-  tokens: jax.Array
-  lengths: jax.Array
-  metrics: Any
-
-
-@flax.struct.dataclass
-class DecodeState:
-  """Loop state of the decode loops (both here and `spectr_decoding.spectr_decode`).
-
-  Attributes:
-    step: [] int32, loop iteration (the per-row RNG folds it in).
-    tokens: [B, L_max] int32, the stream buffer; row b is committed on [0, lengths[b]).
-    lengths: [B] int32, committed stream length (prompt + generated).
-    done: [B] bool, the row hit EOS or max_new_tokens.
-    target_cache: the target's cache pytree (CachedLM.init_cache, L_max positions). In
-      spectr_decode it has K*B rows (row b*K+j: draft j of row b); at the start of a step all K
-      copies of a row agree on every position that will be read.
-    draft_state: the drafter's state pytree (None for the baseline; K*B rows in spectr_decode).
-    metrics: per-row counters: DecodeMetrics (spectr_decode: SpecTrMetrics, per original row).
-  """
-
-  step: jax.Array
-  tokens: jax.Array
-  lengths: jax.Array
-  done: jax.Array
-  target_cache: Any
-  draft_state: Any
-  metrics: Any
-
-
-# --------------------------------------------------------------------------------------------------
-# Loop building blocks, shared with spectr_decoding.py (same stream conventions, per-row RNG
-# and commit rule).
-# --------------------------------------------------------------------------------------------------
-
-
-def row_keys(rng: jax.Array, row_ids: jax.Array, step: jax.Array, use: int) -> jax.Array:
-  """[B] keys: fold_in(fold_in(fold_in(rng, row), step), use); `use` separates consumers."""
-
-  def one(row):
-    return jax.random.fold_in(jax.random.fold_in(jax.random.fold_in(rng, row), step), use)
-
-  return jax.vmap(one)(row_ids)
-
-
-def commit_tokens(
-  state: DecodeState,
-  block: jax.Array,
-  num_emitted: jax.Array,
-  prompt_lengths: jax.Array,
-  max_new_tokens: int,
-  eos_id: int | None,
-) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
-  """Writes an emitted block [B, T] (first num_emitted[b] valid) and applies EOS / max length.
-
-  Returns (tokens, lengths, done, active) where `active` marks rows that were not done before.
-  """
-  active = ~state.done
-  width = block.shape[1]
-  if eos_id is not None:
-    is_eos = (block == eos_id) & (jnp.arange(width)[None, :] < num_emitted[:, None])  # [B, T]
-    hit_eos = jnp.any(is_eos, axis=1)
-    num_emitted = jnp.where(hit_eos, jnp.argmax(is_eos, axis=1) + 1, num_emitted)
-  else:
-    hit_eos = jnp.zeros_like(state.done)
-  generated = state.lengths - prompt_lengths
-  num_emitted = jnp.minimum(num_emitted, max_new_tokens - generated)  # truncate the overshoot
-  # Filler past the new length is stale.
-  tokens = drafter_base.write_rows(state.tokens, block, state.lengths)
-  lengths = jnp.where(active, state.lengths + num_emitted, state.lengths)
-  done = state.done | (active & hit_eos) | (lengths - prompt_lengths >= max_new_tokens)
-  return tokens, lengths, done, active
-
-
-def make_result(state: DecodeState, prompt_lengths: jax.Array, max_new_tokens: int) -> DecodeResult:
-  generated = state.lengths - prompt_lengths  # [B]
-  index = prompt_lengths[:, None] + jnp.arange(max_new_tokens)[None, :]  # [B, max_new]
-  index = jnp.minimum(index, state.tokens.shape[1] - 1)
-  out = jnp.take_along_axis(state.tokens, index, axis=1)
-  out = jnp.where(jnp.arange(max_new_tokens)[None, :] < generated[:, None], out, 0)
-  return DecodeResult(
-    tokens=out.astype(jnp.int32), lengths=generated.astype(jnp.int32), metrics=state.metrics
-  )
-
-
-def init_buffer(prompt_tokens: jax.Array, max_length: int) -> jax.Array:
-  batch, prompt_len = prompt_tokens.shape
-  return jnp.zeros((batch, max_length), jnp.int32).at[:, :prompt_len].set(prompt_tokens)
-
-
-def last_tokens(tokens: jax.Array, lengths: jax.Array) -> jax.Array:
-  """[B]: the last committed token of each row."""
-  return jnp.take_along_axis(tokens, (lengths - 1)[:, None], axis=1)[:, 0]
-
-
-def has_nan(probs: jax.Array) -> jax.Array:
-  """[B, ..., V] -> [B] bool."""
-  return jnp.any(jnp.isnan(probs.reshape(probs.shape[0], -1)), axis=1)
+__all__ = [
+  'TRACE_COUNTS',
+  'DecodeInputs',
+  'DecodeMetrics',
+  'DecodeResult',
+  'DecodeState',
+  'autoregressive_decode',
+  'check_positive_int',
+  'commit_tokens',
+  'has_nan',
+  'init_buffer',
+  'last_tokens',
+  'make_result',
+  'prepare_inputs',
+  'raise_if_invalid',
+  'row_keys',
+  'speculative_decode',
+]
 
 
 # --------------------------------------------------------------------------------------------------
@@ -197,40 +77,25 @@ def has_nan(probs: jax.Array) -> jax.Array:
 # --------------------------------------------------------------------------------------------------
 
 
-@functools.partial(
-  jax.jit, static_argnames=('target', 'sampling', 'max_new_tokens', 'eos_id', 'lockstep')
-)
+@functools.partial(jax.jit, static_argnames=('target', 'sampling', 'max_new_tokens', 'lockstep'))
 def _autoregressive_jit(
   target_params,
-  prompt_tokens,
-  prompt_lengths,
-  encoder_tokens,
-  sampling_params,
-  rng,
-  row_ids,
+  inputs: DecodeInputs,
   *,
   target,
   sampling,
   max_new_tokens,
-  eos_id,
   lockstep=False,
 ):
   TRACE_COUNTS['autoregressive_decode'] += 1
+  prompt_tokens, prompt_lengths = inputs.prompt_tokens, inputs.prompt_lengths
+  sampling_params, rng, row_ids = inputs.sampling_params, inputs.rng, inputs.row_ids
   batch, prompt_len = prompt_tokens.shape
   # +1: a row that is done still gets (and discards) one token written at its length per step.
   max_length = prompt_len + max_new_tokens + 1
-  cache = target.init_cache(target_params, batch, max_length, encoder_tokens)
-  # Prefill: positions [0, lengths-1) must be correct before the first step; entries past a row's
-  # length are stale and overwritten before anything attends to them.
-  _, cache = target.extend(target_params, cache, prompt_tokens, jnp.zeros((batch,), jnp.int32))
-  state = DecodeState(
-    step=jnp.zeros((), jnp.int32),
-    tokens=init_buffer(prompt_tokens, max_length),
-    lengths=prompt_lengths,
-    done=jnp.zeros((batch,), bool),
-    target_cache=cache,
-    draft_state=None,
-    metrics=DecodeMetrics.zeros(batch),
+  cache = prefill(target, target_params, prompt_tokens, inputs.encoder_tokens, max_length)
+  state = initial_state(
+    prompt_tokens, prompt_lengths, max_length, cache, None, DecodeMetrics.zeros(batch)
   )
 
   def body(state: DecodeState) -> DecodeState:
@@ -244,24 +109,20 @@ def _autoregressive_jit(
     probs = sampling_lib.probs_from_logits(logits[:, 0], sampling, sampling_params)  # [B, V]
     token = sampling_lib.sample_rows(row_keys(rng, row_ids, state.step, 0), probs)  # [B]
     tokens, lengths, done, active = commit_tokens(
-      state, token[:, None], jnp.ones((batch,), jnp.int32), prompt_lengths, max_new_tokens, eos_id
+      state,
+      token[:, None],
+      jnp.ones((batch,), jnp.int32),
+      prompt_lengths,
+      max_new_tokens,
+      inputs.eos_id,
     )
     metrics = state.metrics.replace(
       target_calls=state.metrics.target_calls + active,
       invalid=state.metrics.invalid | (active & has_nan(probs)),
     )
-    return DecodeState(
-      step=state.step + 1,
-      tokens=tokens,
-      lengths=lengths,
-      done=done,
-      target_cache=cache,
-      draft_state=None,
-      metrics=metrics,
-    )
+    return state.advance(tokens, lengths, done, cache, None, metrics)
 
-  state = jax.lax.while_loop(lambda s: ~jnp.all(s.done), body, state)
-  return make_result(state, prompt_lengths, max_new_tokens)
+  return run_loop(body, state, prompt_lengths, max_new_tokens)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -309,20 +170,14 @@ def _verify(
     'sampling',
     'gamma',
     'max_new_tokens',
-    'eos_id',
     'adaptive_verify',
   ),
 )
 def _speculative_jit(
   target_params,
   draft_params,
-  prompt_tokens,
-  prompt_lengths,
-  encoder_tokens,
+  inputs: DecodeInputs,
   draft_encoder_tokens,
-  sampling_params,
-  rng,
-  row_ids,
   lenience=None,
   *,
   target,
@@ -330,25 +185,19 @@ def _speculative_jit(
   sampling,
   gamma,
   max_new_tokens,
-  eos_id,
   adaptive_verify=False,
 ):
   TRACE_COUNTS['speculative_decode'] += 1
+  prompt_tokens, prompt_lengths = inputs.prompt_tokens, inputs.prompt_lengths
+  sampling_params, rng, row_ids = inputs.sampling_params, inputs.rng, inputs.row_ids
   batch, prompt_len = prompt_tokens.shape
   max_length = prompt_len + max_new_tokens + gamma + 1
-  cache = target.init_cache(target_params, batch, max_length, encoder_tokens)
-  _, cache = target.extend(target_params, cache, prompt_tokens, jnp.zeros((batch,), jnp.int32))
+  cache = prefill(target, target_params, prompt_tokens, inputs.encoder_tokens, max_length)
   draft_state = drafter.init(
     draft_params, prompt_tokens, prompt_lengths, max_length, draft_encoder_tokens
   )
-  state = DecodeState(
-    step=jnp.zeros((), jnp.int32),
-    tokens=init_buffer(prompt_tokens, max_length),
-    lengths=prompt_lengths,
-    done=jnp.zeros((batch,), bool),
-    target_cache=cache,
-    draft_state=draft_state,
-    metrics=DecodeMetrics.zeros(batch),
+  state = initial_state(
+    prompt_tokens, prompt_lengths, max_length, cache, draft_state, DecodeMetrics.zeros(batch)
   )
 
   def body(state: DecodeState) -> DecodeState:
@@ -378,29 +227,18 @@ def _speculative_jit(
       target, target_params, state.target_cache, verify_tokens, state.lengths - 1, width
     )  # [B, gamma+1, V]
     target_probs = sampling_lib.probs_from_logits(logits, sampling, sampling_params)
-    accept_keys = row_keys(rng, row_ids, state.step, 1)
-    if lenience is None:
-      result = sampling_lib.speculative_accept(
-        draft_tokens, proposal.probs, target_probs, accept_keys, proposal.num_drafted
-      )
-    else:
-      # APPROXIMATE for l < 1 (bit-identical to the exact rule at l = 1). Under argmax decoding the
-      # standardized p is one-hot, so the argmax form (p(x) >= l max p, on the raw logits) applies.
-      argmax_mode = jnp.asarray(True) if sampling.greedy else sampling_params.temperature == 0
-      lenient_accepts = (
-        sampling_lib.lenient_argmax_accept(logits[:, :gamma], draft_tokens, lenience) & argmax_mode
-      )
-      result = sampling_lib.speculative_accept(
-        draft_tokens,
-        proposal.probs,
-        target_probs,
-        accept_keys,
-        proposal.num_drafted,
-        lenience=lenience,
-        lenient_accepts=lenient_accepts,
-      )
+    result = _accept(
+      logits,
+      draft_tokens,
+      proposal,
+      target_probs,
+      row_keys(rng, row_ids, state.step, 1),
+      lenience,
+      sampling,
+      sampling_params,
+    )
     tokens, lengths, done, active = commit_tokens(
-      state, result.tokens, result.num_accepted + 1, prompt_lengths, max_new_tokens, eos_id
+      state, result.tokens, result.num_accepted + 1, prompt_lengths, max_new_tokens, inputs.eos_id
     )
     # Only the distributions that can matter: q at drafted positions, p at positions <= num_drafted.
     verified = jnp.arange(gamma + 1)[None, :] <= proposal.num_drafted[:, None]  # [B, gamma+1]
@@ -414,146 +252,51 @@ def _speculative_jit(
       alpha_sum=state.metrics.alpha_sum + jnp.where(active, result.min_mass.sum(axis=1), 0.0),
       invalid=state.metrics.invalid | (active & invalid),
     )
-    return DecodeState(
-      step=state.step + 1,
-      tokens=tokens,
-      lengths=lengths,
-      done=done,
-      target_cache=cache,
-      draft_state=draft_state,
-      metrics=metrics,
-    )
+    return state.advance(tokens, lengths, done, cache, draft_state, metrics)
 
-  state = jax.lax.while_loop(lambda s: ~jnp.all(s.done), body, state)
-  return make_result(state, prompt_lengths, max_new_tokens)
+  return run_loop(body, state, prompt_lengths, max_new_tokens)
+
+
+def _accept(
+  logits: jax.Array,
+  draft_tokens: jax.Array,
+  proposal: drafter_base.DraftProposal,
+  target_probs: jax.Array,
+  accept_keys: jax.Array,
+  lenience: jax.Array | None,
+  sampling: sampling_lib.SamplingConfig,
+  sampling_params: sampling_lib.SamplingParams,
+) -> sampling_lib.AcceptResult:
+  """The acceptance rule over one step's drafts: exact (lenience None) or lenient.
+
+  logits: [B, gamma+1, V] of the verify call; draft_tokens: [B, gamma]; target_probs: [B, gamma+1,
+  V]; accept_keys: [B].
+  """
+  if lenience is None:
+    return sampling_lib.speculative_accept(
+      draft_tokens, proposal.probs, target_probs, accept_keys, proposal.num_drafted
+    )
+  # APPROXIMATE for l < 1 (bit-identical to the exact rule at l = 1). Under argmax decoding the
+  # standardized p is one-hot, so the argmax form (p(x) >= l max p, on the raw logits) applies.
+  gamma = draft_tokens.shape[1]
+  argmax_mode = jnp.asarray(True) if sampling.greedy else sampling_params.temperature == 0
+  lenient_accepts = (
+    sampling_lib.lenient_argmax_accept(logits[:, :gamma], draft_tokens, lenience) & argmax_mode
+  )
+  return sampling_lib.speculative_accept(
+    draft_tokens,
+    proposal.probs,
+    target_probs,
+    accept_keys,
+    proposal.num_drafted,
+    lenience=lenience,
+    lenient_accepts=lenient_accepts,
+  )
 
 
 # --------------------------------------------------------------------------------------------------
 # Public entry points: validate eagerly, call the jitted loop, check for invalid distributions.
 # --------------------------------------------------------------------------------------------------
-
-
-def _as_key(rng: Any) -> jax.Array:
-  if isinstance(rng, (int, np.integer)):
-    return jax.random.key(int(rng))
-  rng = jnp.asarray(rng) if not isinstance(rng, jax.Array) else rng
-  if jnp.issubdtype(rng.dtype, jax.dtypes.prng_key):
-    return rng
-  return jax.random.wrap_key_data(rng.astype(jnp.uint32))
-
-
-def check_positive_int(name: str, value: Any) -> None:
-  if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < 1:
-    raise ValueError(f'{name} must be an int >= 1, got {value!r}')
-
-
-def prepare_inputs(
-  target: CachedLM,
-  prompt_tokens,
-  prompt_lengths,
-  encoder_tokens,
-  max_new_tokens,
-  eos_id,
-  sampling,
-  sampling_params,
-  rng,
-  row_ids,
-):
-  """Validates and normalizes the inputs shared by both decoders."""
-  check_positive_int('max_new_tokens', max_new_tokens)
-  if not isinstance(sampling, sampling_lib.SamplingConfig):
-    raise ValueError(f'sampling must be a SamplingConfig, got {type(sampling).__name__}')
-  if sampling_params is None:
-    sampling_params = sampling_lib.SamplingParams.create()
-  sampling_params = sampling_lib.SamplingParams(
-    temperature=jnp.asarray(sampling_params.temperature, jnp.float32),
-    top_k=jnp.asarray(sampling_params.top_k, jnp.int32),
-    top_p=jnp.asarray(sampling_params.top_p, jnp.float32),
-  )
-  sampling_params.validate()
-  if prompt_tokens is None:
-    if encoder_tokens is None:
-      raise ValueError(
-        'empty input: pass prompt_tokens (decoder-only) or encoder_tokens (encoder-decoder)'
-      )
-    # Encoder-decoder: the decoder stream starts with the decoder start token (0 for T5).
-    batch = np.shape(encoder_tokens)[0]
-    prompt_tokens = jnp.zeros((batch, 1), jnp.int32)
-    if prompt_lengths is None:
-      prompt_lengths = jnp.ones((batch,), jnp.int32)
-  prompt_tokens = jnp.asarray(prompt_tokens)
-  if prompt_tokens.ndim != 2 or prompt_tokens.shape[0] < 1:
-    raise ValueError(
-      f'prompt_tokens must be [batch >= 1, prompt_len], got shape {prompt_tokens.shape}'
-    )
-  if prompt_tokens.shape[1] < 1:
-    raise ValueError(
-      'empty prompt: prompt_tokens has length 0 (a decoder stream needs at least '
-      'one token; use the decoder start token for encoder-decoder models)'
-    )
-  if not jnp.issubdtype(prompt_tokens.dtype, jnp.integer):
-    raise ValueError(f'prompt_tokens must be integer token ids, got {prompt_tokens.dtype}')
-  prompt_tokens = prompt_tokens.astype(jnp.int32)
-  batch, prompt_len = prompt_tokens.shape
-  if prompt_lengths is None:
-    prompt_lengths = jnp.full((batch,), prompt_len, jnp.int32)
-  prompt_lengths = jnp.asarray(prompt_lengths).astype(jnp.int32)
-  if prompt_lengths.shape != (batch,):
-    raise ValueError(f'prompt_lengths must have shape [{batch}], got {prompt_lengths.shape}')
-  if not isinstance(prompt_lengths, jax.core.Tracer):
-    lengths_np = np.asarray(prompt_lengths)
-    if (lengths_np < 1).any():
-      raise ValueError(
-        f'empty prompt in rows {np.flatnonzero(lengths_np < 1)[:10].tolist()}: '
-        'every row needs prompt length >= 1'
-      )
-    if (lengths_np > prompt_len).any():
-      raise ValueError(
-        f'prompt_lengths {lengths_np.max()} longer than the prompt buffer '
-        f'({prompt_len} columns) in rows '
-        f'{np.flatnonzero(lengths_np > prompt_len)[:10].tolist()}'
-      )
-  vocab = target.vocab_size
-  if not isinstance(prompt_tokens, jax.core.Tracer):
-    tokens_np = np.asarray(prompt_tokens)
-    if tokens_np.min() < 0 or tokens_np.max() >= vocab:
-      raise ValueError(
-        f'prompt token ids must be in [0, {vocab}), got range '
-        f'[{tokens_np.min()}, {tokens_np.max()}]'
-      )
-  if eos_id is not None and (not isinstance(eos_id, (int, np.integer)) or not 0 <= eos_id < vocab):
-    raise ValueError(f'eos_id must be None or an int in [0, {vocab}), got {eos_id!r}')
-  if row_ids is None:
-    row_ids = jnp.arange(batch, dtype=jnp.int32)
-  row_ids = jnp.asarray(row_ids).astype(jnp.int32)
-  if row_ids.shape != (batch,):
-    raise ValueError(f'row_ids must have shape [{batch}], got {row_ids.shape}')
-  if encoder_tokens is not None:
-    encoder_tokens = jnp.asarray(encoder_tokens).astype(jnp.int32)
-    if encoder_tokens.ndim != 2 or encoder_tokens.shape[0] != batch:
-      raise ValueError(f'encoder_tokens must be [{batch}, S], got {encoder_tokens.shape}')
-    if encoder_tokens.shape[1] < 1:
-      raise ValueError('empty input: encoder_tokens has length 0')
-  eos_id = None if eos_id is None else int(eos_id)
-  return (
-    prompt_tokens,
-    prompt_lengths,
-    encoder_tokens,
-    eos_id,
-    sampling_params,
-    _as_key(rng),
-    row_ids,
-  )
-
-
-def raise_if_invalid(result: DecodeResult, check_finite: bool) -> None:
-  if check_finite and not isinstance(result.metrics.invalid, jax.core.Tracer):
-    invalid = np.asarray(result.metrics.invalid)
-    if invalid.any():
-      raise ValueError(
-        f'NaN/+inf or all -inf logits (no valid distribution) in rows '
-        f'{np.flatnonzero(invalid)[:10].tolist()}; check the model parameters'
-      )
 
 
 def autoregressive_decode(
@@ -590,41 +333,37 @@ def autoregressive_decode(
   Returns:
     DecodeResult with tokens [B, max_new_tokens], lengths [B] and metrics (target_calls).
   """
-  (prompt_tokens, prompt_lengths, encoder_tokens, eos_id, sampling_params, rng, row_ids) = (
-    prepare_inputs(
-      target,
-      prompt_tokens,
-      prompt_lengths,
-      encoder_tokens,
-      max_new_tokens,
-      eos_id,
-      sampling,
-      sampling_params,
-      rng,
-      row_ids,
-    )
+  inputs = prepare_inputs(
+    target,
+    prompt_tokens,
+    prompt_lengths,
+    encoder_tokens,
+    max_new_tokens,
+    eos_id,
+    sampling,
+    sampling_params,
+    rng,
+    row_ids,
   )
-  lockstep = (
+  result = _autoregressive_jit(
+    target_params,
+    inputs,
+    target=target,
+    sampling=sampling,
+    max_new_tokens=int(max_new_tokens),
+    lockstep=_lockstep(target, inputs.prompt_lengths),
+  )
+  raise_if_invalid(result, check_finite)
+  return result
+
+
+def _lockstep(target: CachedLM, prompt_lengths: jax.Array) -> bool:
+  """All rows start at one length and the target takes a scalar start (`lockstep_extend`)."""
+  return (
     getattr(target, 'lockstep_extend', False)
     and not isinstance(prompt_lengths, jax.core.Tracer)
     and bool(np.all(np.asarray(prompt_lengths) == np.asarray(prompt_lengths)[0]))
   )
-  result = _autoregressive_jit(
-    target_params,
-    prompt_tokens,
-    prompt_lengths,
-    encoder_tokens,
-    sampling_params,
-    rng,
-    row_ids,
-    target=target,
-    sampling=sampling,
-    max_new_tokens=int(max_new_tokens),
-    eos_id=eos_id,
-    lockstep=lockstep,
-  )
-  raise_if_invalid(result, check_finite)
-  return result
 
 
 def speculative_decode(
@@ -669,58 +408,45 @@ def speculative_decode(
     DecodeResult; metrics hold target_calls, drafted, accepted, alpha_sum per row.
   """
   check_positive_int('gamma', gamma)
-  if drafter.vocab_size != target.vocab_size:
-    raise ValueError(
-      f'draft and target vocabularies differ: draft vocab_size '
-      f'{drafter.vocab_size} != target vocab_size {target.vocab_size}'
-    )
-  (prompt_tokens, prompt_lengths, encoder_tokens, eos_id, sampling_params, rng, row_ids) = (
-    prepare_inputs(
-      target,
-      prompt_tokens,
-      prompt_lengths,
-      encoder_tokens,
-      max_new_tokens,
-      eos_id,
-      sampling,
-      sampling_params,
-      rng,
-      row_ids,
-    )
-  )
-  if draft_encoder_tokens is None:
-    draft_encoder_tokens = encoder_tokens
-  elif encoder_tokens is None:
-    raise ValueError('draft_encoder_tokens given without encoder_tokens for the target')
-  else:
-    draft_encoder_tokens = jnp.asarray(draft_encoder_tokens).astype(jnp.int32)
-  if lenience is not None:
-    sampling_lib.check_lenience(lenience)
-    if not isinstance(lenience, jax.core.Tracer) and float(lenience) < 1.0:
-      warnings.warn(
-        f'speculative_decode with lenience {float(lenience)} < 1: APPROXIMATE '
-        'decoding, the output is not distributed as the target model\'s',
-        stacklevel=2,
-      )
-    lenience = jnp.asarray(lenience, jnp.float32)
-  result = _speculative_jit(
-    target_params,
-    draft_params,
+  check_drafter(drafter, target)
+  inputs = prepare_inputs(
+    target,
     prompt_tokens,
     prompt_lengths,
     encoder_tokens,
-    draft_encoder_tokens,
+    max_new_tokens,
+    eos_id,
+    sampling,
     sampling_params,
     rng,
     row_ids,
-    lenience,
+  )
+  result = _speculative_jit(
+    target_params,
+    draft_params,
+    inputs,
+    draft_encoder_inputs(draft_encoder_tokens, inputs.encoder_tokens),
+    _lenience_value(lenience),
     target=target,
     drafter=drafter,
     sampling=sampling,
     gamma=int(gamma),
     max_new_tokens=int(max_new_tokens),
-    eos_id=eos_id,
     adaptive_verify=bool(adaptive_verify),
   )
   raise_if_invalid(result, check_finite)
   return result
+
+
+def _lenience_value(lenience: float | jax.Array | None) -> jax.Array | None:
+  """lenience as a [] float32 array (a run-time value), checked; warns when l < 1 (approximate)."""
+  if lenience is None:
+    return None
+  sampling_lib.check_lenience(lenience)
+  if not isinstance(lenience, jax.core.Tracer) and float(lenience) < 1.0:
+    warnings.warn(
+      f'speculative_decode with lenience {float(lenience)} < 1: APPROXIMATE '
+      'decoding, the output is not distributed as the target model\'s',
+      stacklevel=3,
+    )
+  return jnp.asarray(lenience, jnp.float32)

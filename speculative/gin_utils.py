@@ -249,32 +249,10 @@ def run_gin_main(
   `--help` lists the macros (the knobs) of the given gin files, else of `default_gin_files`, with
   their values. Every binding is checked (`parse`) before `fn` runs.
   """
-  import argparse
-
   import gin  # deferred: only runners need gin
 
   argv = list(sys.argv[1:] if argv is None else argv)
-  parser = argparse.ArgumentParser(
-    description=description, add_help=False, formatter_class=argparse.RawDescriptionHelpFormatter
-  )
-  parser.add_argument('-h', '--help', action='store_true', help='show this help and the macros')
-  parser.add_argument(
-    '--gin_file',
-    action='append',
-    default=[],
-    help='gin run file (repeatable), looked up in the working directory and the repository root',
-  )
-  parser.add_argument(
-    '--gin_bindings',
-    action='append',
-    default=[],
-    help='gin binding, e.g. "GAMMA = 5" (repeatable); applied after the files',
-  )
-  parser.add_argument(
-    '--verbose',
-    action='store_true',
-    help='keep TensorFlow/XLA C++ start-up logging and log at INFO',
-  )
+  parser = _runner_parser(description)
   args = parser.parse_args(argv)
   quiet_native_logs(args.verbose)
   logging.basicConfig(level=logging.INFO if args.verbose else log_level)
@@ -301,3 +279,31 @@ def run_gin_main(
   except (ValueError, OSError) as e:  # a bad run file or binding: the message, not a traceback
     parser.exit(2, f'{parser.prog}: error: {e}\n')
   return configurable()
+
+
+def _runner_parser(description: str):
+  """The runners' argparse parser: --help, --gin_file, --gin_bindings, --verbose."""
+  import argparse
+
+  parser = argparse.ArgumentParser(
+    description=description, add_help=False, formatter_class=argparse.RawDescriptionHelpFormatter
+  )
+  parser.add_argument('-h', '--help', action='store_true', help='show this help and the macros')
+  parser.add_argument(
+    '--gin_file',
+    action='append',
+    default=[],
+    help='gin run file (repeatable), looked up in the working directory and the repository root',
+  )
+  parser.add_argument(
+    '--gin_bindings',
+    action='append',
+    default=[],
+    help='gin binding, e.g. "GAMMA = 5" (repeatable); applied after the files',
+  )
+  parser.add_argument(
+    '--verbose',
+    action='store_true',
+    help='keep TensorFlow/XLA C++ start-up logging and log at INFO',
+  )
+  return parser

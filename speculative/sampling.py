@@ -356,11 +356,7 @@ def speculative_accept(
   uniform_keys = jax.vmap(lambda k: jax.random.fold_in(k, 0))(keys)
   sample_keys = jax.vmap(lambda k: jax.random.fold_in(k, 1))(keys)
   uniforms = jax.vmap(lambda k: jax.random.uniform(k, (gamma,), jnp.float32))(uniform_keys)
-
-  index = draft_tokens[..., None].astype(jnp.int32)  # [B, gamma, 1]
-  target_at_draft = jnp.take_along_axis(target_probs[:, :gamma], index, axis=-1)[..., 0]
-  draft_at_draft = jnp.take_along_axis(draft_probs, index, axis=-1)[..., 0]  # [B, gamma]
-  accepted = accept_test(uniforms, draft_at_draft, target_at_draft, lenience)  # [B, gamma]
+  accepted = _accepted(draft_tokens, draft_probs, target_probs, uniforms, lenience)  # [B, gamma]
   if lenient_accepts is not None:
     assert lenient_accepts.shape == (batch, gamma), lenient_accepts.shape
     accepted = accepted | lenient_accepts
@@ -368,25 +364,8 @@ def speculative_accept(
   # n = length of the all-accepted prefix (everything after the first rejection is discarded).
   num_accepted = jnp.sum(jnp.cumprod(accepted.astype(jnp.int32), axis=1), axis=1)  # [B]
 
-  draft_padded = jnp.concatenate([draft_probs, jnp.zeros((batch, 1, vocab), jnp.float32)], axis=1)
-  at_n = num_accepted[:, None, None]
-  target_n = jnp.take_along_axis(target_probs, at_n, axis=1)[:, 0]  # [B, V]
-  draft_n = jnp.take_along_axis(draft_padded, at_n, axis=1)[:, 0]  # [B, V]
-  if lenience is not None:
-    draft_n = lenience * draft_n  # the lenient correction norm(max(0, p - l q))
-  residual = jnp.maximum(target_n - draft_n, 0.0)  # [B, V], unnormalized
-  # residual == 0 everywhere iff p == q at n, where a rejection has probability 0; fall back to p
-  # so the (unused) sample is well defined instead of NaN.
-  residual_mass = jnp.sum(residual, axis=-1, keepdims=True)
-  next_dist = jnp.where(residual_mass > 0, residual, target_n)
-  next_token = sample_rows(sample_keys, next_dist)  # [B]
-
-  block = jnp.concatenate(
-    [draft_tokens.astype(jnp.int32), jnp.zeros((batch, 1), jnp.int32)], axis=1
-  )  # [B, gamma+1]
-  block = jnp.where(
-    jnp.arange(gamma + 1)[None, :] == num_accepted[:, None], next_token[:, None], block
-  )
+  next_token = _correction(draft_probs, target_probs, num_accepted, sample_keys, lenience)  # [B]
+  block = emitted_block(draft_tokens.astype(jnp.int32), num_accepted, next_token)  # [B, gamma+1]
   if lenience is None:
     min_mass = jnp.sum(jnp.minimum(target_probs[:, :gamma], draft_probs), axis=-1)  # [B, gamma]
   else:
@@ -399,4 +378,56 @@ def speculative_accept(
     next_token=next_token,
     tokens=block,
     min_mass=min_mass,
+  )
+
+
+def _accepted(
+  draft_tokens: jax.Array,
+  draft_probs: jax.Array,
+  target_probs: jax.Array,
+  uniforms: jax.Array,
+  lenience: jax.Array | float | None,
+) -> jax.Array:
+  """[B, gamma] bool: the acceptance test r_i q_i(x_i) <= p_i(x_i) at every draft position."""
+  gamma = draft_tokens.shape[1]
+  index = draft_tokens[..., None].astype(jnp.int32)  # [B, gamma, 1]
+  target_at_draft = jnp.take_along_axis(target_probs[:, :gamma], index, axis=-1)[..., 0]
+  draft_at_draft = jnp.take_along_axis(draft_probs, index, axis=-1)[..., 0]  # [B, gamma]
+  return accept_test(uniforms, draft_at_draft, target_at_draft, lenience)
+
+
+def _correction(
+  draft_probs: jax.Array,
+  target_probs: jax.Array,
+  num_accepted: jax.Array,
+  sample_keys: jax.Array,
+  lenience: jax.Array | float | None,
+) -> jax.Array:
+  """[B] the token after the n accepted drafts: a sample of norm(max(0, p_n - q_n)) (of
+  norm(max(0, p_n - l q_n)) under lenience), or of p_{gamma+1} when n = gamma.
+
+  draft_probs: [B, gamma, V] (0 at undrafted positions); target_probs: [B, gamma+1, V].
+  """
+  batch, _, vocab = draft_probs.shape
+  draft_padded = jnp.concatenate([draft_probs, jnp.zeros((batch, 1, vocab), jnp.float32)], axis=1)
+  at_n = num_accepted[:, None, None]
+  target_n = jnp.take_along_axis(target_probs, at_n, axis=1)[:, 0]  # [B, V]
+  draft_n = jnp.take_along_axis(draft_padded, at_n, axis=1)[:, 0]  # [B, V]
+  if lenience is not None:
+    draft_n = lenience * draft_n  # the lenient correction norm(max(0, p - l q))
+  residual = jnp.maximum(target_n - draft_n, 0.0)  # [B, V], unnormalized
+  # residual == 0 everywhere iff p == q at n, where a rejection has probability 0; fall back to p
+  # so the (unused) sample is well defined instead of NaN.
+  residual_mass = jnp.sum(residual, axis=-1, keepdims=True)
+  next_dist = jnp.where(residual_mass > 0, residual, target_n)
+  return sample_rows(sample_keys, next_dist)  # [B]
+
+
+def emitted_block(draft_tokens: jax.Array, num_accepted: jax.Array, next_token: jax.Array):
+  """The block a step emits, [B, L+1] int32: draft_tokens [B, L] with next_token [B] written at
+  position num_accepted [B] (entries after it are filler: the rejected drafts, then 0)."""
+  batch, length = draft_tokens.shape
+  block = jnp.concatenate([draft_tokens, jnp.zeros((batch, 1), jnp.int32)], axis=1)  # [B, L+1]
+  return jnp.where(
+    jnp.arange(length + 1)[None, :] == num_accepted[:, None], next_token[:, None], block
   )

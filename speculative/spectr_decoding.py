@@ -3,7 +3,7 @@
 `spectr_decode` is `decoding.speculative_decode` with K drafts instead of one: every step drafts K
 sequences of length L (= gamma) for each row, verifies all K x (L+1) positions in one batched target
 `extend`, and picks the emitted block with the sequence-level selection of the paper's Algorithm 3
-(`spectr.spectr_sequence_select`, k-Seq with the optimal rho* at every depth). The output is
+(`spectr_sequence.spectr_sequence_select`, k-Seq with the optimal rho* at every depth). The output is
 distributed exactly as the target's (identical to it under argmax), and K = 1 is Leviathan's
 algorithm: the same tokens as `speculative_decode` for the same rng (tested).
 
@@ -24,7 +24,7 @@ flags and metrics stay per original row ([B, ...]). A step:
      correct. Cache leaves that the target's `extend` passes through unchanged (e.g. a T5's encoder
      output and cross-attention keys/values) are identical in all K copies and are not copied.
 
-Keys (row b, step s; `decoding.row_keys` = fold_in(fold_in(fold_in(rng, row_id), s), use)):
+Keys (row b, step s; `decoding_state.row_keys` = fold_in(fold_in(fold_in(rng, row_id), s), use)):
   * draft copy 0 uses use=0, the key speculative_decode's drafter gets; copy j >= 1 uses
     fold_in(use=2 key, j);
   * use=1 is split as in `speculative_accept`: fold_in(., 0) gives the acceptance uniforms, shape
@@ -50,11 +50,18 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 
-from speculative import decoding
+from speculative import decoding_state
 from speculative import sampling as sampling_lib
-from speculative import spectr
+from speculative.decoding_inputs import DecodeInputs
+from speculative.decoding_inputs import check_drafter
+from speculative.decoding_inputs import check_positive_int
+from speculative.decoding_inputs import draft_encoder_inputs
+from speculative.decoding_inputs import prepare_inputs
+from speculative.decoding_inputs import raise_if_invalid
 from speculative.drafters import base as drafter_base
 from speculative.models.interface import CachedLM
+from speculative.spectr_kseq import DEFAULT_BISECTION_ITERS
+from speculative.spectr_sequence import spectr_sequence_select
 
 # Key `use` ids (see the module docstring); 0 and 1 are decoding.py's.
 _USE_DRAFT, _USE_SELECT, _USE_EXTRA_DRAFTS = 0, 1, 2
@@ -128,10 +135,10 @@ def _adopt_rows(new: Any, old: Any, index: jax.Array) -> Any:
 
 def _copy_keys(rng: jax.Array, row_ids: jax.Array, step: jax.Array, num_drafts: int) -> jax.Array:
   """[B*K] draft keys: copy 0 = speculative_decode's draft key, copy j >= 1 from a separate use."""
-  first = decoding.row_keys(rng, row_ids, step, _USE_DRAFT)[:, None]  # [B, 1]
+  first = decoding_state.row_keys(rng, row_ids, step, _USE_DRAFT)[:, None]  # [B, 1]
   if num_drafts == 1:
     return first[:, 0]
-  extra = decoding.row_keys(rng, row_ids, step, _USE_EXTRA_DRAFTS)  # [B]
+  extra = decoding_state.row_keys(rng, row_ids, step, _USE_EXTRA_DRAFTS)  # [B]
   copies = jnp.arange(1, num_drafts, dtype=jnp.int32)
   others = jax.vmap(lambda key: jax.vmap(lambda j: jax.random.fold_in(key, j))(copies))(extra)
   return jnp.concatenate([first, others], axis=1).reshape(-1)  # [B*K], row-major (b, j)
@@ -146,20 +153,14 @@ def _copy_keys(rng: jax.Array, row_ids: jax.Array, step: jax.Array, num_drafts: 
     'num_drafts',
     'draft_length',
     'max_new_tokens',
-    'eos_id',
     'num_iters',
   ),
 )
 def _spectr_jit(
   target_params,
   draft_params,
-  prompt_tokens,
-  prompt_lengths,
-  encoder_tokens,
+  inputs: DecodeInputs,
   draft_encoder_tokens,
-  sampling_params,
-  rng,
-  row_ids,
   *,
   target,
   drafter,
@@ -167,32 +168,33 @@ def _spectr_jit(
   num_drafts,
   draft_length,
   max_new_tokens,
-  eos_id,
   num_iters,
 ):
-  decoding.TRACE_COUNTS['spectr_decode'] += 1
+  decoding_state.TRACE_COUNTS['spectr_decode'] += 1
+  prompt_tokens, prompt_lengths = inputs.prompt_tokens, inputs.prompt_lengths
+  sampling_params, rng, row_ids = inputs.sampling_params, inputs.rng, inputs.row_ids
   k, length = num_drafts, draft_length
   batch, prompt_len = prompt_tokens.shape
   expanded = batch * k
   vocab = target.vocab_size
   max_length = prompt_len + max_new_tokens + length + 1
   # Prefill once per original row, then hold K copies.
-  cache = target.init_cache(target_params, batch, max_length, encoder_tokens)
-  _, cache = target.extend(target_params, cache, prompt_tokens, jnp.zeros((batch,), jnp.int32))
+  cache = decoding_state.prefill(
+    target, target_params, prompt_tokens, inputs.encoder_tokens, max_length
+  )
   draft_state = drafter.init(
     draft_params, prompt_tokens, prompt_lengths, max_length, draft_encoder_tokens
   )
-  state = decoding.DecodeState(
-    step=jnp.zeros((), jnp.int32),
-    tokens=decoding.init_buffer(prompt_tokens, max_length),
-    lengths=prompt_lengths,
-    done=jnp.zeros((batch,), bool),
-    target_cache=_repeat_rows(cache, k, batch, 'target cache'),
-    draft_state=_repeat_rows(draft_state, k, batch, 'draft state'),
-    metrics=SpecTrMetrics.zeros(batch),
+  state = decoding_state.initial_state(
+    prompt_tokens,
+    prompt_lengths,
+    max_length,
+    _repeat_rows(cache, k, batch, 'target cache'),
+    _repeat_rows(draft_state, k, batch, 'draft state'),
+    SpecTrMetrics.zeros(batch),
   )
 
-  def body(state: decoding.DecodeState) -> decoding.DecodeState:
+  def body(state: decoding_state.DecodeState) -> decoding_state.DecodeState:
     tokens_k = jnp.repeat(state.tokens, k, axis=0)  # [K*B, L_max]
     lengths_k = jnp.repeat(state.lengths, k, axis=0)  # [K*B]
     proposal, draft_state = drafter.propose(
@@ -210,7 +212,7 @@ def _spectr_jit(
     drafted = jnp.arange(length)[None, :] < proposal.num_drafted[:, None]  # [K*B, L]
     draft_tokens = jnp.where(drafted, proposal.tokens, 0)  # [K*B, L] (filler -> 0, as decoding)
     # One verify call over all K drafts: [last committed token, x^j_1..x^j_L] at start = length-1.
-    last = decoding.last_tokens(tokens_k, lengths_k)  # [K*B]
+    last = decoding_state.last_tokens(tokens_k, lengths_k)  # [K*B]
     verify_tokens = jnp.concatenate([last[:, None], draft_tokens], axis=1)  # [K*B, L+1]
     logits, cache = target.extend(
       target_params, state.target_cache, verify_tokens, lengths_k - 1
@@ -218,13 +220,13 @@ def _spectr_jit(
     target_probs = sampling_lib.probs_from_logits(logits, sampling, sampling_params)
     draft_probs = jnp.where(drafted[..., None], proposal.probs, 0.0)  # [K*B, L, V]
 
-    select_keys = decoding.row_keys(rng, row_ids, state.step, _USE_SELECT)  # [B]
+    select_keys = decoding_state.row_keys(rng, row_ids, state.step, _USE_SELECT)  # [B]
     uniform_keys = jax.vmap(lambda key: jax.random.fold_in(key, 0))(select_keys)
     sample_keys = jax.vmap(lambda key: jax.random.fold_in(key, 1))(select_keys)
     uniforms = jax.vmap(lambda key: jax.random.uniform(key, (length, k), jnp.float32))(
       uniform_keys
     )  # [B, L, K]
-    selection = spectr.spectr_sequence_select(
+    selection = spectr_sequence_select(
       draft_tokens.reshape(batch, k, length),
       draft_probs.reshape(batch, k, length, vocab),
       target_probs.reshape(batch, k, length + 1, vocab),
@@ -233,8 +235,13 @@ def _spectr_jit(
       proposal.num_drafted.reshape(batch, k),
       num_iters=num_iters,
     )
-    tokens, lengths, done, active = decoding.commit_tokens(
-      state, selection.tokens, selection.num_accepted + 1, prompt_lengths, max_new_tokens, eos_id
+    tokens, lengths, done, active = decoding_state.commit_tokens(
+      state,
+      selection.tokens,
+      selection.num_accepted + 1,
+      prompt_lengths,
+      max_new_tokens,
+      inputs.eos_id,
     )
     # Every copy of row b adopts the chosen branch's caches (rows b*K + branch[b]).
     source = jnp.arange(batch, dtype=jnp.int32) * k + selection.branch  # [B]
@@ -244,9 +251,9 @@ def _spectr_jit(
 
     num_drafted = proposal.num_drafted.reshape(batch, k)
     verified = jnp.arange(length + 1)[None, :] <= proposal.num_drafted[:, None]  # [K*B, L+1]
-    invalid_k = decoding.has_nan(
+    invalid_k = decoding_state.has_nan(
       jnp.where(verified[..., None], target_probs, 0.0)
-    ) | decoding.has_nan(draft_probs)  # [K*B]
+    ) | decoding_state.has_nan(draft_probs)  # [K*B]
     invalid = jnp.any(invalid_k.reshape(batch, k), axis=1)  # [B]
     metrics = state.metrics
     metrics = SpecTrMetrics(
@@ -259,18 +266,9 @@ def _spectr_jit(
       selections=metrics.selections + jnp.where(active, selection.num_selections, 0),
       invalid=metrics.invalid | (active & invalid),
     )
-    return decoding.DecodeState(
-      step=state.step + 1,
-      tokens=tokens,
-      lengths=lengths,
-      done=done,
-      target_cache=cache,
-      draft_state=draft_state,
-      metrics=metrics,
-    )
+    return state.advance(tokens, lengths, done, cache, draft_state, metrics)
 
-  state = jax.lax.while_loop(lambda s: ~jnp.all(s.done), body, state)
-  return decoding.make_result(state, prompt_lengths, max_new_tokens)
+  return decoding_state.run_loop(body, state, prompt_lengths, max_new_tokens)
 
 
 def spectr_decode(
@@ -291,9 +289,9 @@ def spectr_decode(
   encoder_tokens: jax.Array | None = None,
   draft_encoder_tokens: jax.Array | None = None,
   row_ids: jax.Array | None = None,
-  num_iters: int = spectr.DEFAULT_BISECTION_ITERS,
+  num_iters: int = DEFAULT_BISECTION_ITERS,
   check_finite: bool = True,
-) -> decoding.DecodeResult:
+) -> decoding_state.DecodeResult:
   """SpecTr decoding: K i.i.d. drafts of length L, one target call over K x (L+1) positions a step.
 
   Arguments as in `decoding.speculative_decode` (gamma is `draft_length`), plus:
@@ -307,52 +305,34 @@ def spectr_decode(
   Returns:
     decoding.DecodeResult whose `metrics` is a SpecTrMetrics (per original row).
   """
-  decoding.check_positive_int('num_drafts', num_drafts)
-  decoding.check_positive_int('draft_length', draft_length)
-  decoding.check_positive_int('num_iters', num_iters)
-  if drafter.vocab_size != target.vocab_size:
-    raise ValueError(
-      f'draft and target vocabularies differ: draft vocab_size '
-      f'{drafter.vocab_size} != target vocab_size {target.vocab_size}'
-    )
-  (prompt_tokens, prompt_lengths, encoder_tokens, eos_id, sampling_params, rng, row_ids) = (
-    decoding.prepare_inputs(
-      target,
-      prompt_tokens,
-      prompt_lengths,
-      encoder_tokens,
-      max_new_tokens,
-      eos_id,
-      sampling,
-      sampling_params,
-      rng,
-      row_ids,
-    )
-  )
-  if draft_encoder_tokens is None:
-    draft_encoder_tokens = encoder_tokens
-  elif encoder_tokens is None:
-    raise ValueError('draft_encoder_tokens given without encoder_tokens for the target')
-  else:
-    draft_encoder_tokens = jnp.asarray(draft_encoder_tokens).astype(jnp.int32)
-  result = _spectr_jit(
-    target_params,
-    draft_params,
+  check_positive_int('num_drafts', num_drafts)
+  check_positive_int('draft_length', draft_length)
+  check_positive_int('num_iters', num_iters)
+  check_drafter(drafter, target)
+  inputs = prepare_inputs(
+    target,
     prompt_tokens,
     prompt_lengths,
     encoder_tokens,
-    draft_encoder_tokens,
+    max_new_tokens,
+    eos_id,
+    sampling,
     sampling_params,
     rng,
     row_ids,
+  )
+  result = _spectr_jit(
+    target_params,
+    draft_params,
+    inputs,
+    draft_encoder_inputs(draft_encoder_tokens, inputs.encoder_tokens),
     target=target,
     drafter=drafter,
     sampling=sampling,
     num_drafts=int(num_drafts),
     draft_length=int(draft_length),
     max_new_tokens=int(max_new_tokens),
-    eos_id=eos_id,
     num_iters=int(num_iters),
   )
-  decoding.raise_if_invalid(result, check_finite)
+  raise_if_invalid(result, check_finite)
   return result

@@ -10,9 +10,9 @@ its last checkpoint), evaluates validation loss/accuracy, and at the end exports
 (`export_path`, bfloat16 flax msgpack) for shipping. To ship the newest checkpoint of a run that
 stopped early: add --gin_bindings="train.export_only = True".
 
-Batching: examples are bucketed by length into a few fixed (inputs, targets) shapes, each with a
-batch size chosen to keep tokens per batch roughly constant, so only a few shapes compile and little
-compute goes to padding.
+Batching (speculative/train_data.py): examples are bucketed by length into a few fixed (inputs,
+targets) shapes, each with a batch size chosen to keep tokens per batch roughly constant, so only a
+few shapes compile and little compute goes to padding.
 """
 
 from __future__ import annotations
@@ -21,124 +21,30 @@ import dataclasses
 import json
 import logging
 import os
-import shutil
 import time
-from typing import Iterator
+from typing import Any
 from typing import Sequence
 
-from flax import serialization
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
 
 from speculative import checkpoints
-from speculative import corpus
-from speculative import tasks
 from speculative.models import t5 as t5_lib
-
-INPUT_PREFIX = tasks.TRANSLATE_EN_DE_PREFIX
-EOS_ID = 1
-PAD_ID = 0
-
-
-# ----------------------------------------------------------------------------------------------
-# Data.
-# ----------------------------------------------------------------------------------------------
-
-
-@dataclasses.dataclass(frozen=True)
-class Bucket:
-  """A fixed batch shape: examples whose inputs/targets fit go here."""
-
-  inputs_length: int
-  targets_length: int
-  batch_size: int
-
-
-# Bucket lengths (inputs and targets); batch sizes are set from `tokens_per_batch` in `train`.
-DEFAULT_BUCKET_LENGTHS = (24, 48, 96, 192)
-
-
-def read_tsv(path: str) -> list[tuple[str, str]]:
-  """`source<TAB>target` pairs of a (gzipped) TSV file; ValueError when it holds none."""
-  pairs = corpus.read_tsv_gz(path)
-  if not pairs:
-    raise ValueError(f"{path}: no examples")
-  return pairs
-
-
-def tokenize_pairs(
-  pairs: Sequence[tuple[str, str]], spm_model: str, prefix: str = INPUT_PREFIX
-) -> list[tuple[np.ndarray, np.ndarray]]:
-  """Tokenizes with the SentencePiece model; appends EOS to both sides (T5 convention)."""
-  import sentencepiece as spm
-
-  sp = spm.SentencePieceProcessor(model_file=spm_model)
-  sources = sp.encode([prefix + s for s, _ in pairs])
-  targets = sp.encode([t for _, t in pairs])
-  return [
-    (np.array(s + [EOS_ID], np.int32), np.array(t + [EOS_ID], np.int32))
-    for s, t in zip(sources, targets)
-  ]
-
-
-def assign_buckets(examples, buckets: Sequence[Bucket]) -> list[list[int]]:
-  """Indices of the examples per bucket; examples longer than the largest bucket are truncated."""
-  per_bucket: list[list[int]] = [[] for _ in buckets]
-  for i, (src, tgt) in enumerate(examples):
-    for b, bucket in enumerate(buckets):
-      if len(src) <= bucket.inputs_length and len(tgt) <= bucket.targets_length:
-        per_bucket[b].append(i)
-        break
-    else:
-      per_bucket[-1].append(i)
-  return per_bucket
-
-
-def make_batch(examples, indices, bucket: Bucket) -> dict[str, np.ndarray]:
-  """Pads (or truncates, keeping EOS last) a batch to the bucket's shape, T5X feature names."""
-  n = bucket.batch_size
-  enc = np.zeros((n, bucket.inputs_length), np.int32)
-  tgt = np.zeros((n, bucket.targets_length), np.int32)
-  for row, i in enumerate(indices):
-    src, trg = examples[i]
-    if len(src) > bucket.inputs_length:
-      src = np.concatenate([src[: bucket.inputs_length - 1], [EOS_ID]])
-    if len(trg) > bucket.targets_length:
-      trg = np.concatenate([trg[: bucket.targets_length - 1], [EOS_ID]])
-    enc[row, : len(src)] = src
-    tgt[row, : len(trg)] = trg
-  # Decoder inputs are the targets shifted right, starting with the decoder start token 0.
-  dec_in = np.zeros_like(tgt)
-  dec_in[:, 1:] = tgt[:, :-1]
-  return {
-    "encoder_input_tokens": enc,
-    "decoder_input_tokens": dec_in,
-    "decoder_target_tokens": tgt,
-    "decoder_loss_weights": (tgt != PAD_ID).astype(np.float32),
-  }
-
-
-def batch_stream(
-  examples, buckets: Sequence[Bucket], seed: int, epoch: int = 0
-) -> Iterator[dict[str, np.ndarray]]:
-  """Endless stream of shuffled bucketed batches; deterministic in (seed, epoch)."""
-  per_bucket = assign_buckets(examples, buckets)
-  while True:
-    rng = np.random.default_rng([seed, epoch])
-    batches = []
-    for bucket, idx in zip(buckets, per_bucket):
-      idx = np.array(idx)
-      rng.shuffle(idx)
-      for start in range(0, len(idx) - bucket.batch_size + 1, bucket.batch_size):
-        batches.append((bucket, idx[start : start + bucket.batch_size]))
-    order = rng.permutation(len(batches))
-    for j in order:
-      bucket, idx = batches[j]
-      yield make_batch(examples, idx, bucket)
-    epoch += 1
-
+from speculative.train_checkpoints import restore_latest
+from speculative.train_checkpoints import restore_train_state  # noqa: F401  (re-exported)
+from speculative.train_checkpoints import save_train_state
+from speculative.train_data import DEFAULT_BUCKET_LENGTHS
+from speculative.train_data import EOS_ID  # noqa: F401  (re-exported)
+from speculative.train_data import INPUT_PREFIX  # noqa: F401  (re-exported)
+from speculative.train_data import PAD_ID  # noqa: F401  (re-exported)
+from speculative.train_data import Bucket
+from speculative.train_data import assign_buckets
+from speculative.train_data import batch_stream
+from speculative.train_data import make_batch
+from speculative.train_data import read_tsv
+from speculative.train_data import tokenize_pairs
 
 # ----------------------------------------------------------------------------------------------
 # Loss and step.
@@ -245,98 +151,6 @@ def evaluate(eval_step, params, examples, buckets) -> dict[str, float]:
 
 
 # ----------------------------------------------------------------------------------------------
-# Checkpointing (T5X layout for params; optax state beside it for resuming).
-# ----------------------------------------------------------------------------------------------
-
-
-def _latest_step_list(output_dir: str) -> list[int]:
-  """Steps of the complete checkpoints (params and optax state both written) in output_dir."""
-  if not os.path.isdir(output_dir):
-    return []
-  return [
-    int(n.split("_")[1])
-    for n in os.listdir(output_dir)
-    if n.startswith("checkpoint_")
-    and n.split("_")[1].isdigit()
-    and os.path.exists(os.path.join(output_dir, n, "optax_state.msgpack"))
-  ]
-
-
-def save_train_state(
-  output_dir: str,
-  step: int,
-  params,
-  opt_state,
-  keep: int = 2,
-  config: t5_lib.T5Config | None = None,
-) -> str:
-  """Writes checkpoint_<step> (T5X layout) with its optax state in one atomic step (temp dir +
-  rename), recording `config` and the content sha256 (checked on resume); keeps the newest `keep`."""
-  path = checkpoints.save_t5x_checkpoint(
-    jax.device_get(params),
-    output_dir,
-    step,
-    overwrite=True,
-    config=config,
-    extra_files={"optax_state.msgpack": serialization.to_bytes(jax.device_get(opt_state))},
-  )
-  for old in sorted(_latest_step_list(output_dir))[:-keep]:
-    shutil.rmtree(os.path.join(output_dir, f"checkpoint_{old}"), ignore_errors=True)
-  return path
-
-
-def restore_train_state(
-  output_dir: str,
-  step: int,
-  params_template,
-  opt_state_template,
-  config: t5_lib.T5Config | None = None,
-):
-  """Params and optax state of checkpoint_<step>; CheckpointError naming the file if unreadable,
-  corrupt, saved with another config, or not matching this run's model or optimizer."""
-  path = os.path.join(output_dir, f"checkpoint_{step}")
-  params = checkpoints.load_t5x_checkpoint(path, config=config)
-  checkpoints.validate_params(params, params_template, name=path)
-  params = jax.tree_util.tree_map(lambda t, x: np.asarray(x, t.dtype), params_template, params)
-  state_file = os.path.join(path, "optax_state.msgpack")
-  try:
-    with open(state_file, "rb") as f:
-      opt_state = serialization.from_bytes(opt_state_template, f.read())
-  except (OSError, ValueError, TypeError, KeyError) as e:
-    raise checkpoints.CheckpointError(
-      f"{state_file}: optimizer state does not match this run's optimizer or is corrupt "
-      f"({type(e).__name__}: {e})"
-    ) from e
-  return params, opt_state
-
-
-def restore_latest(
-  output_dir: str, params_template, opt_state_template, config: t5_lib.T5Config | None = None
-):
-  """(step, params, opt_state) of the newest readable checkpoint, falling back past unreadable
-  ones with a warning; (0, templates) if there is none. Raises CheckpointError naming every file if
-  checkpoints exist but none is readable (rather than silently starting over)."""
-  errors = []
-  for step in sorted(_latest_step_list(output_dir), reverse=True):
-    try:
-      params, opt_state = restore_train_state(
-        output_dir, step, params_template, opt_state_template, config
-      )
-    except (checkpoints.CheckpointError, OSError, ValueError) as e:
-      logging.warning(
-        "cannot resume from %s/checkpoint_%d, trying the previous one: %s", output_dir, step, e
-      )
-      errors.append(f"checkpoint_{step}: {e}")
-      continue
-    return step, params, opt_state
-  if errors:
-    raise checkpoints.CheckpointError(
-      f"no readable checkpoint in {output_dir}:\n  " + "\n  ".join(errors)
-    )
-  return 0, params_template, opt_state_template
-
-
-# ----------------------------------------------------------------------------------------------
 # The training run.
 # ----------------------------------------------------------------------------------------------
 
@@ -422,158 +236,251 @@ def train(
   `export_best`: export the parameters with the lowest validation NLL seen (`output_dir/best.msgpack`,
   updated at every evaluation) instead of the last ones.
   """
-  if num_steps < 1:
-    raise ValueError(f"num_steps must be >= 1, got {num_steps}")
-  if not 0.0 <= distill_weight <= 1.0:
-    raise ValueError(f"distill_weight must be in [0, 1], got {distill_weight}")
-  if distill_weight > 0 and (teacher_config is None or teacher_checkpoint is None):
-    raise ValueError("distillation needs teacher_config and teacher_checkpoint")
-  from tqdm import tqdm
+  return _run(TrainSettings(**locals()))
 
-  # Batch size per bucket keeps the padded tokens per batch near `tokens_per_batch`.
-  if not bucket_lengths or list(bucket_lengths) != sorted(bucket_lengths):
-    raise ValueError(f"bucket_lengths must be non-empty and ascending, got {bucket_lengths}")
-  buckets = tuple(Bucket(n, n, max(1, tokens_per_batch // (2 * n))) for n in bucket_lengths)
-  train_pairs = read_tsv(train_tsv)
-  if exclude_heldout:
-    from speculative import overlap
 
-    heldout = [p for path in exclude_heldout for p in read_tsv(path)]
-    drop, report = overlap.find_overlap(train_pairs, heldout)
-    train_pairs = [p for p, d in zip(train_pairs, drop) if not d]
-    os.makedirs(output_dir, exist_ok=True)
-    checkpoints.write_atomic(
-      os.path.join(output_dir, "overlap.json"),
-      json.dumps(dict(report, heldout_files=list(exclude_heldout))).encode(),
+@dataclasses.dataclass(frozen=True)
+class TrainSettings:
+  """Every argument of `train` (same names and defaults), checked on construction."""
+
+  model_config: t5_lib.T5Config
+  train_tsv: str
+  validation_tsv: str
+  spm_model: str
+  output_dir: str
+  num_steps: int
+  learning_rate: float = 1e-3
+  warmup_steps: int = 500
+  weight_decay: float = 0.01
+  clip_norm: float = 1.0
+  tokens_per_batch: int = 3072
+  bucket_lengths: Sequence[int] = DEFAULT_BUCKET_LENGTHS
+  checkpoint_every: int = 500
+  eval_every: int = 1000
+  max_validation_examples: int = 500
+  seed: int = 0
+  teacher_config: t5_lib.T5Config | None = None
+  teacher_checkpoint: str | None = None
+  distill_weight: float = 0.0
+  export_path: str | None = None
+  export_dtype: str = "bfloat16"
+  max_steps_this_run: int | None = None
+  export_only: bool = False
+  schedule: str = "cosine"
+  label_smoothing: float = 0.0
+  exclude_heldout: Sequence[str] = ()
+  export_best: bool = False
+
+  def __post_init__(self):
+    if self.num_steps < 1:
+      raise ValueError(f"num_steps must be >= 1, got {self.num_steps}")
+    if not 0.0 <= self.distill_weight <= 1.0:
+      raise ValueError(f"distill_weight must be in [0, 1], got {self.distill_weight}")
+    if self.distill_weight > 0 and (self.teacher_config is None or self.teacher_checkpoint is None):
+      raise ValueError("distillation needs teacher_config and teacher_checkpoint")
+    if not self.bucket_lengths or list(self.bucket_lengths) != sorted(self.bucket_lengths):
+      raise ValueError(f"bucket_lengths must be non-empty and ascending, got {self.bucket_lengths}")
+
+  def buckets(self) -> tuple[Bucket, ...]:
+    """Batch size per bucket keeps the padded tokens per batch near `tokens_per_batch`."""
+    return tuple(
+      Bucket(n, n, max(1, self.tokens_per_batch // (2 * n))) for n in self.bucket_lengths
     )
-    print(f"held-out overlap: {json.dumps(report)}")
-  train_examples = tokenize_pairs(train_pairs, spm_model)
-  val_examples = tokenize_pairs(read_tsv(validation_tsv)[:max_validation_examples], spm_model)
+
+  @property
+  def best_path(self) -> str:
+    return os.path.join(self.output_dir, "best.msgpack")
+
+  @property
+  def best_info_path(self) -> str:
+    return os.path.join(self.output_dir, "best.json")
+
+
+def _run(s: TrainSettings) -> dict[str, float]:
+  """`train` after its checks."""
+  buckets = s.buckets()
+  train_examples, val_examples = _load_examples(s)
   logging.info("train examples %d, buckets %s", len(train_examples), buckets)
-
-  model = t5_lib.T5(model_config)
+  model = t5_lib.T5(s.model_config)
   optimizer = make_optimizer(
-    learning_rate, warmup_steps, num_steps, weight_decay, clip_norm, schedule
+    s.learning_rate, s.warmup_steps, s.num_steps, s.weight_decay, s.clip_norm, s.schedule
   )
-  params = model.init_params(jax.random.PRNGKey(seed))
+  params = model.init_params(jax.random.PRNGKey(s.seed))
   opt_state = optimizer.init(params)
-  n_params = sum(int(np.prod(x.shape)) for x in jax.tree_util.tree_leaves(params))
-
-  teacher = teacher_params = None
-  if distill_weight > 0:
-    teacher = t5_lib.T5(teacher_config)
-    if not os.path.exists(teacher_checkpoint):
-      raise FileNotFoundError(f"teacher checkpoint does not exist: {teacher_checkpoint}")
-    # A T5X checkpoint dir or a shipped .msgpack (e.g. the bf16 target exactly as it is served).
-    teacher_params = checkpoints.load_params(teacher_checkpoint, dtype=np.float32)
-    checkpoints.validate_params(teacher_params, teacher.param_shapes(), name=teacher_checkpoint)
-    teacher_params = jax.tree_util.tree_map(jnp.asarray, teacher_params)
-
-  removed = checkpoints.remove_stale_temporaries(output_dir)  # left by a killed run
+  teacher, teacher_params = _load_teacher(s)
+  removed = checkpoints.remove_stale_temporaries(s.output_dir)  # left by a killed run
   if removed:
-    logging.warning("removed temporaries of an interrupted run in %s: %s", output_dir, removed)
-  start_step, params, opt_state = restore_latest(output_dir, params, opt_state, model_config)
+    logging.warning("removed temporaries of an interrupted run in %s: %s", s.output_dir, removed)
+  start_step, params, opt_state = restore_latest(s.output_dir, params, opt_state, s.model_config)
   if start_step:
-    print(f"resumed from {output_dir}/checkpoint_{start_step}")
-  os.makedirs(output_dir, exist_ok=True)
-
-  best_path = os.path.join(output_dir, "best.msgpack")
-  best_info_path = os.path.join(output_dir, "best.json")
-  if export_only:
+    print(f"resumed from {s.output_dir}/checkpoint_{start_step}")
+  os.makedirs(s.output_dir, exist_ok=True)
+  if s.export_only:
     if not start_step:
-      raise ValueError(f"export_only: no checkpoint in {output_dir}")
-    if not export_path:
+      raise ValueError(f"export_only: no checkpoint in {s.output_dir}")
+    if not s.export_path:
       raise ValueError("export_only needs export_path")
-    _export(
-      params,
-      export_path,
-      export_dtype,
-      export_best,
-      best_path,
-      best_info_path,
-      start_step,
-      model_config,
-    )
+    _export_run(s, params, start_step)
     return {"step": start_step}
 
   step_config = StepConfig(
-    model=model, distill_weight=distill_weight, label_smoothing=label_smoothing
+    model=model, distill_weight=s.distill_weight, label_smoothing=s.label_smoothing
   )
-  train_step = make_train_step(step_config, optimizer, teacher)
-  eval_step = make_eval_step(model)
+  loop = _TrainLoop(
+    settings=s,
+    train_step=make_train_step(step_config, optimizer, teacher),
+    eval_step=make_eval_step(model),
+    teacher_params=teacher_params,
+    val_examples=val_examples,
+    buckets=buckets,
+  )
   # The stream is deterministic in (seed, epoch); on resume we skip to roughly the same place.
-  stream = batch_stream(train_examples, buckets, seed)
+  stream = batch_stream(train_examples, buckets, s.seed)
   for _ in range(start_step):
     next(stream)  # cheap: numpy only
-
-  end_step = (
-    num_steps if max_steps_this_run is None else min(num_steps, start_step + max_steps_this_run)
-  )
-  metrics: dict[str, float] = {}
-  log_path = os.path.join(output_dir, "train_log.jsonl")
-  bar = tqdm(
-    range(start_step, end_step),
-    initial=start_step,
-    total=num_steps,
-    desc=os.path.basename(output_dir.rstrip("/")),
-    mininterval=10,
-  )
-  t_start, tokens = time.time(), 0
-  running = None
-  for step in bar:
-    batch = next(stream)
-    rng = jax.random.fold_in(jax.random.PRNGKey(seed + 1), step)
-    params, opt_state, m = train_step(params, opt_state, batch, rng, teacher_params)
-    tokens += int(
-      np.count_nonzero(batch["encoder_input_tokens"])
-      + np.count_nonzero(batch["decoder_target_tokens"])
-    )  # real (non-pad) tokens
-    if step % 20 == 0 or step == end_step - 1:
-      loss = float(m["loss"])
-      if not np.isfinite(loss):
-        raise FloatingPointError(f"loss is {loss} at step {step}")
-      running = loss if running is None else 0.9 * running + 0.1 * loss
-      bar.set_postfix(
-        loss=f"{running:.3f}",
-        acc=f"{float(m['accuracy']):.3f}",
-        tok_s=f"{tokens / (time.time() - t_start):.0f}",
-      )
-    done = step + 1
-    if done % eval_every == 0 or done == end_step:
-      metrics = evaluate(eval_step, params, val_examples, buckets)
-      metrics.update(
-        step=done,
-        train_loss=running,
-        n_params=n_params,
-        tokens_per_s=tokens / (time.time() - t_start),
-      )
-      with open(log_path, "a") as f:
-        f.write(json.dumps(metrics) + "\n")
-      bar.write(json.dumps(metrics))
-      best = json.load(open(best_info_path)) if os.path.exists(best_info_path) else None
-      if best is None or metrics["val_nll"] < best["val_nll"]:
-        checkpoints.save_params(
-          jax.device_get(params), best_path, dtype="float32", config=model_config
-        )
-        checkpoints.write_atomic(best_info_path, json.dumps(metrics).encode())
-    if done % checkpoint_every == 0 or done == end_step:
-      save_train_state(output_dir, done, params, opt_state, config=model_config)
-
-  if export_path and end_step == num_steps:
-    _export(
-      params,
-      export_path,
-      export_dtype,
-      export_best,
-      best_path,
-      best_info_path,
-      end_step,
-      model_config,
-    )
+  params, metrics = loop.run(params, opt_state, stream, start_step)
+  if s.export_path and loop.end_step(start_step) == s.num_steps:
+    _export_run(s, params, loop.end_step(start_step))
   return metrics
 
 
-def _export(
+def _load_examples(s: TrainSettings) -> tuple[list, list]:
+  """Tokenized training pairs (held-out overlap dropped, see `exclude_heldout`) and validation
+  pairs."""
+  train_pairs = read_tsv(s.train_tsv)
+  if s.exclude_heldout:
+    from speculative import overlap
+
+    heldout = [p for path in s.exclude_heldout for p in read_tsv(path)]
+    drop, report = overlap.find_overlap(train_pairs, heldout)
+    train_pairs = [p for p, d in zip(train_pairs, drop) if not d]
+    os.makedirs(s.output_dir, exist_ok=True)
+    checkpoints.write_atomic(
+      os.path.join(s.output_dir, "overlap.json"),
+      json.dumps(dict(report, heldout_files=list(s.exclude_heldout))).encode(),
+    )
+    print(f"held-out overlap: {json.dumps(report)}")
+  train_examples = tokenize_pairs(train_pairs, s.spm_model)
+  validation = read_tsv(s.validation_tsv)[: s.max_validation_examples]
+  return train_examples, tokenize_pairs(validation, s.spm_model)
+
+
+def _load_teacher(s: TrainSettings):
+  """(teacher model, float32 params) for distillation, or (None, None)."""
+  if s.distill_weight <= 0:
+    return None, None
+  teacher = t5_lib.T5(s.teacher_config)
+  if not os.path.exists(s.teacher_checkpoint):
+    raise FileNotFoundError(f"teacher checkpoint does not exist: {s.teacher_checkpoint}")
+  # A T5X checkpoint dir or a shipped .msgpack (e.g. the bf16 target exactly as it is served).
+  teacher_params = checkpoints.load_params(s.teacher_checkpoint, dtype=np.float32)
+  checkpoints.validate_params(teacher_params, teacher.param_shapes(), name=s.teacher_checkpoint)
+  return teacher, jax.tree_util.tree_map(jnp.asarray, teacher_params)
+
+
+@dataclasses.dataclass
+class _TrainLoop:
+  """The steps of one run: train steps with a running loss on the progress bar, evaluation (and the
+  best-validation params) every `eval_every` steps, checkpoints every `checkpoint_every`."""
+
+  settings: TrainSettings
+  train_step: Any
+  eval_step: Any
+  teacher_params: Any
+  val_examples: list
+  buckets: tuple[Bucket, ...]
+  running: float | None = None
+  tokens: int = 0
+  t_start: float = 0.0
+
+  def end_step(self, start_step: int) -> int:
+    s = self.settings
+    if s.max_steps_this_run is None:
+      return s.num_steps
+    return min(s.num_steps, start_step + s.max_steps_this_run)
+
+  def run(self, params, opt_state, stream, start_step: int):
+    """Trains from `start_step` to the end step; returns (params, the last evaluation's metrics)."""
+    from tqdm import tqdm
+
+    s = self.settings
+    end_step = self.end_step(start_step)
+    n_params = sum(int(np.prod(x.shape)) for x in jax.tree_util.tree_leaves(params))
+    metrics: dict[str, float] = {}
+    bar = tqdm(
+      range(start_step, end_step),
+      initial=start_step,
+      total=s.num_steps,
+      desc=os.path.basename(s.output_dir.rstrip("/")),
+      mininterval=10,
+    )
+    self.t_start, self.tokens = time.time(), 0
+    for step in bar:
+      batch = next(stream)
+      rng = jax.random.fold_in(jax.random.PRNGKey(s.seed + 1), step)
+      params, opt_state, m = self.train_step(params, opt_state, batch, rng, self.teacher_params)
+      self.tokens += int(
+        np.count_nonzero(batch["encoder_input_tokens"])
+        + np.count_nonzero(batch["decoder_target_tokens"])
+      )  # real (non-pad) tokens
+      if step % 20 == 0 or step == end_step - 1:
+        self._show_loss(bar, step, m)
+      done = step + 1
+      if done % s.eval_every == 0 or done == end_step:
+        metrics = self._evaluate(bar, params, done, n_params)
+      if done % s.checkpoint_every == 0 or done == end_step:
+        save_train_state(s.output_dir, done, params, opt_state, config=s.model_config)
+    return params, metrics
+
+  def _show_loss(self, bar, step: int, m) -> None:
+    loss = float(m["loss"])
+    if not np.isfinite(loss):
+      raise FloatingPointError(f"loss is {loss} at step {step}")
+    self.running = loss if self.running is None else 0.9 * self.running + 0.1 * loss
+    bar.set_postfix(
+      loss=f"{self.running:.3f}",
+      acc=f"{float(m['accuracy']):.3f}",
+      tok_s=f"{self.tokens / (time.time() - self.t_start):.0f}",
+    )
+
+  def _evaluate(self, bar, params, done: int, n_params: int) -> dict[str, float]:
+    """Validation metrics, logged to train_log.jsonl; the params are kept as best.msgpack when
+    their validation NLL is the lowest so far."""
+    s = self.settings
+    metrics = evaluate(self.eval_step, params, self.val_examples, self.buckets)
+    metrics.update(
+      step=done,
+      train_loss=self.running,
+      n_params=n_params,
+      tokens_per_s=self.tokens / (time.time() - self.t_start),
+    )
+    with open(os.path.join(s.output_dir, "train_log.jsonl"), "a") as f:
+      f.write(json.dumps(metrics) + "\n")
+    bar.write(json.dumps(metrics))
+    best_info = s.best_info_path
+    best = json.load(open(best_info)) if os.path.exists(best_info) else None
+    if best is None or metrics["val_nll"] < best["val_nll"]:
+      checkpoints.save_params(
+        jax.device_get(params), s.best_path, dtype="float32", config=s.model_config
+      )
+      checkpoints.write_atomic(best_info, json.dumps(metrics).encode())
+    return metrics
+
+
+def _export_run(s: TrainSettings, params, step: int) -> None:
+  export_params(
+    params,
+    s.export_path,
+    s.export_dtype,
+    s.export_best,
+    s.best_path,
+    s.best_info_path,
+    step,
+    s.model_config,
+  )
+
+
+def export_params(
   params,
   export_path: str,
   export_dtype: str,

@@ -71,7 +71,7 @@ def _step(model, params, cache, token, position):
 def _paths(model, params, encoder, decoder_inputs):
   """Logits [B, T, V] of the full forward, of T cached 1-token steps and of one T-token extend."""
   batch, length = decoder_inputs.shape
-  full = audit._forward(model, params, encoder, decoder_inputs)
+  full = audit.forward_logits(model, params, encoder, decoder_inputs)
   cache = jax.jit(model.init_cache, static_argnums=(1, 2))(params, batch, 8, encoder)
   steps = []
   for t in range(length):
@@ -279,9 +279,9 @@ def test_float32_logits_head_default_unchanged_and_applied_in_every_path():
   # float32 activations: the option is a no-op, bit for bit.
   f32 = T5(dataclasses.replace(TINY, dtype='float32'))
   f32_head = T5(dataclasses.replace(TINY, dtype='float32', logits_dtype='float32'))
-  reference = audit._forward(f32, params, encoder, decoder_inputs)
+  reference = audit.forward_logits(f32, params, encoder, decoder_inputs)
   np.testing.assert_array_equal(
-    reference, audit._forward(f32_head, params, encoder, decoder_inputs)
+    reference, audit.forward_logits(f32_head, params, encoder, decoder_inputs)
   )
 
   def paths(model):
@@ -319,7 +319,7 @@ def test_float32_logits_head_greedy_decode_equals_full_forward_argmax():
   assert (np.asarray(result.lengths) == steps).all()
   decoder_inputs = np.concatenate([np.zeros((len(ENCODER), 1), np.int32), tokens[:, :-1]], 1)
   full = np.asarray(
-    audit._forward(model, params, jnp.asarray(ENCODER), jnp.asarray(decoder_inputs))
+    audit.forward_logits(model, params, jnp.asarray(ENCODER), jnp.asarray(decoder_inputs))
   )  # [B, T, V]
   np.testing.assert_array_equal(full.argmax(-1), tokens)
 

@@ -533,7 +533,7 @@ def test_greedy_rows_that_differ_are_audited():
   make = lambda tokens: methods_lib.Method(  # noqa: E731
     "m", methods_lib.SPECULATIVE, None, outputs=[{"tokens": tokens, "lengths": lengths}]
   )
-  row = sweep._audited(
+  row = sweep.audited(
     {"identical_to_baseline": 1},
     make(out_tokens),
     make(ref_tokens),
@@ -543,5 +543,5 @@ def test_greedy_rows_that_differ_are_audited():
   )
   assert row["audit_mismatch"] == 1 and row["audit_near_tie"] == 0
   assert row["divergences"][0]["example"] == 10 and row["divergences"][0]["position"] == 0
-  untouched = sweep._audited({"identical_to_baseline": 2}, None, None, [(chunk, None)], None, None)
+  untouched = sweep.audited({"identical_to_baseline": 2}, None, None, [(chunk, None)], None, None)
   assert "divergences" not in untouched

@@ -437,6 +437,8 @@ def test_add_metadata_gives_an_old_params_file_its_sidecar(tmp_path):
   assert checkpoints.read_metadata(path)["config"]["emb_dim"] == 8
   checkpoints.load_params(path, config=config)  # verified: hash and config match
   with pytest.raises(Exception, match="old.msgpack"):
-    checkpoints.load_params(path, config=dataclasses.replace(config, dropout_rate=0.5))
+    checkpoints.load_params(
+      path, config=dataclasses.replace(config, relative_attention_max_distance=64)
+    )
   with pytest.raises(Exception, match="old.msgpack"):
     checkpoints.add_metadata(path, dataclasses.replace(config, emb_dim=16))  # shapes differ

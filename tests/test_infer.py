@@ -153,21 +153,21 @@ def test_copy_drafters_stay_exact(setup, drafter):
 def test_resume_does_not_redo_finished_examples(setup, monkeypatch):
   root, kwargs = setup
   out = root / "run2"
-  original = infer._record
+  original = infer.record
 
   def interrupted(example, *args):
     if example.index == 2:
       raise KeyboardInterrupt  # stands in for a kill while decoding the second batch
     return original(example, *args)
 
-  monkeypatch.setattr(infer, "_record", interrupted)
+  monkeypatch.setattr(infer, "record", interrupted)
   with pytest.raises(KeyboardInterrupt):
     infer.infer(output_dir=str(out), **kwargs)
   finished = {json.loads(line)["index"] for line in (out / "predictions-speculative.jsonl").open()}
   assert finished and 2 not in finished  # batches before example 2's (length order) are done
   calls = []
   monkeypatch.setattr(
-    infer, "_record", lambda example, *a: calls.append(example.index) or original(example, *a)
+    infer, "record", lambda example, *a: calls.append(example.index) or original(example, *a)
   )
   infer.infer(output_dir=str(out), **kwargs)
   # Only the unfinished examples are decoded, once per mode.

@@ -25,6 +25,7 @@ import numpy as np
 import pytest
 
 from speculative.models import t5 as t5_lib
+from speculative.models import t5_attention
 from speculative.models.t5 import T5
 from speculative.models.t5 import T5Config
 from speculative.models.t5 import shift_right
@@ -286,7 +287,7 @@ def test_bucket_table_lookup_equals_direct(bidirectional):
   """The clipped lookup table used at run time equals the formula on any distance."""
   rel = np.arange(-1000, 1001)
   direct = t5_lib.relative_position_bucket(rel, bidirectional=bidirectional)
-  table = t5_lib._bucket_table(bidirectional, 32, 128)
+  table = t5_attention.bucket_table(bidirectional, 32, 128)
   looked_up = table[np.clip(rel, -128, 128) + 128]
   np.testing.assert_array_equal(looked_up, direct)
 

@@ -65,7 +65,7 @@ def test_best_validation_params_are_exported(tmp_path):
   checkpoints.save_params(params, best, dtype="float32")
   (tmp_path / "best.json").write_text(json.dumps({"step": 7, "val_nll": 1.0}))
   out = tmp_path / "export.msgpack"
-  train._export(
+  train.export_params(
     {"w": np.zeros(4, np.float32)},
     str(out),
     "float32",
@@ -76,7 +76,7 @@ def test_best_validation_params_are_exported(tmp_path):
   )
   np.testing.assert_array_equal(checkpoints.load_params(out)["w"], params["w"])
   with pytest.raises(FileNotFoundError, match="no evaluation"):
-    train._export(
+    train.export_params(
       params,
       str(out),
       "float32",

@@ -89,82 +89,88 @@ def check_targets(
     for r in g["speculative"]
   }
   results = []
-
-  def add(name, value, threshold, choice, note):
-    known = value is not None  # None: a prediction refused as too noisy
-    results.append(
-      {
-        "target": name,
-        "value": value,
-        "threshold": threshold,
-        "met": bool(value >= threshold) if known else None,
-        "shortfall": None if not known or value >= threshold else threshold - value,
-        "relative": value / threshold if known else None,
-        "note": note,
-        "batch_size": choice["batch_size"],
-        "temperature": choice["temperature"],
-        "drafter": choice["drafter"],
-        "gamma": choice["predicted_best_gamma"],
-      }
-    )
-
   for c in choices:
     if c["drafter"] != primary_drafter:
       continue
     r = rows[(c["batch_size"], c["temperature"], c["drafter"], c["predicted_best_gamma"])]
-    gamma_note = f"γ={r['gamma']}"
-    if c["decision"] == TOO_NOISY:
-      gamma_note += " (cost model too noisy to predict: the best measured γ, an optimistic pick)"
-    if c["batch_size"] == 1 and c["temperature"] == 0:
-      if c["decision"] == "plain decoding":
-        gamma_note += " (the policy would fall back to plain decoding)"
-      add(
+    for name, value, threshold, note in _choice_targets(c, r):
+      results.append(_target_entry(name, value, threshold, c, note))
+  return results
+
+
+def _choice_targets(c: dict[str, Any], r: dict[str, Any]) -> list[tuple[str, Any, float, str]]:
+  """(target, value, threshold, note) of the targets that apply to choice `c` (its row `r`)."""
+  gamma_note = f"γ={r['gamma']}"
+  if c["decision"] == TOO_NOISY:
+    gamma_note += " (cost model too noisy to predict: the best measured γ, an optimistic pick)"
+  if c["batch_size"] == 1 and c["temperature"] == 0:
+    if c["decision"] == "plain decoding":
+      gamma_note += " (the policy would fall back to plain decoding)"
+    return [
+      (
         "batch 1, greedy: measured / predicted speedup",
         r["measured_over_predicted"],
         TARGET_EXP_RATIO,
-        c,
         gamma_note,
-      )
-      add(
+      ),
+      (
         "batch 1, greedy: speedup over our baseline",
         r["measured_speedup"],
         TARGET_GREEDY,
-        c,
         gamma_note,
-      )
-      add(
+      ),
+      (
         f"batch 1, greedy: speedup over {r['stock_baseline']}",
         r["speedup_vs_stock"],
         TARGET_GREEDY_STOCK,
-        c,
         gamma_note,
-      )
-    elif c["batch_size"] == 1:
-      add(
+      ),
+    ]
+  if c["batch_size"] == 1:
+    return [
+      (
         f"batch 1, temperature {c['temperature']:g}: speedup over our baseline",
         r["measured_speedup"],
         TARGET_SAMPLED,
-        c,
         f"{gamma_note}; per generated token {r['speedup_per_token']:.2f}X",
       )
-    else:
-      label = "greedy" if c["temperature"] == 0 else f"temperature {c['temperature']:g}"
-      if c["decision"] == "plain decoding":
-        note = (
-          f"the policy falls back to plain decoding (best predicted "
-          f"{c['predicted_speedup']:.2f}X at γ={r['gamma']}, measured there "
-          f"{r['measured_speedup']:.2f}X)"
-        )
-      else:
-        note = gamma_note
-      add(
-        f"batch {c['batch_size']}, {label}: never slower than the baseline",
-        c["measured_speedup"],
-        TARGET_LARGE_BATCH,
-        c,
-        note,
-      )
-  return results
+    ]
+  label = "greedy" if c["temperature"] == 0 else f"temperature {c['temperature']:g}"
+  note = gamma_note
+  if c["decision"] == "plain decoding":
+    note = (
+      f"the policy falls back to plain decoding (best predicted "
+      f"{c['predicted_speedup']:.2f}X at γ={r['gamma']}, measured there "
+      f"{r['measured_speedup']:.2f}X)"
+    )
+  return [
+    (
+      f"batch {c['batch_size']}, {label}: never slower than the baseline",
+      c["measured_speedup"],
+      TARGET_LARGE_BATCH,
+      note,
+    )
+  ]
+
+
+def _target_entry(
+  name: str, value: Any, threshold: float, choice: dict[str, Any], note: str
+) -> dict[str, Any]:
+  """One checked target; `value` None is a prediction refused as too noisy (met: None)."""
+  known = value is not None
+  return {
+    "target": name,
+    "value": value,
+    "threshold": threshold,
+    "met": bool(value >= threshold) if known else None,
+    "shortfall": None if not known or value >= threshold else threshold - value,
+    "relative": value / threshold if known else None,
+    "note": note,
+    "batch_size": choice["batch_size"],
+    "temperature": choice["temperature"],
+    "drafter": choice["drafter"],
+    "gamma": choice["predicted_best_gamma"],
+  }
 
 
 def _analysis_notes(report: dict[str, Any]) -> list[str]:

@@ -8,30 +8,16 @@ Every time is the marginal per-call time of a jitted loop of calls ((time of 2n 
 calls) / n: no dispatch, no work hoisted out of the loop), on a realistic cache (the encoder run on
 real inputs, the decoder cache prefilled to a mid-sentence position).
 
-Noise. The timers are run in interleaved rounds: every timer once per round, the order rotating
-from round to round, so a change of background load hits all of them alike. A ratio (c, v(T)) is
-computed per round, from the two times of the same round, and summarized by its median over rounds
-and its spread = interquartile range / median of the per-round ratios. An estimate is refused
-(`judge` returns the reason) when
-  * fewer than MIN_ROUNDS rounds were timed (the spread cannot be measured),
-  * some round's time was not resolved above timer jitter (a non-positive marginal time),
-  * the spread exceeds MAX_SPREAD (0.25: the middle half of the rounds disagree by more than a
-    quarter of the value, so a predicted speedup could be off by as much),
-  * it is physically impossible (v(T) < 1: a T-token call cannot be cheaper than a 1-token call).
-A prediction (EXP) and the loop overheads derived from refused estimates are reported as "too
-noisy to predict" instead of a number.
+The noise verdict of every estimate is bench/noise.py; the timers and timing rounds bench/timing.py
+(both re-exported here, the one home every benchmark imports).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import logging
-import math
 import re
-import time
 from typing import Any
-from typing import Callable
 from typing import Mapping
 from typing import Sequence
 
@@ -39,273 +25,64 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-MAX_SPREAD = 0.25
-MIN_ROUNDS = 3
-Timer = Callable[[int], Any]  # fn(num_calls) -> a jax value to block on
+from speculative.bench.noise import MAX_SPREAD
+from speculative.bench.noise import MIN_ROUNDS
+from speculative.bench.noise import STOCK_STEP
+from speculative.bench.noise import TARGET_STEP
+from speculative.bench.noise import Estimate
+from speculative.bench.noise import NoiseLog
+from speculative.bench.noise import c_key
+from speculative.bench.noise import estimate
+from speculative.bench.noise import judge
+from speculative.bench.noise import ratio_samples
+from speculative.bench.noise import refusal
+from speculative.bench.noise import v_key
+from speculative.bench.timing import Timer
+from speculative.bench.timing import cache_at_position
+from speculative.bench.timing import calibrate
+from speculative.bench.timing import extend_timer
+from speculative.bench.timing import per_call_seconds
+from speculative.bench.timing import prefill
+from speculative.bench.timing import prefill_timer
+from speculative.bench.timing import repeat_extend
+from speculative.bench.timing import repeat_propose
+from speculative.bench.timing import retime
+from speculative.bench.timing import time_rounds
+from speculative.bench.timing import timed
 
-
-# ----------------------------------------------------------------------------------------------
-# Estimates and the noise verdict (pure functions of per-round times).
-# ----------------------------------------------------------------------------------------------
-
-
-@dataclasses.dataclass(frozen=True)
-class Estimate:
-  """Median over rounds of a per-round quantity, with its relative spread.
-
-  Attributes:
-    value: median of the resolved (finite, positive) per-round values; nan if none.
-    spread: (75th - 25th percentile) / median of the resolved values; inf if none.
-    rounds: number of rounds.
-    unresolved: rounds whose value was not finite and positive (timer jitter above the signal).
-  """
-
-  value: float
-  spread: float
-  rounds: int
-  unresolved: int
-
-  def to_json(self) -> dict[str, Any]:
-    return dataclasses.asdict(self)
-
-
-def estimate(samples: Sequence[float]) -> Estimate:
-  """The Estimate of per-round values `samples`."""
-  if not len(samples):  # pylint: disable=g-explicit-length-test
-    raise ValueError("no samples to estimate from")
-  x = np.asarray(samples, np.float64)
-  ok = x[np.isfinite(x) & (x > 0)]
-  if not ok.size:
-    return Estimate(math.nan, math.inf, len(x), len(x))
-  median = float(np.median(ok))
-  q25, q75 = np.percentile(ok, [25, 75])
-  return Estimate(median, float((q75 - q25) / median), len(x), int(len(x) - ok.size))
-
-
-def ratio_samples(
-  numerator: Sequence[float], denominator: Sequence[float], scale: float = 1.0
-) -> list[float]:
-  """Per-round ratios scale * numerator[r] / denominator[r] (nan where the denominator is not
-  positive), pairing the two times measured in the same round."""
-  if len(numerator) != len(denominator):
-    raise ValueError(f"rounds differ: {len(numerator)} vs {len(denominator)}")
-  return [scale * a / b if b > 0 else math.nan for a, b in zip(numerator, denominator)]
-
-
-def judge(
-  est: Estimate, what: str, *, minimum: float | None = None, max_spread: float = MAX_SPREAD
-) -> str | None:
-  """None if `est` is usable, else why it is too noisy (see the module docstring)."""
-  if est.rounds < MIN_ROUNDS:
-    return f"{what}: {est.rounds} timing rounds, too few to measure the noise (need {MIN_ROUNDS})"
-  if est.unresolved:
-    return f"{what}: not resolved above timer jitter in {est.unresolved} of {est.rounds} rounds"
-  if not est.spread <= max_spread:
-    return (
-      f"{what} = {est.value:.3g}: spread (interquartile range / median over rounds) "
-      f"{est.spread:.2f} > {max_spread:.2f}"
-    )
-  if minimum is not None and est.value < minimum:
-    return f"{what} = {est.value:.3g} < {minimum:g}, physically impossible"
-  return None
-
-
-class NoiseLog:
-  """Estimates by name and the reasons of the refused ones, kept in `data` (the JSON-ready
-  `costs['noise']`: max_spread, min_rounds, estimates {name: Estimate}, refused {name: reason})."""
-
-  def __init__(self, data: dict[str, Any] | None = None, max_spread: float = MAX_SPREAD):
-    self.data = (
-      data
-      if data is not None
-      else {"max_spread": max_spread, "min_rounds": MIN_ROUNDS, "estimates": {}, "refused": {}}
-    )
-
-  def add(
-    self,
-    name: str,
-    samples: Sequence[float],
-    minimum: float | None = None,
-    fallback: float = math.nan,
-  ) -> float:
-    """Records the estimate of `samples` under `name`; returns its value, or `fallback` where no
-    round resolved it (the estimate is refused either way)."""
-    est = estimate(samples)
-    self.data["estimates"][name] = est.to_json()
-    reason = judge(est, name, minimum=minimum, max_spread=self.data["max_spread"])
-    if reason:
-      self.data["refused"][name] = reason
-    return est.value if math.isfinite(est.value) else fallback
-
-
-def refusal(noise: Mapping[str, Any] | None, names: Sequence[str]) -> str | None:
-  """The reasons (joined) why any of the estimates `names` in a `costs['noise']` dict is refused;
-  None if all are usable or the costs carry no noise record (measured before it existed)."""
-  if not noise:
-    return None
-  reasons = [noise["refused"][n] for n in names if n in noise["refused"]]
-  return "; ".join(reasons) or None
-
-
-def v_key(num_tokens: int) -> str:
-  return f"v({num_tokens})"
-
-
-def c_key(drafter: str, detail: str = "") -> str:
-  return f"c[{drafter}{', ' + detail if detail else ''}]"
-
-
-TARGET_STEP = "t(1)"
-STOCK_STEP = "stock t(1)"
-
-
-# ----------------------------------------------------------------------------------------------
-# Timing primitives.
-# ----------------------------------------------------------------------------------------------
-
-
-def timed(fn: Callable[[], Any]) -> tuple[float, Any]:
-  """Seconds for fn() including `block_until_ready` on its output."""
-  start = time.perf_counter()
-  out = fn()
-  jax.block_until_ready(out)
-  return time.perf_counter() - start, out
-
-
-@functools.partial(jax.jit, static_argnames=("model",))
-def repeat_extend(params, cache, tokens, start, num_calls, *, model):
-  """`num_calls` chained `extend` calls on the same positions (what a decode step does).
-
-  The tokens fed at call i+1 are the argmax of call i's logits, so nothing is loop-invariant (XLA
-  cannot hoist work out of the loop) and the full logits are needed, as in greedy decoding.
-  tokens: [B, T] int32; start: [B] int32; num_calls: [] int32 (an array: no recompile per count).
-  """
-
-  def body(_, carry):
-    cache, tokens = carry
-    logits, cache = model.extend(params, cache, tokens, start)  # [B, T, V]
-    return cache, jnp.argmax(logits, axis=-1).astype(jnp.int32)  # [B, T]
-
-  cache, tokens = jax.lax.fori_loop(0, num_calls, body, (cache, tokens))
-  return tokens, cache
-
-
-@functools.partial(jax.jit, static_argnames=("model", "max_length"))
-def prefill(params, encoder_tokens, *, model, max_length):
-  """What every decode pays once: encoder, cache allocation, the start-token prefill call."""
-  batch = encoder_tokens.shape[0]
-  cache = model.init_cache(params, batch, max_length, encoder_tokens)
-  logits, cache = model.extend(
-    params, cache, jnp.zeros((batch, 1), jnp.int32), jnp.zeros((batch,), jnp.int32)
-  )
-  return logits, cache
-
-
-def cache_at_position(model, params, encoder_tokens: np.ndarray, *, max_length: int, position: int):
-  """A decoder cache of `model` on `encoder_tokens` [B, S], prefilled on [0, position)."""
-  batch = encoder_tokens.shape[0]
-  cache = model.init_cache(params, batch, max_length, jnp.asarray(encoder_tokens))
-  prefix = jnp.asarray(
-    encoder_tokens[:, :position]
-    if encoder_tokens.shape[1] >= position
-    else np.ones((batch, position), np.int32)
-  )
-  _, cache = model.extend(params, cache, prefix, jnp.zeros((batch,), jnp.int32))
-  return jax.block_until_ready(cache)
-
-
-def extend_timer(
-  model, params, encoder_tokens: np.ndarray, *, num_tokens: int, max_length: int, position: int
-) -> Timer:
-  """fn(n): n chained `extend` calls over [B, num_tokens] tokens written at `position`."""
-  batch = encoder_tokens.shape[0]
-  cache = cache_at_position(model, params, encoder_tokens, max_length=max_length, position=position)
-  tokens = jnp.ones((batch, num_tokens), jnp.int32)
-  start = jnp.full((batch,), position, jnp.int32)
-  return lambda n: repeat_extend(
-    params, cache, tokens, start, jnp.asarray(n, jnp.int32), model=model
-  )
-
-
-def prefill_timer(model, params, encoder_tokens: np.ndarray, *, max_length: int) -> Timer:
-  enc = jnp.asarray(encoder_tokens)
-  return lambda n: [prefill(params, enc, model=model, max_length=max_length) for _ in range(n)]
-
-
-def calibrate(fn: Timer, min_seconds: float, max_calls: int = 4096) -> int:
-  """Compiles and warms fn(num_calls) (a jitted loop), then returns the num_calls at which one
-  timing lasts >= min_seconds (so dispatch overhead is negligible)."""
-  timed(lambda: fn(1))  # compile + warm
-  num_calls = 1
-  while num_calls < max_calls:
-    seconds, _ = timed(lambda: fn(num_calls))  # pylint: disable=cell-var-from-loop
-    if seconds >= min_seconds:
-      break
-    num_calls = min(
-      max_calls, max(num_calls * 2, int(num_calls * min_seconds / max(seconds, 1e-6)) + 1)
-    )
-  return num_calls
-
-
-def time_rounds(
-  timers: Mapping[str, Timer],
-  repeats: int,
-  min_seconds: float,
-  *,
-  max_calls: Mapping[str, int] | None = None,
-  marginal: Sequence[str] = (),
-) -> tuple[dict[str, list[float]], dict[str, float]]:
-  """Per-round seconds per call of each timer fn(num_calls), in `repeats` interleaved rounds (every
-  timer once per round, the order rotating per round).
-
-  Timers named in `marginal` are jitted loops: their per-round time per call is the marginal one,
-  (time of 2n calls - time of n calls) / n, which excludes what a loop pays once per invocation
-  (dispatch, and work XLA hoisted out of the loop, exactly as inside a decode loop); it may be
-  non-positive when timer jitter exceeds the signal. The others: time of n calls / n.
-
-  Returns (per-round seconds per call {name: [repeats]}, whole-invocation median seconds per call
-  {name: s}, a fallback for marginal times that noise left unresolved).
-  """
-  max_calls = dict(max_calls or {})
-  calls = {
-    name: calibrate(fn, min_seconds, max_calls.get(name, 4096)) for name, fn in timers.items()
-  }
-  names = list(timers)
-  rounds: dict[str, list[float]] = {name: [] for name in names}
-  whole: dict[str, list[float]] = {name: [] for name in names}
-  for r in range(repeats):
-    shift = r % len(names)
-    for name in names[shift:] + names[:shift]:
-      fn, n = timers[name], calls[name]
-      single = timed(lambda: fn(n))[0]  # pylint: disable=cell-var-from-loop
-      whole[name].append(single / n)
-      if name in marginal:
-        rounds[name].append((timed(lambda: fn(2 * n))[0] - single) / n)  # pylint: disable=cell-var-from-loop
-      else:
-        rounds[name].append(single / n)
-  return rounds, {name: float(np.median(t)) for name, t in whole.items()}
-
-
-def per_call_seconds(
-  rounds: Mapping[str, Sequence[float]], whole: Mapping[str, float], name: str
-) -> float:
-  """Median per-call seconds of timer `name` over its resolved rounds; the whole-invocation time
-  per call (an upper bound) when no round resolved it, with a warning."""
-  value = estimate(rounds[name]).value
-  if not value > 0:
-    logging.warning(
-      "timer %s: marginal time per call not resolved above noise; using the "
-      "whole-invocation time per call, %.3g s",
-      name,
-      whole[name],
-    )
-    value = whole[name]
-  return float(value)
-
-
-# ----------------------------------------------------------------------------------------------
-# The cost model of a target and its draft models.
-# ----------------------------------------------------------------------------------------------
+__all__ = [
+  'MAX_SPREAD',
+  'MIN_ROUNDS',
+  'STOCK_STEP',
+  'TARGET_STEP',
+  'Estimate',
+  'NoiseLog',
+  'Timer',
+  'c_key',
+  'cache_at_position',
+  'calibrate',
+  'decode_step_matmuls',
+  'draft_prefix',
+  'estimate',
+  'extend_timer',
+  'judge',
+  'loop_body_matmuls',
+  'measure_costs',
+  'measure_extend_costs',
+  'measure_propose',
+  'per_call_seconds',
+  'prefill',
+  'prefill_timer',
+  'ratio_samples',
+  'refusal',
+  'repeat_extend',
+  'repeat_propose',
+  'retime',
+  'shared_drafts',
+  'time_rounds',
+  'timed',
+  'v_key',
+]
 
 
 def shared_drafts(drafts: Mapping[str, tuple[Any, Any]]) -> dict[str, str]:
@@ -375,20 +152,34 @@ def measure_extend_costs(
     marginal=[k for k in timers if k not in extra or k in marginal_extra],
   )
   seconds = {name: per_call_seconds(rounds, whole, name) for name in timers}
+  model = _extend_cost_model(rounds, seconds, lengths, draft_keys)
+  noise = model.pop("noise")
+  return {
+    "batch_size": int(encoder_tokens.shape[0]),
+    "position": position,
+    "max_length": max_length,
+    **model,
+    "seconds": {name: seconds[name] for name in extra},
+    "rounds": rounds,
+    "noise": noise,
+  }
 
+
+def _extend_cost_model(
+  rounds: Mapping[str, Sequence[float]],
+  seconds: Mapping[str, float],
+  lengths: Sequence[int],
+  draft_keys: Mapping[str, str],
+) -> dict[str, Any]:
+  """t(1), t(T), v(T) and each draft's step and c from the timing rounds, with the noise record."""
   noise = NoiseLog()
   noise.add(TARGET_STEP, rounds["target_1"])
   step = seconds["target_1"]
   costs: dict[str, Any] = {
-    "batch_size": int(encoder_tokens.shape[0]),
-    "position": position,
-    "max_length": max_length,
     "target_step_s": step,
     "target_extend_s": {str(t): seconds[f"target_{t}"] for t in lengths},
     "v": {"1": 1.0},
     "drafters": {},
-    "seconds": {name: seconds[name] for name in extra},
-    "rounds": rounds,
   }
   for t in lengths[1:]:
     costs["v"][str(t)] = noise.add(
@@ -489,22 +280,10 @@ def measure_costs(
   """The benchmark's cost model for one batch size: `measure_extend_costs` plus the prefill times,
   the stock-equivalent step, each draft model's 2-token (catch-up) call and, if `check_hoisting`,
   the matmuls per compiled decode step of ours and the stock-equivalent loop."""
-  timer_args = dict(encoder_tokens=encoder_tokens, max_length=max_length)
-  extra = {
-    "target_prefill": prefill_timer(target, target_params, **timer_args),
-    "stock_1": extend_timer(
-      stock_target, target_params, num_tokens=1, position=position, **timer_args
-    ),
-    "stock_prefill": prefill_timer(stock_target, target_params, **timer_args),
-  }
   owners = shared_drafts(draft_models)
-  for owner in set(owners.values()):
-    draft, draft_params = draft_models[owner]
-    prefix = draft_prefix(owner)
-    extra[f"{prefix}_2"] = extend_timer(
-      draft, draft_params, num_tokens=2, position=position, **timer_args
-    )
-    extra[f"{prefix}_prefill"] = prefill_timer(draft, draft_params, **timer_args)
+  extra = _prefill_and_stock_timers(
+    target, target_params, stock_target, draft_models, owners, encoder_tokens, max_length, position
+  )
   costs = measure_extend_costs(
     target,
     target_params,
@@ -544,32 +323,34 @@ def measure_costs(
   return costs
 
 
-@functools.partial(jax.jit, static_argnames=("drafter", "gamma", "sampling"))
-def repeat_propose(
-  draft_params, state, tokens, lengths, rng, sampling_params, num_calls, *, drafter, gamma, sampling
-):
-  """`num_calls` chained `drafter.propose` calls at the same lengths (one fresh key per call).
-
-  tokens: [B, L] int32 stream buffer, valid on [0, lengths); lengths: [B] int32; rng: a typed key.
-  """
-  batch = tokens.shape[0]
-
-  def body(i, carry):
-    state, tokens, acc = carry
-    keys = jax.vmap(lambda row: jax.random.fold_in(jax.random.fold_in(rng, i), row))(
-      jnp.arange(batch)
-    )  # [B] typed keys, as the decode loop passes them
-    proposal, state = drafter.propose(
-      draft_params, state, tokens, lengths, gamma, keys, sampling, sampling_params
+def _prefill_and_stock_timers(
+  target,
+  target_params,
+  stock_target,
+  draft_models: Mapping[str, Any],
+  owners: Mapping[str, str],
+  encoder_tokens: np.ndarray,
+  max_length: int,
+  position: int,
+) -> dict[str, Timer]:
+  """The timers `measure_costs` adds: the prefills, the stock-equivalent step and each draft
+  model's 2-token (catch-up) call."""
+  timer_args = dict(encoder_tokens=encoder_tokens, max_length=max_length)
+  extra = {
+    "target_prefill": prefill_timer(target, target_params, **timer_args),
+    "stock_1": extend_timer(
+      stock_target, target_params, num_tokens=1, position=position, **timer_args
+    ),
+    "stock_prefill": prefill_timer(stock_target, target_params, **timer_args),
+  }
+  for owner in set(owners.values()):
+    draft, draft_params = draft_models[owner]
+    prefix = draft_prefix(owner)
+    extra[f"{prefix}_2"] = extend_timer(
+      draft, draft_params, num_tokens=2, position=position, **timer_args
     )
-    # Write a draft token just past the committed length (never read: rows are valid on
-    # [0, lengths)), so the buffer is loop-variant and XLA cannot hoist a stateless propose.
-    tokens = jax.vmap(lambda row, t, n: row.at[n].set(t))(tokens, proposal.tokens[:, 0], lengths)
-    # The acceptance step reads the whole q (residual max(0, p - q)); so does this sum.
-    return state, tokens, acc + jnp.sum(proposal.probs)
-
-  state, _, acc = jax.lax.fori_loop(0, num_calls, body, (state, tokens, jnp.zeros((), jnp.float32)))
-  return acc, state
+    extra[f"{prefix}_prefill"] = prefill_timer(draft, draft_params, **timer_args)
+  return extra
 
 
 def measure_propose(
@@ -623,9 +404,3 @@ def measure_propose(
     ratio_samples(rounds["propose"], rounds["target_1"], scale=1.0 / gamma),
     propose_s / gamma / per_call_seconds(rounds, whole, "target_1"),
   )
-
-
-def retime(timer: Timer, repeats: int, min_seconds: float) -> float:
-  """Seconds per call of one jitted-loop timer, again (e.g. t(1) after the sweep: load drift)."""
-  rounds, whole = time_rounds({"t": timer}, repeats, min_seconds, marginal=["t"])
-  return per_call_seconds(rounds, whole, "t")

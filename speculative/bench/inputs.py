@@ -10,7 +10,8 @@ from typing import Sequence
 import jax
 import numpy as np
 
-from speculative import infer
+from speculative import checkpoints
+from speculative import infer_inputs
 from speculative.models import t5 as t5_lib
 
 EOS_ID = 1
@@ -18,7 +19,7 @@ EOS_ID = 1
 
 def synthetic_examples(
   num_examples: int, inputs_length: int, vocab_size: int, seed: int = 0
-) -> list[infer.Example]:
+) -> list[infer_inputs.Example]:
   """Random token inputs (EOS-terminated, lengths in [inputs_length/2, inputs_length]); for smoke
   tests only: they exercise the timing code, not translation."""
   rng = np.random.default_rng(seed)
@@ -26,7 +27,7 @@ def synthetic_examples(
   for i in range(num_examples):
     length = int(rng.integers(max(2, inputs_length // 2), inputs_length + 1))
     tokens = np.concatenate([rng.integers(2, vocab_size, length - 1), [EOS_ID]]).astype(np.int32)
-    examples.append(infer.Example(i, f"<synthetic {i}>", None, tokens, False))
+    examples.append(infer_inputs.Example(i, f"<synthetic {i}>", None, tokens, False))
   return examples
 
 
@@ -39,7 +40,7 @@ def load_examples(
   inputs_length: int,
   num_examples: int,
   skip_truncated: bool,
-) -> tuple[list[infer.Example], int]:
+) -> tuple[list[infer_inputs.Example], int]:
   """The first `num_examples` inputs (skipping those longer than inputs_length if asked).
 
   Returns (examples, number skipped)."""
@@ -47,11 +48,11 @@ def load_examples(
     raise ValueError("give exactly one of task and input_file")
   limit = None if skip_truncated else num_examples
   if task is not None:
-    examples = infer.examples_from_task(task, split, inputs_length, limit)
+    examples = infer_inputs.examples_from_task(task, split, inputs_length, limit)
   else:
     from speculative import tasks
 
-    examples = infer.examples_from_file(
+    examples = infer_inputs.examples_from_file(
       input_file, tasks.get_vocabulary(), inputs_length, input_prefix, limit
     )
   skipped = 0
@@ -74,7 +75,7 @@ def build_model(
 ) -> tuple[t5_lib.T5, Any, str]:
   """(model, f32 params, description). A missing checkpoint is an error unless allow_random_init."""
   if checkpoint and os.path.exists(checkpoint):
-    model, params = infer.load_model(config, checkpoint)
+    model, params = checkpoints.load_model(config, checkpoint)
     source = checkpoint
   elif allow_random_init:
     if checkpoint:
@@ -95,7 +96,7 @@ def build_model(
 
 def benchmark_inputs(
   *,
-  examples: Sequence[infer.Example] | None,
+  examples: Sequence[infer_inputs.Example] | None,
   task: str | None,
   split: str,
   input_file: str | None,
@@ -103,7 +104,7 @@ def benchmark_inputs(
   inputs_length: int,
   num_examples: int,
   skip_truncated: bool,
-) -> tuple[list[infer.Example], str, str]:
+) -> tuple[list[infer_inputs.Example], str, str]:
   """(examples, a description of their source, the task label of the tables): the given
   `examples`, else those of the task or file; every one must fit inputs_length."""
   if examples is None:

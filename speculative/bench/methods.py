@@ -25,7 +25,7 @@ import numpy as np
 
 from speculative import decoding
 from speculative import drafters as drafters_lib
-from speculative import infer
+from speculative import infer_inputs
 from speculative.bench.inputs import EOS_ID
 from speculative.models import t5 as t5_lib
 
@@ -48,7 +48,7 @@ class DrafterContext:
     target: the target model; target_params: its params.
     draft: the draft model (None if no draft config was given); draft_params: its params.
     vocab_size: the shared vocabulary size.
-    examples: the benchmark inputs (infer.Example).
+    examples: the benchmark inputs (infer_inputs.Example).
     train_sequences: callable returning the training corpus as decoder streams (token id arrays
       [0, ..., 1]), lazily and cached: what n-gram tables are estimated from.
   """
@@ -58,7 +58,7 @@ class DrafterContext:
   draft: Any
   draft_params: Any
   vocab_size: int
-  examples: Sequence[infer.Example]
+  examples: Sequence[infer_inputs.Example]
   train_sequences: Callable[[], Sequence[np.ndarray]]
 
 
@@ -275,18 +275,17 @@ def make_methods(
   for every drafter (name -> (drafter, params)) x its gammas; stock_t5x_decode, if given, is
   called as stock_t5x_decode(temperature=...) and returns the decode callable."""
 
+  common = dict(
+    max_new_tokens=max_new_tokens,
+    sampling=sampling,
+    sampling_params=sampling_params,
+    eos_id=EOS_ID,
+    check_finite=False,
+  )
+
   def autoregressive(model):
     return lambda enc, rng: decoding.autoregressive_decode(
-      model,
-      target_params,
-      None,
-      max_new_tokens=max_new_tokens,
-      sampling=sampling,
-      sampling_params=sampling_params,
-      rng=rng,
-      eos_id=EOS_ID,
-      encoder_tokens=enc,
-      check_finite=False,
+      model, target_params, None, rng=rng, encoder_tokens=enc, **common
     )
 
   def speculative(drafter, draft_params, gamma):
@@ -297,13 +296,9 @@ def make_methods(
       draft_params,
       None,
       gamma=gamma,
-      max_new_tokens=max_new_tokens,
-      sampling=sampling,
-      sampling_params=sampling_params,
       rng=rng,
-      eos_id=EOS_ID,
       encoder_tokens=enc,
-      check_finite=False,
+      **common,
     )
 
   methods = [

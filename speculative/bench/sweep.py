@@ -4,6 +4,7 @@ inputs; one row per method (walltime, counters, EXP vs EMP, the profile per loop
 from __future__ import annotations
 
 import dataclasses
+import functools
 import gc
 import statistics
 from typing import Any
@@ -243,21 +244,36 @@ def run_group(
 
   rows = {m.name: _method_row(m, batches, group) for m in methods}
   baselines = _baseline_rows(methods, rows, batches, costs, greedy=temperature == 0)
-  propose_cost = lambda drafter, draft_params, gamma: costs_lib.measure_propose(  # noqa: E731
-    drafter,
-    draft_params,
-    encoder_tokens=batches[0][1],
-    max_length=costs["max_length"],
-    position=position,
-    gamma=gamma,
-    sampling=sampling,
-    sampling_params=sampling_params,
-    target_step=target_step_timer,
-    repeats=cost_repeats,
-    min_seconds=cost_min_seconds,
+  speculative_rows = _speculative_rows(
+    methods,
+    rows,
+    batches,
+    costs,
+    target,
+    target_params,
+    temperature=temperature,
+    propose_cost=functools.partial(
+      _propose_cost,
+      encoder_tokens=batches[0][1],
+      max_length=costs["max_length"],
+      position=position,
+      sampling=sampling,
+      sampling_params=sampling_params,
+      target_step=target_step_timer,
+      repeats=cost_repeats,
+      min_seconds=cost_min_seconds,
+    ),
   )
-  speculative_rows = [
-    _audited(
+  log(_group_summary(group, baselines, speculative_rows))
+  return {"group": group, "baselines": baselines, "speculative": speculative_rows}
+
+
+def _speculative_rows(
+  methods, rows, batches, costs, target, target_params, *, temperature, propose_cost
+) -> list[dict[str, Any]]:
+  """A row per speculative method (methods[0] is the baseline they are compared with), audited."""
+  return [
+    audited(
       _speculative_row(
         m,
         rows,
@@ -276,8 +292,11 @@ def run_group(
     for m in methods
     if m.kind == SPECULATIVE
   ]
-  log(_group_summary(group, baselines, speculative_rows))
-  return {"group": group, "baselines": baselines, "speculative": speculative_rows}
+
+
+def _propose_cost(drafter, draft_params, gamma, **timing):
+  """costs.measure_propose of `drafter` at `gamma` (the batch's inputs and timers in `timing`)."""
+  return costs_lib.measure_propose(drafter, draft_params, gamma=gamma, **timing)
 
 
 def _baseline_rows(
@@ -374,7 +393,7 @@ def _predicted_row(metrics: dict[str, Any], gamma: int, c: float) -> dict[str, A
   return row
 
 
-def _audited(row, method, reference, batches, target, target_params) -> dict[str, Any]:
+def audited(row, method, reference, batches, target, target_params) -> dict[str, Any]:
   """Adds the divergence audit to a greedy row that is not identical to the baseline."""
   if row.get("identical_to_baseline") is not None and row["identical_to_baseline"] < sum(
     len(chunk) for chunk, _ in batches

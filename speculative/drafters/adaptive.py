@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import dataclasses
 from typing import Any
-from typing import ClassVar
 
 import flax.struct
 import jax
@@ -36,7 +35,7 @@ class AdaptiveState:
 
 
 @dataclasses.dataclass(frozen=True)
-class AdaptiveGammaDrafter:
+class AdaptiveGammaDrafter(base.ProposeWithDraft):
   """Chooses how many tokens to draft per row and step from the recent acceptance (adaptive gamma).
 
   Each step, the number of accepted drafts n of the previous step is read off the committed lengths
@@ -68,8 +67,6 @@ class AdaptiveGammaDrafter:
   decay: float = 0.7
   prior_alpha: float = 0.6
   prior_weight: float = 2.0
-
-  supports_guided_draft: ClassVar[bool] = True
 
   def __post_init__(self):
     if not self.inner.supports_guided_draft:
@@ -122,19 +119,6 @@ class AdaptiveGammaDrafter:
     powers = alpha[:, None] ** jnp.arange(gamma + 1, dtype=jnp.float32)[None, :]  # [B, G+1]
     expected = jnp.cumsum(powers, axis=1)[:, 1:]  # [B, G]: sum_{i<=k} alpha^i
     return (jnp.argmax(expected / cost[None, :], axis=1) + 1).astype(jnp.int32)
-
-  def propose(
-    self,
-    params: Any,
-    state: base.DraftState,
-    tokens: jax.Array,
-    lengths: jax.Array,
-    gamma: int,
-    keys: jax.Array,
-    sampling: sampling_lib.SamplingConfig,
-    sampling_params: sampling_lib.SamplingParams,
-  ) -> tuple[base.DraftProposal, base.DraftState]:
-    return self.draft(params, state, tokens, lengths, gamma, keys, sampling, sampling_params)
 
   def draft(
     self,

@@ -124,6 +124,15 @@ class GuidedDrafter(Drafter, Protocol):
   ) -> tuple[DraftProposal, DraftState]: ...
 
 
+class ProposeWithDraft:
+  """Mixin of a `GuidedDrafter`: `propose` is its `draft` without the hooks."""
+
+  supports_guided_draft: ClassVar[bool] = True
+
+  def propose(self, params, state, tokens, lengths, gamma, keys, sampling, sampling_params):
+    return self.draft(params, state, tokens, lengths, gamma, keys, sampling, sampling_params)
+
+
 # --------------------------------------------------------------------------------------------------
 # Row helpers shared by the drafters and the decode loops.
 # --------------------------------------------------------------------------------------------------

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 from typing import Any
-from typing import ClassVar
 
 import flax.struct
 import jax
@@ -41,6 +40,32 @@ class Guidance:
   forced: jax.Array
 
 
+@dataclasses.dataclass(frozen=True, eq=False)
+class DraftCall:
+  """One `ModelDrafter.draft` call's inputs, as its named steps read them (B rows).
+
+  Attributes:
+    params: the draft model's parameters.
+    tokens: [B, L_max] int32, the committed stream (row b valid on [0, lengths[b])).
+    lengths: [B] int32, committed lengths.
+    gamma: static int, the most tokens a row drafts.
+    keys: [B] PRNG keys of this step (folded with the draft position per sample).
+    sampling: static SamplingConfig; sampling_params: its run-time values.
+    guidance: the wrapper's limits and forced tokens (`Guidance`).
+    guided: static; False when no row can be forced (forced tokens are then never read).
+  """
+
+  params: Any
+  tokens: jax.Array
+  lengths: jax.Array
+  gamma: int
+  keys: jax.Array
+  sampling: sampling_lib.SamplingConfig
+  sampling_params: sampling_lib.SamplingParams
+  guidance: Guidance
+  guided: bool
+
+
 @flax.struct.dataclass
 class DraftLoopState:
   """Loop state of `ModelDrafter`'s draft-call `lax.while_loop`.
@@ -65,7 +90,7 @@ class DraftLoopState:
 
 
 @dataclasses.dataclass(frozen=True)
-class ModelDrafter:
+class ModelDrafter(base.ProposeWithDraft):
   """Drafts up to gamma tokens autoregressively with a small CachedLM and its own KV cache.
 
   Attributes:
@@ -95,8 +120,6 @@ class ModelDrafter:
   model: CachedLM
   stop_below: float = 0.0
 
-  supports_guided_draft: ClassVar[bool] = True
-
   def __post_init__(self):
     if not 0.0 <= float(self.stop_below) <= 1.0:
       raise ValueError(
@@ -121,19 +144,6 @@ class ModelDrafter:
     # Prefill the padded prompt at 0; entries past a row's length are stale and later overwritten.
     _, cache = self.model.extend(params, cache, prompt_tokens, jnp.zeros((batch,), jnp.int32))
     return cache
-
-  def propose(
-    self,
-    params: Any,
-    state: base.DraftState,
-    tokens: jax.Array,
-    lengths: jax.Array,
-    gamma: int,
-    keys: jax.Array,
-    sampling: sampling_lib.SamplingConfig,
-    sampling_params: sampling_lib.SamplingParams,
-  ) -> tuple[base.DraftProposal, base.DraftState]:
-    return self.draft(params, state, tokens, lengths, gamma, keys, sampling, sampling_params)
 
   def draft(
     self,
@@ -162,47 +172,31 @@ class ModelDrafter:
     if max_drafted is None:
       max_drafted = jnp.full((batch,), gamma, jnp.int32)
     max_drafted = jnp.clip(max_drafted.astype(jnp.int32), 1, gamma)  # [B]
+
     if forced is None:
       guidance = Guidance(
         max_drafted=max_drafted,
         forced_tokens=jnp.zeros((batch, gamma), jnp.int32),
         forced=jnp.zeros((batch,), bool),
       )
-      return self._sample_loop(
-        params,
-        state,
-        tokens,
-        lengths,
-        gamma,
-        keys,
-        sampling,
-        sampling_params,
-        guidance,
-        guided=False,
+    else:
+      assert forced_tokens is not None and forced_tokens.shape == (batch, gamma), (
+        None if forced_tokens is None else forced_tokens.shape
       )
-    assert forced_tokens is not None and forced_tokens.shape == (batch, gamma), (
-      None if forced_tokens is None else forced_tokens.shape
+      guidance = Guidance(
+        max_drafted=max_drafted,
+        forced_tokens=forced_tokens.astype(jnp.int32),
+        forced=forced.astype(bool),
+      )
+    call = DraftCall(
+      params, tokens, lengths, gamma, keys, sampling, sampling_params, guidance, forced is not None
     )
-    guidance = Guidance(
-      max_drafted=max_drafted,
-      forced_tokens=forced_tokens.astype(jnp.int32),
-      forced=forced.astype(bool),
-    )
+    if not call.guided:
+      return self._sample_loop(call, state)
     return jax.lax.cond(
       jnp.all(guidance.forced),
-      lambda cache: self._forced_call(params, cache, tokens, lengths, gamma, guidance),
-      lambda cache: self._sample_loop(
-        params,
-        cache,
-        tokens,
-        lengths,
-        gamma,
-        keys,
-        sampling,
-        sampling_params,
-        guidance,
-        guided=True,
-      ),
+      lambda cache: self._forced_call(call, cache),
+      lambda cache: self._sample_loop(call, cache),
       state,
     )
 
@@ -215,125 +209,83 @@ class ModelDrafter:
       more = more & (guidance.forced | (draft_confidence(logits) >= self.stop_below))
     return more
 
-  def _fed_token(
-    self, sampled: jax.Array, guidance: Guidance, index: jax.Array | int, guided: bool
-  ) -> jax.Array:
+  def _fed_token(self, sampled: jax.Array, call: DraftCall, index: jax.Array | int) -> jax.Array:
     """[B]: what the next call feeds: the row's own sample, or forced_tokens[:, index] if forced."""
-    if not guided:
+    if not call.guided:
       return sampled
+    guidance = call.guidance
     gamma = guidance.forced_tokens.shape[1]
     forced_token = jax.lax.dynamic_index_in_dim(
       guidance.forced_tokens, jnp.minimum(index, gamma - 1), axis=1, keepdims=False
     )  # [B]
     return jnp.where(guidance.forced, forced_token, sampled)
 
-  def _catch_up(
-    self,
-    params: Any,
-    cache: Any,
-    tokens: jax.Array,
-    lengths: jax.Array,
-    gamma: int,
-    keys: jax.Array,
-    sampling: sampling_lib.SamplingConfig,
-    sampling_params: sampling_lib.SamplingParams,
-    guidance: Guidance,
-    guided: bool,
-  ) -> DraftLoopState:
+  def _sample(self, call: DraftCall, logits: jax.Array, key_index) -> tuple[jax.Array, jax.Array]:
+    """(token [B], q [B, V]): the standardized draft distribution of logits [B, V], sampled with
+    the rows' keys folded with `key_index`."""
+    probs = sampling_lib.probs_from_logits(logits, call.sampling, call.sampling_params)  # [B, V]
+    return sampling_lib.sample_rows(base.fold_keys(call.keys, key_index), probs), probs
+
+  def _catch_up(self, call: DraftCall, cache: Any) -> DraftLoopState:
     """First draft call: the last two committed tokens (T=2) at max(length-2, 0); samples x_1."""
+    tokens, lengths, gamma = call.tokens, call.lengths, call.gamma
     batch = tokens.shape[0]
     start = jnp.maximum(lengths - 2, 0)  # [B]
     catch_up = base.gather_rows(tokens, start[:, None] + jnp.arange(2)[None, :])  # [B, 2]
-    logits, cache = self.model.extend(params, cache, catch_up, start)  # [B, 2, V]
+    logits, cache = self.model.extend(call.params, cache, catch_up, start)  # [B, 2, V]
     last_index = (lengths - 1 - start)[:, None, None]  # 1, or 0 when length == 1
     logits = jnp.take_along_axis(logits, last_index, axis=1)[:, 0]  # [B, V]
-    probs = sampling_lib.probs_from_logits(logits, sampling, sampling_params)  # [B, V]
-    token = sampling_lib.sample_rows(base.fold_keys(keys, 0), probs)  # [B]
+    token, probs = self._sample(call, logits, 0)  # [B], [B, V]
     count = jnp.ones((batch,), jnp.int32)
     return DraftLoopState(
       position=jnp.ones((), jnp.int32),
       cache=cache,
-      fed=self._fed_token(token, guidance, 0, guided),
+      fed=self._fed_token(token, call, 0),
       tokens=jnp.zeros((batch, gamma), jnp.int32).at[:, 0].set(token),  # [B, gamma]
       probs=jnp.zeros((batch, gamma, self.vocab_size), jnp.float32).at[:, 0].set(probs),
       count=count,
-      active=self._keep_going(count, logits, guidance),
+      active=self._keep_going(count, logits, call.guidance),
     )
 
-  def _next_token(
-    self,
-    params: Any,
-    loop: DraftLoopState,
-    lengths: jax.Array,
-    keys: jax.Array,
-    sampling: sampling_lib.SamplingConfig,
-    sampling_params: sampling_lib.SamplingParams,
-    guidance: Guidance,
-    guided: bool,
-  ) -> DraftLoopState:
+  def _next_token(self, call: DraftCall, loop: DraftLoopState) -> DraftLoopState:
     """One T=1 call: feeds x_j (j = position) at length-1+j and samples x_{j+1} with key j."""
     position = loop.position
     logits, cache = self.model.extend(
-      params, loop.cache, loop.fed[:, None], lengths - 1 + position
+      call.params, loop.cache, loop.fed[:, None], call.lengths - 1 + position
     )  # [B, 1, V]
     logits = logits[:, 0]  # [B, V]
-    probs = sampling_lib.probs_from_logits(logits, sampling, sampling_params)  # [B, V]
-    token = sampling_lib.sample_rows(base.fold_keys(keys, position), probs)  # [B]
+    token, probs = self._sample(call, logits, position)  # [B], [B, V]
     count = loop.count + loop.active.astype(jnp.int32)
     return DraftLoopState(
       position=position + 1,
       cache=cache,
-      fed=self._fed_token(token, guidance, position, guided),
+      fed=self._fed_token(token, call, position),
       tokens=jax.lax.dynamic_update_slice(loop.tokens, token[:, None], (0, position)),
       probs=jax.lax.dynamic_update_slice(loop.probs, probs[:, None], (0, position, 0)),
       count=count,
-      active=loop.active & self._keep_going(count, logits, guidance),
+      active=loop.active & self._keep_going(count, logits, call.guidance),
     )
 
-  def _sample_loop(
-    self,
-    params: Any,
-    cache: Any,
-    tokens: jax.Array,
-    lengths: jax.Array,
-    gamma: int,
-    keys: jax.Array,
-    sampling: sampling_lib.SamplingConfig,
-    sampling_params: sampling_lib.SamplingParams,
-    guidance: Guidance,
-    guided: bool,
-  ) -> tuple[base.DraftProposal, Any]:
+  def _sample_loop(self, call: DraftCall, cache: Any) -> tuple[base.DraftProposal, Any]:
     """Catch-up call, then T=1 calls while some row is active (at most gamma-1 of them)."""
-    loop = self._catch_up(
-      params, cache, tokens, lengths, gamma, keys, sampling, sampling_params, guidance, guided
-    )
     loop = jax.lax.while_loop(
-      lambda s: (s.position < gamma) & jnp.any(s.active),
-      lambda s: self._next_token(
-        params, s, lengths, keys, sampling, sampling_params, guidance, guided
-      ),
-      loop,
+      lambda s: (s.position < call.gamma) & jnp.any(s.active),
+      lambda s: self._next_token(call, s),
+      self._catch_up(call, cache),
     )
     return base.DraftProposal(
       tokens=loop.tokens, probs=loop.probs, num_drafted=loop.count
     ), loop.cache
 
-  def _forced_call(
-    self,
-    params: Any,
-    cache: Any,
-    tokens: jax.Array,
-    lengths: jax.Array,
-    gamma: int,
-    guidance: Guidance,
-  ) -> tuple[base.DraftProposal, Any]:
+  def _forced_call(self, call: DraftCall, cache: Any) -> tuple[base.DraftProposal, Any]:
     """Every row copies: one call over the window [length-2, length-2+gamma] (at length 1:
     [0, gamma]) of the stream with the forced tokens written after it; the cache then holds exactly
     what the invariant needs if the forced tokens are accepted."""
-    stream = base.write_rows(tokens, guidance.forced_tokens, lengths)  # [B, L_max]
+    guidance, lengths, gamma = call.guidance, call.lengths, call.gamma
+    stream = base.write_rows(call.tokens, guidance.forced_tokens, lengths)  # [B, L_max]
     start = jnp.maximum(lengths - 2, 0)  # [B]
     window = base.gather_rows(stream, start[:, None] + jnp.arange(gamma + 1)[None, :])  # [B, g+1]
-    _, cache = self.model.extend(params, cache, window, start)
+    _, cache = self.model.extend(call.params, cache, window, start)
     return base.one_hot_proposal(
       guidance.forced_tokens, guidance.max_drafted, self.vocab_size
     ), cache

@@ -128,16 +128,13 @@ def _check_table(params: Any, key: str, vocab_size: int, name: str) -> None:
 
 
 @dataclasses.dataclass(frozen=True)
-class UnigramDrafter:
-  """Drafts gamma tokens i.i.d. from a unigram table (params: `estimate_unigram`); no state.
-
-  q = probs_from_logits(log table): the table's log-probabilities are treated as logits and get the
-  same standardization as the target (argmax -> the most frequent token, temperature, top-k/p).
-  """
+class _TableDrafter:
+  """A drafter that draws from a token table in its params (`table_key`); it has no state."""
 
   vocab_size: int
 
   supports_guided_draft: ClassVar[bool] = False
+  table_key: ClassVar[str]
 
   def init(
     self,
@@ -147,8 +144,19 @@ class UnigramDrafter:
     max_length: int,
     encoder_tokens: jax.Array | None = None,
   ) -> base.DraftState:
-    _check_table(params, 'log_probs', self.vocab_size, 'UnigramDrafter')
+    _check_table(params, self.table_key, self.vocab_size, type(self).__name__)
     return None
+
+
+@dataclasses.dataclass(frozen=True)
+class UnigramDrafter(_TableDrafter):
+  """Drafts gamma tokens i.i.d. from a unigram table (params: `estimate_unigram`); no state.
+
+  q = probs_from_logits(log table): the table's log-probabilities are treated as logits and get the
+  same standardization as the target (argmax -> the most frequent token, temperature, top-k/p).
+  """
+
+  table_key: ClassVar[str] = 'log_probs'
 
   def propose(
     self,
@@ -174,25 +182,12 @@ class UnigramDrafter:
 
 
 @dataclasses.dataclass(frozen=True)
-class BigramDrafter:
+class BigramDrafter(_TableDrafter):
   """Drafts gamma tokens from a bigram table (params: `estimate_bigram`), each conditioned on the
   previous token (the last committed one, then its own drafts); no state. Standardized like
   UnigramDrafter."""
 
-  vocab_size: int
-
-  supports_guided_draft: ClassVar[bool] = False
-
-  def init(
-    self,
-    params: Any,
-    prompt_tokens: jax.Array,
-    prompt_lengths: jax.Array,
-    max_length: int,
-    encoder_tokens: jax.Array | None = None,
-  ) -> base.DraftState:
-    _check_table(params, 'next_tokens', self.vocab_size, 'BigramDrafter')
-    return None
+  table_key: ClassVar[str] = 'next_tokens'
 
   def propose(
     self,

@@ -1,0 +1,133 @@
+"""The benchmark's settings (`benchmark.benchmark`'s arguments), checked before any work."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+from typing import Mapping
+from typing import Sequence
+
+import numpy as np
+
+from speculative import infer_inputs
+from speculative.bench import methods as methods_lib
+from speculative.models import t5 as t5_lib
+
+
+@dataclasses.dataclass(frozen=True)
+class BenchmarkSettings:
+  """Every argument of `benchmark`, same names and defaults, checked on construction.
+
+  Attributes (see the module docstring for the method):
+    target_config, target_checkpoint: the target (T5X checkpoint dir or .msgpack params file).
+    draft_config, draft_checkpoint: the draft model (needed by the 'model' drafter).
+    task/split or input_file(+input_prefix): the inputs; or `examples` directly (e.g. synthetic).
+    num_examples: how many inputs; skip_truncated: skip inputs longer than inputs_length.
+    inputs_length: encoder length every batch is padded to; max_new_tokens: decode length cap.
+    batch_sizes, temperatures: the groups; gammas: a list, or {batch size: list}.
+    drafters: drafter names (see `methods.resolve_drafter`); the first is the primary one
+      (targets, policy).
+    drafter_gammas: optional {drafter: gammas} overriding `gammas` for that drafter, again a list
+      or {batch size: list}; an empty list skips the drafter at that batch size.
+    repeats: timed decodes per input batch and method; cost_repeats/cost_min_seconds: cost model
+      (timing rounds, at least costs.MIN_ROUNDS for a noise verdict; least seconds per timing).
+    cost_position: decoder position at which c and v(T) are measured.
+    stock_t5x: 'auto' (time stock T5X when importable), 'on' (require it), 'off'.
+    fallback_threshold: the gamma policy falls back to plain decoding below this predicted speedup.
+    allow_random_init: time random weights when a checkpoint is missing (smoke runs only).
+    roofline_section: also measure the memory-bandwidth floor and the bare matmul stack's v(T)
+      (bench/roofline.py) for the report's roofline section.
+  """
+
+  target_config: t5_lib.T5Config
+  target_checkpoint: str | None
+  draft_config: t5_lib.T5Config | None = None
+  draft_checkpoint: str | None = None
+  target_name: str = "target"
+  draft_name: str = "draft"
+  task: str | None = "libreoffice_ende"
+  split: str = "test"
+  input_file: str | None = None
+  input_prefix: str = ""
+  examples: Sequence[infer_inputs.Example] | None = None
+  num_examples: int = 40
+  skip_truncated: bool = True
+  inputs_length: int = 64
+  max_new_tokens: int = 64
+  batch_sizes: Sequence[int] = (1, 8)
+  temperatures: Sequence[float] = (0.0, 1.0)
+  gammas: Sequence[int] | Mapping[Any, Sequence[int]] = (1, 2, 3, 4, 5, 6, 7)
+  drafters: Sequence[str] = ("model",)
+  drafter_gammas: Mapping[str, Any] | None = None
+  repeats: int = 3
+  cost_repeats: int = 5
+  cost_min_seconds: float = 0.2
+  cost_position: int = 16
+  stock_t5x: str = "auto"
+  fallback_threshold: float = 1.0
+  allow_random_init: bool = False
+  seed: int = 0
+  output_dir: str | None = "docs"
+  title: str = "Results: speculative decoding walltime on this machine"
+  command: str = "python -m speculative.benchmark --gin_file=configs/benchmark/embedded.gin"
+  plots: bool = True
+  roofline_section: bool = True
+  verbose: bool = True
+
+  def __post_init__(self):
+    check_options(
+      repeats=self.repeats,
+      num_examples=self.num_examples,
+      inputs_length=self.inputs_length,
+      max_new_tokens=self.max_new_tokens,
+      cost_repeats=self.cost_repeats,
+      batch_sizes=self.batch_sizes,
+      temperatures=self.temperatures,
+      stock_t5x=self.stock_t5x,
+      drafters=self.drafters,
+      cost_position=self.cost_position,
+    )
+
+  @property
+  def use_t5x(self) -> bool:
+    """Time stock T5X itself ('on', or 'auto' where t5x is importable)."""
+    return self.stock_t5x == "on" or (self.stock_t5x == "auto" and methods_lib.t5x_available())
+
+
+def check_options(
+  *,
+  repeats,
+  num_examples,
+  inputs_length,
+  max_new_tokens,
+  cost_repeats,
+  batch_sizes,
+  temperatures,
+  stock_t5x,
+  drafters,
+  cost_position,
+) -> None:
+  """Raises ValueError on a bad option, before any work."""
+  for name, value in (
+    ("repeats", repeats),
+    ("num_examples", num_examples),
+    ("inputs_length", inputs_length),
+    ("max_new_tokens", max_new_tokens),
+    ("cost_repeats", cost_repeats),
+  ):
+    if not isinstance(value, (int, np.integer)) or value < 1:
+      raise ValueError(f"{name} must be an integer >= 1; got {value!r}")
+  if not batch_sizes or any(int(b) < 1 for b in batch_sizes):
+    raise ValueError(f"batch_sizes must be integers >= 1; got {batch_sizes!r}")
+  if not temperatures or any(float(t) < 0 for t in temperatures):
+    raise ValueError(f"temperatures must be >= 0; got {temperatures!r}")
+  if stock_t5x not in ("auto", "on", "off"):
+    raise ValueError(f"stock_t5x must be 'auto', 'on' or 'off'; got {stock_t5x!r}")
+  if stock_t5x == "on" and not methods_lib.t5x_available():
+    raise ValueError("stock_t5x='on' but t5x is not importable (pip install t5x, or use 'auto')")
+  if not drafters:
+    raise ValueError("drafters is empty")
+  for name in drafters:
+    methods_lib.resolve_drafter(name)
+  if cost_position < 1 or cost_position >= max_new_tokens:
+    raise ValueError(f"cost_position must be in [1, max_new_tokens); got {cost_position}")

@@ -1,0 +1,215 @@
+"""The decode loops' shared state and in-loop steps (`decoding.py`, `spectr_decoding.py`).
+
+Stream conventions (per row b):
+  * The decoder stream is the prompt (left-aligned in `prompt_tokens[b]`, right-padded, length
+    `prompt_lengths[b] >= 1`) followed by generated tokens. For encoder-decoder models the caller
+    passes `encoder_tokens` (consumed by `init_cache`) and the decoder prompt is the decoder start
+    token (defaults to id 0 with length 1 when `prompt_tokens` is None).
+  * The token buffer and caches hold L_max = P + max_new_tokens + gamma + 1 positions (P = padded
+    prompt length), so a verify call of a row that is not done always fits.
+  * `lengths[b]` is the committed stream length. Target cache invariant at the start of a step: the
+    entries at positions [0, lengths-1) are correct. The verify call feeds [last committed token,
+    x_1..x_gamma] at start = lengths-1 (gamma+1 positions) and yields p_1..p_{gamma+1}; rejected
+    suffixes are "rolled back" by not advancing lengths (stale entries are overwritten later).
+  * A row stops at EOS (tokens after an EOS inside an accepted block are dropped; the EOS is kept)
+    or after max_new_tokens (overshoot of the last block is truncated). The loop ends when all rows
+    are done. Done rows still ride along in the batch but neither advance nor count metrics.
+  * RNG: row b's key at step s is fold_in(fold_in(rng, row_ids[b]), s), so a row's output does not
+    depend on the rest of the batch (pass the same `row_ids` to reproduce a row decoded alone).
+"""
+
+from __future__ import annotations
+
+import collections
+from typing import Any
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+
+from speculative.drafters import base as drafter_base
+from speculative.models.interface import CachedLM
+
+# Number of times each decode function was traced (== compiled); tests assert it does not grow.
+TRACE_COUNTS: collections.Counter = collections.Counter()
+
+
+@flax.struct.dataclass
+class DecodeMetrics:
+  """Per-row counters accumulated over the steps in which the row was not yet done.
+
+  Attributes:
+    target_calls: [B] int32, target `extend` calls in the loop (prefill not counted).
+    drafted: [B] int32, draft tokens proposed (sum of num_drafted).
+    accepted: [B] int32, draft tokens accepted by the rule (before EOS/max-length truncation).
+    alpha_sum: [B] float32, sum over drafted positions of sum_x min(p(x), q(x));
+      alpha = alpha_sum / drafted (docs/design.md section 7).
+    invalid: [B] bool, a target or draft distribution was NaN (NaN/+inf/all -inf logits).
+  """
+
+  target_calls: jax.Array
+  drafted: jax.Array
+  accepted: jax.Array
+  alpha_sum: jax.Array
+  invalid: jax.Array
+
+  @classmethod
+  def zeros(cls, batch: int) -> 'DecodeMetrics':
+    return cls(
+      target_calls=jnp.zeros((batch,), jnp.int32),
+      drafted=jnp.zeros((batch,), jnp.int32),
+      accepted=jnp.zeros((batch,), jnp.int32),
+      alpha_sum=jnp.zeros((batch,), jnp.float32),
+      invalid=jnp.zeros((batch,), bool),
+    )
+
+
+@flax.struct.dataclass
+class DecodeResult:
+  """What a decode returns.
+
+  Attributes:
+    tokens: [B, max_new_tokens] int32, the generated tokens, 0-padded after `lengths[b]`.
+    lengths: [B] int32, number of generated tokens per row (an EOS counts and is included).
+    metrics: per-row DecodeMetrics (spectr_decode: SpecTrMetrics).
+  """
+
+  tokens: jax.Array
+  lengths: jax.Array
+  metrics: Any
+
+
+@flax.struct.dataclass
+class DecodeState:
+  """Loop state of the decode loops (`decoding.py` and `spectr_decoding.spectr_decode`).
+
+  Attributes:
+    step: [] int32, loop iteration (the per-row RNG folds it in).
+    tokens: [B, L_max] int32, the stream buffer; row b is committed on [0, lengths[b]).
+    lengths: [B] int32, committed stream length (prompt + generated).
+    done: [B] bool, the row hit EOS or max_new_tokens.
+    target_cache: the target's cache pytree (CachedLM.init_cache, L_max positions). In
+      spectr_decode it has K*B rows (row b*K+j: draft j of row b); at the start of a step all K
+      copies of a row agree on every position that will be read.
+    draft_state: the drafter's state pytree (None for the baseline; K*B rows in spectr_decode).
+    metrics: per-row counters: DecodeMetrics (spectr_decode: SpecTrMetrics, per original row).
+  """
+
+  step: jax.Array
+  tokens: jax.Array
+  lengths: jax.Array
+  done: jax.Array
+  target_cache: Any
+  draft_state: Any
+  metrics: Any
+
+  def advance(self, tokens, lengths, done, target_cache, draft_state, metrics) -> 'DecodeState':
+    """The state after one step: the step counter + 1 and every other field as given."""
+    return DecodeState(self.step + 1, tokens, lengths, done, target_cache, draft_state, metrics)
+
+
+def row_keys(rng: jax.Array, row_ids: jax.Array, step: jax.Array, use: int) -> jax.Array:
+  """[B] keys: fold_in(fold_in(fold_in(rng, row), step), use); `use` separates consumers."""
+
+  def one(row):
+    return jax.random.fold_in(jax.random.fold_in(jax.random.fold_in(rng, row), step), use)
+
+  return jax.vmap(one)(row_ids)
+
+
+def prefill(
+  target: CachedLM,
+  target_params: Any,
+  prompt_tokens: jax.Array,
+  encoder_tokens: Any,
+  max_length: int,
+) -> Any:
+  """The target's cache with `max_length` positions, correct on [0, lengths-1) of every row.
+
+  Entries past a row's length are stale and overwritten before anything attends to them.
+  """
+  batch = prompt_tokens.shape[0]
+  cache = target.init_cache(target_params, batch, max_length, encoder_tokens)
+  _, cache = target.extend(target_params, cache, prompt_tokens, jnp.zeros((batch,), jnp.int32))
+  return cache
+
+
+def initial_state(
+  prompt_tokens: jax.Array,
+  prompt_lengths: jax.Array,
+  max_length: int,
+  target_cache: Any,
+  draft_state: Any,
+  metrics: Any,
+) -> DecodeState:
+  """The loop state before the first step: the prompts in an L_max buffer, no row done."""
+  return DecodeState(
+    step=jnp.zeros((), jnp.int32),
+    tokens=init_buffer(prompt_tokens, max_length),
+    lengths=prompt_lengths,
+    done=jnp.zeros((prompt_tokens.shape[0],), bool),
+    target_cache=target_cache,
+    draft_state=draft_state,
+    metrics=metrics,
+  )
+
+
+def run_loop(body, state: DecodeState, prompt_lengths: jax.Array, max_new_tokens: int):
+  """`body` until every row is done (one `lax.while_loop`), then the DecodeResult."""
+  state = jax.lax.while_loop(lambda s: ~jnp.all(s.done), body, state)
+  return make_result(state, prompt_lengths, max_new_tokens)
+
+
+def commit_tokens(
+  state: DecodeState,
+  block: jax.Array,
+  num_emitted: jax.Array,
+  prompt_lengths: jax.Array,
+  max_new_tokens: int,
+  eos_id: int | None,
+) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
+  """Writes an emitted block [B, T] (first num_emitted[b] valid) and applies EOS / max length.
+
+  Returns (tokens, lengths, done, active) where `active` marks rows that were not done before.
+  """
+  active = ~state.done
+  width = block.shape[1]
+  if eos_id is not None:
+    is_eos = (block == eos_id) & (jnp.arange(width)[None, :] < num_emitted[:, None])  # [B, T]
+    hit_eos = jnp.any(is_eos, axis=1)
+    num_emitted = jnp.where(hit_eos, jnp.argmax(is_eos, axis=1) + 1, num_emitted)
+  else:
+    hit_eos = jnp.zeros_like(state.done)
+  generated = state.lengths - prompt_lengths
+  num_emitted = jnp.minimum(num_emitted, max_new_tokens - generated)  # truncate the overshoot
+  # Filler past the new length is stale.
+  tokens = drafter_base.write_rows(state.tokens, block, state.lengths)
+  lengths = jnp.where(active, state.lengths + num_emitted, state.lengths)
+  done = state.done | (active & hit_eos) | (lengths - prompt_lengths >= max_new_tokens)
+  return tokens, lengths, done, active
+
+
+def make_result(state: DecodeState, prompt_lengths: jax.Array, max_new_tokens: int) -> DecodeResult:
+  generated = state.lengths - prompt_lengths  # [B]
+  index = prompt_lengths[:, None] + jnp.arange(max_new_tokens)[None, :]  # [B, max_new]
+  index = jnp.minimum(index, state.tokens.shape[1] - 1)
+  out = jnp.take_along_axis(state.tokens, index, axis=1)
+  out = jnp.where(jnp.arange(max_new_tokens)[None, :] < generated[:, None], out, 0)
+  return DecodeResult(
+    tokens=out.astype(jnp.int32), lengths=generated.astype(jnp.int32), metrics=state.metrics
+  )
+
+
+def init_buffer(prompt_tokens: jax.Array, max_length: int) -> jax.Array:
+  batch, prompt_len = prompt_tokens.shape
+  return jnp.zeros((batch, max_length), jnp.int32).at[:, :prompt_len].set(prompt_tokens)
+
+
+def last_tokens(tokens: jax.Array, lengths: jax.Array) -> jax.Array:
+  """[B]: the last committed token of each row."""
+  return jnp.take_along_axis(tokens, (lengths - 1)[:, None], axis=1)[:, 0]
+
+
+def has_nan(probs: jax.Array) -> jax.Array:
+  """[B, ..., V] -> [B] bool."""
+  return jnp.any(jnp.isnan(probs.reshape(probs.shape[0], -1)), axis=1)

@@ -1,0 +1,198 @@
+"""The inputs of a batch inference job: a seqio task or a text/TSV file, tokenized and truncated to
+the inputs feature length, with the vocabulary and metrics that go with them."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import logging
+import os
+import sys
+from typing import Any
+from typing import Sequence
+
+import numpy as np
+
+from speculative.infer_settings import InferSettings
+
+EOS_ID = 1
+
+
+@dataclasses.dataclass(frozen=True)
+class Example:
+  index: int
+  inputs: str  # the model input text (task prefix included)
+  reference: str | None
+  input_tokens: np.ndarray  # [S] int32, EOS-terminated, truncated to the inputs feature length
+  truncated: bool
+
+
+@dataclasses.dataclass(frozen=True)
+class JobInputs:
+  """What a job decodes and scores: its examples, the vocabulary that decodes predictions, the
+  metric functions (seqio-style) and the source as recorded in the manifest."""
+
+  examples: list[Example]
+  vocabulary: Any
+  metric_fns: list[Any]
+  source: dict[str, Any]
+
+  @property
+  def num_truncated(self) -> int:
+    return sum(e.truncated for e in self.examples)
+
+
+def load_inputs(settings: InferSettings) -> JobInputs:
+  """The job's inputs: the task's (decoded with the task's own output vocabulary, e.g. 32k for the
+  TFDS tasks) or the input file's (tokenized with `vocabulary_path`). Warns about truncated inputs;
+  ValueError if the target's vocabulary is smaller than the inputs'."""
+  from speculative import tasks
+
+  s = settings
+  if s.mixture_or_task_name is not None:
+    import seqio
+
+    tasks.register_tasks()
+    task = seqio.get_mixture_or_task(s.mixture_or_task_name)
+    inputs = JobInputs(
+      examples=examples_from_task(s.mixture_or_task_name, s.split, s.inputs_length, s.num_examples),
+      vocabulary=task.output_features["targets"].vocabulary,
+      metric_fns=list(getattr(task, "metric_fns", ())),
+      source={"task": s.mixture_or_task_name, "split": s.split},
+    )
+  else:
+    vocabulary = tasks.get_vocabulary(s.vocabulary_path)
+    inputs = JobInputs(
+      examples=examples_from_file(
+        s.input_file, vocabulary, s.inputs_length, s.input_prefix, s.num_examples
+      ),
+      vocabulary=vocabulary,
+      metric_fns=[tasks.translation_metrics],
+      source={
+        "input_file": s.input_file,
+        "input_prefix": s.input_prefix,
+        "vocabulary_path": s.vocabulary_path,
+      },
+    )
+  if inputs.num_truncated:
+    logging.warning(
+      "%d of %d inputs were longer than %d tokens and were truncated",
+      inputs.num_truncated,
+      len(inputs.examples),
+      s.inputs_length,
+    )
+  if s.target_config.vocab_size < inputs.vocabulary.vocab_size:
+    raise ValueError(
+      f"target vocab_size {s.target_config.vocab_size} < vocabulary size "
+      f"{inputs.vocabulary.vocab_size}"
+    )
+  return inputs
+
+
+def truncate(tokens: np.ndarray, inputs_length: int) -> tuple[np.ndarray, bool]:
+  """EOS-terminated tokens cut to `inputs_length` (the last kept token replaced by EOS), and
+  whether they were cut."""
+  truncated = len(tokens) > inputs_length
+  if truncated:
+    tokens = np.concatenate([tokens[: inputs_length - 1], [EOS_ID]])
+  return np.asarray(tokens, np.int32), truncated
+
+
+def tokenize_inputs(vocabulary, text: str, inputs_length: int) -> tuple[np.ndarray, bool]:
+  """`text` encoded with `vocabulary` plus EOS, truncated to `inputs_length`."""
+  return truncate(np.asarray(list(vocabulary.encode(text)) + [EOS_ID], np.int32), inputs_length)
+
+
+def read_lines(path: str) -> list[str]:
+  """The lines of a UTF-8 text file (a leading BOM dropped; `.gz` decompressed; '-' = stdin).
+
+  Raises ValueError naming `path:line` at the first line that is not valid UTF-8.
+  """
+  import gzip
+
+  if path == "-":
+    data = sys.stdin.buffer.read()
+  else:
+    if not os.path.isfile(path):
+      raise FileNotFoundError(f"input file does not exist: {path}")
+    with (gzip.open if path.endswith(".gz") else open)(path, "rb") as f:
+      data = f.read()
+  if data.startswith(b"\xef\xbb\xbf"):
+    data = data[3:]
+  lines = []
+  for line_no, raw in enumerate(data.splitlines(), 1):
+    try:
+      lines.append(raw.decode("utf-8").rstrip("\r"))
+    except UnicodeDecodeError as e:
+      raise ValueError(
+        f"{path}:{line_no}: not valid UTF-8 (byte {raw[e.start : e.start + 1]!r} at "
+        f"column {e.start + 1}); convert the file to UTF-8"
+      ) from None
+  return lines
+
+
+def examples_from_file(
+  path: str, vocabulary, inputs_length: int, prefix: str = "", num_examples: int | None = None
+) -> list[Example]:
+  """A TSV (`source<TAB>reference`) or plain text file (one source per line); '-' = stdin."""
+  examples = []
+  for line_no, line in enumerate(read_lines(path), 1):
+    if not line.strip():
+      raise ValueError(f"{path}:{line_no}: empty input line")
+    source, _, reference = line.partition("\t")
+    text = prefix + source
+    tokens, truncated = tokenize_inputs(vocabulary, text, inputs_length)
+    examples.append(Example(len(examples), text, reference or None, tokens, truncated))
+    if num_examples is not None and len(examples) >= num_examples:
+      break
+  if not examples:
+    raise ValueError(f"{path}: no examples")
+  return examples
+
+
+def examples_from_task(
+  task_name: str, split: str, inputs_length: int, num_examples: int | None = None
+) -> list[Example]:
+  """Examples of a registered seqio task (e.g. `libreoffice_ende`), in dataset order."""
+  import seqio
+
+  from speculative import tasks
+
+  tasks.register_tasks()
+  task = seqio.get_mixture_or_task(task_name)
+  dataset = task.get_dataset(sequence_length=None, split=split, shuffle=False, use_cached=False)
+  if num_examples is not None:
+    dataset = dataset.take(num_examples)
+  examples = []
+  for record in dataset.as_numpy_iterator():  # seqio appended EOS
+    tokens, truncated = truncate(np.asarray(record["inputs"], np.int32), inputs_length)
+    if len(tokens) == 0:
+      raise ValueError(f"{task_name}/{split} example {len(examples)} has empty inputs")
+    text = record.get("inputs_pretokenized", b"")
+    reference = record.get("targets_pretokenized")
+    examples.append(
+      Example(
+        len(examples),
+        text.decode() if isinstance(text, bytes) else str(text),
+        reference.decode() if isinstance(reference, bytes) else reference,
+        tokens,
+        truncated,
+      )
+    )
+  if not examples:
+    raise ValueError(f"task {task_name!r} split {split!r} has no examples")
+  return examples
+
+
+def examples_sha256(examples: Sequence[Example]) -> str:
+  """The content hash of the examples (index, text, reference, tokens, truncation) for the
+  manifest."""
+  digest = hashlib.sha256()
+  for e in examples:
+    digest.update(
+      json.dumps(
+        [e.index, e.inputs, e.reference, e.input_tokens.tolist(), e.truncated], ensure_ascii=False
+      ).encode()
+    )
+  return digest.hexdigest()

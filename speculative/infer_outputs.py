@@ -1,0 +1,188 @@
+"""The output directory of a batch inference job: the manifest of everything that determines the
+outputs (a re-run resumes only outputs of identical settings), one predictions file per mode (one
+JSON record per example), the per-example decode times, all written atomically."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from typing import Any
+from typing import Iterable
+from typing import Sequence
+
+import numpy as np
+
+from speculative import checkpoints
+from speculative import jobs
+from speculative.files import write_atomic
+from speculative.infer_inputs import Example
+from speculative.infer_inputs import JobInputs
+from speculative.infer_inputs import examples_sha256
+from speculative.infer_settings import MODES
+from speculative.infer_settings import InferSettings
+
+# What an output directory holds (removed by `overwrite`).
+OUTPUT_FILES = ("manifest.json", "timings.json", "metrics.json", "report.md") + tuple(
+  f"predictions-{mode}.jsonl" for mode in MODES
+)
+
+
+@dataclasses.dataclass
+class ModeRun:
+  """The decode function of one mode and its accumulated results."""
+
+  name: str
+  decode: Any
+  path: str
+  records: dict[int, dict]
+  compile_s: float | None = None
+
+
+def build_manifest(settings: InferSettings, inputs: JobInputs) -> dict[str, Any]:
+  """Everything that determines the outputs; weights by content (verified against their
+  metadata)."""
+  s = settings
+  draft = s.needs_draft_model
+  return {
+    "package_version": _package_version(),
+    "inputs": inputs.source,
+    "inputs_sha256": examples_sha256(inputs.examples),
+    "examples": len(inputs.examples),
+    "num_examples": s.num_examples,
+    "task_feature_lengths": dict(s.task_feature_lengths),
+    "target_config": checkpoints.config_dict(s.target_config),
+    "target_checkpoint_sha256": checkpoints.verify_weights(s.target_checkpoint, s.target_config),
+    "draft_config": checkpoints.config_dict(s.draft_config) if draft else None,
+    "draft_checkpoint_sha256": (
+      checkpoints.verify_weights(s.draft_checkpoint, s.draft_config) if draft else None
+    ),
+    "param_dtype": "float32",
+    "modes": list(s.modes),
+    "batch_size": s.batch_size,
+    "drafter": s.drafter if s.speculative else None,
+    "gamma": s.gamma,
+    **s.decoding_knobs(),
+    "seed": s.seed,
+  }
+
+
+def claim_output_dir(output_dir: str, manifest: dict[str, Any], overwrite: bool) -> None:
+  """Makes `output_dir` this job's (the caller holds its lock): a killed writer's temporaries are
+  removed; outputs of other settings are deleted (`overwrite`) or refused; the manifest is
+  written."""
+  checkpoints.remove_stale_temporaries(output_dir)  # we hold the lock: no other writer
+  if overwrite:
+    for name in OUTPUT_FILES:
+      if os.path.exists(os.path.join(output_dir, name)):
+        os.remove(os.path.join(output_dir, name))
+  else:
+    jobs.check_manifest(
+      output_dir,
+      manifest,
+      "bind infer.overwrite = True (OVERWRITE = True in configs/local/run.gin)",
+    )
+  write_atomic(
+    os.path.join(output_dir, jobs.MANIFEST_FILE),
+    json.dumps(manifest, indent=2, ensure_ascii=False) + "\n",
+  )
+
+
+def resume_runs(output_dir: str, decode_fns: dict[str, Any]) -> list[ModeRun]:
+  """A ModeRun per mode, holding the records (with their decode times) an earlier, interrupted
+  run of the same settings finished."""
+  runs = []
+  timings = read_timings(output_dir)
+  for mode, decode in decode_fns.items():
+    path = os.path.join(output_dir, f"predictions-{mode}.jsonl")
+    records = read_predictions(path)
+    for index, record in records.items():
+      record["decode_s"] = timings.get(mode, {}).get(index, float("nan"))
+    runs.append(ModeRun(mode, decode, path, records))
+  return runs
+
+
+def record(
+  example: Example,
+  vocabulary,
+  tokens: np.ndarray,
+  length: int,
+  metrics: dict,
+  seconds: float,
+  batch_rows: int,
+) -> dict:
+  generated = [int(t) for t in tokens[:length]]
+  text_ids = [t for t in generated if t != 1]
+  return {
+    "index": example.index,
+    "inputs": example.inputs,
+    "reference": example.reference,
+    "prediction": vocabulary.decode(text_ids),
+    "tokens": generated,
+    "num_tokens": length,
+    "target_calls": int(metrics["target_calls"]),
+    "drafted": int(metrics["drafted"]),
+    "accepted": int(metrics["accepted"]),
+    "alpha_sum": float(metrics["alpha_sum"]),
+    "inputs_truncated": example.truncated,
+    # The batch's decode walltime, split evenly over its rows (batch 1: the example's own time).
+    "decode_s": seconds / batch_rows,
+  }
+
+
+def write_records(output_dir: str, runs: Sequence[ModeRun], run: ModeRun) -> None:
+  """The decode times of every mode, then `run`'s predictions file; records in index order."""
+  # Timings first: a kill between the two writes leaves timings for records not yet written.
+  write_atomic(
+    os.path.join(output_dir, "timings.json"),
+    json.dumps(
+      {r.name: {str(i): rec["decode_s"] for i, rec in sorted(r.records.items())} for r in runs}
+    )
+    + "\n",
+  )
+  write_atomic(run.path, _jsonl(sorted(run.records.values(), key=lambda r: r["index"])))
+
+
+def read_timings(output_dir: str) -> dict[str, dict[int, float]]:
+  """{mode: {index: decode seconds}} of an earlier (interrupted) run."""
+  path = os.path.join(output_dir, "timings.json")
+  if not os.path.exists(path):
+    return {}
+  with open(path, encoding="utf-8") as f:
+    return {
+      mode: {int(i): s for i, s in by_index.items()} for mode, by_index in json.load(f).items()
+    }
+
+
+def read_predictions(path: str) -> dict[int, dict]:
+  """Finished examples of an earlier (interrupted) run, by index."""
+  if not os.path.exists(path):
+    return {}
+  done = {}
+  with open(path, encoding="utf-8") as f:
+    for line_no, line in enumerate(f, 1):
+      try:
+        record = json.loads(line)
+      except json.JSONDecodeError as e:
+        raise ValueError(
+          f"{path}:{line_no}: corrupt predictions line ({e}); delete the file to start over"
+        ) from e
+      done[int(record["index"])] = record
+  return done
+
+
+def _jsonl(records: Iterable[dict]) -> str:
+  """Records without their walltime (in timings.json), so equal settings give equal bytes."""
+  return "".join(
+    json.dumps({k: v for k, v in r.items() if k != "decode_s"}, ensure_ascii=False) + "\n"
+    for r in records
+  )
+
+
+def _package_version() -> str:
+  from importlib import metadata
+
+  try:
+    return metadata.version("speculative")
+  except metadata.PackageNotFoundError:
+    return "unknown"

@@ -1,0 +1,176 @@
+"""The summary of a batch inference job: totals per mode (docs/design.md section 7 definitions),
+metrics against the references, and the Markdown report."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+from typing import Sequence
+
+import jax
+
+from speculative import audit
+from speculative.infer_inputs import EOS_ID
+from speculative.infer_settings import MODES
+
+
+def hit_length_cap(record: dict, max_new_tokens: int) -> bool:
+  """The decode stopped at the length cap, not at EOS (a runaway output)."""
+  return record["num_tokens"] >= max_new_tokens and (
+    not record["tokens"] or record["tokens"][-1] != EOS_ID
+  )
+
+
+def summarize(
+  records: Sequence[dict], metric_fns: Sequence[Any] = (), max_new_tokens: int | None = None
+) -> dict[str, float]:
+  """Totals over a mode's records (docs/design.md section 7 definitions)."""
+  tokens = sum(r["num_tokens"] for r in records)
+  calls = sum(r["target_calls"] for r in records)
+  drafted = sum(r["drafted"] for r in records)
+  seconds = sum(r["decode_s"] for r in records)
+  out = {
+    "examples": len(records),
+    "generated_tokens": tokens,
+    "target_calls": calls,
+    "block_efficiency": tokens / max(calls, 1),
+    "decode_s": seconds,
+    "tokens_per_s": tokens / seconds if seconds > 0 else float("nan"),
+    "sentences_per_s": len(records) / seconds if seconds > 0 else float("nan"),
+  }
+  if max_new_tokens is not None and records:
+    out["cap_pct"] = 100.0 * sum(hit_length_cap(r, max_new_tokens) for r in records) / len(records)
+  if drafted:
+    out["alpha"] = sum(r["alpha_sum"] for r in records) / drafted
+    out["acceptance_rate"] = sum(r["accepted"] for r in records) / drafted
+  if metric_fns and all(r["reference"] is not None for r in records):
+    ordered = sorted(records, key=lambda r: r["index"])
+    for metric_fn in metric_fns:  # seqio-style: (targets, predictions) -> {name: value}
+      out.update(metric_fn([r["reference"] for r in ordered], [r["prediction"] for r in ordered]))
+  return out
+
+
+def machine() -> str:
+  import platform
+
+  return (
+    f"{platform.machine()}, {os.cpu_count()} CPU cores, jax {jax.__version__} "
+    f"({jax.default_backend()})"
+  )
+
+
+def format_report(summary: dict[str, Any]) -> str:
+  """The Markdown report of a job's summary (metrics.json)."""
+  lines = _header_lines(summary) + _mode_table(summary) + _sample_lines(summary)
+  if "speedup" in summary:
+    lines += _comparison_lines(summary)
+  return "\n".join(lines) + "\n"
+
+
+def _header_lines(summary: dict[str, Any]) -> list[str]:
+  """What ran on what: examples, batch, drafter and gamma, temperature, machine; truncated inputs;
+  the speculative options that are on."""
+  lines = [
+    "# Batch inference report",
+    "",
+    f"{summary['examples']} examples, batch size {summary['batch_size']}, "
+    + (
+      f"drafter {summary.get('drafter', 'model')}, gamma {summary['gamma']}, "
+      if "speculative" in summary
+      else ""
+    )
+    + f"temperature {summary['temperature']}; "
+    f"machine: {summary['machine']}",
+    "",
+  ]
+  if summary.get("inputs_truncated"):
+    lines += [
+      f"Inputs truncated: {summary['inputs_truncated']} of {summary['examples']} were "
+      f"longer than {summary.get('inputs_length', '?')} tokens and were cut to fit "
+      "(raise TASK_FEATURE_LENGTHS['inputs'] to keep them whole).",
+      "",
+    ]
+  knobs = [
+    f"adaptive gamma (draft stops below confidence {summary['draft_stop_below']})"
+    if summary.get("draft_stop_below")
+    else "",
+    "adaptive verify width" if summary.get("adaptive_verify") else "",
+    f"lenience {summary['lenience']} (APPROXIMATE: changes the output)"
+    if summary.get("lenience", 1.0) != 1.0
+    else "",
+  ]
+  if any(knobs):
+    lines += ["Speculative options: " + "; ".join(k for k in knobs if k), ""]
+  return lines
+
+
+def _mode_table(summary: dict[str, Any]) -> list[str]:
+  """One row of totals per mode."""
+  lines = [
+    "| mode | BLEU | chrF | loop % | length cap % | tokens | target calls | "
+    "block efficiency | alpha | acceptance | decode s | sentences/s | tokens/s | "
+    "compile s |",
+    "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+  ]
+  for mode in MODES:
+    if mode not in summary:
+      continue
+    m = summary[mode]
+    fmt = lambda k, f="{:.3f}": f.format(m[k]) if m.get(k) is not None else "-"  # noqa: E731
+    lines.append(
+      f"| {mode} | {fmt('bleu', '{:.2f}')} | {fmt('chrf', '{:.2f}')} | "
+      f"{fmt('loop_pct', '{:.1f}')} | {fmt('cap_pct', '{:.1f}')} | "
+      f"{m['generated_tokens']} | "
+      f"{m['target_calls']} | {m['block_efficiency']:.3f} | {fmt('alpha')} | "
+      f"{fmt('acceptance_rate')} | {m['decode_s']:.2f} | "
+      f"{fmt('sentences_per_s', '{:.2f}')} | {m['tokens_per_s']:.1f} | "
+      f"{fmt('compile_s', '{:.1f}')} |"
+    )
+  return lines
+
+
+def _sample_lines(summary: dict[str, Any]) -> list[str]:
+  """The first three inputs with their references and outputs."""
+  if not summary.get("samples"):
+    return []
+  lines = ["", "Examples (the first three inputs):", ""]
+  for sample in summary["samples"]:
+    lines += [
+      f"- source:     {sample['inputs']}",
+      f"  reference:  {sample['reference'] if sample['reference'] is not None else '-'}",
+      f"  output:     {sample['prediction']}",
+    ]
+  return lines
+
+
+def _comparison_lines(summary: dict[str, Any]) -> list[str]:
+  """Baseline vs speculative: the speedup, identical outputs, the divergence audit and what to
+  expect under sampling or lenience."""
+  lines = [
+    "",
+    f"Walltime speedup (baseline / speculative decode time, warm, same process): "
+    f"**{summary['speedup']:.2f}x**",
+    f"Identical outputs: {summary['identical_outputs']} / {summary['examples']}",
+  ]
+  if summary.get("audit", {}).get("diverged"):
+    counts = summary["audit"]
+    lines += [
+      "",
+      f"Divergence audit (docs/exactness.md): {counts['near_tie']} near-tie, "
+      f"{counts['mismatch']} mismatch. A near-tie is a position where the target's "
+      "float32 top-2 logits are closer than the model dtype's rounding can move them; "
+      "a mismatch is a bug.",
+      "",
+      audit.format_table([audit.Divergence(**d) for d in summary["divergences"]]),
+    ]
+  if summary["temperature"] > 0:
+    lines += [
+      "",
+      "Under sampling (temperature > 0) identical outputs are NOT expected: the two "
+      "modes consume random numbers differently. Speculative sampling is exact in "
+      "distribution (every output is distributed as the target alone would sample it), "
+      "not token-for-token; compare distributions, not outputs.",
+    ]
+  elif summary.get("lenience", 1.0) != 1.0:
+    lines += ["", "With lenience < 1 the outputs are expected to differ from the baseline."]
+  return lines

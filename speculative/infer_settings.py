@@ -1,0 +1,177 @@
+"""The settings of a batch inference job (`infer.infer`'s arguments), checked in one place before
+anything loads: every knob's type and range, the input source, the model configs and every path.
+Stats paths but reads no weights or inputs."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Any
+from typing import Sequence
+
+from speculative import drafters as drafters_lib
+from speculative import jobs
+from speculative import sampling as sampling_lib
+from speculative.models import t5 as t5_lib
+
+MODES = ("baseline", "speculative")
+# Draft sources of the speculative mode (names of the drafter registry, speculative.drafters.registry):
+# the draft model, copying n-grams from the source sentence or the generated prefix, or copying with
+# the draft model as the fallback for rows without a match. The n-gram table drafters need a corpus
+# and are benchmarked only (speculative.benchmark).
+DRAFTERS = tuple(name for name in drafters_lib.DRAFTERS if not drafters_lib.needs_corpus(name))
+# gamma: draft tokens per target call. Past ~32 the verify call costs more than drafting saves.
+GAMMA_RANGE = (1, 32)
+
+
+@dataclasses.dataclass(frozen=True)
+class InferSettings:
+  """Every argument of `infer.infer` (same names, same defaults; see its docstring), validated on
+  construction: a ValueError/FileNotFoundError/PermissionError names the first bad setting."""
+
+  target_config: t5_lib.T5Config
+  target_checkpoint: str
+  output_dir: str
+  task_feature_lengths: dict[str, int]
+  mixture_or_task_name: str | None = None
+  split: str = "test"
+  input_file: str | None = None
+  input_prefix: str = ""
+  vocabulary_path: str | None = None
+  num_examples: int | None = None
+  draft_config: t5_lib.T5Config | None = None
+  draft_checkpoint: str | None = None
+  modes: Sequence[str] = MODES
+  batch_size: int = 1
+  gamma: int = 4
+  drafter: str = "model"
+  draft_stop_below: float = 0.0
+  adaptive_verify: bool = False
+  lenience: float = 1.0
+  temperature: float = 0.0
+  top_k: int = 0
+  top_p: float = 1.0
+  seed: int = 0
+  require_identical: bool = True
+  progress: bool = True
+  overwrite: bool = False
+
+  def __post_init__(self):
+    # adaptive_verify, require_identical, progress, overwrite and input_prefix: any value is valid.
+    _check_modes(self.modes)
+    _check_source(self.mixture_or_task_name, self.input_file, self.split)
+    _check_knobs(self)
+    _check_feature_lengths(self.task_feature_lengths)
+    _check_models(self)
+    _check_paths(self)
+    sampling_lib.make_sampling(self.temperature, self.top_k, self.top_p)[1].validate()
+
+  @property
+  def speculative(self) -> bool:
+    return "speculative" in self.modes
+
+  @property
+  def needs_draft_model(self) -> bool:
+    return self.speculative and drafters_lib.needs_draft_model(self.drafter)
+
+  @property
+  def exact(self) -> bool:
+    """lenience 1: the speculative output is the target's (l < 1 changes it)."""
+    return float(self.lenience) == 1.0
+
+  @property
+  def inputs_length(self) -> int:
+    return int(self.task_feature_lengths["inputs"])
+
+  @property
+  def max_new_tokens(self) -> int:
+    return int(self.task_feature_lengths["targets"])
+
+  def decoding_knobs(self) -> dict[str, Any]:
+    """The knobs that shape the decoded tokens besides gamma and the drafter (manifest, summary)."""
+    return {
+      "draft_stop_below": self.draft_stop_below,
+      "adaptive_verify": self.adaptive_verify,
+      "lenience": self.lenience,
+      "temperature": self.temperature,
+      "top_k": self.top_k,
+      "top_p": self.top_p,
+    }
+
+  def sampling(self) -> tuple[sampling_lib.SamplingConfig, sampling_lib.SamplingParams]:
+    return sampling_lib.make_sampling(self.temperature, self.top_k, self.top_p)
+
+
+def _check_modes(modes: Any) -> None:
+  if isinstance(modes, str) or not modes:
+    raise ValueError(f"modes must be a non-empty sequence of {MODES}, got {modes!r}")
+  for mode in modes:
+    jobs.check_choice("mode", mode, MODES)
+
+
+def _check_source(mixture_or_task_name: Any, input_file: Any, split: Any) -> None:
+  if (mixture_or_task_name is None) == (input_file is None):
+    raise ValueError(
+      "give exactly one of mixture_or_task_name (MIXTURE_OR_TASK_NAME) and "
+      "input_file (INPUT_FILE); to decode a file with configs/local/run.gin, bind "
+      "INPUT_FILE = 'path' and MIXTURE_OR_TASK_NAME = None"
+    )
+  if mixture_or_task_name is not None and not isinstance(split, str):
+    raise ValueError(f"split must be a string, got {split!r}")
+
+
+def _check_knobs(s: InferSettings) -> None:
+  jobs.check_int("batch_size", s.batch_size, 1)
+  jobs.check_int("gamma", s.gamma, *GAMMA_RANGE)
+  jobs.check_float("temperature", s.temperature, 0.0)
+  jobs.check_int("top_k", s.top_k, 0)
+  jobs.check_float("top_p", s.top_p, 0.0, 1.0, low_inclusive=False)
+  sampling_lib.check_lenience(
+    jobs.check_float("lenience", s.lenience, 0.0, 1.0, low_inclusive=False)
+  )
+  jobs.check_float("draft_stop_below", s.draft_stop_below, 0.0, 1.0, high_inclusive=False)
+  jobs.check_int("seed", s.seed, 0)
+  jobs.check_int("num_examples (None = all)", s.num_examples, 1, allow_none=True)
+  jobs.check_choice("drafter", s.drafter, DRAFTERS)
+
+
+def _check_feature_lengths(task_feature_lengths: Any) -> None:
+  if not isinstance(task_feature_lengths, dict) or set(task_feature_lengths) != {
+    "inputs",
+    "targets",
+  }:
+    raise ValueError(
+      f"task_feature_lengths must be {{'inputs': N, 'targets': M}}, got {task_feature_lengths!r}"
+    )
+  jobs.check_int("task_feature_lengths['inputs']", task_feature_lengths["inputs"], 2)
+  jobs.check_int("task_feature_lengths['targets']", task_feature_lengths["targets"], 1)
+
+
+def _check_models(s: InferSettings) -> None:
+  if not isinstance(s.target_config, t5_lib.T5Config):
+    raise ValueError(f"target_config must be a t5.T5Config, got {type(s.target_config).__name__}")
+  jobs.check_readable("target_checkpoint", s.target_checkpoint)
+  if not (s.speculative and s.drafter != "prompt_lookup"):
+    return
+  if s.draft_config is None or not s.draft_checkpoint:
+    raise ValueError(
+      f"speculative mode with drafter {s.drafter!r} needs draft_config and draft_checkpoint"
+    )
+  if not isinstance(s.draft_config, t5_lib.T5Config):
+    raise ValueError(f"draft_config must be a t5.T5Config, got {type(s.draft_config).__name__}")
+  if s.draft_config.vocab_size != s.target_config.vocab_size:
+    raise ValueError(
+      f"draft and target vocabularies differ: draft vocab_size "
+      f"{s.draft_config.vocab_size} != target vocab_size "
+      f"{s.target_config.vocab_size}"
+    )
+  jobs.check_readable("draft_checkpoint", s.draft_checkpoint)
+
+
+def _check_paths(s: InferSettings) -> None:
+  if s.input_file is not None and s.input_file != "-":
+    jobs.check_readable("input_file", s.input_file)
+  if s.vocabulary_path is not None:
+    jobs.check_readable("vocabulary_path", s.vocabulary_path)
+  if not isinstance(s.output_dir, (str, os.PathLike)) or not str(s.output_dir):
+    raise ValueError(f"output_dir must be a path, got {s.output_dir!r}")

@@ -1,0 +1,104 @@
+"""Training checkpoints: `checkpoint_<step>/` in the T5X layout with the optax state beside it,
+written in one atomic step; a run resumes from the newest readable one."""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+
+from flax import serialization
+import jax
+import numpy as np
+
+from speculative import checkpoints
+from speculative.models import t5 as t5_lib
+
+OPTAX_STATE_FILE = "optax_state.msgpack"
+
+
+def _latest_step_list(output_dir: str) -> list[int]:
+  """Steps of the complete checkpoints (params and optax state both written) in output_dir."""
+  if not os.path.isdir(output_dir):
+    return []
+  return [
+    int(n.split("_")[1])
+    for n in os.listdir(output_dir)
+    if n.startswith("checkpoint_")
+    and n.split("_")[1].isdigit()
+    and os.path.exists(os.path.join(output_dir, n, OPTAX_STATE_FILE))
+  ]
+
+
+def save_train_state(
+  output_dir: str,
+  step: int,
+  params,
+  opt_state,
+  keep: int = 2,
+  config: t5_lib.T5Config | None = None,
+) -> str:
+  """Writes checkpoint_<step> (T5X layout) with its optax state in one atomic step (temp dir +
+  rename), recording `config` and the content sha256 (checked on resume); keeps the newest `keep`."""
+  path = checkpoints.save_t5x_checkpoint(
+    jax.device_get(params),
+    output_dir,
+    step,
+    overwrite=True,
+    config=config,
+    extra_files={OPTAX_STATE_FILE: serialization.to_bytes(jax.device_get(opt_state))},
+  )
+  for old in sorted(_latest_step_list(output_dir))[:-keep]:
+    shutil.rmtree(os.path.join(output_dir, f"checkpoint_{old}"), ignore_errors=True)
+  return path
+
+
+def restore_train_state(
+  output_dir: str,
+  step: int,
+  params_template,
+  opt_state_template,
+  config: t5_lib.T5Config | None = None,
+):
+  """Params and optax state of checkpoint_<step>; CheckpointError naming the file if unreadable,
+  corrupt, saved with another config, or not matching this run's model or optimizer."""
+  path = os.path.join(output_dir, f"checkpoint_{step}")
+  params = checkpoints.load_t5x_checkpoint(path, config=config)
+  checkpoints.validate_params(params, params_template, name=path)
+  params = jax.tree_util.tree_map(lambda t, x: np.asarray(x, t.dtype), params_template, params)
+  state_file = os.path.join(path, OPTAX_STATE_FILE)
+  try:
+    with open(state_file, "rb") as f:
+      opt_state = serialization.from_bytes(opt_state_template, f.read())
+  except (OSError, ValueError, TypeError, KeyError) as e:
+    raise checkpoints.CheckpointError(
+      f"{state_file}: optimizer state does not match this run's optimizer or is corrupt "
+      f"({type(e).__name__}: {e})"
+    ) from e
+  return params, opt_state
+
+
+def restore_latest(
+  output_dir: str, params_template, opt_state_template, config: t5_lib.T5Config | None = None
+):
+  """(step, params, opt_state) of the newest readable checkpoint, falling back past unreadable
+  ones with a warning; (0, templates) if there is none. Raises CheckpointError naming every file if
+  checkpoints exist but none is readable (rather than silently starting over)."""
+  errors = []
+  for step in sorted(_latest_step_list(output_dir), reverse=True):
+    try:
+      params, opt_state = restore_train_state(
+        output_dir, step, params_template, opt_state_template, config
+      )
+    except (checkpoints.CheckpointError, OSError, ValueError) as e:
+      logging.warning(
+        "cannot resume from %s/checkpoint_%d, trying the previous one: %s", output_dir, step, e
+      )
+      errors.append(f"checkpoint_{step}: {e}")
+      continue
+    return step, params, opt_state
+  if errors:
+    raise checkpoints.CheckpointError(
+      f"no readable checkpoint in {output_dir}:\n  " + "\n  ".join(errors)
+    )
+  return 0, params_template, opt_state_template

@@ -1,0 +1,111 @@
+"""Training data: a parallel TSV corpus tokenized with SentencePiece, bucketed by length into a few
+fixed (inputs, targets) shapes, each with a batch size chosen to keep tokens per batch roughly
+constant, so only a few shapes compile and little compute goes to padding."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Iterator
+from typing import Sequence
+
+import numpy as np
+
+from speculative import corpus
+from speculative import tasks
+
+INPUT_PREFIX = tasks.TRANSLATE_EN_DE_PREFIX
+EOS_ID = 1
+PAD_ID = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class Bucket:
+  """A fixed batch shape: examples whose inputs/targets fit go here."""
+
+  inputs_length: int
+  targets_length: int
+  batch_size: int
+
+
+# Bucket lengths (inputs and targets); batch sizes are set from `tokens_per_batch` in `train`.
+DEFAULT_BUCKET_LENGTHS = (24, 48, 96, 192)
+
+
+def read_tsv(path: str) -> list[tuple[str, str]]:
+  """`source<TAB>target` pairs of a (gzipped) TSV file; ValueError when it holds none."""
+  pairs = corpus.read_tsv_gz(path)
+  if not pairs:
+    raise ValueError(f"{path}: no examples")
+  return pairs
+
+
+def tokenize_pairs(
+  pairs: Sequence[tuple[str, str]], spm_model: str, prefix: str = INPUT_PREFIX
+) -> list[tuple[np.ndarray, np.ndarray]]:
+  """Tokenizes with the SentencePiece model; appends EOS to both sides (T5 convention)."""
+  import sentencepiece as spm
+
+  sp = spm.SentencePieceProcessor(model_file=spm_model)
+  sources = sp.encode([prefix + s for s, _ in pairs])
+  targets = sp.encode([t for _, t in pairs])
+  return [
+    (np.array(s + [EOS_ID], np.int32), np.array(t + [EOS_ID], np.int32))
+    for s, t in zip(sources, targets)
+  ]
+
+
+def assign_buckets(examples, buckets: Sequence[Bucket]) -> list[list[int]]:
+  """Indices of the examples per bucket; examples longer than the largest bucket are truncated."""
+  per_bucket: list[list[int]] = [[] for _ in buckets]
+  for i, (src, tgt) in enumerate(examples):
+    for b, bucket in enumerate(buckets):
+      if len(src) <= bucket.inputs_length and len(tgt) <= bucket.targets_length:
+        per_bucket[b].append(i)
+        break
+    else:
+      per_bucket[-1].append(i)
+  return per_bucket
+
+
+def make_batch(examples, indices, bucket: Bucket) -> dict[str, np.ndarray]:
+  """Pads (or truncates, keeping EOS last) a batch to the bucket's shape, T5X feature names."""
+  n = bucket.batch_size
+  enc = np.zeros((n, bucket.inputs_length), np.int32)
+  tgt = np.zeros((n, bucket.targets_length), np.int32)
+  for row, i in enumerate(indices):
+    src, trg = examples[i]
+    if len(src) > bucket.inputs_length:
+      src = np.concatenate([src[: bucket.inputs_length - 1], [EOS_ID]])
+    if len(trg) > bucket.targets_length:
+      trg = np.concatenate([trg[: bucket.targets_length - 1], [EOS_ID]])
+    enc[row, : len(src)] = src
+    tgt[row, : len(trg)] = trg
+  # Decoder inputs are the targets shifted right, starting with the decoder start token 0.
+  dec_in = np.zeros_like(tgt)
+  dec_in[:, 1:] = tgt[:, :-1]
+  return {
+    "encoder_input_tokens": enc,
+    "decoder_input_tokens": dec_in,
+    "decoder_target_tokens": tgt,
+    "decoder_loss_weights": (tgt != PAD_ID).astype(np.float32),
+  }
+
+
+def batch_stream(
+  examples, buckets: Sequence[Bucket], seed: int, epoch: int = 0
+) -> Iterator[dict[str, np.ndarray]]:
+  """Endless stream of shuffled bucketed batches; deterministic in (seed, epoch)."""
+  per_bucket = assign_buckets(examples, buckets)
+  while True:
+    rng = np.random.default_rng([seed, epoch])
+    batches = []
+    for bucket, idx in zip(buckets, per_bucket):
+      idx = np.array(idx)
+      rng.shuffle(idx)
+      for start in range(0, len(idx) - bucket.batch_size + 1, bucket.batch_size):
+        batches.append((bucket, idx[start : start + bucket.batch_size]))
+    order = rng.permutation(len(batches))
+    for j in order:
+      bucket, idx = batches[j]
+      yield make_batch(examples, idx, bucket)
+    epoch += 1
