@@ -22,6 +22,7 @@ import json
 import logging
 import os
 import shutil
+import tempfile
 import time
 from typing import Iterator
 from typing import Sequence
@@ -280,9 +281,20 @@ def save_train_state(
     config=config,
     extra_files={"optax_state.msgpack": serialization.to_bytes(jax.device_get(opt_state))},
   )
-  for old in sorted(_latest_step_list(output_dir))[:-keep]:
-    shutil.rmtree(os.path.join(output_dir, f"checkpoint_{old}"), ignore_errors=True)
+  prune_checkpoints(output_dir, keep)
   return path
+
+
+def prune_checkpoints(output_dir: str, keep: int = 2, protect: Sequence[int] = ()) -> None:
+  """Deletes all complete checkpoints but the newest `keep` (and the steps in `protect`). Each is
+  first renamed to `checkpoint_<n>.old-*`, so a kill mid-delete leaves no partial checkpoint_<n>,
+  only a temporary that `checkpoints.remove_stale_temporaries` deletes at the next start."""
+  for old in sorted(_latest_step_list(output_dir))[:-keep]:
+    if old in protect:
+      continue
+    trash = tempfile.mkdtemp(prefix=f"checkpoint_{old}.old-", dir=output_dir)
+    os.rename(os.path.join(output_dir, f"checkpoint_{old}"), os.path.join(trash, "old"))
+    shutil.rmtree(trash, ignore_errors=True)
 
 
 def restore_train_state(
@@ -475,6 +487,8 @@ def train(
   start_step, params, opt_state = restore_latest(output_dir, params, opt_state, model_config)
   if start_step:
     print(f"resumed from {output_dir}/checkpoint_{start_step}")
+    # A kill between writing a checkpoint and pruning the old ones left one too many.
+    prune_checkpoints(output_dir, protect=(start_step,))
   os.makedirs(output_dir, exist_ok=True)
 
   best_path = os.path.join(output_dir, "best.msgpack")
