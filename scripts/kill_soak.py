@@ -1,24 +1,78 @@
-"""Kill soak for the batch job: SIGKILL `python -m speculative.infer` at random moments, resume, and
-check that the predictions end byte-identical to an uninterrupted run (docs/batch_jobs.md).
+"""Kill soak for the batch jobs: SIGKILL `python -m speculative.infer` or `python -m
+speculative.train` at random moments, resume, and check that the outputs end byte-identical to an
+uninterrupted run and that no temporaries are left (docs/batch_jobs.md, "Kill soak").
 
-  .venv/bin/python scripts/kill_soak.py --trials 20 [--seed 0] [--workdir /tmp/kill_soak]
+  .venv/bin/python scripts/kill_soak.py --job infer --trials 10 --compile_cache /tmp/xla_cache_infer
+  .venv/bin/python scripts/kill_soak.py --job train --trials 10 --compile_cache /tmp/xla_cache_train
 
-Uses a tiny random target/draft pair and a few input lines, so each trial takes a few CPU-seconds
-to a minute (mostly start-up and compilation). Exits non-zero at the first mismatch.
+Options: --seed 0 (the kill moments), --max_kills 3 (a trial), --after_output (kill only once a run
+has written new output), --compile_cache DIR (a JAX persistent compilation cache for every run,
+emptied first and filled by an extra uninterrupted run whose outputs must equal the reference's;
+without it each run compiles, about twice the CPU time), --workdir (default /tmp/kill_soak_<job>,
+deleted first).
+
+The jobs are tiny and run on CPU: infer decodes 24 lines with a random 2-layer target and 1-layer
+draft (baseline and speculative); train runs 24 steps of a 134k-parameter T5 (dropout on, so the
+per-step rngs matter) on 32 pairs of the shipped validation split with the shipped 8k SentencePiece
+model, checkpointing every 3 steps, evaluating every 6, and exporting float32 weights. A run takes
+seconds to a minute, mostly start-up and compilation.
+
+First an uninterrupted reference run, polled for its progress (infer: predictions written; train:
+checkpoints written, then the export) to get its timeline. Then every trial runs the real CLI into
+a fresh output directory and kills it (SIGKILL) at random moments until a run completes: each kill
+moment is a uniformly random time of the reference run's timeline that the run still has ahead (its
+start-up, then the stretch past the progress it resumed from), re-anchored to the progress the run
+has reached, so kills land in start-up, compilation, decoding or training steps, checkpoint and
+output writes, and the final export whatever the machine's load. The first run of a trial is
+always killed; after `--max_kills` kills the run is left to finish. Prints one line a trial and a
+summary (train, with --compile_cache):
+
+  reference: 14.5 s (with the compile cache; the run that filled it: 32.4 s), 122 files compared,
+  progress@seconds: 1@9.7 2@10.0 3@10.2 4@10.6 5@11.0 6@11.4 7@11.7 8@12.2 9@12.5
+  trial 0: 3 kills (at progress 8/9, 9/9, 9/9; 1 mid-write), identical, no temporaries
+  ...
+  train: 10 trials, 28 kills (6 mid-write), all byte-identical to the reference run, no temporaries left
+
+Progress is what the killed run had written: infer, prediction lines (2 modes x 24) then
+metrics.json and report.md; train, checkpoints (every 3 of 24 steps) then the export (after it, the
+process still takes seconds to exit). "mid-write": kills that left a temporary (`*.tmp-*` of an
+atomic write, `checkpoint_<n>.old-*` of a checkpoint being pruned) for the next run to remove. infer
+compares `predictions-*.jsonl`; train compares every file of the output directory (the last two
+checkpoints with their optimizer states and metadata, `best.msgpack`, the exported weights, and
+their `.json` sidecars) except `train_log.jsonl` and `best.json`, which hold wall times and running
+averages. Both fail if any `*.tmp-*` or `checkpoint_<n>.old-*` is left in the output directory.
+Exits non-zero with `FAILED: <why>` at the first mismatch, temporary or failed run (its log is
+`<workdir>/trial_<i>.log`). The test suite runs short versions (tests/test_job_safety.py).
 """
 
 from __future__ import annotations
 
 import argparse
+import bisect
+import dataclasses
+import os
 from pathlib import Path
 import random
+import re
 import shutil
 import signal
 import subprocess
 import sys
 import time
+from typing import Callable
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))  # the job subprocesses run with cwd=REPO: the same package
+POLL_S = 0.01
+
+
+class SoakError(RuntimeError):
+  """A resumed run did not end byte-identical, left temporaries, or failed."""
+
+
+# ----------------------------------------------------------------------------------------------
+# The infer job: a tiny random target/draft pair, six input lines.
+# ----------------------------------------------------------------------------------------------
 SOURCES = [
   "Click OK.",
   "Open the file menu and choose Save.",
@@ -30,7 +84,7 @@ SOURCES = [
 SIZES = dict(vocab_size=8000, emb_dim=16, num_heads=2, num_encoder_layers=1, head_dim=8, mlp_dim=32)
 
 
-def prepare(workdir: Path) -> None:
+def prepare_infer(workdir: Path) -> None:
   import jax
 
   from speculative import checkpoints
@@ -46,10 +100,11 @@ def prepare(workdir: Path) -> None:
       dtype=None,
       config=config,
     )
-  (workdir / "in.tsv").write_text("".join(f"{s}\tRef {i}\n" for i, s in enumerate(SOURCES)))
+  lines = [f"{s} {n}" if n else s for n in range(4) for s in SOURCES]  # 24
+  (workdir / "in.tsv").write_text("".join(f"{s}\tRef {i}\n" for i, s in enumerate(lines)))
 
 
-def command(workdir: Path, out: Path) -> list[str]:
+def infer_command(workdir: Path, out: Path) -> list[str]:
   bindings = [
     "infer.target_config = @target/t5.T5Config()",
     "infer.draft_config = @draft/t5.T5Config()",
@@ -66,54 +121,384 @@ def command(workdir: Path, out: Path) -> list[str]:
     bindings += [
       f"{scope}/t5.T5Config.{k} = {v}" for k, v in dict(SIZES, num_decoder_layers=layers).items()
     ]
-  gin_file = workdir / "job.gin"
+  gin_file = workdir / "infer.gin"
   gin_file.write_text("\n".join(bindings) + "\n")
   return [sys.executable, "-m", "speculative.infer", f"--gin_file={gin_file}"]
 
 
-def outputs(out: Path) -> dict[str, bytes]:
+def infer_outputs(out: Path) -> dict[str, bytes]:
   return {p.name: p.read_bytes() for p in sorted(out.glob("predictions-*.jsonl"))}
+
+
+def infer_progress(out: Path) -> int:
+  """Predictions written (each file is replaced atomically after every batch), then one each for
+  metrics.json and report.md."""
+  total = sum((out / name).exists() for name in ("metrics.json", "report.md"))
+  for p in out.glob("predictions-*.jsonl"):
+    try:
+      total += p.read_bytes().count(b"\n")
+    except FileNotFoundError:
+      pass
+  return total
+
+
+# ----------------------------------------------------------------------------------------------
+# The train job: a ~140k-parameter T5 (dropout on, so the per-step rngs matter), 32 training pairs.
+# ----------------------------------------------------------------------------------------------
+TRAIN = dict(num_steps=24, checkpoint_every=3, eval_every=6)
+TRAIN_MODEL = dict(
+  vocab_size=8000,
+  dtype="'float32'",
+  emb_dim=16,
+  num_heads=2,
+  num_encoder_layers=1,
+  num_decoder_layers=1,
+  head_dim=8,
+  mlp_dim=32,
+  dropout_rate=0.1,
+  logits_via_embedding=True,
+)
+UNCOMPARED_TRAIN_FILES = ("train_log.jsonl", "best.json", ".lock")
+
+
+def prepare_train(workdir: Path) -> None:
+  from speculative import corpus
+
+  workdir.mkdir(parents=True, exist_ok=True)
+  pairs = corpus.read_tsv_gz(REPO / "data" / "libreoffice_ende" / "validation.tsv.gz")[:40]
+  for name, chunk in (("train.tsv", pairs[:32]), ("val.tsv", pairs[32:])):
+    (workdir / name).write_text("".join(f"{s}\t{t}\n" for s, t in chunk), encoding="utf-8")
+
+
+def train_command(workdir: Path, out: Path) -> list[str]:
+  bindings = [
+    "train.model_config = @t5.T5Config()",
+    f"train.train_tsv = '{workdir / 'train.tsv'}'",
+    f"train.validation_tsv = '{workdir / 'val.tsv'}'",
+    f"train.spm_model = '{REPO / 'data' / 'libreoffice_ende' / 'spm8k.model'}'",
+    f"train.output_dir = '{out}'",
+    f"train.export_path = '{out / 'export.msgpack'}'",
+    "train.export_dtype = 'float32'",
+    "train.tokens_per_batch = 256",
+    "train.bucket_lengths = (32,)",
+    "train.learning_rate = 3e-3",
+    "train.warmup_steps = 4",
+    "train.seed = 0",
+  ]
+  bindings += [f"train.{k} = {v}" for k, v in TRAIN.items()]
+  bindings += [f"t5.T5Config.{k} = {v}" for k, v in TRAIN_MODEL.items()]
+  gin_file = workdir / "train.gin"
+  gin_file.write_text("\n".join(bindings) + "\n")
+  return [sys.executable, "-m", "speculative.train", f"--gin_file={gin_file}"]
+
+
+def train_outputs(out: Path) -> dict[str, bytes]:
+  return {
+    str(p.relative_to(out)): p.read_bytes()
+    for p in sorted(out.rglob("*"))
+    if p.is_file() and p.name not in UNCOMPARED_TRAIN_FILES
+  }
+
+
+def train_progress(out: Path) -> int:
+  """Checkpoints written (each appears by an atomic rename), plus one for the export."""
+  try:
+    names = os.listdir(out)
+  except FileNotFoundError:
+    return 0
+  steps = [int(n.split("_")[1]) for n in names if re.fullmatch(r"checkpoint_\d+", n)]
+  return max(steps, default=0) // TRAIN["checkpoint_every"] + ("export.msgpack" in names)
+
+
+@dataclasses.dataclass(frozen=True)
+class Job:
+  prepare: Callable[[Path], None]
+  command: Callable[[Path, Path], list[str]]
+  outputs: Callable[[Path], dict[str, bytes]]
+  progress: Callable[[Path], int]
+
+
+JOBS = {
+  "infer": Job(prepare_infer, infer_command, infer_outputs, infer_progress),
+  "train": Job(prepare_train, train_command, train_outputs, train_progress),
+}
+
+
+# ----------------------------------------------------------------------------------------------
+# Runs, kills and checks.
+# ----------------------------------------------------------------------------------------------
+def leftovers(out: Path) -> list[str]:
+  """Temporaries of an interrupted atomic write anywhere under `out` (none may survive a run)."""
+  return sorted(
+    str(p.relative_to(out))
+    for p in out.rglob("*")
+    if ".tmp-" in p.name or re.fullmatch(r"checkpoint_\d+\.old-.*", p.name)
+  )
+
+
+@dataclasses.dataclass
+class Reference:
+  outputs: dict[str, bytes]
+  timeline: list[tuple[float, int]]  # (seconds since start, progress) at each change, from (0, 0)
+  duration: float
+
+  @property
+  def total(self) -> int:
+    return self.timeline[-1][1]
+
+
+@dataclasses.dataclass
+class Trial:
+  kills: list[int]  # the progress each killed run had reached
+  identical: bool
+  differing: list[str]
+  left: list[str]  # temporaries left at the end (must be none)
+  kills_leaving_temporaries: int = 0  # kills mid-write: the next run had temporaries to remove
+
+
+def _popen(cmd: list[str], log: Path, env: dict[str, str] | None = None) -> subprocess.Popen:
+  env = dict(
+    os.environ,
+    PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
+    **(env or {}),
+  )
+  with open(log, "ab") as f:
+    return subprocess.Popen(cmd, cwd=REPO, env=env, stdout=f, stderr=subprocess.STDOUT)
+
+
+def _failed(proc: subprocess.Popen, log: Path, what: str) -> SoakError:
+  tail = log.read_text(errors="replace")[-3000:]
+  return SoakError(f"{what}: the run exited {proc.returncode}; end of {log}:\n{tail}")
+
+
+def run_reference(
+  job: Job, workdir: Path, env: dict[str, str] | None = None, name: str = "reference"
+) -> Reference:
+  """An uninterrupted run into `workdir/<name>`, polled for its progress timeline."""
+  out = workdir / name
+  shutil.rmtree(out, ignore_errors=True)
+  log = workdir / f"{name}.log"
+  log.unlink(missing_ok=True)
+  t0 = time.monotonic()
+  proc = _popen(job.command(workdir, out), log, env)
+  timeline = [(0.0, 0)]
+  while proc.poll() is None:
+    level = job.progress(out)
+    if level > timeline[-1][1]:
+      timeline.append((time.monotonic() - t0, level))
+    time.sleep(POLL_S)
+  duration = time.monotonic() - t0
+  if proc.returncode:
+    raise _failed(proc, log, name)
+  level = job.progress(out)
+  if level > timeline[-1][1]:
+    timeline.append((duration, level))
+  return Reference(job.outputs(out), timeline, duration)
+
+
+def choose_kill(
+  rng: random.Random, reference: Reference, done: int, after_output: bool = False
+) -> tuple[int, float] | None:
+  """A random kill moment for a run that starts at progress `done`: (progress to wait for, then
+  seconds more), uniform over the reference run's time that such a run still goes through: its
+  start-up (up to the reference's first output; every run has one) and the stretch from the
+  reference's first output past `done` to its end. `after_output`: only that stretch up to the
+  last output (not the exit), so the run is killed after it has written something new and before
+  it has written everything (None if nothing is left to write)."""
+  times = [t for t, _ in reference.timeline]
+  levels = [level for _, level in reference.timeline]
+  startup_end = times[1] if len(times) > 1 else reference.duration
+  resumed = next((t for t, level in reference.timeline if level > done), reference.duration)
+  end = times[-1] if after_output else reference.duration
+  segments = [(max(resumed, startup_end), end)]
+  if not after_output:
+    segments.insert(0, (0.0, startup_end))
+  segments = [(a, b) for a, b in segments if b > a]
+  if not segments:
+    return None
+  u = rng.uniform(0, sum(b - a for a, b in segments))
+  moment = segments[-1][1]
+  for a, b in segments:
+    if u < b - a:
+      moment = a + u
+      break
+    u -= b - a
+  if moment < startup_end:  # start-up: time since the run started
+    return done, moment
+  i = bisect.bisect_right(times, moment) - 1
+  return levels[i], moment - times[i]
+
+
+def run_until(
+  job: Job,
+  cmd: list[str],
+  out: Path,
+  log: Path,
+  kill: tuple[int, float] | None,
+  env: dict[str, str] | None = None,
+) -> tuple[bool, int]:
+  """Runs `cmd` and, if `kill` = (level, delay), SIGKILLs it `delay` seconds after its output
+  reached progress `level`. Returns (killed, progress at the kill)."""
+  proc = _popen(cmd, log, env)
+  try:
+    if kill is not None:
+      level, delay = kill
+      while proc.poll() is None and job.progress(out) < level:
+        time.sleep(POLL_S)
+      try:
+        proc.wait(timeout=delay)
+      except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        return True, job.progress(out)
+    proc.wait()
+  except BaseException:
+    proc.kill()
+    proc.wait()
+    raise
+  if proc.returncode:
+    raise _failed(proc, log, str(out))
+  return False, job.progress(out)
+
+
+def run_trial(
+  job: Job,
+  workdir: Path,
+  out: Path,
+  reference: Reference,
+  rng: random.Random,
+  max_kills: int,
+  after_output: bool = False,
+  env: dict[str, str] | None = None,
+) -> Trial:
+  """Kills the job in `out` at random moments (at least once, at most `max_kills` times) until a
+  run completes, then compares its outputs with the reference run's (see `choose_kill`)."""
+  for _ in range(10):  # a first run that completes before its kill moment is redone
+    shutil.rmtree(out, ignore_errors=True)
+    log = out.with_name(out.name + ".log")
+    log.unlink(missing_ok=True)
+    cmd = job.command(workdir, out)
+    kills: list[int] = []
+    mid_write = 0
+    done = 0
+    while True:
+      kill = choose_kill(rng, reference, done, after_output) if len(kills) < max_kills else None
+      killed, done = run_until(job, cmd, out, log, kill, env)
+      if not killed:
+        break
+      kills.append(done)
+      mid_write += bool(leftovers(out))
+    if kills:
+      break
+  else:
+    raise SoakError(f"{out}: ten first runs all completed before their kill moment")
+  got = job.outputs(out)
+  differing = sorted(
+    name
+    for name in set(got) | set(reference.outputs)
+    if got.get(name) != reference.outputs.get(name)
+  )
+  return Trial(kills, not differing, differing, leftovers(out), mid_write)
+
+
+def soak(
+  job: str | Job,
+  workdir: Path,
+  trials: int,
+  seed: int = 0,
+  max_kills: int = 3,
+  report: Callable[[str], None] = print,
+  after_output: bool = False,
+  compile_cache: Path | None = None,
+) -> list[Trial]:
+  """The soak (see the module docstring) of a job of JOBS (or a Job); raises SoakError at the first
+  failed trial, else returns the trials. `compile_cache`: a JAX persistent compilation cache
+  directory for all runs (the reference fills it; later runs load its executables instead of
+  compiling, which halves their CPU time; the executables are the same, and so are the outputs)."""
+  job_name, job = (job, JOBS[job]) if isinstance(job, str) else ("job", job)
+  workdir = Path(workdir)
+  shutil.rmtree(workdir, ignore_errors=True)
+  job.prepare(workdir)
+  env, cache_note = None, ""
+  if compile_cache is not None:
+    # A first run fills the cache, so the reference's timeline is that of the trials' runs.
+    shutil.rmtree(compile_cache, ignore_errors=True)
+    env = {
+      "JAX_COMPILATION_CACHE_DIR": str(compile_cache),
+      "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
+    }
+    cold = run_reference(job, workdir, env, name="cold")
+    cache_note = f" (with the compile cache; the run that filled it: {cold.duration:.1f} s)"
+  reference = run_reference(job, workdir, env)
+  if not reference.outputs:
+    raise SoakError(f"the reference run wrote no outputs to compare in {workdir / 'reference'}")
+  if compile_cache is not None and cold.outputs != reference.outputs:
+    raise SoakError(f"{workdir / 'cold'} (compiled) and {workdir / 'reference'} (cached) differ")
+  steps = " ".join(f"{level}@{t:.1f}" for t, level in reference.timeline[1:])
+  report(
+    f"reference: {reference.duration:.1f} s{cache_note}, {len(reference.outputs)} files compared, "
+    f"progress@seconds: {steps}"
+  )
+  rng = random.Random(seed)
+  results = []
+  for i in range(trials):
+    out = workdir / f"trial_{i}"
+    trial = run_trial(job, workdir, out, reference, rng, max_kills, after_output, env)
+    results.append(trial)
+    at = ", ".join(f"{k}/{reference.total}" for k in trial.kills)
+    if trial.kills_leaving_temporaries:
+      at += f"; {trial.kills_leaving_temporaries} mid-write"
+    report(
+      f"trial {i}: {len(trial.kills)} kills (at progress {at}), "
+      f"{'identical' if trial.identical else 'MISMATCH'}, "
+      f"{'no temporaries' if not trial.left else 'TEMPORARIES LEFT'}"
+    )
+    if not trial.identical:
+      raise SoakError(
+        f"trial {i}: {', '.join(trial.differing)} differ from the uninterrupted run "
+        f"({out} vs {workdir / 'reference'})"
+      )
+    if trial.left:
+      raise SoakError(f"trial {i}: temporaries left in {out}: {trial.left}")
+  kills = sum(len(t.kills) for t in results)
+  mid_write = sum(t.kills_leaving_temporaries for t in results)
+  report(
+    f"{job_name}: {trials} trials, {kills} kills ({mid_write} mid-write), all byte-identical to "
+    "the reference run, no temporaries left"
+  )
+  return results
 
 
 def main() -> None:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--job", choices=sorted(JOBS), default="infer")
   parser.add_argument("--trials", type=int, default=10)
   parser.add_argument("--seed", type=int, default=0)
-  parser.add_argument("--workdir", default="/tmp/kill_soak")
+  parser.add_argument("--max_kills", type=int, default=3, help="kills a trial at most")
+  parser.add_argument(
+    "--after_output",
+    action="store_true",
+    help="kill only once the run has written new output (not in start-up or compilation)",
+  )
+  parser.add_argument(
+    "--compile_cache", default=None, help="a JAX persistent compilation cache dir for all runs"
+  )
+  parser.add_argument("--workdir", default=None, help="default: /tmp/kill_soak_<job>")
   args = parser.parse_args()
-  workdir = Path(args.workdir)
-  shutil.rmtree(workdir, ignore_errors=True)
-  prepare(workdir)
-  reference = workdir / "reference"
-  t0 = time.time()
-  subprocess.run(command(workdir, reference), cwd=REPO, check=True, stdout=subprocess.DEVNULL)
-  duration = time.time() - t0
-  expected = outputs(reference)
-  rng = random.Random(args.seed)
-  for trial in range(args.trials):
-    out = workdir / f"trial_{trial}"
-    kills = 0
-    while True:
-      proc = subprocess.Popen(
-        command(workdir, out), cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-      )
-      # The first attempt of a trial is always killed part-way (the reference run's duration
-      # includes cold start-up, so later runs are faster); resumed attempts may finish.
-      share = rng.uniform(0.1, 0.7) if kills == 0 else rng.uniform(0.2, 1.2)
-      try:
-        proc.wait(timeout=share * duration)
-      except subprocess.TimeoutExpired:
-        proc.send_signal(signal.SIGKILL)
-        proc.wait()
-        kills += 1
-        continue
-      if proc.returncode:
-        sys.exit(f"trial {trial}: run exited {proc.returncode}")
-      break
-    ok = outputs(out) == expected
-    print(f"trial {trial}: {kills} kills, {'identical' if ok else 'MISMATCH'}", flush=True)
-    if not ok:
-      sys.exit(1)
+  workdir = Path(args.workdir or f"/tmp/kill_soak_{args.job}")
+  try:
+    soak(
+      args.job,
+      workdir,
+      args.trials,
+      args.seed,
+      args.max_kills,
+      lambda line: print(line, flush=True),
+      args.after_output,
+      Path(args.compile_cache) if args.compile_cache else None,
+    )
+  except SoakError as e:
+    sys.exit(f"FAILED: {e}")
 
 
 if __name__ == "__main__":

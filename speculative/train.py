@@ -31,7 +31,9 @@ import numpy as np
 import optax
 
 from speculative import checkpoints
+from speculative import jobs
 from speculative.models import t5 as t5_lib
+from speculative.train_checkpoints import prune_checkpoints
 from speculative.train_checkpoints import restore_latest
 from speculative.train_checkpoints import restore_train_state  # noqa: F401  (re-exported)
 from speculative.train_checkpoints import save_train_state
@@ -236,7 +238,10 @@ def train(
   `export_best`: export the parameters with the lowest validation NLL seen (`output_dir/best.msgpack`,
   updated at every evaluation) instead of the last ones.
   """
-  return _run(TrainSettings(**locals()))
+  settings = TrainSettings(**locals())
+  os.makedirs(settings.output_dir, exist_ok=True)
+  with jobs.OutputLock(settings.output_dir):  # one writer per run directory
+    return _run(settings)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -314,6 +319,8 @@ def _run(s: TrainSettings) -> dict[str, float]:
   start_step, params, opt_state = restore_latest(s.output_dir, params, opt_state, s.model_config)
   if start_step:
     print(f"resumed from {s.output_dir}/checkpoint_{start_step}")
+    # A kill between writing a checkpoint and pruning the old ones left one too many.
+    prune_checkpoints(s.output_dir, protect=(start_step,))
   os.makedirs(s.output_dir, exist_ok=True)
   if s.export_only:
     if not start_step:

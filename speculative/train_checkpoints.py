@@ -6,6 +6,8 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+import tempfile
+from typing import Sequence
 
 from flax import serialization
 import jax
@@ -48,9 +50,20 @@ def save_train_state(
     config=config,
     extra_files={OPTAX_STATE_FILE: serialization.to_bytes(jax.device_get(opt_state))},
   )
-  for old in sorted(_latest_step_list(output_dir))[:-keep]:
-    shutil.rmtree(os.path.join(output_dir, f"checkpoint_{old}"), ignore_errors=True)
+  prune_checkpoints(output_dir, keep)
   return path
+
+
+def prune_checkpoints(output_dir: str, keep: int = 2, protect: Sequence[int] = ()) -> None:
+  """Deletes all complete checkpoints but the newest `keep` (and the steps in `protect`). Each is
+  first renamed to `checkpoint_<n>.old-*`, so a kill mid-delete leaves no partial checkpoint_<n>,
+  only a temporary that `checkpoints.remove_stale_temporaries` deletes at the next start."""
+  for old in sorted(_latest_step_list(output_dir))[:-keep]:
+    if old in protect:
+      continue
+    trash = tempfile.mkdtemp(prefix=f"checkpoint_{old}.old-", dir=output_dir)
+    os.rename(os.path.join(output_dir, f"checkpoint_{old}"), os.path.join(trash, "old"))
+    shutil.rmtree(trash, ignore_errors=True)
 
 
 def restore_train_state(

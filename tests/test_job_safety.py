@@ -1,13 +1,17 @@
 """Batch jobs never silently lie: every bad input of docs/batch_jobs.md fails with its documented
 error before a model loads; a re-run resumes only outputs of identical settings; one writer per
-output directory; weights are verified; training resumes past a corrupt newest checkpoint."""
+output directory; weights are verified; training resumes past a corrupt newest checkpoint; infer and
+train killed (-9) at random moments end byte-identical to uninterrupted runs (scripts/kill_soak.py)."""
 
 import dataclasses
+import importlib.util
 import os
 from pathlib import Path
+import re
 import shutil
 import subprocess
 import sys
+import time
 
 import gin
 import jax
@@ -170,21 +174,60 @@ BAD_INPUTS = [
 ]
 
 
-@pytest.mark.parametrize(
-  "change,error,message", [r[1:] for r in BAD_INPUTS], ids=[r[0] for r in BAD_INPUTS]
-)
-def test_bad_input_table(setup, tmp_path, no_model_load, change, error, message):
+def _docs_tables() -> tuple[dict[str, str], list[str]]:
+  """docs/batch_jobs.md: the bad-input table ({row id: documented error}) and the tests named in
+  the first column of the command-line table."""
+  rows, tests, previous = {}, [], None
+  for line in (REPO / "docs" / "batch_jobs.md").read_text().splitlines():
+    cells = [c.strip() for c in line.strip().strip("|").split("|")]
+    if len(cells) != 3 or not cells[0].startswith("`"):
+      continue
+    name = cells[0].strip("`")
+    if name.startswith("test_"):
+      tests.append(name)
+    else:
+      rows[name] = previous if cells[2] == "same" else cells[2]
+      previous = rows[name]
+  return rows, tests
+
+
+def _documented_pattern(documented: str) -> str:
+  """The documented `<type>: <message>` as a regex: PATH/FILE/DIR a path, N a number, ... anything,
+  a space any whitespace (a table cell has no line breaks)."""
+  placeholders = {
+    "PATH": r"\S+",
+    "FILE": r"\S+",
+    "DIR": r"\S+",
+    "N": r"\d+",
+    "...": ".*",
+    " ": r"\s+",
+  }
+  parts = re.split(r"(\.\.\.|\b(?:PATH|FILE|DIR|N)\b| )", documented)
+  return "".join(placeholders.get(part, re.escape(part)) for part in parts)
+
+
+@pytest.mark.parametrize("row_id,change,error,message", BAD_INPUTS, ids=[r[0] for r in BAD_INPUTS])
+def test_bad_input_table(setup, tmp_path, no_model_load, row_id, change, error, message):
   root, kwargs = setup
   kwargs = {**kwargs, "output_dir": str(tmp_path / "out")}
   kwargs.update(change(root, tmp_path) if callable(change) else change)
-  with pytest.raises(error, match=message):
+  with pytest.raises(error, match=message) as info:
     infer.infer(**kwargs)
+  # The error reads as docs/batch_jobs.md documents it.
+  documented = _docs_tables()[0][row_id]
+  raised = f"{type(info.value).__name__}: {info.value}"
+  assert re.match(_documented_pattern(documented), raised, re.DOTALL), (documented, raised)
 
 
-def test_docs_table_lists_every_row():
-  text = (REPO / "docs" / "batch_jobs.md").read_text()
-  for row_id, *_ in BAD_INPUTS:
-    assert f"`{row_id}`" in text, row_id
+def test_docs_table_matches_the_tests():
+  rows, tests = _docs_tables()
+  assert sorted(rows) == sorted(r[0] for r in BAD_INPUTS)
+  assert tests, "no command-line table"
+  for name in tests:
+    function, _, param = name.partition("[")
+    assert callable(globals().get(function)), f"docs name a test that does not exist: {name}"
+    if param:
+      assert param.rstrip("]") in [g[0] for g in GIN_ERRORS], name
 
 
 def test_bom_is_not_text(setup):
@@ -276,6 +319,90 @@ def test_one_writer_per_output_dir(setup, tmp_path, no_model_load):
 
 
 # ----------------------------------------------------------------------------------------------
+# kill -9 at random moments: short runs of scripts/kill_soak.py (its docstring has the long soak).
+# The runs share a JAX compilation cache (the reference run fills it), which halves their time.
+# ----------------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def kill_soak():
+  spec = importlib.util.spec_from_file_location("kill_soak", REPO / "scripts" / "kill_soak.py")
+  module = importlib.util.module_from_spec(spec)
+  sys.modules[spec.name] = module  # dataclasses look their module up
+  try:
+    spec.loader.exec_module(module)
+    yield module
+  finally:
+    sys.modules.pop(spec.name, None)
+
+
+def _check_soak(results, max_kills):
+  assert results and all(1 <= len(t.kills) <= max_kills for t in results)
+  # Every kill came after the run had written output (after_output): the rerun really resumes.
+  assert all(k > 0 for t in results for k in t.kills)
+  assert all(t.identical and not t.differing and not t.left for t in results)
+
+
+def test_infer_killed_at_a_random_moment_ends_byte_identical(kill_soak, tmp_path):
+  """The real CLI, SIGKILLed at a seeded random moment between its first and last predictions,
+  resumes to predictions byte-identical to an uninterrupted run's; no temporaries left."""
+  results = kill_soak.soak(
+    "infer",
+    tmp_path / "soak",
+    trials=1,
+    seed=14,
+    max_kills=1,
+    after_output=True,
+    compile_cache=tmp_path / "xla_cache",
+  )
+  _check_soak(results, 1)
+
+
+def test_train_killed_at_a_random_moment_ends_byte_identical(kill_soak, tmp_path):
+  """`speculative.train`, SIGKILLed at a seeded random moment after its first checkpoint, resumes
+  to checkpoints (params and optimizer state), best and exported weights byte-identical to an
+  uninterrupted run's; no `.tmp` is left."""
+  results = kill_soak.soak(
+    "train",
+    tmp_path / "soak",
+    trials=1,
+    seed=14,
+    max_kills=1,
+    after_output=True,
+    compile_cache=tmp_path / "xla_cache",
+  )
+  _check_soak(results, 1)
+  out = tmp_path / "soak" / "trial_0"
+  assert (out / "export.msgpack").is_file()
+  assert (out / "checkpoint_24" / "optax_state.msgpack").is_file()
+  assert not [p for p in out.rglob("*") if ".tmp" in p.name]
+
+
+@pytest.mark.parametrize(
+  "script,message",
+  [
+    ("open(out + '/a', 'w').write(str(os.getpid()))", "a differ from the uninterrupted run"),
+    (
+      "open(out + '/a', 'w').write('1'); open(out + '/a.tmp-1', 'w')",
+      r"temporaries left .*a\.tmp-1",
+    ),
+  ],
+  ids=["mismatch", "temporaries"],
+)
+def test_kill_soak_fails_on_a_job_that_does_not_resume_cleanly(
+  kill_soak, tmp_path, script, message
+):
+  """The soak can fail: a job whose outputs differ between runs, or that leaves a temporary."""
+  code = f"import os, sys, time; out = sys.argv[1]; os.makedirs(out, exist_ok=True); {script}; time.sleep(0.3)"
+  job = kill_soak.Job(
+    prepare=lambda workdir: workdir.mkdir(parents=True),
+    command=lambda workdir, out: [sys.executable, "-c", code, str(out)],
+    outputs=lambda out: {p.name: p.read_bytes() for p in out.iterdir() if p.name == "a"},
+    progress=lambda out: 0,
+  )
+  with pytest.raises(kill_soak.SoakError, match=message):
+    kill_soak.soak(job, tmp_path / "soak", trials=1, max_kills=1, report=lambda s: None)
+
+
+# ----------------------------------------------------------------------------------------------
 # Gin: unknown or unused bindings, missing files.
 # ----------------------------------------------------------------------------------------------
 @pytest.fixture
@@ -287,13 +414,15 @@ def gin_infer():
   gin.clear_config()
 
 
+GIN_ERRORS = [
+  ("unused_macro", "GAMA = 5", r"macro GAMA is not used by the run file \(did you mean GAMMA\?\)"),
+  ("misspelled_macro", "TOP_K = 5", r"macro TOP_K is not .*\(did you mean TOPK or TOPP\?\)"),
+  ("unknown_parameter", "infer.gama = 5", r"has no parameter 'gama' \(did you mean gamma\?\)"),
+]
+
+
 @pytest.mark.parametrize(
-  "binding,message",
-  [
-    ("GAMA = 5", "macro GAMA is not used by the run file \\(did you mean GAMMA"),
-    ("TOP_K = 5", "did you mean TOPK"),
-    ("infer.gama = 5", "has no parameter 'gama' \\(did you mean gamma"),
-  ],
+  "binding,message", [g[1:] for g in GIN_ERRORS], ids=[g[0] for g in GIN_ERRORS]
 )
 def test_unused_or_unknown_bindings_are_refused(gin_infer, binding, message):
   with pytest.raises(ValueError, match=message):
@@ -354,3 +483,40 @@ def test_train_resume_falls_back_past_a_corrupt_newest_checkpoint(tmp_path, capl
   ):
     train.restore_latest(str(tmp_path), params, optax.sgd(1e-3).init(params) + ({},), config)
   assert checkpoints.remove_stale_temporaries(tmp_path) == ["checkpoint_3.tmp-1-x"]
+
+
+def test_train_prunes_the_checkpoints_a_kill_left(tmp_path):
+  """A kill after a checkpoint's rename but before the old ones are deleted leaves one too many
+  (the next start prunes it); a kill mid-delete leaves only a `.old-` temporary."""
+  import optax
+
+  from speculative import train
+
+  config = _config(1)
+  params = T5(config).init_params(jax.random.PRNGKey(0))
+  state = optax.adam(1e-3).init(params)
+  for step in (1, 2, 3):  # as if killed before each save's pruning
+    train.save_train_state(str(tmp_path), step, params, state, keep=3, config=config)
+  train.prune_checkpoints(str(tmp_path), protect=(1,))  # the run resumed from 1
+  assert sorted(p.name for p in tmp_path.iterdir()) == [f"checkpoint_{s}" for s in (1, 2, 3)]
+  train.prune_checkpoints(str(tmp_path))
+  assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint_2", "checkpoint_3"]
+  (tmp_path / "checkpoint_1.old-x" / "old").mkdir(parents=True)  # a kill mid-delete
+  assert train.restore_latest(str(tmp_path), params, state, config)[0] == 3
+  assert checkpoints.remove_stale_temporaries(tmp_path) == ["checkpoint_1.old-x"]
+
+
+def test_second_trainer_on_one_output_dir_is_refused(kill_soak, tmp_path):
+  """Two trainers on one run directory: the second is refused at once, naming the holder's pid,
+  before it loads data or compiles (so it cannot prune or overwrite the first one's checkpoints)."""
+  out = tmp_path / "run"
+  out.mkdir()
+  kill_soak.prepare_train(tmp_path)
+  command = kill_soak.train_command(tmp_path, out)
+  with jobs.OutputLock(str(out)):
+    started = time.monotonic()
+    proc = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300)
+  assert proc.returncode != 0
+  assert f"in use by another run (pid {os.getpid()}" in proc.stderr
+  assert time.monotonic() - started < 120
+  assert sorted(p.name for p in out.iterdir()) == [".lock"]
