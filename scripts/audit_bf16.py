@@ -19,6 +19,12 @@ bfloat16 matmuls are slow on CPUs without native bfloat16, ~100 ms/token there):
 
   .venv/bin/python scripts/audit_bf16.py --num_examples=30
 
+Cost of a variant per token (issue: what the float32 logits head costs): `--cost_rounds=N` also
+times each variant's target call (a 1-token step and a (gamma+1)-token verify call, the calls
+decoding makes) in N interleaved rounds and prints its ratio to the first variant, e.g.
+
+  .venv/bin/python scripts/audit_bf16.py --num_examples=8 --batch_size=8 --cost_rounds=7
+
 Variants (`--variants`, comma-separated): a dtype name, optionally followed by `+f32logits`
 (logits_dtype='float32') and/or `+f32attn` (float32_attention_logits=True), e.g.
 `bfloat16,bfloat16+f32logits,float32`. The draft always runs in the variant's dtype.
@@ -31,6 +37,7 @@ import argparse
 from collections.abc import Sequence
 import dataclasses
 import json
+import os
 from pathlib import Path
 import platform
 import sys
@@ -50,6 +57,8 @@ from speculative import gin_utils  # noqa: E402
 from speculative import infer  # noqa: E402
 from speculative import sampling  # noqa: E402
 from speculative import tasks  # noqa: E402
+from speculative.bench import noise  # noqa: E402
+from speculative.bench import timing  # noqa: E402
 from speculative.models import t5 as t5_lib  # noqa: E402
 
 
@@ -74,6 +83,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
   parser.add_argument('--draft_gin', default=str(REPO / 'configs/models/embedded_draft.gin'))
   parser.add_argument('--draft_checkpoint', default=str(REPO / 'models/embedded/draft.msgpack'))
   parser.add_argument('--output_json', default=None)
+  parser.add_argument(
+    '--cost_rounds',
+    type=int,
+    default=0,
+    help='also time the target call of every variant (1-token step and (gamma+1)-token verify) '
+    'in this many interleaved rounds and report its cost relative to the first variant',
+  )
   args = parser.parse_args(argv)
   for name in ('num_examples', 'batch_size', 'max_new_tokens', 'inputs_length', 'gamma'):
     if getattr(args, name) < 1:
@@ -201,6 +217,59 @@ def run_variant(spec: str, batches: list[np.ndarray], args: argparse.Namespace) 
   }
 
 
+def variant_costs(specs: list[str], encoder: np.ndarray, args: argparse.Namespace) -> list[dict]:
+  """Per-call cost of each variant's target: a 1-token step and a (gamma+1)-token verify call at
+  position 16 of a cache of `encoder`'s rows, timed in --cost_rounds interleaved rounds
+  (bench.timing), relative to the first variant per round, with the spread (bench.noise)."""
+  target_config = gin_utils.load_macro(args.target_gin, 'EMBEDDED_TARGET', t5_lib.T5Config)
+  timers = {}
+  for spec in specs:
+    target, params = infer.load_model(
+      dataclasses.replace(target_config, **parse_variant(spec)), args.target_checkpoint
+    )
+    for tokens in (1, args.gamma + 1):
+      timers[(spec, tokens)] = timing.extend_timer(
+        target, params, encoder, num_tokens=tokens, max_length=96, position=16
+      )
+  names = {key: f'{key[0]}/T={key[1]}' for key in timers}
+  rounds, _ = timing.time_rounds(
+    {names[k]: fn for k, fn in timers.items()}, args.cost_rounds, 0.2, marginal=list(names.values())
+  )
+  rows = []
+  for spec in specs:
+    row = {'variant': spec}
+    for tokens in (1, args.gamma + 1):
+      seconds = rounds[names[(spec, tokens)]]
+      ratio = noise.estimate(noise.ratio_samples(seconds, rounds[names[(specs[0], tokens)]]))
+      row[f'T={tokens}'] = {
+        'ms': 1e3 * noise.estimate(seconds).value,
+        'ratio': ratio.value,
+        'spread': ratio.spread,
+        'verdict': noise.judge(ratio, f'{spec} T={tokens} ratio') or 'ok',
+      }
+    rows.append(row)
+  return rows
+
+
+def format_costs(rows: list[dict], args: argparse.Namespace) -> str:
+  t = args.gamma + 1
+  lines = [
+    f'Target call cost per variant (batch {args.batch_size}, position 16, {args.cost_rounds} '
+    f'interleaved rounds, ratio to {rows[0]["variant"]} per round; load average '
+    f'{os.getloadavg()[0]:.2f}):',
+    '',
+    f'| variant | T=1 ms | T=1 ratio (spread) | T={t} ms | T={t} ratio (spread) |',
+    '|---|---:|---|---:|---|',
+  ]
+  for r in rows:
+    a, b = r['T=1'], r[f'T={t}']
+    cell = lambda c: (
+      f"{c['ratio']:.3f} ({c['spread']:.2f}{'' if c['verdict'] == 'ok' else ', too noisy'})"
+    )  # noqa: E731
+    lines.append(f"| {r['variant']} | {a['ms']:.2f} | {cell(a)} | {b['ms']:.2f} | {cell(b)} |")
+  return '\n'.join(lines)
+
+
 def _token_text():
   vocabulary = tasks.get_vocabulary()
   return lambda t: vocabulary.decode([t]).replace('|', '\\|')
@@ -233,8 +302,11 @@ def format_report(results: list[dict], args: argparse.Namespace) -> str:
 def main(argv: Sequence[str] | None = None) -> None:
   args = parse_args(argv)
   batches = encoder_batches(args.num_examples, args.batch_size, args.inputs_length)
-  results = [run_variant(spec, batches, args) for spec in args.variants.split(',')]
+  specs = args.variants.split(',')
+  results = [run_variant(spec, batches, args) for spec in specs]
   report = format_report(results, args)
+  if args.cost_rounds:
+    report += '\n\n' + format_costs(variant_costs(specs, batches[0], args), args)
   print(report)
   if args.output_json:
     Path(args.output_json).write_text(

@@ -21,6 +21,8 @@ from typing import Any
 from typing import Callable
 from typing import Sequence
 
+from speculative import runtime
+
 # (python module, attribute, gin module): registered as `<gin module>.<attribute>`.
 CONFIGURABLES: list[tuple[str, str, str]] = [
   ('speculative.models.t5', 'T5Config', 't5'),
@@ -255,6 +257,7 @@ def run_gin_main(
   parser = _runner_parser(description)
   args = parser.parse_args(argv)
   quiet_native_logs(args.verbose)
+  runtime.apply_cpu_defaults()  # before jax starts a backend; the user's XLA_FLAGS win
   logging.basicConfig(level=logging.INFO if args.verbose else log_level)
   gin.clear_config()
   register_configurables()

@@ -10,6 +10,7 @@ from typing import Sequence
 import jax
 
 from speculative import audit
+from speculative import runtime
 from speculative.infer_inputs import EOS_ID
 from speculative.infer_settings import MODES
 
@@ -55,7 +56,7 @@ def machine() -> str:
 
   return (
     f"{platform.machine()}, {os.cpu_count()} CPU cores, jax {jax.__version__} "
-    f"({jax.default_backend()})"
+    f"({jax.default_backend()}); {runtime.describe()}"
   )
 
 

@@ -357,7 +357,7 @@ def test_gin_configs_parse():
         ["configs/benchmark/embedded.gin"], [], finalize_config=False
       )
       assert gin.query_parameter("benchmark.output_dir") == "docs"
-      assert gin.query_parameter("benchmark.batch_sizes") == [1, 8]
+      assert gin.query_parameter("benchmark.batch_sizes") == [1, 8, 32]
       gin.parse_config_files_and_bindings([benchmark.DEFAULT_QUICK_GIN], [], finalize_config=False)
       assert gin.query_parameter("benchmark.output_dir") == "outputs/benchmark_quick"
       assert gin.query_parameter("benchmark.allow_random_init") is True

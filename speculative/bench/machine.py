@@ -8,6 +8,8 @@ from typing import Any
 
 import jax
 
+from speculative import runtime
+
 
 def _proc_field(path: str, key: str) -> str | None:
   """The value of the first `key: value` line of a /proc file; None where unreadable."""
@@ -41,6 +43,7 @@ def machine_info() -> dict[str, Any]:
     "backend": jax.default_backend(),
     "devices": [str(d) for d in jax.devices()],
     "load_average_start": list(os.getloadavg()),
+    "runtime": runtime.settings_in_force(),
   }
 
 

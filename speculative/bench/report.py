@@ -9,6 +9,7 @@ import os
 from typing import Any
 from typing import Callable
 
+from speculative import runtime
 from speculative.bench import conclude as conclude_lib
 from speculative.bench import cost_sections
 from speculative.bench import plots as plots_lib
@@ -59,6 +60,10 @@ def _machine_section(report: dict[str, Any]) -> list[str]:
     f"{loads(machine.get('load_average_end', []))}"
     " (a load above the core count means other processes shared the CPU and timings are "
     "noisy).",
+    "",
+    "Runtime settings in force (the same for every method, stock T5X included): "
+    + (runtime.describe(machine["runtime"]) if "runtime" in machine else "not recorded")
+    + ".",
     "",
   ]
   warn = [w for w in report.get("warnings", [])]

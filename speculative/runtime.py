@@ -1,0 +1,72 @@
+"""CPU runtime settings of the decoding entry points: the measured defaults and what is in force.
+
+XLA reads `XLA_FLAGS` once, when jax first starts a backend, so the entry points
+(`speculative.infer`, `speculative.benchmark`) call `apply_cpu_defaults()` at the top of `main`,
+before any jax computation. A user who set `XLA_FLAGS` keeps exactly their flags.
+
+`DEFAULT_CPU_XLA_FLAGS` holds the settings that made our decoding faster on the project's CPU
+machines in paired, interleaved measurements (`scripts/bench_runtime.py`; figures and the settings
+that did not help are in docs/results.md, "Runtime settings"). Every candidate there is exact
+(token-identical to the float32 default, checked by the script and by tests/test_runtime.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import MutableMapping
+import os
+from typing import Any
+
+# Measured by scripts/bench_runtime.py (docs/results.md, "Runtime settings"): none of the candidate
+# XLA CPU flags was faster beyond the measurement's spread, so the default adds none.
+DEFAULT_CPU_XLA_FLAGS: tuple[str, ...] = ()
+
+# Weights stay float32 in memory: keeping them in bfloat16 and converting in the step is exact but
+# was measured slower on this CPU (XLA materializes the converted weights every step).
+PARAM_DTYPE = 'float32'
+
+_applied: dict[str, str] = {}
+
+
+def apply_cpu_defaults(environ: MutableMapping[str, str] | None = None) -> str:
+  """Sets `XLA_FLAGS` to the measured defaults unless the user set it; returns the flags in force.
+
+  Call before jax starts a backend (the first jax computation); later calls change nothing that XLA
+  reads."""
+  environ = os.environ if environ is None else environ
+  if 'XLA_FLAGS' in environ:
+    _applied.setdefault('source', 'user')
+  else:
+    if DEFAULT_CPU_XLA_FLAGS:
+      environ['XLA_FLAGS'] = ' '.join(DEFAULT_CPU_XLA_FLAGS)
+    _applied.setdefault('source', 'default')
+  return environ.get('XLA_FLAGS', '')
+
+
+def settings_in_force() -> dict[str, Any]:
+  """What the report states: XLA flags (and whether the user or our defaults set them), the
+  weights' dtype in memory, the jax backend and its device count."""
+  import jax  # pylint: disable=g-import-not-at-top
+
+  return {
+    'xla_flags': os.environ.get('XLA_FLAGS', ''),
+    'xla_flags_source': _applied.get('source', 'user' if 'XLA_FLAGS' in os.environ else 'none'),
+    'param_dtype_in_memory': PARAM_DTYPE,
+    'backend': jax.default_backend(),
+    'devices': jax.device_count(),
+  }
+
+
+def describe(settings: dict[str, Any] | None = None) -> str:
+  """One line for reports, e.g. "XLA_FLAGS: (none; measured defaults add none), weights float32 in
+  memory, cpu x1"."""
+  s = settings_in_force() if settings is None else settings
+  flags = s['xla_flags'] or '(none)'
+  source = {
+    'user': 'set by the user',
+    'default': 'our measured defaults',
+    'none': 'not set',
+  }[s['xla_flags_source']]
+  return (
+    f'XLA_FLAGS: {flags} ({source}); weights {s["param_dtype_in_memory"]} in memory; '
+    f'{s["backend"]} x{s["devices"]}'
+  )

@@ -1,0 +1,72 @@
+"""The CPU runtime defaults: the user's XLA_FLAGS win, and the defaults keep the tokens exact."""
+
+import json
+import os
+from pathlib import Path
+import subprocess
+import sys
+
+from speculative import runtime
+
+REPO = Path(__file__).resolve().parents[1]
+
+# A tiny random target decoded greedily and speculatively (its own copy as the draft); prints the
+# tokens as JSON. Runs in a fresh process because XLA reads XLA_FLAGS once, at backend start.
+_DECODE = """
+import json, sys
+sys.path.insert(0, {repo!r})
+from speculative import runtime
+runtime.apply_cpu_defaults()
+import jax, jax.numpy as jnp
+from speculative import decoding, drafters, sampling
+from speculative.models.t5 import T5, T5Config
+sys.path.insert(0, {tests!r})
+from model_utils import random_params
+config = T5Config(vocab_size=64, emb_dim=32, num_heads=2, num_encoder_layers=2,
+                  num_decoder_layers=2, head_dim=16, mlp_dim=64)
+model = T5(config)
+params = random_params(model, 0, logit_scale=4.0)
+enc = jnp.asarray([[5, 9, 12, 3, 1, 0], [7, 7, 2, 1, 0, 0]], jnp.int32)
+cfg, sp = sampling.make_sampling(0.0)
+base = decoding.autoregressive_decode(model, params, None, max_new_tokens=12, sampling=cfg,
+                                      sampling_params=sp, eos_id=1, encoder_tokens=enc)
+spec = decoding.speculative_decode(model, params, drafters.ModelDrafter(model), params, None,
+                                   None, gamma=3, max_new_tokens=12, sampling=cfg,
+                                   sampling_params=sp, eos_id=1, encoder_tokens=enc)
+print(json.dumps([base.tokens.tolist(), spec.tokens.tolist(), runtime.settings_in_force()]))
+"""
+
+
+def _decode(env_flags):
+  env = {k: v for k, v in os.environ.items() if k != 'XLA_FLAGS'}
+  if env_flags is not None:
+    env['XLA_FLAGS'] = env_flags
+  code = _DECODE.format(repo=str(REPO), tests=str(REPO / 'tests'))
+  out = subprocess.run(
+    [sys.executable, '-c', code], env=env, capture_output=True, text=True, check=True, timeout=300
+  )
+  return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_user_flags_are_kept():
+  environ = {'XLA_FLAGS': '--xla_cpu_multi_thread_eigen=true'}
+  assert runtime.apply_cpu_defaults(environ) == '--xla_cpu_multi_thread_eigen=true'
+  assert environ == {'XLA_FLAGS': '--xla_cpu_multi_thread_eigen=true'}
+
+
+def test_defaults_applied_when_unset():
+  environ = {}
+  flags = runtime.apply_cpu_defaults(environ)
+  assert flags == ' '.join(runtime.DEFAULT_CPU_XLA_FLAGS)
+  assert environ.get('XLA_FLAGS', '') == flags
+
+
+def test_defaults_keep_tokens_identical_to_plain_xla():
+  # The defaults (whatever they are) against XLA with no flags at all: same greedy tokens, baseline
+  # and speculative; the decode reports the settings it ran under.
+  base_default, spec_default, settings = _decode(None)
+  base_plain, spec_plain, plain = _decode('')
+  assert base_default == base_plain and spec_default == spec_plain
+  assert base_default == spec_default  # greedy speculative == baseline
+  assert settings['xla_flags'] == ' '.join(runtime.DEFAULT_CPU_XLA_FLAGS)
+  assert plain['xla_flags_source'] == 'user' and settings['param_dtype_in_memory'] == 'float32'
