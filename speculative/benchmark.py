@@ -254,18 +254,20 @@ def _sweep(
       kwargs["log"](f"group: batch {batch_size}, temperature {temperature}")
       groups.append(
         sweep.run_group(
-          batch_size=batch_size,
-          temperature=float(temperature),
-          examples=examples,
-          target=models["target"],
-          target_params=models["target_params"],
-          stock_target=models["stock_target"],
-          drafters=models["drafters"],
-          gammas=plan[batch_size],
-          costs=costs[str(batch_size)],
-          stock_t5x_decode=stock_t5x_decode,
-          target_step_timer=step_timers[batch_size]["target_1"],
-          **kwargs,
+          sweep.GroupSettings(
+            batch_size=batch_size,
+            temperature=float(temperature),
+            examples=examples,
+            target=models["target"],
+            target_params=models["target_params"],
+            stock_target=models["stock_target"],
+            drafters=models["drafters"],
+            gammas=plan[batch_size],
+            costs=costs[str(batch_size)],
+            stock_t5x_decode=stock_t5x_decode,
+            target_step_timer=step_timers[batch_size]["target_1"],
+            **kwargs,
+          )
         )
       )
       for row in groups[-1]["speculative"]:

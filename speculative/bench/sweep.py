@@ -193,78 +193,82 @@ def time_methods(
         raise FloatingPointError(f"{method.name}: NaN/inf logits (no valid distribution)")
 
 
-def run_group(
-  *,
-  batch_size: int,
-  temperature: float,
-  examples,
-  inputs_length: int,
-  max_new_tokens: int,
-  target,
-  target_params,
-  stock_target,
-  drafters: Mapping[str, Any],
-  gammas: Mapping[str, Sequence[int]],
-  costs: dict[str, Any],
-  repeats: int,
-  seed: int,
-  stock_t5x_decode: Callable | None,
-  cost_repeats: int,
-  cost_min_seconds: float,
-  position: int,
-  target_step_timer: costs_lib.Timer,
-  log: Callable[[str], None],
-) -> dict[str, Any]:
-  """Times every method of one (batch size, temperature) group; returns rows and summaries.
+@dataclasses.dataclass(frozen=True)
+class GroupSettings:
+  """One (batch size, temperature) group of the sweep: its inputs, models, methods and timing.
 
   `drafters` maps a name to (drafter, draft params); `gammas` a drafter name to its gammas here;
   `target_step_timer` is the cost model's t(1) timer (a drafter that is not a model has its
   propose call timed against it)."""
-  sampling, sampling_params = sampling_lib.make_sampling(temperature)
-  batches = batching.batches(examples, batch_size, inputs_length)
+
+  batch_size: int
+  temperature: float
+  examples: Sequence[Any]
+  inputs_length: int
+  max_new_tokens: int
+  target: Any
+  target_params: Any
+  stock_target: Any
+  drafters: Mapping[str, Any]
+  gammas: Mapping[str, Sequence[int]]
+  costs: dict[str, Any]
+  repeats: int
+  seed: int
+  stock_t5x_decode: Callable | None
+  cost_repeats: int
+  cost_min_seconds: float
+  position: int
+  target_step_timer: costs_lib.Timer
+  log: Callable[[str], None]
+
+
+def run_group(g: GroupSettings) -> dict[str, Any]:
+  """Times every method of one (batch size, temperature) group; returns rows and summaries."""
+  sampling, sampling_params = sampling_lib.make_sampling(g.temperature)
+  batches = batching.batches(g.examples, g.batch_size, g.inputs_length)
   group = {
-    "batch_size": batch_size,
-    "temperature": temperature,
-    "examples": len(examples),
+    "batch_size": g.batch_size,
+    "temperature": g.temperature,
+    "examples": len(g.examples),
     "input_batches": len(batches),
   }
   methods = methods_lib.make_methods(
-    target=target,
-    target_params=target_params,
-    stock_target=stock_target,
-    drafters=drafters,
-    gammas=gammas,
-    max_new_tokens=max_new_tokens,
+    target=g.target,
+    target_params=g.target_params,
+    stock_target=g.stock_target,
+    drafters=g.drafters,
+    gammas=g.gammas,
+    max_new_tokens=g.max_new_tokens,
     sampling=sampling,
     sampling_params=sampling_params,
-    stock_t5x_decode=stock_t5x_decode,
-    temperature=temperature,
+    stock_t5x_decode=g.stock_t5x_decode,
+    temperature=g.temperature,
   )
-  time_methods(methods, batches, repeats=repeats, seed=seed, log=log)
+  time_methods(methods, batches, repeats=g.repeats, seed=g.seed, log=g.log)
 
   rows = {m.name: _method_row(m, batches, group) for m in methods}
-  baselines = _baseline_rows(methods, rows, batches, costs, greedy=temperature == 0)
+  baselines = _baseline_rows(methods, rows, batches, g.costs, greedy=g.temperature == 0)
   speculative_rows = _speculative_rows(
     methods,
     rows,
     batches,
-    costs,
-    target,
-    target_params,
-    temperature=temperature,
+    g.costs,
+    g.target,
+    g.target_params,
+    temperature=g.temperature,
     propose_cost=functools.partial(
       _propose_cost,
       encoder_tokens=batches[0][1],
-      max_length=costs["max_length"],
-      position=position,
+      max_length=g.costs["max_length"],
+      position=g.position,
       sampling=sampling,
       sampling_params=sampling_params,
-      target_step=target_step_timer,
-      repeats=cost_repeats,
-      min_seconds=cost_min_seconds,
+      target_step=g.target_step_timer,
+      repeats=g.cost_repeats,
+      min_seconds=g.cost_min_seconds,
     ),
   )
-  log(_group_summary(group, baselines, speculative_rows))
+  g.log(_group_summary(group, baselines, speculative_rows))
   return {"group": group, "baselines": baselines, "speculative": speculative_rows}
 
 
