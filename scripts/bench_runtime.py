@@ -72,23 +72,16 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
   return args
 
 
-def child(args: argparse.Namespace) -> dict:
-  """Runs in the child process: warm ms/token of baseline and speculative under one setting."""
-  sys.path.insert(0, str(REPO))
+def _load_pair(param_dtype: str):
+  """The embedded target and draft with their params stored in `param_dtype` (computed in the
+  models' float32 either way)."""
   import jax
-  import jax.numpy as jnp
-  import numpy as np
 
-  from speculative import batching
-  from speculative import decoding
-  from speculative import drafters
   from speculative import gin_utils
   from speculative import infer
-  from speculative import sampling
   from speculative.models import t5 as t5_lib
 
   os.chdir(REPO)
-  _, param_dtype = SETTINGS[args.child]
   target_config = gin_utils.load_macro(
     'configs/models/embedded_target.gin', 'EMBEDDED_TARGET', t5_lib.T5Config
   )
@@ -100,6 +93,23 @@ def child(args: argparse.Namespace) -> dict:
   if param_dtype != 'float32':
     cast = lambda tree: jax.tree.map(lambda x: x.astype(param_dtype), tree)  # noqa: E731
     target_params, draft_params = cast(target_params), cast(draft_params)
+  return target_config, target, target_params, draft, draft_params
+
+
+def child(args: argparse.Namespace) -> dict:
+  """Runs in the child process: warm ms/token of baseline and speculative under one setting."""
+  sys.path.insert(0, str(REPO))
+  import jax
+  import jax.numpy as jnp
+  import numpy as np
+
+  from speculative import batching
+  from speculative import decoding
+  from speculative import drafters
+  from speculative import infer
+  from speculative import sampling
+
+  target_config, target, target_params, draft, draft_params = _load_pair(SETTINGS[args.child][1])
   examples = infer.examples_from_task('libreoffice_ende', 'test', 128, args.num_examples)
   padded = [b for _, b in batching.batches(examples, args.batch_size, 128)]
   config, sampling_params = sampling.make_sampling(0.0)

@@ -82,6 +82,7 @@ from typing import Sequence
 
 from speculative import batching
 from speculative import infer_inputs
+from speculative import runtime
 from speculative.bench import conclude as conclude_lib
 from speculative.bench import costs as costs_lib
 from speculative.bench import inputs as inputs_lib
@@ -484,6 +485,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     "results.json (into its directory)",
   )
   args = parser.parse_args(argv)
+  runtime.apply_cpu_defaults()  # before jax starts a backend; the user's XLA_FLAGS win
   logging.basicConfig(level=logging.WARNING)
   if args.render:
     report_lib.render(args.render)

@@ -63,6 +63,7 @@ from speculative.models import t5 as t5_lib
 from speculative.t5x_adapter import draft_checkpoint
 from speculative.t5x_adapter import exactness
 from speculative.t5x_adapter import options as options_lib
+from speculative.t5x_adapter import rows as rows_lib
 
 Array = jax.Array
 PyTree = Any
@@ -387,30 +388,32 @@ class SpeculativeEncoderDecoderModel(t5x_models.EncoderDecoderModel):
       raise ValueError(f'num_decodes must be >= 1, got {num_decodes}')
     opts = self._resolve_options(rng, decoder_params)
     target_params, draft_params = self.split_params(params)
-    rows = _expand_rows(batch, num_decodes, opts.eos_id, prompt_with_targets)
+    rows = rows_lib.expand_rows(batch, num_decodes, opts.eos_id, prompt_with_targets)
     decode_len = rows.decoder_input_tokens.shape[1]
-    common = _decode_args(rows, opts, decode_len)
+    common = rows_lib.decode_args(rows, opts, decode_len)
     result = decoding.speculative_decode(
       self._target, target_params, self._drafter, draft_params, gamma=opts.gamma, **common
     )
-    decodes, num_tokens = _t5x_layout(result, rows, decode_len, prompt_with_targets)  # [B*N, L]
+    decodes, num_tokens = rows_lib.t5x_layout(
+      result, rows, decode_len, prompt_with_targets
+    )  # [B*N, L]
     if self._compute_scores and not opts.sampling.greedy:
       scores = self._scores(
         target_params, rows.encoder_tokens, decodes, rows.prompt_len, num_tokens, opts
       )
     else:  # greedy: log 1 per token, as T5X reports
       scores = jnp.zeros((decodes.shape[0],), jnp.float32)
-    aux = _metrics_aux(result, scores, num_tokens)  # each [B*N]
+    aux = rows_lib.metrics_aux(result, scores, num_tokens)  # each [B*N]
     if self._check_exactness:
       aux.update(
         self._exactness_aux(target_params, rows, opts, common, decodes, num_tokens, num_decodes)
       )
-    return _sort_decodes(decodes, aux, num_decodes, bool(return_all_decodes))
+    return rows_lib.sort_decodes(decodes, aux, num_decodes, bool(return_all_decodes))
 
   def _exactness_aux(
     self,
     target_params: PyTree,
-    rows: _ExpandedRows,
+    rows: rows_lib.ExpandedRows,
     opts: options_lib.DecodeOptions,
     common: dict[str, Any],
     decodes: Array,
@@ -423,7 +426,7 @@ class SpeculativeEncoderDecoderModel(t5x_models.EncoderDecoderModel):
       return exactness.not_checked_aux(decodes.shape[0])
     baseline = decoding.autoregressive_decode(self._target, target_params, **common)
     prompt_with_targets = rows.prompt_tokens is not None
-    baseline_decodes, baseline_tokens = _t5x_layout(
+    baseline_decodes, baseline_tokens = rows_lib.t5x_layout(
       baseline, rows, decodes.shape[1], prompt_with_targets
     )
     aux = exactness.exactness_aux(
@@ -479,142 +482,3 @@ class SpeculativeEncoderDecoderModel(t5x_models.EncoderDecoderModel):
       positions < (prompt_len + num_tokens)[:, None]
     )
     return jnp.sum(jnp.where(generated, log_probs, 0.0), axis=1)
-
-
-@flax.struct.dataclass
-class _ExpandedRows:
-  """A T5X batch with each example repeated num_decodes times in place ([e0, e0, e1, e1, ...],
-  like T5X's flat_batch_beam_expand); R = B * num_decodes rows.
-
-  Attributes:
-    encoder_tokens: [R, S] int32.
-    decoder_input_tokens: [B, L] int32, the batch's (not expanded; L is the decode length).
-    prompt_tokens: [R, L] int32 decoder prompts [0 (BOS), prompt, 0...] (EOS stripped), or None
-      without prompt_with_targets (then the decoder starts from BOS alone).
-    stream_lengths: [R] int32, prompt length + 1 (BOS), or None.
-    prompt_len: [R] int32, prompt tokens per row, BOS not counted (0 without prompts).
-  """
-
-  encoder_tokens: Array
-  decoder_input_tokens: Array
-  prompt_tokens: Array | None
-  stream_lengths: Array | None
-  prompt_len: Array
-
-
-def _expand_rows(
-  batch: Mapping[str, Array], num_decodes: int, eos_id: int, prompt_with_targets: bool
-) -> _ExpandedRows:
-  """Checks the batch's shapes and repeats each example num_decodes times (`_ExpandedRows`)."""
-  encoder_tokens = jnp.asarray(batch['encoder_input_tokens']).astype(jnp.int32)  # [B, S]
-  decoder_input_tokens = jnp.asarray(batch['decoder_input_tokens']).astype(jnp.int32)  # [B, L]
-  if encoder_tokens.ndim != 2 or decoder_input_tokens.ndim != 2:
-    raise ValueError(
-      f'encoder_input_tokens and decoder_input_tokens must be [batch, length], '
-      f'got {encoder_tokens.shape} and {decoder_input_tokens.shape}'
-    )
-  rows = decoder_input_tokens.shape[0] * num_decodes
-  encoder_tokens = jnp.repeat(encoder_tokens, num_decodes, axis=0)  # [R, S]
-  if not prompt_with_targets:
-    return _ExpandedRows(
-      encoder_tokens=encoder_tokens,
-      decoder_input_tokens=decoder_input_tokens,
-      prompt_tokens=None,
-      stream_lengths=None,
-      prompt_len=jnp.zeros((rows,), jnp.int32),
-    )
-  prompt = decoder_input_tokens * (decoder_input_tokens != eos_id)  # EOS stripped
-  prompt = jnp.repeat(prompt, num_decodes, axis=0)  # [R, L]: [0 (BOS), prompt, 0...]
-  prompt_len = jnp.sum(prompt != 0, axis=1).astype(jnp.int32)  # [R], BOS not counted
-  return _ExpandedRows(
-    encoder_tokens=encoder_tokens,
-    decoder_input_tokens=decoder_input_tokens,
-    prompt_tokens=prompt,
-    stream_lengths=prompt_len + 1,
-    prompt_len=prompt_len,
-  )
-
-
-def _decode_args(
-  rows: _ExpandedRows, opts: options_lib.DecodeOptions, decode_len: int
-) -> dict[str, Any]:
-  """The arguments that the speculative decode and the baseline (check_exactness) share."""
-  max_new = decode_len if opts.max_decode_steps is None else min(decode_len, opts.max_decode_steps)
-  return dict(
-    prompt_tokens=rows.prompt_tokens,
-    prompt_lengths=rows.stream_lengths,
-    max_new_tokens=max_new,
-    sampling=opts.sampling,
-    sampling_params=opts.sampling_params,
-    rng=opts.decode_rng,
-    eos_id=opts.eos_id,
-    encoder_tokens=rows.encoder_tokens,
-    row_ids=jnp.arange(rows.encoder_tokens.shape[0], dtype=jnp.int32),
-    check_finite=False,
-  )
-
-
-def _t5x_layout(
-  result: decoding.DecodeResult, rows: _ExpandedRows, decode_len: int, prompt_with_targets: bool
-) -> tuple[Array, Array]:
-  """(decodes [R, L] int32 in T5X's layout, num_tokens [R] generated tokens that fit).
-
-  Without prompts the decodes are the generated tokens, 0-padded to L. With prompts each row is
-  the prompt (without BOS) followed by the generated tokens, cut at L.
-  """
-  generated = result.tokens  # [R, max_new], 0 after each row's length
-  max_new = generated.shape[1]
-  if max_new < decode_len:
-    generated = jnp.pad(generated, ((0, 0), (0, decode_len - max_new)))  # [R, L]
-  num_tokens = result.lengths  # [R]
-  if not prompt_with_targets:
-    return generated.astype(jnp.int32), num_tokens
-  prompt_len = rows.prompt_len
-  positions = jnp.arange(decode_len)[None, :]  # [1, L]
-  from_prompt = jnp.take_along_axis(
-    rows.prompt_tokens, jnp.minimum(positions + 1, decode_len - 1), axis=1
-  )
-  from_generated = jnp.take_along_axis(
-    generated, jnp.clip(positions - prompt_len[:, None], 0, decode_len - 1), axis=1
-  )
-  decodes = jnp.where(positions < prompt_len[:, None], from_prompt, from_generated)
-  num_tokens = jnp.minimum(num_tokens, decode_len - prompt_len)
-  decodes = jnp.where(positions < (prompt_len + num_tokens)[:, None], decodes, 0)
-  return decodes.astype(jnp.int32), num_tokens
-
-
-def _metrics_aux(
-  result: decoding.DecodeResult, scores: Array, num_tokens: Array
-) -> dict[str, Array]:
-  """aux: scores and the per-row speculative metrics (docs/design.md, metric definitions)."""
-  metrics = result.metrics
-  drafted = jnp.maximum(metrics.drafted, 1).astype(jnp.float32)
-  return {
-    'scores': scores,
-    'num_tokens': num_tokens.astype(jnp.int32),
-    'target_calls': metrics.target_calls,
-    'drafted': metrics.drafted,
-    'accepted': metrics.accepted,
-    'alpha_sum': metrics.alpha_sum,
-    'alpha': jnp.where(metrics.drafted > 0, metrics.alpha_sum / drafted, 0.0),
-    'acceptance_rate': jnp.where(metrics.drafted > 0, metrics.accepted / drafted, 0.0),
-    'block_efficiency': result.lengths / jnp.maximum(metrics.target_calls, 1),
-    'invalid': metrics.invalid.astype(jnp.int32),
-  }
-
-
-def _sort_decodes(
-  decodes: Array, aux: Mapping[str, Array], num_decodes: int, return_all_decodes: bool
-) -> tuple[Array, Mapping[str, Array]]:
-  """[B*N, L] decodes and [B*N] aux -> T5X's outputs: [B, N, L] sorted by ascending score (as
-  temperature_sample sorts), or the best [B, L] with [B] aux."""
-  decode_len = decodes.shape[1]
-  decodes = decodes.reshape(-1, num_decodes, decode_len)  # [B, N, L]
-  aux = {k: v.reshape(-1, num_decodes) for k, v in aux.items()}  # each [B, N]
-  if num_decodes > 1:
-    order = jnp.argsort(aux['scores'], axis=1)
-    decodes = jnp.take_along_axis(decodes, order[:, :, None], axis=1)
-    aux = {k: jnp.take_along_axis(v, order, axis=1) for k, v in aux.items()}
-  if return_all_decodes:
-    return decodes, aux
-  return decodes[:, -1, :], {k: v[:, -1] for k, v in aux.items()}
