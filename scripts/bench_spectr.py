@@ -10,7 +10,7 @@ checkpoint is missing; timings mean nothing):
 
 Models: target configs/models/embedded_target.gin + models/embedded/target.msgpack, draft
 configs/models/embedded_draft.gin + models/embedded/draft.msgpack (`--target_checkpoint` /
-`--draft_checkpoint` also take T5X checkpoint dirs, e.g. /work/runs/embedded_target/checkpoint_N).
+`--draft_checkpoint` also take T5X checkpoint dirs, e.g. ../runs/embedded_target/checkpoint_N).
 Inputs: the first --num_examples sentences of the LibreOffice En-De test split whose tokenized
 input ("translate English to German: " + en, EOS-terminated) fits --inputs_length (64), padded to
 it, batch 1 (as the papers), exact sampling at temperature 1 (no top-k), --max_new_tokens 64.

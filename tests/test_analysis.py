@@ -1,6 +1,6 @@
 """Tests for speculative/analysis.py: the paper's own numbers, identities, optimal gamma, lenience.
 
-Run: cd /work/main && .venv/bin/python -m pytest -q -p no:xdist tests/test_analysis.py
+Run (repository root): .venv/bin/python -m pytest -q -p no:xdist tests/test_analysis.py
 """
 
 from __future__ import annotations
