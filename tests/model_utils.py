@@ -70,3 +70,48 @@ def sequence_counts(tokens, vocab):
   tokens = np.asarray(tokens)
   index = (tokens * vocab ** np.arange(tokens.shape[1] - 1, -1, -1)).sum(1)
   return np.bincount(index, minlength=vocab ** tokens.shape[1]).astype(np.float64)
+
+
+def tiny_t5_config(decoder_layers):
+  """A tiny T5Config on the shipped 8k vocabulary (the infer and job-safety tests' target and draft)."""
+  from speculative.models.t5 import T5Config
+
+  return T5Config(
+    vocab_size=8000,
+    dtype="float32",
+    emb_dim=16,
+    num_heads=2,
+    num_encoder_layers=1,
+    num_decoder_layers=decoder_layers,
+    head_dim=8,
+    mlp_dim=32,
+    mlp_activations=("gelu", "linear"),
+    dropout_rate=0.0,
+    logits_via_embedding=False,
+    float32_attention_logits=False,
+  )
+
+
+def save_tiny_pair(root, sources, *, record_config):
+  """Random tiny target (2 decoder layers) and draft (1) as root/{t,d}.msgpack and `sources` as
+  root/in.tsv (reference "Ref i"); returns the infer keyword arguments that name them. With
+  `record_config` the weights carry their config sidecar."""
+  from speculative import checkpoints
+  from speculative.models.t5 import T5
+
+  target, draft = tiny_t5_config(2), tiny_t5_config(1)
+  for config, name, seed in ((target, "t.msgpack", 0), (draft, "d.msgpack", 1)):
+    checkpoints.save_params(
+      T5(config).init_params(jax.random.PRNGKey(seed)),
+      root / name,
+      dtype=None,
+      config=config if record_config else None,
+    )
+  (root / "in.tsv").write_text("".join(f"{s}\tRef {i}\n" for i, s in enumerate(sources)))
+  return dict(
+    target_config=target,
+    target_checkpoint=str(root / "t.msgpack"),
+    draft_config=draft,
+    draft_checkpoint=str(root / "d.msgpack"),
+    input_file=str(root / "in.tsv"),
+  )

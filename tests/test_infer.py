@@ -9,15 +9,13 @@ import subprocess
 import sys
 import time
 
-import jax
+from model_utils import save_tiny_pair
+from model_utils import tiny_t5_config
 import pytest
 
 from speculative import batching
-from speculative import checkpoints
 from speculative import infer
 from speculative import tasks
-from speculative.models.t5 import T5
-from speculative.models.t5 import T5Config
 
 REPO = Path(__file__).resolve().parents[1]
 SOURCES = [
@@ -30,40 +28,11 @@ SOURCES = [
 ]
 
 
-def _config(decoder_layers: int) -> T5Config:
-  return T5Config(
-    vocab_size=8000,
-    dtype="float32",
-    emb_dim=16,
-    num_heads=2,
-    num_encoder_layers=1,
-    num_decoder_layers=decoder_layers,
-    head_dim=8,
-    mlp_dim=32,
-    mlp_activations=("gelu", "linear"),
-    dropout_rate=0.0,
-    logits_via_embedding=False,
-    float32_attention_logits=False,
-  )
-
-
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory):
   root = tmp_path_factory.mktemp("infer")
-  target, draft = _config(2), _config(1)
-  checkpoints.save_params(
-    T5(target).init_params(jax.random.PRNGKey(0)), root / "t.msgpack", dtype=None
-  )
-  checkpoints.save_params(
-    T5(draft).init_params(jax.random.PRNGKey(1)), root / "d.msgpack", dtype=None
-  )
-  (root / "in.tsv").write_text("".join(f"{s}\tRef {i}\n" for i, s in enumerate(SOURCES)))
   kwargs = dict(
-    target_config=target,
-    target_checkpoint=str(root / "t.msgpack"),
-    draft_config=draft,
-    draft_checkpoint=str(root / "d.msgpack"),
-    input_file=str(root / "in.tsv"),
+    **save_tiny_pair(root, SOURCES, record_config=False),
     input_prefix="translate English to German: ",
     task_feature_lengths={"inputs": 24, "targets": 12},
     batch_size=2,
@@ -254,7 +223,7 @@ def test_bad_inputs_raise_clear_errors(setup, tmp_path):
   corrupt.write_bytes(b"\x00garbage")
   with pytest.raises(ValueError):
     infer.infer(output_dir=str(tmp_path / "e"), **{**kwargs, "draft_checkpoint": str(corrupt)})
-  mismatched = dataclasses.replace(_config(1), vocab_size=4000)
+  mismatched = dataclasses.replace(tiny_t5_config(1), vocab_size=4000)
   with pytest.raises(ValueError, match="vocab"):
     infer.infer(output_dir=str(tmp_path / "f"), **{**kwargs, "draft_config": mismatched})
 

@@ -15,6 +15,8 @@ import time
 
 import gin
 import jax
+from model_utils import save_tiny_pair
+from model_utils import tiny_t5_config
 import pytest
 
 from speculative import checkpoints
@@ -22,46 +24,16 @@ from speculative import gin_utils
 from speculative import infer
 from speculative import jobs
 from speculative.models.t5 import T5
-from speculative.models.t5 import T5Config
 
 REPO = Path(__file__).resolve().parents[1]
 SOURCES = ["Click OK.", "Open the file menu.", "Hello", "Select a cell range."]
 
 
-def _config(decoder_layers: int) -> T5Config:
-  return T5Config(
-    vocab_size=8000,
-    dtype="float32",
-    emb_dim=16,
-    num_heads=2,
-    num_encoder_layers=1,
-    num_decoder_layers=decoder_layers,
-    head_dim=8,
-    mlp_dim=32,
-    mlp_activations=("gelu", "linear"),
-    dropout_rate=0.0,
-    logits_via_embedding=False,
-    float32_attention_logits=False,
-  )
-
-
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory):
   root = tmp_path_factory.mktemp("jobs")
-  target, draft = _config(2), _config(1)
-  checkpoints.save_params(
-    T5(target).init_params(jax.random.PRNGKey(0)), root / "t.msgpack", dtype=None, config=target
-  )
-  checkpoints.save_params(
-    T5(draft).init_params(jax.random.PRNGKey(1)), root / "d.msgpack", dtype=None, config=draft
-  )
-  (root / "in.tsv").write_text("".join(f"{s}\tRef {i}\n" for i, s in enumerate(SOURCES)))
   kwargs = dict(
-    target_config=target,
-    target_checkpoint=str(root / "t.msgpack"),
-    draft_config=draft,
-    draft_checkpoint=str(root / "d.msgpack"),
-    input_file=str(root / "in.tsv"),
+    **save_tiny_pair(root, SOURCES, record_config=True),
     task_feature_lengths={"inputs": 24, "targets": 6},
     batch_size=2,
     gamma=3,
@@ -141,7 +113,7 @@ BAD_INPUTS = [
   ("missing_input", {"input_file": "/nope/in.txt"}, FileNotFoundError, "input_file does not exist"),
   (
     "draft_vocab",
-    {"draft_config": dataclasses.replace(_config(1), vocab_size=4000)},
+    {"draft_config": dataclasses.replace(tiny_t5_config(1), vocab_size=4000)},
     ValueError,
     "draft and target vocabularies differ",
   ),
@@ -167,7 +139,7 @@ BAD_INPUTS = [
   ),
   (
     "wrong_config_same_shapes",
-    {"target_config": dataclasses.replace(_config(2), mlp_activations=("relu", "linear"))},
+    {"target_config": dataclasses.replace(tiny_t5_config(2), mlp_activations=("relu", "linear"))},
     checkpoints.CheckpointError,
     "different model config:\n  mlp_activations: weights \\['gelu', 'linear'\\]",
   ),
@@ -253,7 +225,7 @@ def test_changed_settings_are_refused_before_loading(setup, tmp_path, monkeypatc
   monkeypatch.setattr(infer, "load_model", lambda *a: pytest.fail("loaded a model"))
   other_draft = tmp_path / "d2.msgpack"
   checkpoints.save_params(
-    T5(_config(1)).init_params(jax.random.PRNGKey(9)), other_draft, dtype=None
+    T5(tiny_t5_config(1)).init_params(jax.random.PRNGKey(9)), other_draft, dtype=None
   )
   other_input = tmp_path / "in2.tsv"
   other_input.write_text("Hello\tRef\nClick OK.\tRef\nBye\tRef\n")
@@ -458,7 +430,7 @@ def test_train_resume_falls_back_past_a_corrupt_newest_checkpoint(tmp_path, capl
 
   from speculative import train
 
-  config = _config(1)
+  config = tiny_t5_config(1)
   params = T5(config).init_params(jax.random.PRNGKey(0))
   optimizer = optax.adam(1e-3)
   state = optimizer.init(params)
@@ -492,7 +464,7 @@ def test_train_prunes_the_checkpoints_a_kill_left(tmp_path):
 
   from speculative import train
 
-  config = _config(1)
+  config = tiny_t5_config(1)
   params = T5(config).init_params(jax.random.PRNGKey(0))
   state = optax.adam(1e-3).init(params)
   for step in (1, 2, 3):  # as if killed before each save's pruning
