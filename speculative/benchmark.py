@@ -53,6 +53,10 @@ speculative/bench/, one module per concern):
   * Stock-equivalent check: the matmuls per step of the compiled stock-equivalent and baseline
     loops are counted in the optimized HLO (XLA may hoist the loop-invariant cross-attention K/V
     projection, in which case the two loops do the same work and the report says so).
+  * Resources per group (speculative/resources.py): XLA compiles in the first calls and in the
+    timed calls (none expected: one program per shape), and the peak RSS of the group.
+  * Whole job (`whole_job_examples` > 0, speculative/bench/whole_job.py): every input of the split
+    at the best batch size, baseline vs stock vs the fastest speculative method, sentences/s.
   * gamma policy per (batch, temperature, drafter): the measured gamma with the best PREDICTED
     speedup; if that prediction is below `fallback_threshold`, plain decoding (the report says
     which).
@@ -91,6 +95,7 @@ from speculative.bench import methods as methods_lib
 from speculative.bench import report as report_lib
 from speculative.bench import roofline
 from speculative.bench import sweep
+from speculative.bench import whole_job as whole_job_lib
 from speculative.bench.settings import BenchmarkSettings
 from speculative.models import t5 as t5_lib
 
@@ -322,6 +327,7 @@ def benchmark(
   command: str = "python -m speculative.benchmark --gin_file=configs/benchmark/embedded.gin",
   plots: bool = True,
   roofline_section: bool = True,
+  whole_job_examples: int = 0,
   verbose: bool = True,
 ) -> dict[str, Any]:
   """Runs the sweep; returns the report dict (also written to output_dir, unless None). The
@@ -336,6 +342,8 @@ def _run(s: BenchmarkSettings) -> dict[str, Any]:
   machine = machine_lib.machine_info()
   warnings: list[str] = []
   t_start = time.perf_counter()
+  report_log = log
+  log = lambda msg: report_log(f"[{time.perf_counter() - t_start:6.0f}s] {msg}")  # noqa: E731
   examples, source, task_label = inputs_lib.benchmark_inputs(
     examples=s.examples,
     task=s.task,
@@ -361,7 +369,7 @@ def _run(s: BenchmarkSettings) -> dict[str, Any]:
   log(
     f"target: {models['descriptions']['target']}; draft: {models['descriptions'].get('draft', '-')}"
   )
-  costs, groups = _measure(s, models, examples, plan, warnings, log)
+  costs, groups, whole_job = _measure(s, models, examples, plan, warnings, log)
   busy = machine_lib.busy_warning(machine)
   report = {
     "title": s.title,
@@ -376,9 +384,11 @@ def _run(s: BenchmarkSettings) -> dict[str, Any]:
     "costs": costs,
     "groups": groups,
   }
+  if whole_job:
+    report["whole_job"] = whole_job
   report = conclude_lib.conclude(report)
   if s.output_dir:
-    report_lib.write_report(report, s.output_dir, plots=s.plots, log=log)
+    report_lib.write_report(report, s.output_dir, plots=s.plots, log=report_log)
   return report
 
 
@@ -389,8 +399,9 @@ def _measure(
   plan,
   warnings: list[str],
   log: Callable[[str], None],
-) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-  """The cost model per batch size, then the sweep of every group, then t(1) again (drift)."""
+) -> tuple[dict[str, Any], list[dict[str, Any]], dict[str, Any] | None]:
+  """The cost model per batch size, the sweep of every group, t(1) again (drift), and the
+  whole-job row if asked for."""
   stock_t5x_decode = None
   if s.use_t5x:
     stock_t5x_decode = functools.partial(
@@ -433,7 +444,19 @@ def _measure(
     log=log,
   )
   warnings += _drift_warnings(costs, step_timers, s.cost_repeats, s.cost_min_seconds)
-  return costs, groups
+  whole_job = None
+  if s.whole_job_examples:
+    whole_job = whole_job_lib.run(
+      s,
+      models,
+      costs,
+      groups,
+      step_timers=step_timers,
+      stock_t5x_decode=stock_t5x_decode,
+      position=position,
+      log=log,
+    )
+  return costs, groups, whole_job
 
 
 def _config_record(s: BenchmarkSettings, plan, models: dict[str, Any], task_label: str) -> dict:

@@ -107,7 +107,9 @@ def _autoregressive_jit(
       target_params, state.target_cache, last[:, None], start
     )  # [B, 1, V]
     probs = sampling_lib.probs_from_logits(logits[:, 0], sampling, sampling_params)  # [B, V]
-    token = sampling_lib.sample_rows(row_keys(rng, row_ids, state.step, 0), probs)  # [B]
+    token = sampling_lib.sample_rows(
+      row_keys(rng, row_ids, state.step, 0), probs, sampling.greedy
+    )  # [B]
     tokens, lengths, done, active = commit_tokens(
       state,
       token[:, None],
@@ -274,7 +276,12 @@ def _accept(
   """
   if lenience is None:
     return sampling_lib.speculative_accept(
-      draft_tokens, proposal.probs, target_probs, accept_keys, proposal.num_drafted
+      draft_tokens,
+      proposal.probs,
+      target_probs,
+      accept_keys,
+      proposal.num_drafted,
+      greedy=sampling.greedy,
     )
   # APPROXIMATE for l < 1 (bit-identical to the exact rule at l = 1). Under argmax decoding the
   # standardized p is one-hot, so the argmax form (p(x) >= l max p, on the raw logits) applies.
@@ -291,6 +298,7 @@ def _accept(
     proposal.num_drafted,
     lenience=lenience,
     lenient_accepts=lenient_accepts,
+    greedy=sampling.greedy,
   )
 
 

@@ -52,6 +52,7 @@ from speculative import batching
 from speculative import decoding
 from speculative import drafters as drafters_lib
 from speculative import jobs
+from speculative import resources
 from speculative.checkpoints import load_model
 from speculative.files import write_atomic
 from speculative.infer_inputs import EOS_ID
@@ -258,12 +259,16 @@ def _decode_batch(
   records go into `run.records`."""
   if run.compile_s is None:  # first call compiles; time it separately, then run warm
     t0 = time.perf_counter()
-    jax.block_until_ready(run.decode(encoder_tokens, rng))
+    with resources.CompileCounter() as compiles:
+      jax.block_until_ready(run.decode(encoder_tokens, rng))
     run.compile_s = time.perf_counter() - t0
-  t0 = time.perf_counter()
-  result = run.decode(encoder_tokens, rng)
-  jax.block_until_ready(result)
-  seconds = time.perf_counter() - t0
+    run.compiles_first_call = compiles.count
+  with resources.CompileCounter() as compiles:
+    t0 = time.perf_counter()
+    result = run.decode(encoder_tokens, rng)
+    jax.block_until_ready(result)
+    seconds = time.perf_counter() - t0
+  run.compiles_warm += compiles.count
   tokens, lengths = np.asarray(result.tokens), np.asarray(result.lengths)
   metrics = jax.tree_util.tree_map(
     np.asarray,
@@ -307,6 +312,9 @@ def _summary(
     records = [run.records[i] for i in indices]
     summary[run.name] = summarize(records, inputs.metric_fns, s.max_new_tokens)
     summary[run.name]["compile_s"] = run.compile_s
+    summary[run.name]["compiles_first_call"] = run.compiles_first_call
+    summary[run.name]["compiles_warm"] = run.compiles_warm
+  summary["peak_rss_mib"] = resources.peak_rss_mib()
   if len(runs) == 2:
     _compare_modes(settings, inputs, runs, models, summary)
   summary["samples"] = [

@@ -37,6 +37,8 @@ class ModeRun:
   path: str
   records: dict[int, dict]
   compile_s: float | None = None
+  compiles_first_call: int = 0  # XLA compiles in the first (compiling) call
+  compiles_warm: int = 0  # XLA compiles in the timed calls after it (0: one program per shape)
 
 
 def build_manifest(settings: InferSettings, inputs: JobInputs) -> dict[str, Any]:

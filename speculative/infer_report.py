@@ -62,7 +62,12 @@ def machine() -> str:
 
 def format_report(summary: dict[str, Any]) -> str:
   """The Markdown report of a job's summary (metrics.json)."""
-  lines = _header_lines(summary) + _mode_table(summary) + _sample_lines(summary)
+  lines = (
+    _header_lines(summary)
+    + _mode_table(summary)
+    + _resource_lines(summary)
+    + _sample_lines(summary)
+  )
   if "speedup" in summary:
     lines += _comparison_lines(summary)
   return "\n".join(lines) + "\n"
@@ -128,6 +133,24 @@ def _mode_table(summary: dict[str, Any]) -> list[str]:
       f"{fmt('compile_s', '{:.1f}')} |"
     )
   return lines
+
+
+def _resource_lines(summary: dict[str, Any]) -> list[str]:
+  """XLA compiles per mode (first call, then the warm calls: 0 means one program for every batch)
+  and the process's peak RSS."""
+  parts = [
+    f"{mode} {summary[mode]['compiles_first_call']} in the first call, "
+    f"{summary[mode]['compiles_warm']} after"
+    for mode in MODES
+    if mode in summary and "compiles_first_call" in summary[mode]
+  ]
+  if not parts:
+    return []
+  rss = summary.get("peak_rss_mib")
+  return [
+    "",
+    "XLA compiles: " + "; ".join(parts) + (f". Peak RSS {rss:.0f} MiB." if rss else "."),
+  ]
 
 
 def _sample_lines(summary: dict[str, Any]) -> list[str]:

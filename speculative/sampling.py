@@ -216,9 +216,17 @@ def sample_from_probs(key: jax.Array, probs: jax.Array) -> jax.Array:
   return jnp.argmax(jnp.log(probs) + gumbel, axis=-1).astype(jnp.int32)
 
 
-def sample_rows(keys: jax.Array, probs: jax.Array) -> jax.Array:
-  """One token per row: keys [B] (one PRNG key per row), probs [B, V] -> [B] int32."""
+def sample_rows(keys: jax.Array, probs: jax.Array, greedy: bool = False) -> jax.Array:
+  """One token per row: keys [B] (one PRNG key per row), probs [B, V] -> [B] int32.
+
+  `greedy` (static) says every row of `probs` has a single positive entry (one-hot, as under
+  `SamplingConfig(greedy=True)`, or a residual of one-hot p and q): Gumbel-max then returns that
+  entry's index whatever the noise, so it is taken with an argmax and no noise is drawn (the same
+  tokens, without B x V random numbers per call; T5X's temperature_sample also takes an argmax).
+  """
   assert probs.ndim == 2 and keys.shape == probs.shape[:1], (keys.shape, probs.shape)
+  if greedy:
+    return jnp.argmax(probs, axis=-1).astype(jnp.int32)
   return jax.vmap(sample_from_probs)(keys, probs)
 
 
@@ -315,6 +323,7 @@ def speculative_accept(
   *,
   lenience: jax.Array | float | None = None,
   lenient_accepts: jax.Array | None = None,
+  greedy: bool = False,
 ) -> AcceptResult:
   """Speculative acceptance (Alg. 1) for a batch of rows.
 
@@ -334,6 +343,8 @@ def speculative_accept(
       alpha sums may round differently in the last bit).
     lenient_accepts: [B, gamma] bool or None: positions accepted regardless of r (the argmax form,
       `lenient_argmax_accept`); they count as acceptance probability 1 in `min_mass`.
+    greedy: (static) p and q are one-hot (greedy sampling config): the correction's residual then
+      has a single positive entry and is drawn by argmax (`sample_rows(greedy=True)`).
 
   Returns:
     AcceptResult. Exactness: tokens[:, :n+1] is distributed as n+1 tokens sampled from the target
@@ -364,7 +375,9 @@ def speculative_accept(
   # n = length of the all-accepted prefix (everything after the first rejection is discarded).
   num_accepted = jnp.sum(jnp.cumprod(accepted.astype(jnp.int32), axis=1), axis=1)  # [B]
 
-  next_token = _correction(draft_probs, target_probs, num_accepted, sample_keys, lenience)  # [B]
+  next_token = _correction(
+    draft_probs, target_probs, num_accepted, sample_keys, lenience, greedy
+  )  # [B]
   block = emitted_block(draft_tokens.astype(jnp.int32), num_accepted, next_token)  # [B, gamma+1]
   if lenience is None:
     min_mass = jnp.sum(jnp.minimum(target_probs[:, :gamma], draft_probs), axis=-1)  # [B, gamma]
@@ -402,6 +415,7 @@ def _correction(
   num_accepted: jax.Array,
   sample_keys: jax.Array,
   lenience: jax.Array | float | None,
+  greedy: bool = False,
 ) -> jax.Array:
   """[B] the token after the n accepted drafts: a sample of norm(max(0, p_n - q_n)) (of
   norm(max(0, p_n - l q_n)) under lenience), or of p_{gamma+1} when n = gamma.
@@ -420,7 +434,7 @@ def _correction(
   # so the (unused) sample is well defined instead of NaN.
   residual_mass = jnp.sum(residual, axis=-1, keepdims=True)
   next_dist = jnp.where(residual_mass > 0, residual, target_n)
-  return sample_rows(sample_keys, next_dist)  # [B]
+  return sample_rows(sample_keys, next_dist, greedy)  # [B]
 
 
 def emitted_block(draft_tokens: jax.Array, num_accepted: jax.Array, next_token: jax.Array):

@@ -118,6 +118,7 @@ def run(tmp_path_factory):
     output_dir=str(out),
     verbose=False,
     stock_t5x="off",  # the tests below list the methods; the same set with t5x importable
+    whole_job_examples=NUM_EXAMPLES,
   )
   return report, out
 
@@ -361,6 +362,16 @@ def test_gin_configs_parse():
       gin.parse_config_files_and_bindings([benchmark.DEFAULT_QUICK_GIN], [], finalize_config=False)
       assert gin.query_parameter("benchmark.output_dir") == "outputs/benchmark_quick"
       assert gin.query_parameter("benchmark.allow_random_init") is True
+    # Every other benchmark config parses, writes outside docs/ and names its own command.
+    for path in sorted((REPO / "configs" / "benchmark").glob("*.gin")):
+      if path.name in ("embedded.gin", "quick.gin"):
+        continue
+      gin.clear_config()
+      with gin.unlock_config():
+        gin.parse_config_files_and_bindings([str(path)], [], finalize_config=False)
+        command = gin.query_parameter("benchmark.command")
+        assert command.endswith(f"--gin_file=configs/benchmark/{path.name}"), path
+        assert command in path.read_text() and gin.query_parameter("benchmark.output_dir") != "docs"
   finally:
     gin.clear_config()
     os.chdir(cwd)
@@ -545,3 +556,28 @@ def test_greedy_rows_that_differ_are_audited():
   assert row["divergences"][0]["example"] == 10 and row["divergences"][0]["position"] == 0
   untouched = sweep.audited({"identical_to_baseline": 2}, None, None, [(chunk, None)], None, None)
   assert "divergences" not in untouched
+
+
+def test_whole_job_row_and_resources_per_group(run):
+  """The whole-job row decodes every input at the best batch size with baseline, stock and the
+  fastest speculative method; every group reports its compiles (none in the timed calls: one
+  program per shape) and its peak RSS."""
+  report, out = run
+  job = report["whole_job"]
+  assert job["examples"] == NUM_EXAMPLES and job["batch_size"] == 1
+  names = [r["name"] for r in job["rows"]]
+  assert names[:2] == ["baseline", "stock_equivalent"] and job["chosen"] in names
+  fastest = min(
+    (r for g in report["groups"] if g["group"]["temperature"] == 0 for r in g["speculative"]),
+    key=lambda r: r["walltime_s"],
+  )
+  assert job["chosen"] == fastest["name"]
+  for row in job["rows"]:
+    assert row["sentences_per_s"] == pytest.approx(NUM_EXAMPLES / row["walltime_s"])
+    assert row["identical_to_baseline"] <= NUM_EXAMPLES
+  assert job["compiles"]["timed_calls"] == 0
+  for g in report["groups"]:
+    assert g["group"]["compiles"]["timed_calls"] == 0
+    assert g["group"]["peak_rss_mib"] is None or g["group"]["peak_rss_mib"] > 0
+  page = (out / "results.md").read_text()
+  assert "## Whole job" in page and "## Resources per group" in page

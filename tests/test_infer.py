@@ -59,8 +59,14 @@ def test_predictions_metrics_and_greedy_identity(setup):
   assert 1.0 <= spec["block_efficiency"] <= 4.0
   assert 0.0 <= spec["alpha"] <= 1.0 and 0.0 <= spec["acceptance_rate"] <= 1.0
   assert summary["baseline"]["block_efficiency"] == 1.0
+  # One program per mode: 3 batches of 2, every one padded to the same shape, so the calls after
+  # the first compile nothing (a recompile per batch would show here).
+  for mode in infer.MODES:
+    assert summary[mode]["compiles_warm"] == 0
+  assert summary["peak_rss_mib"] is None or summary["peak_rss_mib"] > 0
   assert json.loads((out / "metrics.json").read_text())["examples"] == len(SOURCES)
   assert "Walltime speedup" in (out / "report.md").read_text()
+  assert "XLA compiles: baseline" in (out / "report.md").read_text()
   assert not [p for p in os.listdir(out) if ".tmp-" in p]
 
 

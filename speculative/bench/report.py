@@ -12,6 +12,7 @@ from typing import Callable
 from speculative import runtime
 from speculative.bench import conclude as conclude_lib
 from speculative.bench import cost_sections
+from speculative.bench import job_sections
 from speculative.bench import plots as plots_lib
 from speculative.bench.cells import fmt
 from speculative.bench.cells import loads
@@ -37,6 +38,8 @@ def format_report(report: dict[str, Any]) -> str:
     _speedup_section,
     _predicted_section,
     _baselines_section,
+    job_sections.whole_job_section,
+    job_sections.resources_section,
     _choice_section,
     _targets_section,
     cost_sections.profile_section,

@@ -37,6 +37,8 @@ class BenchmarkSettings:
     allow_random_init: time random weights when a checkpoint is missing (smoke runs only).
     roofline_section: also measure the memory-bandwidth floor and the bare matmul stack's v(T)
       (bench/roofline.py) for the report's roofline section.
+    whole_job_examples: 0 (off), or decode this many inputs of the split (all of it, if fewer)
+      at the best batch size as the "whole job" row (bench/whole_job.py).
   """
 
   target_config: t5_lib.T5Config
@@ -72,6 +74,7 @@ class BenchmarkSettings:
   command: str = "python -m speculative.benchmark --gin_file=configs/benchmark/embedded.gin"
   plots: bool = True
   roofline_section: bool = True
+  whole_job_examples: int = 0
   verbose: bool = True
 
   def __post_init__(self):
@@ -87,6 +90,12 @@ class BenchmarkSettings:
       drafters=self.drafters,
       cost_position=self.cost_position,
     )
+    if not isinstance(self.whole_job_examples, (int, np.integer)) or self.whole_job_examples < 0:
+      raise ValueError(
+        f"whole_job_examples must be an integer >= 0; got {self.whole_job_examples!r}"
+      )
+    if self.whole_job_examples and 0 not in [float(t) for t in self.temperatures]:
+      raise ValueError("whole_job_examples needs temperature 0 in temperatures (greedy groups)")
 
   @property
   def use_t5x(self) -> bool:

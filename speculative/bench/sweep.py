@@ -19,6 +19,7 @@ import numpy as np
 from speculative import analysis
 from speculative import audit
 from speculative import batching
+from speculative import resources
 from speculative import sampling as sampling_lib
 from speculative.bench import costs as costs_lib
 from speculative.bench import methods as methods_lib
@@ -157,33 +158,20 @@ def audit_rows(method: Method, reference: Method, batches, target, target_params
 
 def time_methods(
   methods: Sequence[Method], batches, *, repeats: int, seed: int, log: Callable[[str], None]
-) -> None:
+) -> dict[str, Any]:
   """Fills each method's first_call_s, times and outputs: compiled on the first input batch, then
   every batch decoded `repeats` times by every method, interleaved (the order rotating per batch
-  and repeat so every method takes every slot), garbage collection off."""
-  first = jnp.asarray(batches[0][1])
-  for method in methods:
-    method.first_call_s, _ = costs_lib.timed(
-      lambda: method.decode(first, jax.random.fold_in(jax.random.PRNGKey(seed), 0))
-    )  # pylint: disable=cell-var-from-loop
-    log(f"  compiled {method.name}: {method.first_call_s:.1f}s")
+  and repeat so every method takes every slot), garbage collection off. Returns the XLA compiles
+  counted in the first calls and in the timed calls (which should be none: one program per shape)."""
+  with resources.CompileCounter() as first_calls:
+    _first_calls(methods, jnp.asarray(batches[0][1]), seed, log)
   gc.collect()
   gc_was_enabled = gc.isenabled()
   gc.disable()
   try:
-    for batch_index, (_, encoder_tokens) in enumerate(batches):
-      enc = jnp.asarray(encoder_tokens)
-      rng = jax.random.fold_in(jax.random.PRNGKey(seed), batch_index)
-      times = {m.name: [] for m in methods}
-      for repeat in range(repeats):
-        shift = (batch_index + repeat) % len(methods)
-        for method in list(methods[shift:]) + list(methods[:shift]):
-          seconds, result = costs_lib.timed(lambda: method.decode(enc, rng))  # pylint: disable=cell-var-from-loop
-          times[method.name].append(seconds)
-          if repeat == 0:
-            method.outputs.append(methods_lib.decode_outputs(method.kind, result))
-      for method in methods:
-        method.times.append(times[method.name])
+    with resources.CompileCounter() as timed:
+      for batch_index, (_, encoder_tokens) in enumerate(batches):
+        _time_batch(methods, batch_index, jnp.asarray(encoder_tokens), repeats, seed)
   finally:
     if gc_was_enabled:
       gc.enable()
@@ -191,6 +179,35 @@ def time_methods(
     for (chunk, _), out in zip(batches, method.outputs):
       if np.any(out["invalid"][: len(chunk)]):
         raise FloatingPointError(f"{method.name}: NaN/inf logits (no valid distribution)")
+  return {
+    "first_calls": first_calls.count,
+    "first_calls_compile_s": first_calls.seconds,
+    "timed_calls": timed.count,
+  }
+
+
+def _first_calls(methods: Sequence[Method], first, seed: int, log: Callable[[str], None]) -> None:
+  """Each method's first call (compile + one decode of the first input batch), timed apart."""
+  for method in methods:
+    method.first_call_s, _ = costs_lib.timed(
+      lambda: method.decode(first, jax.random.fold_in(jax.random.PRNGKey(seed), 0))
+    )  # pylint: disable=cell-var-from-loop
+    log(f"  compiled {method.name}: {method.first_call_s:.1f}s")
+
+
+def _time_batch(methods: Sequence[Method], batch_index: int, enc, repeats: int, seed: int) -> None:
+  """Every method on one input batch `repeats` times, the order rotating so each takes each slot."""
+  rng = jax.random.fold_in(jax.random.PRNGKey(seed), batch_index)
+  times = {m.name: [] for m in methods}
+  for repeat in range(repeats):
+    shift = (batch_index + repeat) % len(methods)
+    for method in list(methods[shift:]) + list(methods[:shift]):
+      seconds, result = costs_lib.timed(lambda: method.decode(enc, rng))  # pylint: disable=cell-var-from-loop
+      times[method.name].append(seconds)
+      if repeat == 0:
+        method.outputs.append(methods_lib.decode_outputs(method.kind, result))
+  for method in methods:
+    method.times.append(times[method.name])
 
 
 @dataclasses.dataclass(frozen=True)
@@ -199,7 +216,7 @@ class GroupSettings:
 
   `drafters` maps a name to (drafter, draft params); `gammas` a drafter name to its gammas here;
   `target_step_timer` is the cost model's t(1) timer (a drafter that is not a model has its
-  propose call timed against it)."""
+  propose call timed against it); `only` keeps the named methods (the baseline always stays)."""
 
   batch_size: int
   temperature: float
@@ -220,6 +237,7 @@ class GroupSettings:
   position: int
   target_step_timer: costs_lib.Timer
   log: Callable[[str], None]
+  only: frozenset[str] | None = None  # time only these methods (by name); None: all
 
 
 def run_group(g: GroupSettings) -> dict[str, Any]:
@@ -232,19 +250,11 @@ def run_group(g: GroupSettings) -> dict[str, Any]:
     "examples": len(g.examples),
     "input_batches": len(batches),
   }
-  methods = methods_lib.make_methods(
-    target=g.target,
-    target_params=g.target_params,
-    stock_target=g.stock_target,
-    drafters=g.drafters,
-    gammas=g.gammas,
-    max_new_tokens=g.max_new_tokens,
-    sampling=sampling,
-    sampling_params=sampling_params,
-    stock_t5x_decode=g.stock_t5x_decode,
-    temperature=g.temperature,
-  )
-  time_methods(methods, batches, repeats=g.repeats, seed=g.seed, log=g.log)
+  methods = _group_methods(g, sampling, sampling_params)
+  with resources.PeakRss() as rss:
+    group["compiles"] = time_methods(methods, batches, repeats=g.repeats, seed=g.seed, log=g.log)
+  group["peak_rss_mib"] = rss.mib
+  group["peak_rss_reset"] = rss.reset
 
   rows = {m.name: _method_row(m, batches, group) for m in methods}
   baselines = _baseline_rows(methods, rows, batches, g.costs, greedy=g.temperature == 0)
@@ -270,6 +280,28 @@ def run_group(g: GroupSettings) -> dict[str, Any]:
   )
   g.log(_group_summary(group, baselines, speculative_rows))
   return {"group": group, "baselines": baselines, "speculative": speculative_rows}
+
+
+def _group_methods(g: GroupSettings, sampling, sampling_params) -> list[Method]:
+  """The group's methods (methods_lib.make_methods), kept to `g.only` where given."""
+  methods = methods_lib.make_methods(
+    target=g.target,
+    target_params=g.target_params,
+    stock_target=g.stock_target,
+    drafters=g.drafters,
+    gammas=g.gammas,
+    max_new_tokens=g.max_new_tokens,
+    sampling=sampling,
+    sampling_params=sampling_params,
+    stock_t5x_decode=g.stock_t5x_decode,
+    temperature=g.temperature,
+  )
+  if g.only is None:
+    return methods
+  unknown = set(g.only) - {m.name for m in methods}
+  if unknown:
+    raise ValueError(f"no such methods in the group: {sorted(unknown)}")
+  return [m for m in methods if m.kind == BASELINE or m.name in g.only]
 
 
 def _speculative_rows(

@@ -224,7 +224,8 @@ class ModelDrafter(base.ProposeWithDraft):
     """(token [B], q [B, V]): the standardized draft distribution of logits [B, V], sampled with
     the rows' keys folded with `key_index`."""
     probs = sampling_lib.probs_from_logits(logits, call.sampling, call.sampling_params)  # [B, V]
-    return sampling_lib.sample_rows(base.fold_keys(call.keys, key_index), probs), probs
+    keys = base.fold_keys(call.keys, key_index)
+    return sampling_lib.sample_rows(keys, probs, call.sampling.greedy), probs
 
   def _catch_up(self, call: DraftCall, cache: Any) -> DraftLoopState:
     """First draft call: the last two committed tokens (T=2) at max(length-2, 0); samples x_1."""

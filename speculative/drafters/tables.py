@@ -173,7 +173,11 @@ class UnigramDrafter(_TableDrafter):
     logits = jnp.broadcast_to(params['log_probs'], (batch, self.vocab_size))  # [B, V]
     probs = sampling_lib.probs_from_logits(logits, sampling, sampling_params)  # [B, V]
     draft = jnp.stack(
-      [sampling_lib.sample_rows(base.fold_keys(keys, j), probs) for j in range(gamma)], axis=1
+      [
+        sampling_lib.sample_rows(base.fold_keys(keys, j), probs, sampling.greedy)
+        for j in range(gamma)
+      ],
+      axis=1,
     )  # [B, gamma]
     probs = jnp.broadcast_to(probs[:, None], (batch, gamma, self.vocab_size))
     return base.DraftProposal(
@@ -206,7 +210,7 @@ class BigramDrafter(_TableDrafter):
     def step(previous, j):
       logits = bigram_log_probs(params, previous)  # [B, V]
       probs = sampling_lib.probs_from_logits(logits, sampling, sampling_params)  # [B, V]
-      token = sampling_lib.sample_rows(base.fold_keys(keys, j), probs)  # [B]
+      token = sampling_lib.sample_rows(base.fold_keys(keys, j), probs, sampling.greedy)  # [B]
       return token, (token, probs)
 
     _, (draft, probs) = jax.lax.scan(step, last, jnp.arange(gamma, dtype=jnp.int32))
