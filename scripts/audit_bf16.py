@@ -128,7 +128,45 @@ def encoder_batches(num_examples: int, batch_size: int, inputs_length: int) -> l
 
 
 def run_variant(spec: str, batches: list[np.ndarray], args: argparse.Namespace) -> dict:
+  """Greedy baseline and speculative decodes of `batches` with the variant's models, audited: the
+  divergences, their verdicts and table, ms per token, and the target's logit error ratios."""
   overrides = parse_variant(spec)
+  target, target_params, decode = _variant_decoder(overrides, args)
+  decode(batches[0])  # compile (untimed)
+  sequences = {'baseline': [], 'speculative': []}
+  seconds = {'baseline': 0.0, 'speculative': 0.0}
+  for encoder in batches:
+    for mode, (seqs, secs) in decode(encoder).items():
+      sequences[mode] += seqs
+      seconds[mode] += secs
+  encoder_tokens = np.concatenate(batches)
+  divergences = audit.audit_divergences(
+    target,
+    target_params,
+    encoder_tokens,
+    sequences['baseline'],
+    sequences['speculative'],
+    bound_factor=args.bound_factor,
+  )
+  ratios = _logit_error_ratios(target, target_params, encoder_tokens, sequences['baseline'], args)
+  num_tokens = {mode: sum(len(s) for s in seqs) for mode, seqs in sequences.items()}
+  return {
+    'variant': spec,
+    'overrides': overrides,
+    'summary': audit.summarize(divergences, len(encoder_tokens)),
+    'ms_per_token': {mode: 1e3 * seconds[mode] / max(num_tokens[mode], 1) for mode in seconds},
+    'tokens': num_tokens,
+    'logit_error_ratio': {
+      q: float(np.quantile(ratios, q / 100)) if ratios.size else 0.0 for q in (50, 99, 100)
+    },
+    'divergences': [dataclasses.asdict(d) for d in divergences],
+    'table': audit.format_table(divergences, token_text=_token_text()),
+  }
+
+
+def _variant_decoder(overrides: dict, args: argparse.Namespace):
+  """(target, target_params, decode) of the variant `overrides`: decode(encoder [B, S]) ->
+  {mode: (token lists, seconds)}, the greedy baseline and speculative decodes of one batch."""
   target_config = gin_utils.load_macro(args.target_gin, 'EMBEDDED_TARGET', t5_lib.T5Config)
   draft_config = gin_utils.load_macro(args.draft_gin, 'EMBEDDED_DRAFT', t5_lib.T5Config)
   target, target_params = infer.load_model(
@@ -173,48 +211,26 @@ def run_variant(spec: str, batches: list[np.ndarray], args: argparse.Namespace) 
       )
     return out
 
-  decode(batches[0])  # compile (untimed)
-  sequences = {'baseline': [], 'speculative': []}
-  seconds = {'baseline': 0.0, 'speculative': 0.0}
-  for encoder in batches:
-    for mode, (seqs, secs) in decode(encoder).items():
-      sequences[mode] += seqs
-      seconds[mode] += secs
-  encoder_tokens = np.concatenate(batches)
-  divergences = audit.audit_divergences(
-    target,
-    target_params,
-    encoder_tokens,
-    sequences['baseline'],
-    sequences['speculative'],
-    bound_factor=args.bound_factor,
-  )
-  # Chunks of 8 sentences padded to max_new_tokens: two compiles at most (the last chunk).
-  ratios = np.concatenate(
+  return target, target_params, decode
+
+
+def _logit_error_ratios(
+  target, target_params, encoder_tokens: np.ndarray, baseline: list, args: argparse.Namespace
+) -> np.ndarray:
+  """`audit.logit_error_ratios` of the baseline's tokens, in chunks of 8 sentences padded to
+  max_new_tokens: two compiles at most (the last chunk)."""
+  return np.concatenate(
     [
       audit.logit_error_ratios(
         target,
         target_params,
         encoder_tokens[i : i + 8],
-        sequences['baseline'][i : i + 8],
+        baseline[i : i + 8],
         pad_to=args.max_new_tokens,
       )
       for i in range(0, len(encoder_tokens), 8)
     ]
   )
-  num_tokens = {mode: sum(len(s) for s in seqs) for mode, seqs in sequences.items()}
-  return {
-    'variant': spec,
-    'overrides': overrides,
-    'summary': audit.summarize(divergences, len(encoder_tokens)),
-    'ms_per_token': {mode: 1e3 * seconds[mode] / max(num_tokens[mode], 1) for mode in seconds},
-    'tokens': num_tokens,
-    'logit_error_ratio': {
-      q: float(np.quantile(ratios, q / 100)) if ratios.size else 0.0 for q in (50, 99, 100)
-    },
-    'divergences': [dataclasses.asdict(d) for d in divergences],
-    'table': audit.format_table(divergences, token_text=_token_text()),
-  }
 
 
 def variant_costs(specs: list[str], encoder: np.ndarray, args: argparse.Namespace) -> list[dict]:

@@ -419,9 +419,30 @@ def soak(
   workdir = Path(workdir)
   shutil.rmtree(workdir, ignore_errors=True)
   job.prepare(workdir)
+  env, reference = _reference(job, workdir, report, compile_cache)
+  rng = random.Random(seed)
+  results = []
+  for i in range(trials):
+    out = workdir / f"trial_{i}"
+    trial = run_trial(job, workdir, out, reference, rng, max_kills, after_output, env)
+    results.append(trial)
+    _check_trial(i, trial, reference, out, workdir, report)
+  kills = sum(len(t.kills) for t in results)
+  mid_write = sum(t.kills_leaving_temporaries for t in results)
+  report(
+    f"{job_name}: {trials} trials, {kills} kills ({mid_write} mid-write), all byte-identical to "
+    "the reference run, no temporaries left"
+  )
+  return results
+
+
+def _reference(
+  job: Job, workdir: Path, report: Callable[[str], None], compile_cache: Path | None
+) -> tuple[dict[str, str] | None, Reference]:
+  """(env of every run, the uninterrupted reference run), reported. With `compile_cache`, a first
+  run fills the cache, so the reference's timeline is that of the trials' runs (which load it)."""
   env, cache_note = None, ""
   if compile_cache is not None:
-    # A first run fills the cache, so the reference's timeline is that of the trials' runs.
     shutil.rmtree(compile_cache, ignore_errors=True)
     env = {
       "JAX_COMPILATION_CACHE_DIR": str(compile_cache),
@@ -439,34 +460,33 @@ def soak(
     f"reference: {reference.duration:.1f} s{cache_note}, {len(reference.outputs)} files compared, "
     f"progress@seconds: {steps}"
   )
-  rng = random.Random(seed)
-  results = []
-  for i in range(trials):
-    out = workdir / f"trial_{i}"
-    trial = run_trial(job, workdir, out, reference, rng, max_kills, after_output, env)
-    results.append(trial)
-    at = ", ".join(f"{k}/{reference.total}" for k in trial.kills)
-    if trial.kills_leaving_temporaries:
-      at += f"; {trial.kills_leaving_temporaries} mid-write"
-    report(
-      f"trial {i}: {len(trial.kills)} kills (at progress {at}), "
-      f"{'identical' if trial.identical else 'MISMATCH'}, "
-      f"{'no temporaries' if not trial.left else 'TEMPORARIES LEFT'}"
-    )
-    if not trial.identical:
-      raise SoakError(
-        f"trial {i}: {', '.join(trial.differing)} differ from the uninterrupted run "
-        f"({out} vs {workdir / 'reference'})"
-      )
-    if trial.left:
-      raise SoakError(f"trial {i}: temporaries left in {out}: {trial.left}")
-  kills = sum(len(t.kills) for t in results)
-  mid_write = sum(t.kills_leaving_temporaries for t in results)
+  return env, reference
+
+
+def _check_trial(
+  i: int,
+  trial: Trial,
+  reference: Reference,
+  out: Path,
+  workdir: Path,
+  report: Callable[[str], None],
+) -> None:
+  """Reports trial `i` (run in `out`); SoakError if its outputs differ or temporaries are left."""
+  at = ", ".join(f"{k}/{reference.total}" for k in trial.kills)
+  if trial.kills_leaving_temporaries:
+    at += f"; {trial.kills_leaving_temporaries} mid-write"
   report(
-    f"{job_name}: {trials} trials, {kills} kills ({mid_write} mid-write), all byte-identical to "
-    "the reference run, no temporaries left"
+    f"trial {i}: {len(trial.kills)} kills (at progress {at}), "
+    f"{'identical' if trial.identical else 'MISMATCH'}, "
+    f"{'no temporaries' if not trial.left else 'TEMPORARIES LEFT'}"
   )
-  return results
+  if not trial.identical:
+    raise SoakError(
+      f"trial {i}: {', '.join(trial.differing)} differ from the uninterrupted run "
+      f"({out} vs {workdir / 'reference'})"
+    )
+  if trial.left:
+    raise SoakError(f"trial {i}: temporaries left in {out}: {trial.left}")
 
 
 def main() -> None:

@@ -429,9 +429,31 @@ def audit_arrays(
       f'baseline and speculative must be [N, T] of one shape, got {baseline.shape} and '
       f'{speculative.shape}'
     )
-  rows, length = baseline.shape
+  rows = baseline.shape[0]
   dtype = jnp.dtype(dtype if dtype is not None else model.config.dtype).name
   offsets = jnp.zeros((rows,), jnp.int32) if offsets is None else jnp.asarray(offsets, jnp.int32)
+  first = _first_differences(baseline, baseline_lengths, speculative, speculative_lengths, offsets)
+  logits = _logits_where_diverged(model, params, encoder_tokens, baseline, first)
+  verdicts = classify_logits(
+    logits, first['baseline_token'], first['speculative_token'], dtype, bound_factor
+  )
+  return _verdict_arrays(verdicts, first, offsets)
+
+
+def _first_differences(
+  baseline: jax.Array,
+  baseline_lengths: jax.Array,
+  speculative: jax.Array,
+  speculative_lengths: jax.Array,
+  offsets: jax.Array,
+) -> dict[str, jax.Array]:
+  """The first differing generated position of each row (arguments as `audit_arrays`).
+
+  Returns:
+    {'diverged': [N] bool, 'first': [N] int32 stream index of the first difference (0 if
+    identical), 'baseline_token', 'speculative_token': [N] int32 there (-1: stopped, or identical)}.
+  """
+  length = baseline.shape[1]
   generated = jnp.arange(length)[None, :] - offsets[:, None]  # [N, T] generated-token index
 
   def present(tokens: jax.Array, lengths: jax.Array) -> jax.Array:  # [N, T], -1 where absent
@@ -445,28 +467,51 @@ def audit_arrays(
   at_first = lambda tokens: jnp.where(
     diverged, jnp.take_along_axis(tokens, first[:, None], axis=1)[:, 0], -1
   )
-  baseline_token, speculative_token = at_first(base), at_first(spec)
+  return {
+    'diverged': diverged,
+    'first': first,
+    'baseline_token': at_first(base),
+    'speculative_token': at_first(spec),
+  }
+
+
+def _logits_where_diverged(
+  model: Any,
+  params: Any,
+  encoder_tokens: jax.Array,
+  baseline: jax.Array,
+  first: dict[str, jax.Array],
+) -> jax.Array:
+  """[N, V] float32 logits of the target at each row's first difference (`_first_differences`),
+  after the shared prefix; the forward runs only when some row differs (`lax.cond`), else zeros."""
+  rows = baseline.shape[0]
   start = int(getattr(model.config, 'decoder_start_token_id', 0))
   decoder_inputs = jnp.concatenate(
     [jnp.full((rows, 1), start, jnp.int32), baseline[:, :-1]], axis=1
   )  # [N, T]: position t predicts baseline[:, t] from the shared prefix baseline[:, :t]
   encoder_tokens = jnp.asarray(encoder_tokens, jnp.int32)
-  recompute = lambda: logits_at(model, params, encoder_tokens, decoder_inputs, first)
-  logits = jax.lax.cond(
-    jnp.any(diverged),
+  recompute = lambda: logits_at(model, params, encoder_tokens, decoder_inputs, first['first'])
+  return jax.lax.cond(
+    jnp.any(first['diverged']),
     recompute,
     lambda: jnp.zeros(jax.eval_shape(recompute).shape, jnp.float32),
   )  # [N, V]
-  verdicts = classify_logits(logits, baseline_token, speculative_token, dtype, bound_factor)
+
+
+def _verdict_arrays(
+  verdicts: dict[str, jax.Array], first: dict[str, jax.Array], offsets: jax.Array
+) -> dict[str, jax.Array]:
+  """`audit_arrays`'s result from the `classify_logits` verdicts at the first differences."""
+  diverged = first['diverged']
   code = jnp.where(verdicts['near_tie'], VERDICT_CODES[NEAR_TIE], VERDICT_CODES[MISMATCH]).astype(
     jnp.int32
   )
   zero = lambda x: jnp.where(diverged, x, 0.0).astype(jnp.float32)
   return {
     'verdict': jnp.where(diverged, code, VERDICT_CODES[IDENTICAL]).astype(jnp.int32),
-    'position': jnp.where(diverged, first - offsets, -1).astype(jnp.int32),
-    'baseline_token': baseline_token,
-    'speculative_token': speculative_token,
+    'position': jnp.where(diverged, first['first'] - offsets, -1).astype(jnp.int32),
+    'baseline_token': first['baseline_token'],
+    'speculative_token': first['speculative_token'],
     'gap': zero(verdicts['gap']),
     'deficit': zero(verdicts['deficit']),
     'bound': zero(verdicts['bound']),

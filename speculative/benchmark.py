@@ -166,6 +166,7 @@ def _cost_models(
   min_seconds: float,
   step_timers: dict[int, dict[str, costs_lib.Timer]],
   with_roofline: bool,
+  check_hoisting: bool,
   log: Callable[[str], None],
 ) -> dict[str, Any]:
   """{batch size: cost model} (costs.measure_costs, and roofline.measure_roofline under
@@ -190,7 +191,7 @@ def _cost_models(
       position=position,
       repeats=repeats,
       min_seconds=min_seconds,
-      check_hoisting=batch_size == min(plan),
+      check_hoisting=check_hoisting and batch_size == min(plan),
       keep_timers=step_timers.setdefault(batch_size, {}),
     )
     if with_roofline:
@@ -327,6 +328,7 @@ def benchmark(
   command: str = "python -m speculative.benchmark --gin_file=configs/benchmark/embedded.gin",
   plots: bool = True,
   roofline_section: bool = True,
+  stock_hlo_check: bool = True,
   whole_job_examples: int = 0,
   verbose: bool = True,
 ) -> dict[str, Any]:
@@ -423,6 +425,7 @@ def _measure(
     min_seconds=s.cost_min_seconds,
     step_timers=step_timers,
     with_roofline=s.roofline_section,
+    check_hoisting=s.stock_hlo_check,
     log=log,
   )
   groups = _sweep(

@@ -31,9 +31,9 @@ import numpy as np
 
 from speculative import sampling as sampling_lib
 from speculative.decoding_inputs import DecodeInputs
-from speculative.decoding_inputs import check_drafter
 from speculative.decoding_inputs import check_positive_int
-from speculative.decoding_inputs import draft_encoder_inputs
+from speculative.decoding_inputs import draft_inputs
+from speculative.decoding_inputs import inputs_of
 from speculative.decoding_inputs import prepare_inputs
 from speculative.decoding_inputs import raise_if_invalid
 from speculative.decoding_state import TRACE_COUNTS
@@ -88,12 +88,11 @@ def _autoregressive_jit(
   lockstep=False,
 ):
   TRACE_COUNTS['autoregressive_decode'] += 1
+  # +1: a row that is done still gets (and discards) one token written at its length per step.
+  max_length, cache = prefill(target, target_params, inputs, max_new_tokens + 1)
   prompt_tokens, prompt_lengths = inputs.prompt_tokens, inputs.prompt_lengths
   sampling_params, rng, row_ids = inputs.sampling_params, inputs.rng, inputs.row_ids
-  batch, prompt_len = prompt_tokens.shape
-  # +1: a row that is done still gets (and discards) one token written at its length per step.
-  max_length = prompt_len + max_new_tokens + 1
-  cache = prefill(target, target_params, prompt_tokens, inputs.encoder_tokens, max_length)
+  batch = prompt_tokens.shape[0]
   state = initial_state(
     prompt_tokens, prompt_lengths, max_length, cache, None, DecodeMetrics.zeros(batch)
   )
@@ -190,11 +189,10 @@ def _speculative_jit(
   adaptive_verify=False,
 ):
   TRACE_COUNTS['speculative_decode'] += 1
+  max_length, cache = prefill(target, target_params, inputs, max_new_tokens + gamma + 1)
   prompt_tokens, prompt_lengths = inputs.prompt_tokens, inputs.prompt_lengths
   sampling_params, rng, row_ids = inputs.sampling_params, inputs.rng, inputs.row_ids
-  batch, prompt_len = prompt_tokens.shape
-  max_length = prompt_len + max_new_tokens + gamma + 1
-  cache = prefill(target, target_params, prompt_tokens, inputs.encoder_tokens, max_length)
+  batch = prompt_tokens.shape[0]
   draft_state = drafter.init(
     draft_params, prompt_tokens, prompt_lengths, max_length, draft_encoder_tokens
   )
@@ -341,18 +339,7 @@ def autoregressive_decode(
   Returns:
     DecodeResult with tokens [B, max_new_tokens], lengths [B] and metrics (target_calls).
   """
-  inputs = prepare_inputs(
-    target,
-    prompt_tokens,
-    prompt_lengths,
-    encoder_tokens,
-    max_new_tokens,
-    eos_id,
-    sampling,
-    sampling_params,
-    rng,
-    row_ids,
-  )
+  inputs = inputs_of(target, locals())
   result = _autoregressive_jit(
     target_params,
     inputs,
@@ -416,24 +403,12 @@ def speculative_decode(
     DecodeResult; metrics hold target_calls, drafted, accepted, alpha_sum per row.
   """
   check_positive_int('gamma', gamma)
-  check_drafter(drafter, target)
-  inputs = prepare_inputs(
-    target,
-    prompt_tokens,
-    prompt_lengths,
-    encoder_tokens,
-    max_new_tokens,
-    eos_id,
-    sampling,
-    sampling_params,
-    rng,
-    row_ids,
-  )
+  inputs, draft_encoder_tokens = draft_inputs(target, drafter, locals())
   result = _speculative_jit(
     target_params,
     draft_params,
     inputs,
-    draft_encoder_inputs(draft_encoder_tokens, inputs.encoder_tokens),
+    draft_encoder_tokens,
     _lenience_value(lenience),
     target=target,
     drafter=drafter,

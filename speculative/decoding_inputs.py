@@ -5,6 +5,7 @@ decoding are raised after it (`raise_if_invalid`)."""
 from __future__ import annotations
 
 from typing import Any
+from typing import Mapping
 
 import flax.struct
 import jax
@@ -100,6 +101,36 @@ def prepare_inputs(
     row_ids=row_ids,
     eos_id=None if eos_id is None else int(eos_id),
   )
+
+
+# The arguments of the public decode functions that `prepare_inputs` checks, in its order.
+INPUT_ARGS = (
+  'prompt_tokens',
+  'prompt_lengths',
+  'encoder_tokens',
+  'max_new_tokens',
+  'eos_id',
+  'sampling',
+  'sampling_params',
+  'rng',
+  'row_ids',
+)
+
+
+def inputs_of(target: CachedLM, call_args: Mapping[str, Any]) -> DecodeInputs:
+  """`prepare_inputs` on a public decode function's arguments (`call_args`: its `locals()` at the
+  start, which name them as `INPUT_ARGS` does)."""
+  return prepare_inputs(target, *(call_args[name] for name in INPUT_ARGS))
+
+
+def draft_inputs(
+  target: CachedLM, drafter: Any, call_args: Mapping[str, Any]
+) -> tuple[DecodeInputs, jax.Array | None]:
+  """The eager checks of a decode with a drafter: `check_drafter`, `inputs_of`, and the draft's
+  encoder input (`draft_encoder_inputs` of `call_args['draft_encoder_tokens']`)."""
+  check_drafter(drafter, target)
+  inputs = inputs_of(target, call_args)
+  return inputs, draft_encoder_inputs(call_args['draft_encoder_tokens'], inputs.encoder_tokens)
 
 
 def _sampling_values(sampling, sampling_params) -> sampling_lib.SamplingParams:

@@ -118,20 +118,20 @@ def row_keys(rng: jax.Array, row_ids: jax.Array, step: jax.Array, use: int) -> j
 
 
 def prefill(
-  target: CachedLM,
-  target_params: Any,
-  prompt_tokens: jax.Array,
-  encoder_tokens: Any,
-  max_length: int,
-) -> Any:
-  """The target's cache with `max_length` positions, correct on [0, lengths-1) of every row.
+  target: CachedLM, target_params: Any, inputs: Any, extra_length: int
+) -> tuple[int, Any]:
+  """(max_length, cache) of a decode of `inputs` (a `DecodeInputs`): the token buffer's length,
+  prompt_len + extra_length, and the target's cache with that many positions, correct on
+  [0, lengths-1) of every row.
 
   Entries past a row's length are stale and overwritten before anything attends to them.
   """
-  batch = prompt_tokens.shape[0]
-  cache = target.init_cache(target_params, batch, max_length, encoder_tokens)
+  prompt_tokens = inputs.prompt_tokens
+  batch, prompt_len = prompt_tokens.shape
+  max_length = prompt_len + extra_length
+  cache = target.init_cache(target_params, batch, max_length, inputs.encoder_tokens)
   _, cache = target.extend(target_params, cache, prompt_tokens, jnp.zeros((batch,), jnp.int32))
-  return cache
+  return max_length, cache
 
 
 def initial_state(

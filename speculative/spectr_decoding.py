@@ -53,10 +53,8 @@ import jax.numpy as jnp
 from speculative import decoding_state
 from speculative import sampling as sampling_lib
 from speculative.decoding_inputs import DecodeInputs
-from speculative.decoding_inputs import check_drafter
 from speculative.decoding_inputs import check_positive_int
-from speculative.decoding_inputs import draft_encoder_inputs
-from speculative.decoding_inputs import prepare_inputs
+from speculative.decoding_inputs import draft_inputs
 from speculative.decoding_inputs import raise_if_invalid
 from speculative.drafters import base as drafter_base
 from speculative.models.interface import CachedLM
@@ -171,17 +169,16 @@ def _spectr_jit(
   num_iters,
 ):
   decoding_state.TRACE_COUNTS['spectr_decode'] += 1
+  k, length = num_drafts, draft_length
+  # Prefill once per original row, then hold K copies.
+  max_length, cache = decoding_state.prefill(
+    target, target_params, inputs, max_new_tokens + length + 1
+  )
   prompt_tokens, prompt_lengths = inputs.prompt_tokens, inputs.prompt_lengths
   sampling_params, rng, row_ids = inputs.sampling_params, inputs.rng, inputs.row_ids
-  k, length = num_drafts, draft_length
-  batch, prompt_len = prompt_tokens.shape
+  batch = prompt_tokens.shape[0]
   expanded = batch * k
   vocab = target.vocab_size
-  max_length = prompt_len + max_new_tokens + length + 1
-  # Prefill once per original row, then hold K copies.
-  cache = decoding_state.prefill(
-    target, target_params, prompt_tokens, inputs.encoder_tokens, max_length
-  )
   draft_state = drafter.init(
     draft_params, prompt_tokens, prompt_lengths, max_length, draft_encoder_tokens
   )
@@ -308,24 +305,12 @@ def spectr_decode(
   check_positive_int('num_drafts', num_drafts)
   check_positive_int('draft_length', draft_length)
   check_positive_int('num_iters', num_iters)
-  check_drafter(drafter, target)
-  inputs = prepare_inputs(
-    target,
-    prompt_tokens,
-    prompt_lengths,
-    encoder_tokens,
-    max_new_tokens,
-    eos_id,
-    sampling,
-    sampling_params,
-    rng,
-    row_ids,
-  )
+  inputs, draft_encoder_tokens = draft_inputs(target, drafter, locals())
   result = _spectr_jit(
     target_params,
     draft_params,
     inputs,
-    draft_encoder_inputs(draft_encoder_tokens, inputs.encoder_tokens),
+    draft_encoder_tokens,
     target=target,
     drafter=drafter,
     sampling=sampling,

@@ -269,15 +269,7 @@ def translate(
   dataset: "tf.data.Dataset", source_key: str, target_key: str, prefix: str = TRANSLATE_EN_DE_PREFIX
 ) -> "tf.data.Dataset":
   """{source_key, target_key} -> {'inputs': prefix + source, 'targets': target} (t5 `translate`)."""
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
-
-  def convert(example):
-    return {
-      "inputs": tf.strings.join([prefix, example[source_key]]),
-      "targets": example[target_key],
-    }
-
-  return dataset.map(convert, num_parallel_calls=tf.data.AUTOTUNE)
+  return _prefixed_pairs(dataset, source_key, target_key, prefix)
 
 
 def summarize(
@@ -287,12 +279,19 @@ def summarize(
   prefix: str = SUMMARIZE_PREFIX,
 ) -> "tf.data.Dataset":
   """{article_key, summary_key} -> {'inputs': prefix + article, 'targets': summary} (t5 `summarize`)."""
+  return _prefixed_pairs(dataset, article_key, summary_key, prefix)
+
+
+def _prefixed_pairs(
+  dataset: "tf.data.Dataset", input_key: str, target_key: str, prefix: str
+) -> "tf.data.Dataset":
+  """{input_key, target_key} -> {'inputs': prefix + input, 'targets': target}."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
   def convert(example):
     return {
-      "inputs": tf.strings.join([prefix, example[article_key]]),
-      "targets": example[summary_key],
+      "inputs": tf.strings.join([prefix, example[input_key]]),
+      "targets": example[target_key],
     }
 
   return dataset.map(convert, num_parallel_calls=tf.data.AUTOTUNE)
@@ -375,12 +374,23 @@ def _as_vocabulary(
   return vocabulary
 
 
-def _add_task(name: str, **kwargs: Any) -> None:
+def _add_task(
+  name: str, source: Any, text_preprocessors: list[Any], vocabulary: Any, metric: Any
+) -> None:
+  """Registers one text-to-text task: its text preprocessors, then tokenization with `vocabulary`;
+  outputs post-processed with `postprocess_text` and scored with `metric`."""
   import seqio  # pylint: disable=g-import-not-at-top
 
   if name in seqio.TaskRegistry.names():
     seqio.TaskRegistry.remove(name)  # re-registering replaces: register_tasks() is idempotent
-  seqio.TaskRegistry.add(name, **kwargs)
+  seqio.TaskRegistry.add(
+    name,
+    source=source,
+    preprocessors=text_preprocessors + tokenization_preprocessors(),
+    output_features=output_features(vocabulary),
+    postprocess_fn=postprocess_text,
+    metric_fns=[metric],
+  )
 
 
 def register_tasks(
@@ -402,29 +412,15 @@ def register_tasks(
 
   local_vocabulary = _as_vocabulary(vocabulary if vocabulary is not None else VOCAB_PATH, 0)
   tfds_vocab = _as_vocabulary(tfds_vocabulary, tfds_extra_ids)
-  tail = tokenization_preprocessors()
   _add_task(
     LIBREOFFICE_TASK,
-    source=libreoffice_source(data_dir),
-    preprocessors=libreoffice_text_preprocessors() + tail,
-    output_features=output_features(local_vocabulary),
-    postprocess_fn=postprocess_text,
-    metric_fns=[translation_metrics],
+    libreoffice_source(data_dir),
+    libreoffice_text_preprocessors(),
+    local_vocabulary,
+    translation_metrics,
   )
-  _add_task(
-    WMT_ENDE_TASK,
-    source=seqio.TfdsDataSource(tfds_name=WMT_ENDE_TFDS),
-    preprocessors=wmt_ende_text_preprocessors() + tail,
-    output_features=output_features(tfds_vocab),
-    postprocess_fn=postprocess_text,
-    metric_fns=[bleu],
-  )
-  _add_task(
-    CNN_DAILYMAIL_TASK,
-    source=seqio.TfdsDataSource(tfds_name=CNN_DAILYMAIL_TFDS),
-    preprocessors=cnn_dailymail_text_preprocessors() + tail,
-    output_features=output_features(tfds_vocab),
-    postprocess_fn=postprocess_text,
-    metric_fns=[rouge],
-  )
+  wmt_source = seqio.TfdsDataSource(tfds_name=WMT_ENDE_TFDS)
+  _add_task(WMT_ENDE_TASK, wmt_source, wmt_ende_text_preprocessors(), tfds_vocab, bleu)
+  cnn_source = seqio.TfdsDataSource(tfds_name=CNN_DAILYMAIL_TFDS)
+  _add_task(CNN_DAILYMAIL_TASK, cnn_source, cnn_dailymail_text_preprocessors(), tfds_vocab, rouge)
   return [LIBREOFFICE_TASK, WMT_ENDE_TASK, CNN_DAILYMAIL_TASK]

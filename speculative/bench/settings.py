@@ -37,6 +37,8 @@ class BenchmarkSettings:
     allow_random_init: time random weights when a checkpoint is missing (smoke runs only).
     roofline_section: also measure the memory-bandwidth floor and the bare matmul stack's v(T)
       (bench/roofline.py) for the report's roofline section.
+    stock_hlo_check: count the matmuls per step in the compiled baseline and stock-equivalent
+      loops (costs.decode_step_matmuls; two extra compiles) for the report's stock-equivalent check.
     whole_job_examples: 0 (off), or decode this many inputs of the split (all of it, if fewer)
       at the best batch size as the "whole job" row (bench/whole_job.py).
   """
@@ -74,6 +76,7 @@ class BenchmarkSettings:
   command: str = "python -m speculative.benchmark --gin_file=configs/benchmark/embedded.gin"
   plots: bool = True
   roofline_section: bool = True
+  stock_hlo_check: bool = True
   whole_job_examples: int = 0
   verbose: bool = True
 

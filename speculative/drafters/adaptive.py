@@ -11,7 +11,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from speculative import sampling as sampling_lib
 from speculative.drafters import base
 
 
@@ -35,7 +34,7 @@ class AdaptiveState:
 
 
 @dataclasses.dataclass(frozen=True)
-class AdaptiveGammaDrafter(base.ProposeWithDraft):
+class AdaptiveGammaDrafter(base.GuidedDrafterBase):
   """Chooses how many tokens to draft per row and step from the recent acceptance (adaptive gamma).
 
   Each step, the number of accepted drafts n of the previous step is read off the committed lengths
@@ -88,18 +87,11 @@ class AdaptiveGammaDrafter(base.ProposeWithDraft):
   def vocab_size(self) -> int:
     return self.inner.vocab_size
 
-  def init(
-    self,
-    params: Any,
-    prompt_tokens: jax.Array,
-    prompt_lengths: jax.Array,
-    max_length: int,
-    encoder_tokens: jax.Array | None = None,
-  ) -> base.DraftState:
-    batch = prompt_tokens.shape[0]
+  def start(self, prompt: base.DraftPrompt) -> base.DraftState:
+    batch = prompt.prompt_tokens.shape[0]
     return AdaptiveState(
-      inner=self.inner.init(params, prompt_tokens, prompt_lengths, max_length, encoder_tokens),
-      prev_lengths=jnp.asarray(prompt_lengths, jnp.int32),
+      inner=prompt.init(self.inner),
+      prev_lengths=jnp.asarray(prompt.prompt_lengths, jnp.int32),
       prev_drafted=jnp.zeros((batch,), jnp.int32),
       successes=jnp.full((batch,), self.prior_alpha * self.prior_weight, jnp.float32),
       trials=jnp.full((batch,), self.prior_weight, jnp.float32),
@@ -120,23 +112,12 @@ class AdaptiveGammaDrafter(base.ProposeWithDraft):
     expected = jnp.cumsum(powers, axis=1)[:, 1:]  # [B, G]: sum_{i<=k} alpha^i
     return (jnp.argmax(expected / cost[None, :], axis=1) + 1).astype(jnp.int32)
 
-  def draft(
-    self,
-    params: Any,
-    state: base.DraftState,
-    tokens: jax.Array,
-    lengths: jax.Array,
-    gamma: int,
-    keys: jax.Array,
-    sampling: sampling_lib.SamplingConfig,
-    sampling_params: sampling_lib.SamplingParams,
-    *,
-    max_drafted: jax.Array | None = None,
-    forced_tokens: jax.Array | None = None,
-    forced: jax.Array | None = None,
+  def guided_step(
+    self, call: base.DraftCall, state: base.DraftState, hooks: base.DraftHooks
   ) -> tuple[base.DraftProposal, base.DraftState]:
     """`propose` with ModelDrafter.draft's hooks (so it can be a PromptLookupDrafter fallback):
     an unforced row drafts min(k, max_drafted) tokens, a forced row exactly as asked."""
+    lengths = call.lengths
     prev_drafted = state.prev_drafted
     advanced = lengths - state.prev_lengths  # [B], n+1 after a step (0 for a finished row)
     observed = (prev_drafted > 0) & (advanced > 0)
@@ -145,22 +126,13 @@ class AdaptiveGammaDrafter(base.ProposeWithDraft):
     successes = jnp.where(observed, self.decay * state.successes + num_accepted, state.successes)
     trials = jnp.where(observed, self.decay * state.trials + num_accepted + failures, state.trials)
     alpha = jnp.clip(successes / trials, 0.0, 1.0)  # [B]
-    k = self.choose_gamma(alpha, gamma)  # [B]
+    k = self.choose_gamma(alpha, call.gamma)  # [B]
+    max_drafted, forced = hooks.max_drafted, hooks.forced
     if max_drafted is not None:
       limited = jnp.minimum(k, max_drafted)
       k = limited if forced is None else jnp.where(forced, max_drafted, limited)
-    proposal, inner_state = self.inner.draft(
-      params,
-      state.inner,
-      tokens,
-      lengths,
-      gamma,
-      keys,
-      sampling,
-      sampling_params,
-      max_drafted=k,
-      forced_tokens=forced_tokens,
-      forced=forced,
+    proposal, inner_state = call.ask(
+      self.inner, state.inner, base.DraftHooks(k, hooks.forced_tokens, forced)
     )
     return proposal, AdaptiveState(
       inner=inner_state,

@@ -21,6 +21,10 @@ decode loop threads through its `lax.while_loop` state. Every drafter implements
       that has nothing to propose for a row sets `num_drafted[b] < gamma` (filler tokens beyond it
       are ignored); deterministic drafters (prompt lookup) use one-hot probs.
 
+The drafters in this package subclass `DrafterBase` / `GuidedDrafterBase`, which spell these methods
+out once and hand their bundled arguments (`DraftPrompt`, `DraftCall`, `DraftHooks`) to the
+drafter's named steps (`start`, `step` / `guided_step`).
+
 Exactness never depends on the drafter: any proposal whose tokens were drawn from the `probs` it
 reports -- including a row that proposes fewer than gamma tokens, or stops drafting based on its own
 (draft-side) confidence or on past acceptance -- yields exactly the target's distribution. A bad
@@ -29,6 +33,7 @@ drafter only lowers alpha.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 from typing import ClassVar
 from typing import Protocol
@@ -97,7 +102,7 @@ class Drafter(Protocol):
 class GuidedDrafter(Drafter, Protocol):
   """A drafter whose proposal a wrapper can limit and steer (`supports_guided_draft = True`).
 
-  `draft` is `propose` with three hooks:
+  `draft` is `propose` (same positional arguments) with three hooks:
     max_drafted: [B] int32, row b drafts at most clip(max_drafted[b], 1, gamma) tokens (default
       gamma), so a stateful drafter really stops after that many draft calls.
     forced_tokens: [B, gamma] int32 and forced: [B] bool. A forced row is fed forced_tokens instead
@@ -109,28 +114,128 @@ class GuidedDrafter(Drafter, Protocol):
 
   def draft(
     self,
-    params: Any,
-    state: DraftState,
-    tokens: jax.Array,
-    lengths: jax.Array,
-    gamma: int,
-    keys: jax.Array,
-    sampling: sampling_lib.SamplingConfig,
-    sampling_params: sampling_lib.SamplingParams,
-    *,
+    *propose_args: Any,
     max_drafted: jax.Array | None = None,
     forced_tokens: jax.Array | None = None,
     forced: jax.Array | None = None,
   ) -> tuple[DraftProposal, DraftState]: ...
 
 
-class ProposeWithDraft:
-  """Mixin of a `GuidedDrafter`: `propose` is its `draft` without the hooks."""
+# --------------------------------------------------------------------------------------------------
+# The call convention, spelled out once: drafters implement named steps on bundled arguments.
+# --------------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class DraftPrompt:
+  """The arguments of one `Drafter.init` call (see the module docstring)."""
+
+  params: Any
+  prompt_tokens: jax.Array
+  prompt_lengths: jax.Array
+  max_length: int
+  encoder_tokens: jax.Array | None = None
+
+  def init(self, drafter: Drafter) -> DraftState:
+    """`drafter.init` with these arguments (a wrapper starting its inner drafter)."""
+    return drafter.init(
+      self.params, self.prompt_tokens, self.prompt_lengths, self.max_length, self.encoder_tokens
+    )
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class DraftHooks:
+  """The hooks of one `GuidedDrafter.draft` call (None: not used; see `GuidedDrafter`)."""
+
+  max_drafted: jax.Array | None = None
+  forced_tokens: jax.Array | None = None
+  forced: jax.Array | None = None
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class DraftCall:
+  """The arguments of one `propose` / `draft` call but the draft state (B rows).
+
+  Attributes:
+    params: the drafter's params.
+    tokens: [B, L_max] int32, the committed stream (row b valid on [0, lengths[b])).
+    lengths: [B] int32, committed lengths.
+    gamma: static int, the most tokens a row drafts.
+    keys: [B] PRNG keys of this step (folded with the draft position per sample).
+    sampling: static SamplingConfig; sampling_params: its run-time values.
+  """
+
+  params: Any
+  tokens: jax.Array
+  lengths: jax.Array
+  gamma: int
+  keys: jax.Array
+  sampling: sampling_lib.SamplingConfig
+  sampling_params: sampling_lib.SamplingParams
+
+  def ask(
+    self, drafter: Drafter, state: DraftState, hooks: DraftHooks | None = None
+  ) -> tuple[DraftProposal, DraftState]:
+    """`drafter.propose` with these arguments, or `drafter.draft` with `hooks` too (a wrapper
+    asking its inner drafter)."""
+    args = (self.params, state, self.tokens, self.lengths, self.gamma, self.keys, self.sampling)
+    if hooks is None:
+      return drafter.propose(*args, self.sampling_params)
+    return drafter.draft(
+      *args,
+      self.sampling_params,
+      max_drafted=hooks.max_drafted,
+      forced_tokens=hooks.forced_tokens,
+      forced=hooks.forced,
+    )
+
+
+class DrafterBase:
+  """Implements the `Drafter` methods once on bundled arguments.
+
+  A subclass defines `start(prompt: DraftPrompt) -> state` and
+  `step(call: DraftCall, state) -> (DraftProposal, state)`.
+  """
+
+  supports_guided_draft: ClassVar[bool] = False
+
+  def init(self, params, prompt_tokens, prompt_lengths, max_length, encoder_tokens=None):
+    return self.start(
+      DraftPrompt(params, prompt_tokens, prompt_lengths, max_length, encoder_tokens)
+    )
+
+  def propose(self, params, state, tokens, lengths, gamma, keys, sampling, sampling_params):
+    call = DraftCall(params, tokens, lengths, gamma, keys, sampling, sampling_params)
+    return self.step(call, state)
+
+
+class GuidedDrafterBase(DrafterBase):
+  """Implements the `GuidedDrafter` methods once: a subclass defines `start` (see `DrafterBase`)
+  and `guided_step(call: DraftCall, state, hooks: DraftHooks) -> (DraftProposal, state)`;
+  `propose` is `draft` without the hooks."""
 
   supports_guided_draft: ClassVar[bool] = True
 
-  def propose(self, params, state, tokens, lengths, gamma, keys, sampling, sampling_params):
-    return self.draft(params, state, tokens, lengths, gamma, keys, sampling, sampling_params)
+  def draft(
+    self,
+    params,
+    state,
+    tokens,
+    lengths,
+    gamma,
+    keys,
+    sampling,
+    sampling_params,
+    *,
+    max_drafted=None,
+    forced_tokens=None,
+    forced=None,
+  ):
+    call = DraftCall(params, tokens, lengths, gamma, keys, sampling, sampling_params)
+    return self.guided_step(call, state, DraftHooks(max_drafted, forced_tokens, forced))
+
+  def step(self, call: DraftCall, state: DraftState) -> tuple[DraftProposal, DraftState]:
+    return self.guided_step(call, state, DraftHooks())
 
 
 # --------------------------------------------------------------------------------------------------

@@ -33,37 +33,38 @@ class Guidance:
     max_drafted: [B] int32 in [1, gamma], the most tokens row b may draft.
     forced_tokens: [B, gamma] int32, what a forced row is fed instead of its own samples.
     forced: [B] bool, the row is forced (it then ignores `stop_below`).
+    guided: static; False when no row can be forced (forced tokens are then never read).
   """
 
   max_drafted: jax.Array
   forced_tokens: jax.Array
   forced: jax.Array
+  guided: bool = flax.struct.field(pytree_node=False)
 
-
-@dataclasses.dataclass(frozen=True, eq=False)
-class DraftCall:
-  """One `ModelDrafter.draft` call's inputs, as its named steps read them (B rows).
-
-  Attributes:
-    params: the draft model's parameters.
-    tokens: [B, L_max] int32, the committed stream (row b valid on [0, lengths[b])).
-    lengths: [B] int32, committed lengths.
-    gamma: static int, the most tokens a row drafts.
-    keys: [B] PRNG keys of this step (folded with the draft position per sample).
-    sampling: static SamplingConfig; sampling_params: its run-time values.
-    guidance: the wrapper's limits and forced tokens (`Guidance`).
-    guided: static; False when no row can be forced (forced tokens are then never read).
-  """
-
-  params: Any
-  tokens: jax.Array
-  lengths: jax.Array
-  gamma: int
-  keys: jax.Array
-  sampling: sampling_lib.SamplingConfig
-  sampling_params: sampling_lib.SamplingParams
-  guidance: Guidance
-  guided: bool
+  @classmethod
+  def from_hooks(cls, hooks: base.DraftHooks, batch: int, gamma: int) -> Guidance:
+    """The hooks of a `draft` call, with their defaults filled in (B = batch rows)."""
+    max_drafted = hooks.max_drafted
+    if max_drafted is None:
+      max_drafted = jnp.full((batch,), gamma, jnp.int32)
+    max_drafted = jnp.clip(max_drafted.astype(jnp.int32), 1, gamma)  # [B]
+    if hooks.forced is None:
+      return cls(
+        max_drafted=max_drafted,
+        forced_tokens=jnp.zeros((batch, gamma), jnp.int32),
+        forced=jnp.zeros((batch,), bool),
+        guided=False,
+      )
+    forced_tokens = hooks.forced_tokens
+    assert forced_tokens is not None and forced_tokens.shape == (batch, gamma), (
+      None if forced_tokens is None else forced_tokens.shape
+    )
+    return cls(
+      max_drafted=max_drafted,
+      forced_tokens=forced_tokens.astype(jnp.int32),
+      forced=hooks.forced.astype(bool),
+      guided=True,
+    )
 
 
 @flax.struct.dataclass
@@ -90,7 +91,7 @@ class DraftLoopState:
 
 
 @dataclasses.dataclass(frozen=True)
-class ModelDrafter(base.ProposeWithDraft):
+class ModelDrafter(base.GuidedDrafterBase):
   """Drafts up to gamma tokens autoregressively with a small CachedLM and its own KV cache.
 
   Attributes:
@@ -130,35 +131,18 @@ class ModelDrafter(base.ProposeWithDraft):
   def vocab_size(self) -> int:
     return self.model.vocab_size
 
-  def init(
-    self,
-    params: Any,
-    prompt_tokens: jax.Array,
-    prompt_lengths: jax.Array,
-    max_length: int,
-    encoder_tokens: jax.Array | None = None,
-  ) -> base.DraftState:
+  def start(self, prompt: base.DraftPrompt) -> base.DraftState:
+    """The draft cache, prefilled with the (padded) prompt."""
+    prompt_tokens, params = prompt.prompt_tokens, prompt.params
     assert prompt_tokens.ndim == 2, prompt_tokens.shape
     batch = prompt_tokens.shape[0]
-    cache = self.model.init_cache(params, batch, max_length, encoder_tokens)
+    cache = self.model.init_cache(params, batch, prompt.max_length, prompt.encoder_tokens)
     # Prefill the padded prompt at 0; entries past a row's length are stale and later overwritten.
     _, cache = self.model.extend(params, cache, prompt_tokens, jnp.zeros((batch,), jnp.int32))
     return cache
 
-  def draft(
-    self,
-    params: Any,
-    state: base.DraftState,
-    tokens: jax.Array,
-    lengths: jax.Array,
-    gamma: int,
-    keys: jax.Array,
-    sampling: sampling_lib.SamplingConfig,
-    sampling_params: sampling_lib.SamplingParams,
-    *,
-    max_drafted: jax.Array | None = None,
-    forced_tokens: jax.Array | None = None,
-    forced: jax.Array | None = None,
+  def guided_step(
+    self, call: base.DraftCall, state: base.DraftState, hooks: base.DraftHooks
   ) -> tuple[base.DraftProposal, base.DraftState]:
     """`propose` with the `base.GuidedDrafter` hooks.
 
@@ -166,37 +150,16 @@ class ModelDrafter(base.ProposeWithDraft):
     call of width gamma+1 feeds the catch-up tokens and forced_tokens[:, :gamma-1] instead (1 draft
     call instead of gamma). Otherwise the draft-call loop ends when no row has more to draft.
     """
+    tokens, lengths = call.tokens, call.lengths
     assert tokens.ndim == 2 and lengths.shape == tokens.shape[:1], (tokens.shape, lengths.shape)
-    base.check_gamma(gamma)
-    batch = tokens.shape[0]
-    if max_drafted is None:
-      max_drafted = jnp.full((batch,), gamma, jnp.int32)
-    max_drafted = jnp.clip(max_drafted.astype(jnp.int32), 1, gamma)  # [B]
-
-    if forced is None:
-      guidance = Guidance(
-        max_drafted=max_drafted,
-        forced_tokens=jnp.zeros((batch, gamma), jnp.int32),
-        forced=jnp.zeros((batch,), bool),
-      )
-    else:
-      assert forced_tokens is not None and forced_tokens.shape == (batch, gamma), (
-        None if forced_tokens is None else forced_tokens.shape
-      )
-      guidance = Guidance(
-        max_drafted=max_drafted,
-        forced_tokens=forced_tokens.astype(jnp.int32),
-        forced=forced.astype(bool),
-      )
-    call = DraftCall(
-      params, tokens, lengths, gamma, keys, sampling, sampling_params, guidance, forced is not None
-    )
-    if not call.guided:
-      return self._sample_loop(call, state)
+    base.check_gamma(call.gamma)
+    guidance = Guidance.from_hooks(hooks, tokens.shape[0], call.gamma)
+    if not guidance.guided:
+      return self._sample_loop(call, guidance, state)
     return jax.lax.cond(
       jnp.all(guidance.forced),
-      lambda cache: self._forced_call(call, cache),
-      lambda cache: self._sample_loop(call, cache),
+      lambda cache: self._forced_call(call, guidance, cache),
+      lambda cache: self._sample_loop(call, guidance, cache),
       state,
     )
 
@@ -209,25 +172,26 @@ class ModelDrafter(base.ProposeWithDraft):
       more = more & (guidance.forced | (draft_confidence(logits) >= self.stop_below))
     return more
 
-  def _fed_token(self, sampled: jax.Array, call: DraftCall, index: jax.Array | int) -> jax.Array:
+  def _fed_token(self, sampled: jax.Array, guidance: Guidance, index: jax.Array | int) -> jax.Array:
     """[B]: what the next call feeds: the row's own sample, or forced_tokens[:, index] if forced."""
-    if not call.guided:
+    if not guidance.guided:
       return sampled
-    guidance = call.guidance
     gamma = guidance.forced_tokens.shape[1]
     forced_token = jax.lax.dynamic_index_in_dim(
       guidance.forced_tokens, jnp.minimum(index, gamma - 1), axis=1, keepdims=False
     )  # [B]
     return jnp.where(guidance.forced, forced_token, sampled)
 
-  def _sample(self, call: DraftCall, logits: jax.Array, key_index) -> tuple[jax.Array, jax.Array]:
+  def _sample(
+    self, call: base.DraftCall, logits: jax.Array, key_index
+  ) -> tuple[jax.Array, jax.Array]:
     """(token [B], q [B, V]): the standardized draft distribution of logits [B, V], sampled with
     the rows' keys folded with `key_index`."""
     probs = sampling_lib.probs_from_logits(logits, call.sampling, call.sampling_params)  # [B, V]
     keys = base.fold_keys(call.keys, key_index)
     return sampling_lib.sample_rows(keys, probs, call.sampling.greedy), probs
 
-  def _catch_up(self, call: DraftCall, cache: Any) -> DraftLoopState:
+  def _catch_up(self, call: base.DraftCall, guidance: Guidance, cache: Any) -> DraftLoopState:
     """First draft call: the last two committed tokens (T=2) at max(length-2, 0); samples x_1."""
     tokens, lengths, gamma = call.tokens, call.lengths, call.gamma
     batch = tokens.shape[0]
@@ -241,14 +205,16 @@ class ModelDrafter(base.ProposeWithDraft):
     return DraftLoopState(
       position=jnp.ones((), jnp.int32),
       cache=cache,
-      fed=self._fed_token(token, call, 0),
+      fed=self._fed_token(token, guidance, 0),
       tokens=jnp.zeros((batch, gamma), jnp.int32).at[:, 0].set(token),  # [B, gamma]
       probs=jnp.zeros((batch, gamma, self.vocab_size), jnp.float32).at[:, 0].set(probs),
       count=count,
-      active=self._keep_going(count, logits, call.guidance),
+      active=self._keep_going(count, logits, guidance),
     )
 
-  def _next_token(self, call: DraftCall, loop: DraftLoopState) -> DraftLoopState:
+  def _next_token(
+    self, call: base.DraftCall, guidance: Guidance, loop: DraftLoopState
+  ) -> DraftLoopState:
     """One T=1 call: feeds x_j (j = position) at length-1+j and samples x_{j+1} with key j."""
     position = loop.position
     logits, cache = self.model.extend(
@@ -260,29 +226,33 @@ class ModelDrafter(base.ProposeWithDraft):
     return DraftLoopState(
       position=position + 1,
       cache=cache,
-      fed=self._fed_token(token, call, position),
+      fed=self._fed_token(token, guidance, position),
       tokens=jax.lax.dynamic_update_slice(loop.tokens, token[:, None], (0, position)),
       probs=jax.lax.dynamic_update_slice(loop.probs, probs[:, None], (0, position, 0)),
       count=count,
-      active=loop.active & self._keep_going(count, logits, call.guidance),
+      active=loop.active & self._keep_going(count, logits, guidance),
     )
 
-  def _sample_loop(self, call: DraftCall, cache: Any) -> tuple[base.DraftProposal, Any]:
+  def _sample_loop(
+    self, call: base.DraftCall, guidance: Guidance, cache: Any
+  ) -> tuple[base.DraftProposal, Any]:
     """Catch-up call, then T=1 calls while some row is active (at most gamma-1 of them)."""
     loop = jax.lax.while_loop(
       lambda s: (s.position < call.gamma) & jnp.any(s.active),
-      lambda s: self._next_token(call, s),
-      self._catch_up(call, cache),
+      lambda s: self._next_token(call, guidance, s),
+      self._catch_up(call, guidance, cache),
     )
     return base.DraftProposal(
       tokens=loop.tokens, probs=loop.probs, num_drafted=loop.count
     ), loop.cache
 
-  def _forced_call(self, call: DraftCall, cache: Any) -> tuple[base.DraftProposal, Any]:
+  def _forced_call(
+    self, call: base.DraftCall, guidance: Guidance, cache: Any
+  ) -> tuple[base.DraftProposal, Any]:
     """Every row copies: one call over the window [length-2, length-2+gamma] (at length 1:
     [0, gamma]) of the stream with the forced tokens written after it; the cache then holds exactly
     what the invariant needs if the forced tokens are accepted."""
-    guidance, lengths, gamma = call.guidance, call.lengths, call.gamma
+    lengths, gamma = call.lengths, call.gamma
     stream = base.write_rows(call.tokens, guidance.forced_tokens, lengths)  # [B, L_max]
     start = jnp.maximum(lengths - 2, 0)  # [B]
     window = base.gather_rows(stream, start[:, None] + jnp.arange(gamma + 1)[None, :])  # [B, g+1]

@@ -5,13 +5,11 @@ from __future__ import annotations
 
 import dataclasses
 from typing import Any
-from typing import ClassVar
 
 import flax.struct
 import jax
 import jax.numpy as jnp
 
-from speculative import sampling as sampling_lib
 from speculative.drafters import base
 
 DEFAULT_NGRAM_SIZES = (3, 2, 1)  # n-gram lengths searched, longest first
@@ -75,7 +73,7 @@ class PromptLookupState:
 
 
 @dataclasses.dataclass(frozen=True)
-class PromptLookupDrafter:
+class PromptLookupDrafter(base.DrafterBase):
   """Copies the continuation of the latest n-gram match (prompt lookup decoding).
 
   For each row, the last n committed tokens (n from `ngram_sizes`, longest first) are searched for
@@ -101,8 +99,6 @@ class PromptLookupDrafter:
   search_source: bool = True
   pad_id: int = 0
 
-  supports_guided_draft: ClassVar[bool] = False
-
   def __post_init__(self):
     sizes = tuple(int(n) for n in self.ngram_sizes)
     if not sizes or min(sizes) < 1:
@@ -116,26 +112,16 @@ class PromptLookupDrafter:
         f'{self.fallback.vocab_size}'
       )
 
-  def init(
-    self,
-    params: Any,
-    prompt_tokens: jax.Array,
-    prompt_lengths: jax.Array,
-    max_length: int,
-    encoder_tokens: jax.Array | None = None,
-  ) -> base.DraftState:
-    batch = prompt_tokens.shape[0]
-    if encoder_tokens is None or not self.search_source:
+  def start(self, prompt: base.DraftPrompt) -> base.DraftState:
+    """The encoder input to search (when `search_source`) and the fallback's state."""
+    batch = prompt.prompt_tokens.shape[0]
+    if prompt.encoder_tokens is None or not self.search_source:
       source = jnp.zeros((batch, 1), jnp.int32)
       source_lengths = jnp.zeros((batch,), jnp.int32)
     else:
-      source = jnp.asarray(encoder_tokens, jnp.int32)
+      source = jnp.asarray(prompt.encoder_tokens, jnp.int32)
       source_lengths = jnp.sum(source != self.pad_id, axis=1).astype(jnp.int32)
-    fallback_state = (
-      None
-      if self.fallback is None
-      else self.fallback.init(params, prompt_tokens, prompt_lengths, max_length, encoder_tokens)
-    )
+    fallback_state = None if self.fallback is None else prompt.init(self.fallback)
     return PromptLookupState(source=source, source_lengths=source_lengths, fallback=fallback_state)
 
   def lookup(
@@ -161,39 +147,20 @@ class PromptLookupDrafter:
         found = found | hit
     return found, continuation, count
 
-  def propose(
-    self,
-    params: Any,
-    state: base.DraftState,
-    tokens: jax.Array,
-    lengths: jax.Array,
-    gamma: int,
-    keys: jax.Array,
-    sampling: sampling_lib.SamplingConfig,
-    sampling_params: sampling_lib.SamplingParams,
+  def step(
+    self, call: base.DraftCall, state: base.DraftState
   ) -> tuple[base.DraftProposal, base.DraftState]:
-    found, continuation, count = self.lookup(state, tokens, lengths, gamma)
+    """The copied continuation where a row has a match, else the fallback's proposal."""
+    found, continuation, count = self.lookup(state, call.tokens, call.lengths, call.gamma)
     copied = base.one_hot_proposal(continuation, count, self.vocab_size)
     if self.fallback is None:
       return copied, state
+    hooks = None
     if self.fallback.supports_guided_draft:
-      fallback, fallback_state = self.fallback.draft(
-        params,
-        state.fallback,
-        tokens,
-        lengths,
-        gamma,
-        keys,
-        sampling,
-        sampling_params,
-        max_drafted=jnp.where(found, count, gamma),
-        forced_tokens=continuation,
-        forced=found,
+      hooks = base.DraftHooks(
+        max_drafted=jnp.where(found, count, call.gamma), forced_tokens=continuation, forced=found
       )
-    else:
-      fallback, fallback_state = self.fallback.propose(
-        params, state.fallback, tokens, lengths, gamma, keys, sampling, sampling_params
-      )
+    fallback, fallback_state = call.ask(self.fallback, state.fallback, hooks)
     proposal = jax.tree.map(
       lambda a, b: jnp.where(found.reshape((-1,) + (1,) * (a.ndim - 1)), a, b), copied, fallback
     )

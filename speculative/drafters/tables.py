@@ -128,23 +128,15 @@ def _check_table(params: Any, key: str, vocab_size: int, name: str) -> None:
 
 
 @dataclasses.dataclass(frozen=True)
-class _TableDrafter:
+class _TableDrafter(base.DrafterBase):
   """A drafter that draws from a token table in its params (`table_key`); it has no state."""
 
   vocab_size: int
 
-  supports_guided_draft: ClassVar[bool] = False
   table_key: ClassVar[str]
 
-  def init(
-    self,
-    params: Any,
-    prompt_tokens: jax.Array,
-    prompt_lengths: jax.Array,
-    max_length: int,
-    encoder_tokens: jax.Array | None = None,
-  ) -> base.DraftState:
-    _check_table(params, self.table_key, self.vocab_size, type(self).__name__)
+  def start(self, prompt: base.DraftPrompt) -> base.DraftState:
+    _check_table(prompt.params, self.table_key, self.vocab_size, type(self).__name__)
     return None
 
 
@@ -158,23 +150,15 @@ class UnigramDrafter(_TableDrafter):
 
   table_key: ClassVar[str] = 'log_probs'
 
-  def propose(
-    self,
-    params: Any,
-    state: base.DraftState,
-    tokens: jax.Array,
-    lengths: jax.Array,
-    gamma: int,
-    keys: jax.Array,
-    sampling: sampling_lib.SamplingConfig,
-    sampling_params: sampling_lib.SamplingParams,
+  def step(
+    self, call: base.DraftCall, state: base.DraftState
   ) -> tuple[base.DraftProposal, base.DraftState]:
-    batch = tokens.shape[0]
-    logits = jnp.broadcast_to(params['log_probs'], (batch, self.vocab_size))  # [B, V]
-    probs = sampling_lib.probs_from_logits(logits, sampling, sampling_params)  # [B, V]
+    batch, gamma = call.tokens.shape[0], call.gamma
+    logits = jnp.broadcast_to(call.params['log_probs'], (batch, self.vocab_size))  # [B, V]
+    probs = sampling_lib.probs_from_logits(logits, call.sampling, call.sampling_params)  # [B, V]
     draft = jnp.stack(
       [
-        sampling_lib.sample_rows(base.fold_keys(keys, j), probs, sampling.greedy)
+        sampling_lib.sample_rows(base.fold_keys(call.keys, j), probs, call.sampling.greedy)
         for j in range(gamma)
       ],
       axis=1,
@@ -193,29 +177,22 @@ class BigramDrafter(_TableDrafter):
 
   table_key: ClassVar[str] = 'next_tokens'
 
-  def propose(
-    self,
-    params: Any,
-    state: base.DraftState,
-    tokens: jax.Array,
-    lengths: jax.Array,
-    gamma: int,
-    keys: jax.Array,
-    sampling: sampling_lib.SamplingConfig,
-    sampling_params: sampling_lib.SamplingParams,
+  def step(
+    self, call: base.DraftCall, state: base.DraftState
   ) -> tuple[base.DraftProposal, base.DraftState]:
-    batch = tokens.shape[0]
-    last = base.gather_rows(tokens, (lengths - 1)[:, None])[:, 0]  # [B]
+    batch = call.tokens.shape[0]
+    last = base.gather_rows(call.tokens, (call.lengths - 1)[:, None])[:, 0]  # [B]
 
     def step(previous, j):
-      logits = bigram_log_probs(params, previous)  # [B, V]
-      probs = sampling_lib.probs_from_logits(logits, sampling, sampling_params)  # [B, V]
-      token = sampling_lib.sample_rows(base.fold_keys(keys, j), probs, sampling.greedy)  # [B]
+      logits = bigram_log_probs(call.params, previous)  # [B, V]
+      probs = sampling_lib.probs_from_logits(logits, call.sampling, call.sampling_params)  # [B, V]
+      keys = base.fold_keys(call.keys, j)
+      token = sampling_lib.sample_rows(keys, probs, call.sampling.greedy)  # [B]
       return token, (token, probs)
 
-    _, (draft, probs) = jax.lax.scan(step, last, jnp.arange(gamma, dtype=jnp.int32))
+    _, (draft, probs) = jax.lax.scan(step, last, jnp.arange(call.gamma, dtype=jnp.int32))
     return base.DraftProposal(
       tokens=jnp.swapaxes(draft, 0, 1),
       probs=jnp.swapaxes(probs, 0, 1),
-      num_drafted=jnp.full((batch,), gamma, jnp.int32),
+      num_drafted=jnp.full((batch,), call.gamma, jnp.int32),
     ), state

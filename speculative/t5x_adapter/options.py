@@ -43,22 +43,6 @@ T5_1_1_SIZES: dict[str, tuple[int, int, int, int, int, int]] = {
 # T5X's `decoding.MIN_TEMPERATURE`: at or below it `temperature_sample` decodes greedily.
 T5X_MIN_TEMPERATURE = 1e-4
 
-# Field names shared by T5X's `network.T5Config` and ours.
-_T5X_CONFIG_FIELDS = (
-  'vocab_size',
-  'dtype',
-  'emb_dim',
-  'num_heads',
-  'num_encoder_layers',
-  'num_decoder_layers',
-  'head_dim',
-  'mlp_dim',
-  'mlp_activations',
-  'dropout_rate',
-  'logits_via_embedding',
-  'float32_attention_logits',
-)
-
 # decoder_params keys that stock T5X decoding accepts but speculative decoding cannot honour.
 _UNSUPPORTED_DECODER_PARAMS = (
   'max_decode_steps_hard_limit',
@@ -218,6 +202,30 @@ def resolve_decoder_params(
     strategy whose run-time values reproduce the same rules, so nothing recompiles.
   """
   params = dict(decoder_params or {})
+  _check_keys(params)
+  gamma = _static_int('gamma', params.get('gamma', gamma), 1)
+  eos_id = _static_int('eos_id', params.get('eos_id', eos_id), 0)
+  max_steps = params.get('max_decode_steps')
+  max_steps = None if max_steps is None else _static_int('max_decode_steps', max_steps, 1)
+  temperature = _scalar('temperature', params.get('temperature', temperature))
+  topk = _scalar('topk', params.get('topk', topk))
+  topp = _scalar('topp', params.get('topp', topp))
+  if any(_is_traced(v) for v in (temperature, topk, topp)):
+    sampling, sampling_params = _traced_sampling(temperature, topk, topp)
+  else:
+    sampling, sampling_params = _static_sampling(float(temperature), int(topk), float(topp))
+  return DecodeOptions(
+    gamma=gamma,
+    sampling=sampling,
+    sampling_params=sampling_params,
+    eos_id=eos_id,
+    max_decode_steps=max_steps,
+    decode_rng=params.get('decode_rng'),
+  )
+
+
+def _check_keys(params: Mapping[str, Any]) -> None:
+  """ValueError naming the decoder_params keys that are unsupported or unknown."""
   unsupported = sorted(k for k in params if k in _UNSUPPORTED_DECODER_PARAMS)
   if unsupported:
     raise ValueError(
@@ -229,51 +237,43 @@ def resolve_decoder_params(
     raise ValueError(
       f'unknown decoder_params {unknown}; supported: {list(_SUPPORTED_DECODER_PARAMS)}'
     )
-  gamma = _static_int('gamma', params.get('gamma', gamma), 1)
-  eos_id = _static_int('eos_id', params.get('eos_id', eos_id), 0)
-  max_steps = params.get('max_decode_steps')
-  max_steps = None if max_steps is None else _static_int('max_decode_steps', max_steps, 1)
-  temperature = _scalar('temperature', params.get('temperature', temperature))
-  topk = _scalar('topk', params.get('topk', topk))
-  topp = _scalar('topp', params.get('topp', topp))
 
-  if not any(_is_traced(v) for v in (temperature, topk, topp)):
-    temperature, topk, topp = float(temperature), int(topk), float(topp)
-    if not np.isfinite(temperature) or temperature < 0:
-      raise ValueError(f'temperature must be a finite number >= 0, got {temperature}')
-    if topk < 0:
-      raise ValueError(f'topk must be >= 0 (0 = no top-k filter), got {topk}')
-    if not 0.0 <= topp <= 1.0:
-      raise ValueError(f'topp must be in [0, 1] (0 = no nucleus filter), got {topp}')
-    if topk and topp:
-      raise ValueError(
-        f'at most one of topk ({topk}) and topp ({topp}) may be non-zero (as in '
-        'T5X temperature_sample)'
-      )
-    if temperature <= T5X_MIN_TEMPERATURE or topk == 1:
-      # T5X: greedy below MIN_TEMPERATURE; top-1 sampling is argmax.
-      sampling = sampling_lib.SamplingConfig(greedy=True)
-      sampling_params = sampling_lib.SamplingParams.create(0.0)
-    else:
-      sampling = sampling_lib.SamplingConfig(top_k=topk > 0, top_p=topp > 0)
-      sampling_params = sampling_lib.SamplingParams.create(temperature, topk, topp or 1.0)
-  else:
-    # Traced values: one generic strategy; the T5X rules become run-time selects.
-    temperature = jnp.asarray(temperature, jnp.float32)
-    topk = jnp.asarray(topk, jnp.int32)
-    topp = jnp.asarray(topp, jnp.float32)
-    greedy = (temperature <= T5X_MIN_TEMPERATURE) | (topk == 1)
-    sampling = sampling_lib.SamplingConfig(top_k=True, top_p=True)
-    sampling_params = sampling_lib.SamplingParams(
-      temperature=jnp.where(greedy, 0.0, temperature),
-      top_k=jnp.maximum(topk, 0),
-      top_p=jnp.where(topp > 0, jnp.minimum(topp, 1.0), 1.0),
+
+def _static_sampling(
+  temperature: float, topk: int, topp: float
+) -> tuple[sampling_lib.SamplingConfig, sampling_lib.SamplingParams]:
+  """Concrete values, checked: the minimal static strategy with T5X's rules (greedy at or below
+  `T5X_MIN_TEMPERATURE` or with topk == 1)."""
+  if not np.isfinite(temperature) or temperature < 0:
+    raise ValueError(f'temperature must be a finite number >= 0, got {temperature}')
+  if topk < 0:
+    raise ValueError(f'topk must be >= 0 (0 = no top-k filter), got {topk}')
+  if not 0.0 <= topp <= 1.0:
+    raise ValueError(f'topp must be in [0, 1] (0 = no nucleus filter), got {topp}')
+  if topk and topp:
+    raise ValueError(
+      f'at most one of topk ({topk}) and topp ({topp}) may be non-zero (as in '
+      'T5X temperature_sample)'
     )
-  return DecodeOptions(
-    gamma=gamma,
-    sampling=sampling,
-    sampling_params=sampling_params,
-    eos_id=eos_id,
-    max_decode_steps=max_steps,
-    decode_rng=params.get('decode_rng'),
+  if temperature <= T5X_MIN_TEMPERATURE or topk == 1:
+    # T5X: greedy below MIN_TEMPERATURE; top-1 sampling is argmax.
+    return sampling_lib.SamplingConfig(greedy=True), sampling_lib.SamplingParams.create(0.0)
+  return (
+    sampling_lib.SamplingConfig(top_k=topk > 0, top_p=topp > 0),
+    sampling_lib.SamplingParams.create(temperature, topk, topp or 1.0),
+  )
+
+
+def _traced_sampling(
+  temperature: Any, topk: Any, topp: Any
+) -> tuple[sampling_lib.SamplingConfig, sampling_lib.SamplingParams]:
+  """Traced values: one generic strategy (top-k + top-p); the T5X rules become run-time selects."""
+  temperature = jnp.asarray(temperature, jnp.float32)
+  topk = jnp.asarray(topk, jnp.int32)
+  topp = jnp.asarray(topp, jnp.float32)
+  greedy = (temperature <= T5X_MIN_TEMPERATURE) | (topk == 1)
+  return sampling_lib.SamplingConfig(top_k=True, top_p=True), sampling_lib.SamplingParams(
+    temperature=jnp.where(greedy, 0.0, temperature),
+    top_k=jnp.maximum(topk, 0),
+    top_p=jnp.where(topp > 0, jnp.minimum(topp, 1.0), 1.0),
   )
