@@ -51,11 +51,9 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from speculative import audit  # noqa: E402
-from speculative import decoding  # noqa: E402
-from speculative import drafters  # noqa: E402
 from speculative import gin_utils  # noqa: E402
 from speculative import infer  # noqa: E402
-from speculative import sampling  # noqa: E402
+from speculative import modes  # noqa: E402
 from speculative import tasks  # noqa: E402
 from speculative.bench import noise  # noqa: E402
 from speculative.bench import timing  # noqa: E402
@@ -175,35 +173,22 @@ def _variant_decoder(overrides: dict, args: argparse.Namespace):
   draft, draft_params = infer.load_model(
     dataclasses.replace(draft_config, **overrides), args.draft_checkpoint
   )
-  drafter = drafters.ModelDrafter(draft)
-  config, sampling_params = sampling.make_sampling(0.0)
-  common = dict(
+  fns = modes.greedy_model_pair(
+    target,
+    target_params,
+    draft,
+    draft_params,
+    gamma=args.gamma,
     max_new_tokens=args.max_new_tokens,
-    sampling=config,
-    sampling_params=sampling_params,
     eos_id=target_config.eos_id,
   )
 
   def decode(encoder):
     """Token lists and seconds of the baseline and the speculative decode of one batch."""
     out = {}
-    for mode in ('baseline', 'speculative'):
+    for mode, fn in fns.items():
       start = time.perf_counter()
-      if mode == 'baseline':
-        result = decoding.autoregressive_decode(
-          target, target_params, None, encoder_tokens=jnp.asarray(encoder), **common
-        )
-      else:
-        result = decoding.speculative_decode(
-          target,
-          target_params,
-          drafter,
-          draft_params,
-          None,
-          gamma=args.gamma,
-          encoder_tokens=jnp.asarray(encoder),
-          **common,
-        )
+      result = fn(jnp.asarray(encoder))
       tokens, lengths = np.asarray(result.tokens), np.asarray(result.lengths)
       out[mode] = (
         [tokens[i, : lengths[i]].tolist() for i in range(len(encoder))],

@@ -105,31 +105,24 @@ def child(args: argparse.Namespace) -> dict:
 
   from speculative import batching
   from speculative import decoding
-  from speculative import drafters
   from speculative import infer
-  from speculative import sampling
+  from speculative import modes
 
   target_config, target, target_params, draft, draft_params = _load_pair(SETTINGS[args.child][1])
   examples = infer.examples_from_task('libreoffice_ende', 'test', 128, args.num_examples)
   padded = [b for _, b in batching.batches(examples, args.batch_size, 128)]
-  config, sampling_params = sampling.make_sampling(0.0)
-  common = dict(
+  fns = modes.greedy_model_pair(
+    target,
+    target_params,
+    draft,
+    draft_params,
+    gamma=4,
     max_new_tokens=args.max_new_tokens,
-    sampling=config,
-    sampling_params=sampling_params,
     eos_id=target_config.eos_id,
   )
-  drafter = drafters.ModelDrafter(draft)
 
   def decode(mode: str, encoder_tokens) -> decoding.DecodeResult:
-    if mode == 'baseline':
-      return decoding.autoregressive_decode(
-        target, target_params, None, encoder_tokens=encoder_tokens, **common
-      )
-    return decoding.speculative_decode(
-      target, target_params, drafter, draft_params, None, None, gamma=4,
-      encoder_tokens=encoder_tokens, **common,
-    )  # fmt: skip
+    return fns[mode](encoder_tokens)
 
   out = {'setting': args.child, 'xla_flags': os.environ.get('XLA_FLAGS', '')}
   for mode in ('baseline', 'speculative'):

@@ -205,17 +205,22 @@ def _cost_models(
         repeats=repeats,
         min_seconds=min_seconds,
       )
-    log(
-      f"  target step {1e3 * cm['target_step_s']:.2f} ms, stock-equivalent step "
-      f"{1e3 * cm['stock_equivalent_step_s']:.2f} ms, "
-      + ", ".join(
-        f"{n}: step {1e3 * d['draft_step_s']:.3f} ms c={d['c']:.3f}"
-        for n, d in cm["drafters"].items()
-      )
-      + f"; v={', '.join(f'{k}:{v:.2f}' for k, v in cm['v'].items())}"
-      + "".join(f"\n  too noisy: {reason}" for reason in cm["noise"]["refused"].values())
-    )
+    log(_cost_line(cm))
   return out
+
+
+def _cost_line(cm: dict[str, Any]) -> str:
+  """The progress line of one batch size's cost model (and its refusals)."""
+  return (
+    f"  target step {1e3 * cm['target_step_s']:.2f} ms, stock-equivalent step "
+    f"{1e3 * cm['stock_equivalent_step_s']:.2f} ms, "
+    + ", ".join(
+      f"{n}: step {1e3 * d['draft_step_s']:.3f} ms c={d['c']:.3f}"
+      for n, d in cm["drafters"].items()
+    )
+    + f"; v={', '.join(f'{k}:{v:.2f}' for k, v in cm['v'].items())}"
+    + "".join(f"\n  too noisy: {reason}" for reason in cm["noise"]["refused"].values())
+  )
 
 
 def _drift_warnings(
@@ -346,15 +351,8 @@ def _run(s: BenchmarkSettings) -> dict[str, Any]:
   t_start = time.perf_counter()
   report_log = log
   log = lambda msg: report_log(f"[{time.perf_counter() - t_start:6.0f}s] {msg}")  # noqa: E731
-  examples, source, task_label = inputs_lib.benchmark_inputs(
-    examples=s.examples,
-    task=s.task,
-    split=s.split,
-    input_file=s.input_file,
-    input_prefix=s.input_prefix,
-    inputs_length=s.inputs_length,
-    num_examples=s.num_examples,
-    skip_truncated=s.skip_truncated,
+  examples, source, task_label = inputs_lib.settings_inputs(
+    s, num_examples=s.num_examples, skip_truncated=s.skip_truncated
   )
   log(f"inputs: {source}")
   models = _models(
@@ -404,14 +402,7 @@ def _measure(
 ) -> tuple[dict[str, Any], list[dict[str, Any]], dict[str, Any] | None]:
   """The cost model per batch size, the sweep of every group, t(1) again (drift), and the
   whole-job row if asked for."""
-  stock_t5x_decode = None
-  if s.use_t5x:
-    stock_t5x_decode = functools.partial(
-      methods_lib.make_stock_t5x_decode,
-      s.target_config,
-      models["target_params"],
-      max_new_tokens=s.max_new_tokens,
-    )
+  stock_t5x_decode = _stock_t5x_decode(s, models)
   position = min(s.cost_position, s.max_new_tokens - 1)
   step_timers: dict[int, dict[str, costs_lib.Timer]] = {}
   costs = _cost_models(
@@ -460,6 +451,19 @@ def _measure(
       log=log,
     )
   return costs, groups, whole_job
+
+
+def _stock_t5x_decode(s: BenchmarkSettings, models: dict[str, Any]) -> Callable | None:
+  """methods.make_stock_t5x_decode on the target (called with temperature=...), or None without
+  stock T5X in this run."""
+  if not s.use_t5x:
+    return None
+  return functools.partial(
+    methods_lib.make_stock_t5x_decode,
+    s.target_config,
+    models["target_params"],
+    max_new_tokens=s.max_new_tokens,
+  )
 
 
 def _config_record(s: BenchmarkSettings, plan, models: dict[str, Any], task_label: str) -> dict:

@@ -49,9 +49,9 @@ import numpy as np
 
 from speculative import audit
 from speculative import batching
-from speculative import decoding
 from speculative import drafters as drafters_lib
 from speculative import jobs
+from speculative import modes
 from speculative import resources
 from speculative.checkpoints import load_model
 from speculative.files import write_atomic
@@ -199,35 +199,20 @@ def _decode_fns(settings: InferSettings, models: _Models) -> dict[str, Any]:
   """{mode: fn(encoder_tokens [B, S], rng) -> DecodeResult}, in the order of `settings.modes`."""
   s = settings
   sampling, sampling_params = s.sampling()
-  common = dict(
+  fns = modes.decode_fns(
+    models.target,
+    models.target_params,
+    models.drafter,
+    models.draft_params,
+    gamma=s.gamma,
     max_new_tokens=s.max_new_tokens,
     sampling=sampling,
     sampling_params=sampling_params,
     eos_id=EOS_ID,
-    check_finite=False,
+    lenience=None if s.exact else s.lenience,
+    adaptive_verify=s.adaptive_verify,
   )
-
-  def baseline_fn(encoder_tokens, rng):
-    return decoding.autoregressive_decode(
-      models.target, models.target_params, None, rng=rng, encoder_tokens=encoder_tokens, **common
-    )
-
-  def speculative_fn(encoder_tokens, rng):
-    return decoding.speculative_decode(
-      models.target,
-      models.target_params,
-      models.drafter,
-      models.draft_params,
-      None,
-      gamma=s.gamma,
-      rng=rng,
-      encoder_tokens=encoder_tokens,
-      lenience=None if s.exact else s.lenience,
-      adaptive_verify=s.adaptive_verify,
-      **common,
-    )
-
-  return {mode: baseline_fn if mode == "baseline" else speculative_fn for mode in s.modes}
+  return {mode: fns[mode] for mode in s.modes}
 
 
 def _decode_all(settings: InferSettings, inputs: JobInputs, runs: Sequence[ModeRun]) -> None:

@@ -14,6 +14,7 @@ from model_utils import tiny_t5_config
 import pytest
 
 from speculative import batching
+from speculative import decoding
 from speculative import infer
 from speculative import tasks
 
@@ -238,7 +239,7 @@ def test_greedy_divergence_is_audited_and_a_real_mismatch_fails(setup, monkeypat
   """A test double whose speculative decode is deliberately wrong (row 0's first token replaced):
   in float32 no rounding explains it, so the audit says 'mismatch' and the job fails naming it."""
   root, kwargs = setup
-  real = infer.decoding.speculative_decode
+  real = decoding.speculative_decode
 
   def broken(*args, **kw):
     result = real(*args, **kw)
@@ -249,7 +250,7 @@ def test_greedy_divergence_is_audited_and_a_real_mismatch_fails(setup, monkeypat
       else dataclasses.replace(result, tokens=tokens)
     )
 
-  monkeypatch.setattr(infer.decoding, "speculative_decode", broken)
+  monkeypatch.setattr(decoding, "speculative_decode", broken)
   with pytest.raises(AssertionError, match="audit verdict 'mismatch'"):
     infer.infer(output_dir=str(root / "broken"), **{**kwargs, "batch_size": 1})
   metrics = json.loads((root / "broken" / "metrics.json").read_text())

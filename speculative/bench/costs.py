@@ -130,27 +130,22 @@ def measure_extend_costs(
   {name: {kind: 'model', draft_step_s, c}}, seconds {extra timer: s}, rounds {timer: [per-round
   seconds]}, noise (see NoiseLog).
   """
-  timer_args = dict(encoder_tokens=encoder_tokens, max_length=max_length, position=position)
   lengths = sorted(set([1] + [int(t) for t in verify_lengths]))
-  timers: dict[str, Timer] = {
-    f"target_{t}": extend_timer(target, target_params, num_tokens=t, **timer_args) for t in lengths
-  }
-  draft_keys = {name: f"{draft_prefix(owner)}_1" for name, owner in shared_drafts(drafts).items()}
-  for name, key in draft_keys.items():
-    if key not in timers:
-      draft, draft_params = drafts[name]
-      timers[key] = extend_timer(draft, draft_params, num_tokens=1, **timer_args)
+  timers, draft_keys = _extend_timers(
+    target,
+    target_params,
+    drafts,
+    lengths,
+    encoder_tokens=encoder_tokens,
+    max_length=max_length,
+    position=position,
+  )
   extra = dict(extra_timers or {})
   timers.update(extra)
   if keep_timers is not None:
     keep_timers.update(timers)
-  rounds, whole = time_rounds(
-    timers,
-    repeats,
-    min_seconds,
-    max_calls=max_calls,
-    marginal=[k for k in timers if k not in extra or k in marginal_extra],
-  )
+  marginal = [k for k in timers if k not in extra or k in marginal_extra]
+  rounds, whole = time_rounds(timers, repeats, min_seconds, max_calls=max_calls, marginal=marginal)
   seconds = {name: per_call_seconds(rounds, whole, name) for name in timers}
   model = _extend_cost_model(rounds, seconds, lengths, draft_keys)
   noise = model.pop("noise")
@@ -163,6 +158,22 @@ def measure_extend_costs(
     "rounds": rounds,
     "noise": noise,
   }
+
+
+def _extend_timers(
+  target, target_params, drafts, lengths: Sequence[int], **timer_args
+) -> tuple[dict[str, Timer], dict[str, str]]:
+  """({timer name: Timer}, {drafter: its timer name}): target extend(T) for T in `lengths`, and one
+  T=1 timer per distinct draft model (drafters sharing a params object share it)."""
+  timers: dict[str, Timer] = {
+    f"target_{t}": extend_timer(target, target_params, num_tokens=t, **timer_args) for t in lengths
+  }
+  draft_keys = {name: f"{draft_prefix(owner)}_1" for name, owner in shared_drafts(drafts).items()}
+  for name, key in draft_keys.items():
+    if key not in timers:
+      draft, draft_params = drafts[name]
+      timers[key] = extend_timer(draft, draft_params, num_tokens=1, **timer_args)
+  return timers, draft_keys
 
 
 def _extend_cost_model(

@@ -135,3 +135,18 @@ def benchmark_inputs(
         f"example {e.index} has {len(e.input_tokens)} input tokens > inputs_length={inputs_length}"
       )
   return examples, source, task_label
+
+
+def settings_inputs(s, *, num_examples: int, skip_truncated: bool):
+  """`benchmark_inputs` from a BenchmarkSettings' input options (its examples, task/split or
+  file, inputs_length), with this `num_examples` and `skip_truncated`."""
+  return benchmark_inputs(
+    examples=s.examples,
+    task=s.task,
+    split=s.split,
+    input_file=s.input_file,
+    input_prefix=s.input_prefix,
+    inputs_length=s.inputs_length,
+    num_examples=num_examples,
+    skip_truncated=skip_truncated,
+  )

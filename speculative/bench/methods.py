@@ -23,9 +23,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from speculative import decoding
 from speculative import drafters as drafters_lib
 from speculative import infer_inputs
+from speculative import modes
 from speculative.bench.inputs import EOS_ID
 from speculative.models import t5 as t5_lib
 
@@ -275,31 +275,19 @@ def make_methods(
   for every drafter (name -> (drafter, params)) x its gammas; stock_t5x_decode, if given, is
   called as stock_t5x_decode(temperature=...) and returns the decode callable."""
 
-  common = dict(
+  options = dict(
     max_new_tokens=max_new_tokens,
     sampling=sampling,
     sampling_params=sampling_params,
     eos_id=EOS_ID,
-    check_finite=False,
   )
 
   def autoregressive(model):
-    return lambda enc, rng: decoding.autoregressive_decode(
-      model, target_params, None, rng=rng, encoder_tokens=enc, **common
-    )
+    return modes.decode_fns(model, target_params, **options)[modes.BASELINE]
 
   def speculative(drafter, draft_params, gamma):
-    return lambda enc, rng: decoding.speculative_decode(
-      target,
-      target_params,
-      drafter,
-      draft_params,
-      None,
-      gamma=gamma,
-      rng=rng,
-      encoder_tokens=enc,
-      **common,
-    )
+    fns = modes.decode_fns(target, target_params, drafter, draft_params, gamma=gamma, **options)
+    return fns[modes.SPECULATIVE]
 
   methods = [
     Method(BASELINE, BASELINE, autoregressive(target)),

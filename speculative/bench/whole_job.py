@@ -11,6 +11,7 @@ job decodes every sentence); the row says how many.
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 from typing import Callable
 
@@ -48,16 +49,7 @@ def run(
   """Decodes the whole split (settings.whole_job_examples inputs at most) as described above."""
   s = settings
   batch_size, fastest = pick(groups)
-  examples, source, _ = inputs_lib.benchmark_inputs(
-    examples=s.examples,
-    task=s.task,
-    split=s.split,
-    input_file=s.input_file,
-    input_prefix=s.input_prefix,
-    inputs_length=s.inputs_length,
-    num_examples=s.whole_job_examples,
-    skip_truncated=False,
-  )
+  examples, source = _job_inputs(s)
   stock_name = STOCK_T5X if stock_t5x_decode is not None else STOCK_EQUIVALENT
   only = {stock_name} | ({fastest["name"]} if fastest else set())
   gammas = {fastest["drafter"]: [fastest["gamma"]]} if fastest else {}
@@ -74,7 +66,9 @@ def run(
       stock_target=models["stock_target"],
       drafters={k: v for k, v in models["drafters"].items() if k in gammas},
       gammas=gammas,
-      costs=costs[str(batch_size)],
+      # A copy: run_group re-times a model-free drafter's propose call into its costs, and the
+      # sweep's rows must keep the c they were computed with.
+      costs=copy.deepcopy(costs[str(batch_size)]),
       repeats=1,
       seed=s.seed,
       stock_t5x_decode=stock_t5x_decode,
@@ -98,6 +92,15 @@ def run(
     "compiles": result["group"]["compiles"],
     "peak_rss_mib": result["group"]["peak_rss_mib"],
   }
+
+
+def _job_inputs(s) -> tuple[list[Any], str]:
+  """(examples, their description): the first `whole_job_examples` inputs of the benchmark's
+  source, those longer than inputs_length truncated rather than skipped."""
+  examples, source, _ = inputs_lib.settings_inputs(
+    s, num_examples=s.whole_job_examples, skip_truncated=False
+  )
+  return examples, source
 
 
 def _row(r: dict[str, Any], examples: int) -> dict[str, Any]:

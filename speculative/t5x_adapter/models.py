@@ -160,6 +160,18 @@ def _tree_bytes(tree: PyTree) -> int:
   )
 
 
+def _corpus_free_drafter(name: str, target: t5_lib.T5, draft: t5_lib.T5) -> Any:
+  """The registry's drafter `name` over the draft model; drafters that estimate tables from a
+  training corpus cannot be built inside a T5X model (ValueError)."""
+  if drafters.needs_corpus(name):
+    raise ValueError(
+      f'drafter {name!r} estimates tables from a corpus; the T5X adapter takes '
+      f"one of {[n for n in drafters.DRAFTERS if not drafters.needs_corpus(n)]}"
+    )
+  drafter, _ = drafters.build_drafter(name, vocab_size=target.vocab_size, draft_model=draft)
+  return drafter
+
+
 class SpeculativeEncoderDecoderModel(t5x_models.EncoderDecoderModel):
   """T5X encoder-decoder model whose predictions come from speculative decoding (module docstring).
 
@@ -219,14 +231,7 @@ class SpeculativeEncoderDecoderModel(t5x_models.EncoderDecoderModel):
       options_lib.draft_config(target_config, draft_size, draft_config),
       cache_cross_kv=cache_cross_kv,
     )
-    if drafters.needs_corpus(drafter):
-      raise ValueError(
-        f'drafter {drafter!r} estimates tables from a corpus; the T5X adapter takes '
-        f"one of {[n for n in drafters.DRAFTERS if not drafters.needs_corpus(n)]}"
-      )
-    self._drafter, _ = drafters.build_drafter(
-      drafter, vocab_size=self._target.vocab_size, draft_model=self._draft
-    )
+    self._drafter = _corpus_free_drafter(drafter, self._target, self._draft)
     self._draft_checkpoint_path = draft_checkpoint_path
     self._draft_params: PyTree | None = None
     self._compute_scores = bool(compute_scores)
@@ -237,11 +242,9 @@ class SpeculativeEncoderDecoderModel(t5x_models.EncoderDecoderModel):
     defaults = options_lib.resolve_decoder_params(None, **self._decode_defaults)
     if self._check_exactness and not defaults.sampling.greedy:
       logging.warning(
-        'check_exactness applies to greedy decodes only; the default decode samples '
-        '(temperature %s, topk %s, topp %s), so its aux exactness_verdict is -1 (not checked)',
-        temperature,
-        topk,
-        topp,
+        'check_exactness applies to greedy decodes only; the default decode samples (%s), so '
+        'its aux exactness_verdict is -1 (not checked)',
+        self._decode_defaults,
       )
     super().__init__(
       module=T5XTransformer(target_config),
