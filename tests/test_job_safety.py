@@ -313,11 +313,10 @@ def _check_soak(results, max_kills):
   assert all(t.identical and not t.differing and not t.left for t in results)
 
 
-def test_infer_killed_at_a_random_moment_ends_byte_identical(kill_soak, tmp_path):
-  """The real CLI, SIGKILLed at a seeded random moment between its first and last predictions,
-  resumes to predictions byte-identical to an uninterrupted run's; no temporaries left."""
+def _soak_once(kill_soak, job: str, tmp_path) -> None:
+  """One seeded trial of `kill_soak.soak(job)` with one kill after the first output, checked."""
   results = kill_soak.soak(
-    "infer",
+    job,
     tmp_path / "soak",
     trials=1,
     seed=14,
@@ -326,22 +325,19 @@ def test_infer_killed_at_a_random_moment_ends_byte_identical(kill_soak, tmp_path
     compile_cache=tmp_path / "xla_cache",
   )
   _check_soak(results, 1)
+
+
+def test_infer_killed_at_a_random_moment_ends_byte_identical(kill_soak, tmp_path):
+  """The real CLI, SIGKILLed at a seeded random moment between its first and last predictions,
+  resumes to predictions byte-identical to an uninterrupted run's; no temporaries left."""
+  _soak_once(kill_soak, "infer", tmp_path)
 
 
 def test_train_killed_at_a_random_moment_ends_byte_identical(kill_soak, tmp_path):
   """`speculative.train`, SIGKILLed at a seeded random moment after its first checkpoint, resumes
   to checkpoints (params and optimizer state), best and exported weights byte-identical to an
   uninterrupted run's; no `.tmp` is left."""
-  results = kill_soak.soak(
-    "train",
-    tmp_path / "soak",
-    trials=1,
-    seed=14,
-    max_kills=1,
-    after_output=True,
-    compile_cache=tmp_path / "xla_cache",
-  )
-  _check_soak(results, 1)
+  _soak_once(kill_soak, "train", tmp_path)
   out = tmp_path / "soak" / "trial_0"
   assert (out / "export.msgpack").is_file()
   assert (out / "checkpoint_24" / "optax_state.msgpack").is_file()
