@@ -157,13 +157,15 @@ def evaluate(eval_step, params, examples, buckets) -> dict[str, float]:
 # ----------------------------------------------------------------------------------------------
 
 
-SCHEDULES = ("cosine", "rsqrt")
+SCHEDULES = ("cosine", "rsqrt", "constant")
+OPTIMIZERS = ("adamw", "adafactor")
 
 
 def make_schedule(kind: str, learning_rate: float, warmup_steps: int, num_steps: int):
   """'cosine': warmup then cosine to 0.1x over num_steps. 'rsqrt': linear warmup to the peak, then
   peak * sqrt(warmup / step) (Vaswani et al.), independent of the run length, so a run can be
-  extended and stopped at its best validation checkpoint."""
+  extended and stopped at its best validation checkpoint. 'constant': linear warmup, then the peak
+  (T5X's Adafactor schedule holds 1e-2 for its first 10k steps)."""
   if kind == "cosine":
     return optax.warmup_cosine_decay_schedule(
       init_value=0.0,
@@ -180,6 +182,11 @@ def make_schedule(kind: str, learning_rate: float, warmup_steps: int, num_steps:
       return learning_rate * jnp.minimum(step / warmup, jnp.sqrt(warmup / step))
 
     return schedule
+  if kind == "constant":
+    warmup = max(warmup_steps, 1)
+    return lambda step: (
+      learning_rate * jnp.minimum((jnp.asarray(step, jnp.float32) + 1.0) / warmup, 1.0)
+    )
   raise ValueError(f"schedule must be one of {SCHEDULES}, got {kind!r}")
 
 
@@ -190,12 +197,26 @@ def make_optimizer(
   weight_decay: float,
   clip_norm: float,
   schedule_kind: str = "cosine",
+  kind: str = "adamw",
 ) -> optax.GradientTransformation:
+  """'adamw' (b2 0.98, decoupled weight decay) or 'adafactor' (T5X's: factored second moments,
+  updates scaled by each parameter's RMS, update clipping 1.0, decay rate 0.8, no momentum; weight
+  decay as a fraction of the learning rate). Both after global gradient-norm clipping."""
   schedule = make_schedule(schedule_kind, learning_rate, warmup_steps, num_steps)
-  return optax.chain(
-    optax.clip_by_global_norm(clip_norm),
-    optax.adamw(schedule, b1=0.9, b2=0.98, weight_decay=weight_decay),
-  )
+  if kind == "adamw":
+    inner = optax.adamw(schedule, b1=0.9, b2=0.98, weight_decay=weight_decay)
+  elif kind == "adafactor":
+    inner = optax.adafactor(
+      schedule,
+      min_dim_size_to_factor=128,
+      decay_rate=0.8,
+      multiply_by_parameter_scale=True,
+      clipping_threshold=1.0,
+      weight_decay_rate=weight_decay or None,
+    )
+  else:
+    raise ValueError(f"optimizer must be one of {OPTIMIZERS}, got {kind!r}")
+  return optax.chain(optax.clip_by_global_norm(clip_norm), inner)
 
 
 def train(
@@ -227,6 +248,8 @@ def train(
   label_smoothing: float = 0.0,
   exclude_heldout: Sequence[str] = (),
   export_best: bool = False,
+  optimizer: str = "adamw",
+  init_checkpoint: str | None = None,
 ) -> dict[str, float]:
   """Trains (or resumes) and returns the last metrics. See the module docstring.
 
@@ -237,6 +260,10 @@ def train(
   counts are printed and written to `output_dir/overlap.json`.
   `export_best`: export the parameters with the lowest validation NLL seen (`output_dir/best.msgpack`,
   updated at every evaluation) instead of the last ones.
+  `optimizer`: 'adamw' or 'adafactor' (`make_optimizer`).
+  `init_checkpoint`: start from these weights (a T5X checkpoint directory or a `.msgpack`; shapes
+  checked against `model_config`) with a fresh optimizer state, e.g. to continue another run with a
+  different optimizer or schedule. Ignored once `output_dir` holds a checkpoint (resume wins).
   """
   settings = TrainSettings(**locals())
   os.makedirs(settings.output_dir, exist_ok=True)
@@ -275,8 +302,14 @@ class TrainSettings:
   label_smoothing: float = 0.0
   exclude_heldout: Sequence[str] = ()
   export_best: bool = False
+  optimizer: str = "adamw"
+  init_checkpoint: str | None = None
 
   def __post_init__(self):
+    if self.init_checkpoint is not None and not os.path.exists(self.init_checkpoint):
+      raise FileNotFoundError(f"init_checkpoint does not exist: {self.init_checkpoint}")
+    if self.optimizer not in OPTIMIZERS:
+      raise ValueError(f"optimizer must be one of {OPTIMIZERS}, got {self.optimizer!r}")
     if self.num_steps < 1:
       raise ValueError(f"num_steps must be >= 1, got {self.num_steps}")
     if not 0.0 <= self.distill_weight <= 1.0:
@@ -308,9 +341,15 @@ def _run(s: TrainSettings) -> dict[str, float]:
   logging.info("train examples %d, buckets %s", len(train_examples), buckets)
   model = t5_lib.T5(s.model_config)
   optimizer = make_optimizer(
-    s.learning_rate, s.warmup_steps, s.num_steps, s.weight_decay, s.clip_norm, s.schedule
+    s.learning_rate,
+    s.warmup_steps,
+    s.num_steps,
+    s.weight_decay,
+    s.clip_norm,
+    s.schedule,
+    s.optimizer,
   )
-  params = model.init_params(jax.random.PRNGKey(s.seed))
+  params = _initial_params(s, model)
   opt_state = optimizer.init(params)
   teacher, teacher_params = _load_teacher(s)
   removed = checkpoints.remove_stale_temporaries(s.output_dir)  # left by a killed run
@@ -349,6 +388,16 @@ def _run(s: TrainSettings) -> dict[str, float]:
   if s.export_path and loop.end_step(start_step) == s.num_steps:
     _export_run(s, params, loop.end_step(start_step))
   return metrics
+
+
+def _initial_params(s: TrainSettings, model: t5_lib.T5):
+  """Random T5X initialisation, or `init_checkpoint`'s weights (float32, shapes checked)."""
+  if s.init_checkpoint is None:
+    return model.init_params(jax.random.PRNGKey(s.seed))
+  params = checkpoints.load_params(s.init_checkpoint, dtype=np.float32)
+  checkpoints.validate_params(params, model.param_shapes(), name=s.init_checkpoint)
+  print(f"initialised from {s.init_checkpoint}")
+  return jax.tree_util.tree_map(jnp.asarray, params)
 
 
 def _load_examples(s: TrainSettings) -> tuple[list, list]:

@@ -100,6 +100,40 @@ def test_bad_arguments(data, tmp_path):
     )
 
 
+def test_init_checkpoint_starts_from_its_weights(data, tmp_path):
+  """A run started from another run's checkpoint (fresh optimizer, here Adafactor) begins from those
+  weights: at learning rate ~0 its first checkpoint equals them. A checkpoint of another shape is
+  refused before training, naming the file."""
+  common = dict(model_config=TINY, **{**data, "checkpoint_every": 1000})
+  train.train(output_dir=str(tmp_path / "a"), num_steps=6, **common)
+  train.train(
+    output_dir=str(tmp_path / "b"),
+    num_steps=2,
+    init_checkpoint=str(tmp_path / "a" / "checkpoint_6"),
+    optimizer="adafactor",
+    **{**common, "learning_rate": 1e-12, "weight_decay": 0.0},
+  )
+  a = checkpoints.load_t5x_checkpoint(tmp_path / "a" / "checkpoint_6")
+  b = checkpoints.load_t5x_checkpoint(tmp_path / "b" / "checkpoint_2")
+  jax.tree_util.tree_map(lambda x, y: np.testing.assert_allclose(x, y, atol=1e-6), a, b)
+  other = dataclasses.replace(TINY, emb_dim=16, head_dim=8)
+  with pytest.raises(checkpoints.CheckpointError, match="checkpoint_6"):
+    train.train(
+      model_config=other,
+      output_dir=str(tmp_path / "c"),
+      num_steps=2,
+      init_checkpoint=str(tmp_path / "a" / "checkpoint_6"),
+      **data,
+    )
+  with pytest.raises(FileNotFoundError, match="init_checkpoint"):
+    train.train(
+      init_checkpoint=str(tmp_path / "missing"),
+      output_dir=str(tmp_path / "d"),
+      num_steps=2,
+      **common,
+    )
+
+
 def test_distillation_step_runs(data, tmp_path):
   teacher_dir = tmp_path / "teacher"
   checkpoints.save_t5x_checkpoint(T5(TINY).init_params(jax.random.PRNGKey(3)), teacher_dir, 0)

@@ -1,5 +1,5 @@
-"""The small-data NMT recipe of speculative/train.py: label smoothing, the rsqrt schedule, held-out
-exclusion (speculative/overlap.py) and best-validation export."""
+"""The small-data NMT recipe of speculative/train.py: label smoothing, the schedules, the optimizers,
+held-out exclusion (speculative/overlap.py) and best-validation export."""
 
 import json
 
@@ -85,3 +85,25 @@ def test_best_validation_params_are_exported(tmp_path):
       str(tmp_path / "none.json"),
       step=1,
     )
+
+
+def test_constant_schedule_and_adafactor_steps_scale_with_each_parameter():
+  s = train.make_schedule("constant", 1e-2, warmup_steps=10, num_steps=10)
+  np.testing.assert_allclose(
+    [float(s(i)) for i in (0, 4, 9, 500)], [1e-3, 5e-3, 1e-2, 1e-2], rtol=1e-5
+  )
+  # Adafactor moves each parameter by a fraction of its own RMS (T5X's parameter-scaled update), so a
+  # stddev-1 embedding and a small query kernel both move; AdamW moves both by the same amount.
+  params = {"embedding": jnp.ones((4, 8)), "query": jnp.full((4, 8), 0.01)}
+  grads = {"embedding": jnp.full((4, 8), 0.5), "query": jnp.full((4, 8), 0.5)}
+  sizes = {}
+  for kind in train.OPTIMIZERS:
+    opt = train.make_optimizer(1e-2, 1, 10, 0.0, 1e9, "constant", kind)
+    updates, _ = opt.update(grads, opt.init(params), params)
+    sizes[kind] = {k: float(jnp.abs(v).mean()) for k, v in updates.items()}
+  assert sizes["adamw"]["embedding"] == pytest.approx(sizes["adamw"]["query"])
+  assert sizes["adafactor"]["embedding"] / sizes["adafactor"]["query"] == pytest.approx(
+    100, rel=1e-3
+  )
+  with pytest.raises(ValueError, match="optimizer must be one of"):
+    train.make_optimizer(1e-2, 1, 10, 0.0, 1.0, "constant", "sgd")
