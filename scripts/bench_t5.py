@@ -3,7 +3,8 @@
 Command (from the repo root):
   .venv/bin/python scripts/bench_t5.py [--sizes small base] [--new_tokens 64] [--repeats 3]
 
-Random-init weights (vocab 32128, float32), batch 1, a 64-token encoder input, 64 greedy tokens
+Random-init weights (float32; vocab 32128 for the T5 1.1 sizes, 8000 for the embedded candidates of
+docs/training.md: `--sizes emb128x2 emb256x4 emb384x4 emb512x4x8`), batch 1, a 64-token encoder input, 64 greedy tokens
 through a jitted `lax.fori_loop` of `init_cache` + `extend(T=1)`. Each configuration is compiled and
 warmed up first; the time of a whole decode call (encoder + cache init + 64 steps, with
 `block_until_ready`) is divided by the number of new tokens; the median of `--repeats` runs is
@@ -26,11 +27,16 @@ import numpy as np
 from speculative.models.t5 import T5
 from speculative.models.t5 import T5Config
 
-SHAPES = {  # emb_dim, num_heads, encoder/decoder layers, head_dim, mlp_dim
-  'tiny': (8, 4, 2, 3, 16),
-  'small': (512, 6, 8, 64, 1024),
-  'base': (768, 12, 12, 64, 2048),
-  'large': (1024, 16, 24, 64, 2816),
+SHAPES = {  # emb_dim, num_heads, encoder layers, decoder layers, head_dim, mlp_dim, vocab
+  'tiny': (8, 4, 2, 2, 3, 16, 32128),
+  'small': (512, 6, 8, 8, 64, 1024, 32128),
+  'base': (768, 12, 12, 12, 64, 2048, 32128),
+  'large': (1024, 16, 24, 24, 64, 2816, 32128),
+  # Embedded-target candidates (docs/training.md), gated GELU MLP, 8k vocabulary.
+  'emb128x2': (128, 2, 2, 2, 64, 512, 8000),
+  'emb256x4': (256, 4, 4, 4, 64, 1024, 8000),
+  'emb384x4': (384, 6, 4, 4, 64, 1536, 8000),
+  'emb512x4x8': (512, 8, 4, 8, 64, 1024, 8000),  # the shipped (non-translating) target's shape
 }
 
 
@@ -66,20 +72,20 @@ def main() -> None:
 
   rows = []
   for size in args.sizes:
-    d, h, layers, dh, f = SHAPES[size]
+    d, h, enc_layers, dec_layers, dh, f, vocab = SHAPES[size]
     config = T5Config(
-      vocab_size=32128,
+      vocab_size=vocab,
       emb_dim=d,
       num_heads=h,
-      num_encoder_layers=layers,
-      num_decoder_layers=layers,
+      num_encoder_layers=enc_layers,
+      num_decoder_layers=dec_layers,
       head_dim=dh,
       mlp_dim=f,
     )
     params = jax.jit(T5(config).init_params)(jax.random.PRNGKey(0))
     n_params = sum(x.size for x in jax.tree.leaves(params))
     rng = np.random.default_rng(0)
-    encoder_tokens = jnp.asarray(rng.integers(2, 32128, (1, args.encoder_length)), jnp.int32)
+    encoder_tokens = jnp.asarray(rng.integers(2, vocab, (1, args.encoder_length)), jnp.int32)
     outputs = {}
     for cache_cross_kv in (True, False):
       greedy = make_greedy(T5(config, cache_cross_kv=cache_cross_kv), args.new_tokens)
