@@ -391,8 +391,10 @@ def _run(s: TrainSettings) -> dict[str, float]:
 
 
 def _initial_params(s: TrainSettings, model: t5_lib.T5):
-  """Random T5X initialisation, or `init_checkpoint`'s weights (float32, shapes checked)."""
-  if s.init_checkpoint is None:
+  """Random T5X initialisation, or `init_checkpoint`'s weights (float32, shapes checked) when
+  `output_dir` holds no checkpoint yet (a run that has one resumes from it instead)."""
+  resuming = os.path.isdir(s.output_dir) and checkpoints.checkpoint_steps(s.output_dir)
+  if s.init_checkpoint is None or resuming:
     return model.init_params(jax.random.PRNGKey(s.seed))
   params = checkpoints.load_params(s.init_checkpoint, dtype=np.float32)
   checkpoints.validate_params(params, model.param_shapes(), name=s.init_checkpoint)

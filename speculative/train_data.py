@@ -28,7 +28,10 @@ class Bucket:
 
 
 # Bucket lengths (inputs and targets); batch sizes are set from `tokens_per_batch` in `train`.
-DEFAULT_BUCKET_LENGTHS = (24, 48, 96, 192)
+# On the LibreOffice training split, 73% of the padded tokens of these eight buckets are real tokens
+# (59% with the four buckets (24, 48, 96, 192) used before 2026-11-23): more text per step at the
+# same step cost, for eight compiled shapes instead of four.
+DEFAULT_BUCKET_LENGTHS = (16, 24, 32, 48, 64, 96, 128, 192)
 
 
 def read_tsv(path: str) -> list[tuple[str, str]]:

@@ -222,3 +222,26 @@ def test_t5x_eval_and_tiny_infer_bind(t5x_gin):
   assert _shape(model.target.config) == _shape(model.draft.config) == options.T5_1_1_SIZES['tiny']
   assert model.target.config.dtype == 'float32'
   assert _value(gin.query_parameter('%MIXTURE_OR_TASK_NAME')) == 'libreoffice_ende_smoke'
+
+
+# ----------------------------------------------------------------------------------------------
+# Training runs (`python -m speculative.train`): no t5x needed.
+# ----------------------------------------------------------------------------------------------
+TRAIN_CONFIGS = sorted(p for p in (CONFIGS / 'train').glob('*.gin') if p.name != 'base.gin')
+
+
+@pytest.mark.parametrize('path', TRAIN_CONFIGS, ids=[p.stem for p in TRAIN_CONFIGS])
+def test_train_config_binds_train_arguments(path, clean_gin):
+  """Each run file names its exact command and binds only `train` arguments, with a known optimizer
+  and schedule and a model config of the shipped 8k vocabulary."""
+  from speculative import train as train_lib
+
+  assert f'--gin_file=configs/train/{path.name}' in path.read_text(), path
+  gin_utils.register_configurables()
+  gin.external_configurable(train_lib.train, 'train')  # as `python -m speculative.train` does
+  gin.parse_config_file(str(path))
+  bound = {name: _value(gin.query_parameter(f'train.{name}')) for name in gin.get_bindings('train')}
+  assert set(bound) <= set(inspect.signature(train_lib.train).parameters), path
+  assert bound.get('optimizer', 'adamw') in train_lib.OPTIMIZERS
+  assert bound.get('schedule', 'cosine') in train_lib.SCHEDULES
+  assert bound['model_config'].vocab_size == 8000
