@@ -107,3 +107,39 @@ def test_constant_schedule_and_adafactor_steps_scale_with_each_parameter():
   )
   with pytest.raises(ValueError, match="optimizer must be one of"):
     train.make_optimizer(1e-2, 1, 10, 0.0, 1.0, "constant", "sgd")
+
+
+def _distill_script():
+  import importlib.util
+  from pathlib import Path
+
+  path = Path(__file__).resolve().parents[1] / "scripts" / "distill_data.py"
+  spec = importlib.util.spec_from_file_location("distill_data", path)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module
+
+
+def test_distillation_data_keeps_clean_translations_in_input_order(tmp_path):
+  distill = _distill_script()
+  prefix = "translate English to German: "
+
+  def record(index, source, prediction, eos=True):
+    return dict(
+      index=index, inputs=prefix + source, prediction=prediction, tokens=[5, 1 if eos else 7]
+    )
+
+  records = [
+    record(2, "Open the file.", "Öffnen Sie die Datei."),
+    record(0, "Close it.", "Schließen Sie es."),
+    record(1, "Save.", "die die die die die die die die", eos=True),  # loops
+    record(3, "Print.", "Drucken Sie", eos=False),  # stopped at the length cap
+    record(4, "Undo.", " "),  # empty
+  ]
+  pairs, counts = distill.distill_pairs(records, prefix)
+  assert pairs == [("Close it.", "Schließen Sie es."), ("Open the file.", "Öffnen Sie die Datei.")]
+  assert counts == {"records": 5, "kept": 2, "looping": 1, "no_eos": 1, "empty": 1}
+  bad = tmp_path / "predictions.jsonl"
+  bad.write_text(json.dumps(records[0]) + "\n" + '{"index": 1}\n')
+  with pytest.raises(ValueError, match=r"predictions.jsonl:2: not a predictions record"):
+    distill.read_predictions(str(bad))

@@ -1,0 +1,84 @@
+"""Sequence-level distillation data: the target's own translations of the training sources as a
+training TSV for the draft (Kim & Rush 2016; docs/training.md, "Draft: distillation plan").
+
+Commands (from the repo root). First translate the training sources with the target, greedy
+(an `infer` job over a file; resumable like any job):
+  python -m speculative.infer --gin_file=configs/local/run.gin \
+      --gin_bindings="MIXTURE_OR_TASK_NAME = None" \
+      --gin_bindings="INPUT_FILE = 'data/libreoffice_ende/train.tsv.gz'" \
+      --gin_bindings="infer.input_prefix = 'translate English to German: '" \
+      --gin_bindings="NUM_EXAMPLES = None" --gin_bindings="BATCH_SIZE = 32" \
+      --gin_bindings="infer.modes = ('baseline',)" \
+      --gin_bindings="INFER_OUTPUT_DIR = '../runs/distill_translations'"
+then turn its predictions into the draft's training file:
+  python scripts/distill_data.py ../runs/distill_translations/predictions-baseline.jsonl \
+      ../runs/distill_train.tsv.gz
+and train the draft with `--gin_bindings="train.train_tsv = '../runs/distill_train.tsv.gz'"` (keep
+`train.exclude_heldout` on: the held-out check applies to the sources as before).
+
+Prints how many translations it kept and why it dropped the others: outputs that loop
+(`tasks.is_looping`) or stopped at the length cap without EOS teach the draft the target's failures
+rather than its translations, and empty outputs are not a training pair. The file is written
+atomically (never half-written); a malformed predictions line is an error naming file and line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Iterable
+
+from speculative import corpus
+from speculative import tasks
+from speculative.infer_inputs import EOS_ID
+
+
+def distill_pairs(records: Iterable[dict], prefix: str) -> tuple[list[tuple[str, str]], dict]:
+  """(source, target translation) pairs in input order, and the counts of what was dropped."""
+  kept: list[tuple[int, str, str]] = []
+  counts = {"records": 0, "kept": 0, "looping": 0, "no_eos": 0, "empty": 0}
+  for r in records:
+    counts["records"] += 1
+    source = r["inputs"][len(prefix) :] if r["inputs"].startswith(prefix) else r["inputs"]
+    prediction = r["prediction"].strip()
+    if not prediction or not source.strip():
+      counts["empty"] += 1
+    elif not r["tokens"] or r["tokens"][-1] != EOS_ID:
+      counts["no_eos"] += 1
+    elif tasks.is_looping(prediction):
+      counts["looping"] += 1
+    else:
+      kept.append((r["index"], source, prediction))
+  counts["kept"] = len(kept)
+  return [(s, t) for _, s, t in sorted(kept)], counts
+
+
+def read_predictions(path: str) -> list[dict]:
+  records = []
+  with open(path, encoding="utf-8") as f:
+    for line_no, line in enumerate(f, 1):
+      try:
+        record = json.loads(line)
+        if not all(k in record for k in ("index", "inputs", "prediction", "tokens")):
+          raise ValueError("needs index, inputs, prediction and tokens")
+      except ValueError as e:
+        raise ValueError(f"{path}:{line_no}: not a predictions record: {e}") from None
+      records.append(record)
+  if not records:
+    raise ValueError(f"{path}: no predictions")
+  return records
+
+
+def main() -> None:
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("predictions", help="predictions-<mode>.jsonl of an infer job")
+  parser.add_argument("output", help="training TSV to write (.tsv.gz)")
+  parser.add_argument("--prefix", default=tasks.TRANSLATE_EN_DE_PREFIX)
+  args = parser.parse_args()
+  pairs, counts = distill_pairs(read_predictions(args.predictions), args.prefix)
+  corpus.write_tsv_gz(args.output, pairs)
+  print(json.dumps(counts))
+
+
+if __name__ == "__main__":
+  main()
