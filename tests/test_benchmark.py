@@ -252,6 +252,10 @@ def test_rows_consistent_with_formulas(run):
       else:
         assert p["step_s"] == pytest.approx(p["draft_s"] + p["verify_s"] + p["overhead_s"])
       assert p["verify_s"] == pytest.approx(cm["target_extend_s"][str(GAMMA + 1)])
+      if drafter_costs["kind"] == "model":  # the loop's draft calls: a 2-token catch-up + gamma-1
+        assert p["draft_s"] == pytest.approx(
+          drafter_costs["draft_catch_up_s"] + (GAMMA - 1) * drafter_costs["draft_step_s"]
+        )
       assert row["compile_s"] > 0 and row["tokens_per_s"] > 0
       if temperature == 0:  # greedy speculative decoding is exact: token-identical outputs
         assert row["identical_to_baseline"] == NUM_EXAMPLES

@@ -251,7 +251,7 @@ def _explain(row: dict[str, Any], base: dict[str, Any], cm: dict[str, Any]) -> l
   if (p["overhead_fraction"] or 0.0) > 0.15:
     parts.append(
       f"The loop's own work (sampling and acceptance over the vocabulary, the "
-      f"draft's catch-up token, bookkeeping) is "
+      f"draft loop's control flow, bookkeeping) is "
       f"{100 * p['overhead_fraction']:.0f}% of a speculative step."
     )
   return parts

@@ -161,9 +161,10 @@ def profile_section(report: dict[str, Any]) -> list[str]:
     "## Profile (time per loop step)",
     "",
     "step = (decode walltime - prefill) / loop steps (a loop step is one target call; at "
-    "batch > 1 the loop runs until the slowest row is done). draft = gamma x draft step, "
-    "verify = target (gamma+1)-token call, both from the cost model; overhead = the rest "
-    "(sampling and acceptance over the vocabulary, the draft's catch-up token, "
+    "batch > 1 the loop runs until the slowest row is done). draft = the draft model's calls "
+    "of a step (a 2-token catch-up call + gamma-1 one-token calls) or a drafter's propose "
+    "call, verify = target (gamma+1)-token call, both from the cost model; overhead = the "
+    "rest (sampling and acceptance over the vocabulary, the draft loop's control flow, "
     "bookkeeping).",
     "",
   ]

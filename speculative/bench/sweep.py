@@ -380,9 +380,11 @@ def _draft_cost(
   gamma = method.gamma
   drafter_costs = costs["drafters"].get(method.drafter, {})
   if drafter_costs.get("kind") == "model":
+    # The draft loop's calls per step (drafters/model.py): one 2-token catch-up call (x_gamma and
+    # the bonus token), then gamma - 1 one-token calls.
     return {
       "c": drafter_costs["c"],
-      "draft_s": gamma * drafter_costs["draft_step_s"],
+      "draft_s": drafter_costs["draft_catch_up_s"] + (gamma - 1) * drafter_costs["draft_step_s"],
       "draft_prefill_s": drafter_costs["draft_prefill_s"],
       "c_source": "draft extend(T=1) / target extend(T=1)",
       "c_noise": costs_lib.c_key(method.drafter),
