@@ -178,9 +178,11 @@ def _analysis_notes(report: dict[str, Any]) -> list[str]:
 
   The measured/predicted ratio factors (exactly, by construction) into
     block efficiency / E[#tokens]                (Eq. 1's i.i.d. acceptance model vs reality)
-    x (gamma c + v) t(1) / measured spec step    (loop overhead beyond the draft and verify calls)
+    x (draft calls + verify) / measured step     (loop overhead beyond the draft and verify calls)
     x measured baseline step / t(1)              (the baseline loop's own overhead)
-    x the rest                                   (prefill: encoder runs, paid once per decode)
+    x the rest                                   (prefill: encoder runs, paid once per decode; and
+                                                  the draft's catch-up call costing more than the
+                                                  one-token step c t(1) that EXP assumes)
   """
   notes = []
   missed = [t for t in report["targets"] if t["met"] is False]
