@@ -306,7 +306,7 @@ class TrainSettings:
   init_checkpoint: str | None = None
 
   def __post_init__(self):
-    if self.init_checkpoint is not None and not os.path.exists(self.init_checkpoint):
+    if self.starts_from_init_checkpoint and not os.path.exists(self.init_checkpoint):
       raise FileNotFoundError(f"init_checkpoint does not exist: {self.init_checkpoint}")
     if self.optimizer not in OPTIMIZERS:
       raise ValueError(f"optimizer must be one of {OPTIMIZERS}, got {self.optimizer!r}")
@@ -324,6 +324,13 @@ class TrainSettings:
     return tuple(
       Bucket(n, n, max(1, self.tokens_per_batch // (2 * n))) for n in self.bucket_lengths
     )
+
+  @property
+  def starts_from_init_checkpoint(self) -> bool:
+    """`init_checkpoint` is set and `output_dir` holds no checkpoint to resume from."""
+    if self.init_checkpoint is None:
+      return False
+    return not (os.path.isdir(self.output_dir) and checkpoints.checkpoint_steps(self.output_dir))
 
   @property
   def best_path(self) -> str:
@@ -393,8 +400,7 @@ def _run(s: TrainSettings) -> dict[str, float]:
 def _initial_params(s: TrainSettings, model: t5_lib.T5):
   """Random T5X initialisation, or `init_checkpoint`'s weights (float32, shapes checked) when
   `output_dir` holds no checkpoint yet (a run that has one resumes from it instead)."""
-  resuming = os.path.isdir(s.output_dir) and checkpoints.checkpoint_steps(s.output_dir)
-  if s.init_checkpoint is None or resuming:
+  if not s.starts_from_init_checkpoint:
     return model.init_params(jax.random.PRNGKey(s.seed))
   params = checkpoints.load_params(s.init_checkpoint, dtype=np.float32)
   checkpoints.validate_params(params, model.param_shapes(), name=s.init_checkpoint)

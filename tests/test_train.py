@@ -116,6 +116,15 @@ def test_init_checkpoint_starts_from_its_weights(data, tmp_path):
   a = checkpoints.load_t5x_checkpoint(tmp_path / "a" / "checkpoint_6")
   b = checkpoints.load_t5x_checkpoint(tmp_path / "b" / "checkpoint_2")
   jax.tree_util.tree_map(lambda x, y: np.testing.assert_allclose(x, y, atol=1e-6), a, b)
+  # Once the run has a checkpoint it resumes from it: the init_checkpoint is no longer read.
+  train.train(
+    output_dir=str(tmp_path / "b"),
+    num_steps=3,
+    init_checkpoint=str(tmp_path / "gone"),
+    optimizer="adafactor",
+    **{**common, "learning_rate": 1e-12, "weight_decay": 0.0},
+  )
+  assert checkpoints.checkpoint_steps(tmp_path / "b")[-1] == 3
   other = dataclasses.replace(TINY, emb_dim=16, head_dim=8)
   with pytest.raises(checkpoints.CheckpointError, match="checkpoint_6"):
     train.train(
