@@ -87,6 +87,8 @@ def test_resumed_run_equals_uninterrupted(data, tmp_path):
 def test_bad_arguments(data, tmp_path):
   with pytest.raises(ValueError, match="num_steps"):
     train.train(model_config=TINY, output_dir=str(tmp_path), num_steps=0, **data)
+  with pytest.raises(ValueError, match="optimizer must be one of"):
+    train.train(model_config=TINY, output_dir=str(tmp_path), num_steps=2, optimizer="sgd", **data)
   with pytest.raises(ValueError, match="teacher"):
     train.train(
       model_config=TINY, output_dir=str(tmp_path), num_steps=2, distill_weight=0.5, **data
