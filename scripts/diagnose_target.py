@@ -22,7 +22,7 @@ from speculative import gin_utils
 from speculative import train
 from speculative.models import t5 as t5_lib
 from speculative.train_data import DEFAULT_BUCKET_LENGTHS
-from speculative.train_data import Bucket
+from speculative.train_data import make_buckets
 from speculative.train_data import read_tsv
 from speculative.train_data import tokenize_pairs
 
@@ -49,7 +49,7 @@ def main() -> None:
   train_pairs = read_tsv(f'{DATA}/train.tsv.gz')
   step = max(1, len(train_pairs) // args.examples)
   train_examples = tokenize_pairs(train_pairs[::step][: args.examples], spm)
-  buckets = tuple(Bucket(n, n, max(1, 3072 // (2 * n))) for n in DEFAULT_BUCKET_LENGTHS)
+  buckets = make_buckets(DEFAULT_BUCKET_LENGTHS, tokens_per_batch=3072)
   eval_step = train.make_eval_step(model)
   perm = np.random.default_rng(0).permutation(len(val))
   variants = {

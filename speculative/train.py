@@ -45,6 +45,7 @@ from speculative.train_data import Bucket
 from speculative.train_data import assign_buckets
 from speculative.train_data import batch_stream
 from speculative.train_data import make_batch
+from speculative.train_data import make_buckets
 from speculative.train_data import read_tsv
 from speculative.train_data import tokenize_pairs
 
@@ -321,9 +322,7 @@ class TrainSettings:
 
   def buckets(self) -> tuple[Bucket, ...]:
     """Batch size per bucket keeps the padded tokens per batch near `tokens_per_batch`."""
-    return tuple(
-      Bucket(n, n, max(1, self.tokens_per_batch // (2 * n))) for n in self.bucket_lengths
-    )
+    return make_buckets(self.bucket_lengths, self.tokens_per_batch)
 
   @property
   def starts_from_init_checkpoint(self) -> bool:
@@ -402,9 +401,16 @@ def _initial_params(s: TrainSettings, model: t5_lib.T5):
   `output_dir` holds no checkpoint yet (a run that has one resumes from it instead)."""
   if not s.starts_from_init_checkpoint:
     return model.init_params(jax.random.PRNGKey(s.seed))
-  params = checkpoints.load_params(s.init_checkpoint, dtype=np.float32)
-  checkpoints.validate_params(params, model.param_shapes(), name=s.init_checkpoint)
+  params = _load_float32_params(s.init_checkpoint, model)
   print(f"initialised from {s.init_checkpoint}")
+  return params
+
+
+def _load_float32_params(path: str, model: t5_lib.T5):
+  """A T5X checkpoint directory or a `.msgpack` (e.g. a bf16 model exactly as it is served) as
+  float32 device arrays, its shapes checked against `model` (the error names `path`)."""
+  params = checkpoints.load_params(path, dtype=np.float32)
+  checkpoints.validate_params(params, model.param_shapes(), name=path)
   return jax.tree_util.tree_map(jnp.asarray, params)
 
 
@@ -436,10 +442,7 @@ def _load_teacher(s: TrainSettings):
   teacher = t5_lib.T5(s.teacher_config)
   if not os.path.exists(s.teacher_checkpoint):
     raise FileNotFoundError(f"teacher checkpoint does not exist: {s.teacher_checkpoint}")
-  # A T5X checkpoint dir or a shipped .msgpack (e.g. the bf16 target exactly as it is served).
-  teacher_params = checkpoints.load_params(s.teacher_checkpoint, dtype=np.float32)
-  checkpoints.validate_params(teacher_params, teacher.param_shapes(), name=s.teacher_checkpoint)
-  return teacher, jax.tree_util.tree_map(jnp.asarray, teacher_params)
+  return teacher, _load_float32_params(s.teacher_checkpoint, teacher)
 
 
 @dataclasses.dataclass

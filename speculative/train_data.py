@@ -34,6 +34,12 @@ class Bucket:
 DEFAULT_BUCKET_LENGTHS = (16, 24, 32, 48, 64, 96, 128, 192)
 
 
+def make_buckets(lengths: Sequence[int], tokens_per_batch: int) -> tuple[Bucket, ...]:
+  """Square (inputs, targets) buckets whose batch size keeps the padded tokens per batch near
+  `tokens_per_batch`."""
+  return tuple(Bucket(n, n, max(1, tokens_per_batch // (2 * n))) for n in lengths)
+
+
 def read_tsv(path: str) -> list[tuple[str, str]]:
   """`source<TAB>target` pairs of a (gzipped) TSV file; ValueError when it holds none."""
   pairs = corpus.read_tsv_gz(path)
