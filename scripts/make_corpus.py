@@ -95,25 +95,25 @@ def _run(command: list[str], cwd: Path | None = None) -> subprocess.CompletedPro
   return subprocess.run(command, cwd=cwd, check=False, capture_output=True, text=True)
 
 
-def download_packages(download_dir: Path) -> list[Path]:
-  """`apt-get download`s the two help packages into `download_dir` (runs `apt-get update` and retries
-  once if the first attempt fails). Returns the .deb paths in PACKAGES order."""
-  result = _run(["apt-get", "download", *PACKAGES], cwd=download_dir)
+def download_packages(download_dir: Path, packages: tuple[str, ...] = PACKAGES) -> list[Path]:
+  """`apt-get download`s `packages` into `download_dir` (runs `apt-get update` and retries once if
+  the first attempt fails). Returns the .deb paths in `packages` order."""
+  result = _run(["apt-get", "download", *packages], cwd=download_dir)
   if result.returncode != 0:
     print(result.stderr.strip(), file=sys.stderr)
     update = _run(["apt-get", "update"])
     if update.returncode != 0:
       raise RuntimeError(f"apt-get update failed:\n{update.stderr}")
-    result = _run(["apt-get", "download", *PACKAGES], cwd=download_dir)
+    result = _run(["apt-get", "download", *packages], cwd=download_dir)
     if result.returncode != 0:
-      raise RuntimeError(f"apt-get download {' '.join(PACKAGES)} failed:\n{result.stderr}")
-  return find_debs(download_dir)
+      raise RuntimeError(f"apt-get download {' '.join(packages)} failed:\n{result.stderr}")
+  return find_debs(download_dir, packages)
 
 
-def find_debs(directory: Path) -> list[Path]:
-  """The .deb of each package in PACKAGES found in `directory` (exactly one each)."""
+def find_debs(directory: Path, packages: tuple[str, ...] = PACKAGES) -> list[Path]:
+  """The .deb of each of `packages` found in `directory` (exactly one each)."""
   debs = []
-  for package in PACKAGES:
+  for package in packages:
     matches = sorted(glob.glob(str(directory / f"{package}_*.deb")))
     if len(matches) != 1:
       raise FileNotFoundError(f"expected one {package}_*.deb in {directory}, found {matches}")
@@ -128,11 +128,14 @@ def deb_field(deb: Path, field: str) -> str:
   return result.stdout.strip()
 
 
-def extract_debs(debs: list[Path], extract_dir: Path) -> Path:
-  """`dpkg -x`s every .deb into `extract_dir`; returns the help root (holding en-US/ and de/)."""
+def extract_debs(debs: list[Path], extract_dir: Path, check_help: bool = True) -> Path:
+  """`dpkg -x`s every .deb into `extract_dir`; returns the help root (holding en-US/ and de/, checked
+  unless `check_help` is False)."""
   for deb in debs:
     subprocess.run(["dpkg", "-x", str(deb), str(extract_dir)], check=True)
   help_root = extract_dir / HELP_SUBDIR
+  if not check_help:
+    return help_root
   for lang in (corpus.SOURCE_LANG_DIR, corpus.TARGET_LANG_DIR):
     if not (help_root / lang / "text").is_dir():
       raise FileNotFoundError(f"{help_root / lang / 'text'} missing after dpkg -x of {debs}")

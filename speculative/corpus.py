@@ -30,12 +30,14 @@ unpacks the packages and calls it.
 
 from __future__ import annotations
 
+import gettext
 import gzip
 import hashlib
 import html.parser
 import io
 import os
 from pathlib import Path
+import re
 from typing import Iterable
 from typing import Iterator
 from typing import Sequence
@@ -243,6 +245,64 @@ def clean_pairs(pairs: Iterable[Pair], deduplicate: bool = True) -> list[Pair]:
       seen.add((source, target))
     cleaned.append((source, target))
   return cleaned
+
+
+# UI message catalogues (.mo): `~` (VCL) and `_` (GTK) mark the mnemonic letter of a label.
+_MNEMONIC = re.compile(r"[~_](?=\w)")
+# Placeholders the UI fills in at run time (%1, %s, $(ARG1), %FILENAME, {name}, ...). The help text
+# has them resolved, so a pair holding one is dropped; %PRODUCTNAME is resolved the way the help
+# pages resolve it.
+_PLACEHOLDER = re.compile(r"%[0-9A-Za-z]|\$\(|\{\w*\}|\$[A-Z]")
+PRODUCT_NAME = "LibreOffice"
+
+
+def strip_mnemonic(text: str) -> str:
+  """'C_onnect' / '~Connect' -> 'Connect'. Only a label with exactly one marker character is
+  touched, so identifiers such as 'CELL_ADDRESS' keep their underscores."""
+  for marker in "~_":
+    if text.count(marker) == 1:
+      text = _MNEMONIC.sub(lambda m: "" if m.group(0) == marker else m.group(0), text)
+  return text
+
+
+def read_mo_pairs(mo_path: str | os.PathLike) -> list[Pair]:
+  """(English msgid, German msgstr) pairs of one compiled gettext catalogue (.mo), in the catalogue's
+  order: context stripped, plural entries and the header skipped, untranslated entries skipped.
+  Raises OSError with the file named when it is not a .mo file."""
+  try:
+    with open(mo_path, "rb") as f:
+      catalog = gettext.GNUTranslations(f)._catalog
+  except (OSError, UnicodeDecodeError) as e:
+    raise OSError(f"{mo_path}: not a readable gettext .mo catalogue ({e})") from e
+  pairs: list[Pair] = []
+  for key, value in catalog.items():
+    if not isinstance(key, str) or not key or not isinstance(value, str) or not value:
+      continue  # header, plural forms ((msgid, n) keys), untranslated
+    pairs.append((key.split("\x04")[-1], value))  # "context\x04msgid" -> msgid
+  return pairs
+
+
+def clean_ui_pairs(pairs: Iterable[Pair]) -> tuple[list[Pair], dict[str, int]]:
+  """Catalogue pairs made comparable with help text: mnemonics stripped, %PRODUCTNAME resolved,
+  pairs with another run-time placeholder dropped, then `clean_pairs` (empty, equal, duplicate).
+  Returns the pairs and the counts of each step."""
+  resolved: list[Pair] = []
+  placeholders = 0
+  for source, target in pairs:
+    source, target = (
+      strip_mnemonic(t).replace("%PRODUCTNAME", PRODUCT_NAME) for t in (source, target)
+    )
+    if _PLACEHOLDER.search(source) or _PLACEHOLDER.search(target):
+      placeholders += 1
+      continue
+    resolved.append((source, target))
+  cleaned = clean_pairs(resolved)
+  counts = {
+    "catalogue_entries": placeholders + len(resolved),
+    "dropped_placeholder": placeholders,
+    "after_cleaning": len(cleaned),
+  }
+  return cleaned, counts
 
 
 def _source_rank(source: str, salt: str) -> bytes:

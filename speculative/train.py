@@ -223,7 +223,7 @@ def make_optimizer(
 def train(
   *,
   model_config: t5_lib.T5Config,
-  train_tsv: str,
+  train_tsv: str | Sequence[str],
   validation_tsv: str,
   spm_model: str,
   output_dir: str,
@@ -254,6 +254,8 @@ def train(
 ) -> dict[str, float]:
   """Trains (or resumes) and returns the last metrics. See the module docstring.
 
+  `train_tsv`: one TSV file or several (e.g. the help corpus and the UI catalogue corpus), read in
+  the order given and trained on as one set.
   `export_only`: write `export_path` from the newest checkpoint in `output_dir` without training
   (to ship a model from a run that was stopped before `num_steps`).
   `exclude_heldout`: TSV files (validation, test) whose sentences must not reach training: training
@@ -277,7 +279,7 @@ class TrainSettings:
   """Every argument of `train` (same names and defaults), checked on construction."""
 
   model_config: t5_lib.T5Config
-  train_tsv: str
+  train_tsv: str | Sequence[str]
   validation_tsv: str
   spm_model: str
   output_dir: str
@@ -307,6 +309,11 @@ class TrainSettings:
   init_checkpoint: str | None = None
 
   def __post_init__(self):
+    if not self.train_files:
+      raise ValueError("train_tsv names no file")
+    for path in (*self.train_files, self.validation_tsv, *self.exclude_heldout):
+      if not os.path.isfile(path):
+        raise FileNotFoundError(f"data file does not exist: {path}")
     if self.starts_from_init_checkpoint and not os.path.exists(self.init_checkpoint):
       raise FileNotFoundError(f"init_checkpoint does not exist: {self.init_checkpoint}")
     if self.optimizer not in OPTIMIZERS:
@@ -319,6 +326,13 @@ class TrainSettings:
       raise ValueError("distillation needs teacher_config and teacher_checkpoint")
     if not self.bucket_lengths or list(self.bucket_lengths) != sorted(self.bucket_lengths):
       raise ValueError(f"bucket_lengths must be non-empty and ascending, got {self.bucket_lengths}")
+
+  @property
+  def train_files(self) -> tuple[str, ...]:
+    """`train_tsv` as a tuple of paths."""
+    if isinstance(self.train_tsv, (str, os.PathLike)):
+      return (os.fspath(self.train_tsv),)
+    return tuple(os.fspath(path) for path in self.train_tsv)
 
   def buckets(self) -> tuple[Bucket, ...]:
     """Batch size per bucket keeps the padded tokens per batch near `tokens_per_batch`."""
@@ -417,7 +431,7 @@ def _load_float32_params(path: str, model: t5_lib.T5):
 def _load_examples(s: TrainSettings) -> tuple[list, list]:
   """Tokenized training pairs (held-out overlap dropped, see `exclude_heldout`) and validation
   pairs."""
-  train_pairs = read_tsv(s.train_tsv)
+  train_pairs = [pair for path in s.train_files for pair in read_tsv(path)]
   if s.exclude_heldout:
     from speculative import overlap
 

@@ -208,3 +208,111 @@ def test_shipped_corpus_agrees_with_the_reference_excerpt():
   comparison = stats["reference_comparison"]["inline_switch=default"]
   assert comparison["reference_sha256"] == REFERENCE_SHA256
   assert comparison["reference_unique_pairs"] == REFERENCE_UNIQUE_PAIRS
+
+
+UI_DATA_DIR = REPO_ROOT / "data" / "libreoffice_ui_ende"
+
+
+def _write_mo(path: Path, messages: dict) -> None:
+  """A GNU gettext .mo file (format revision 0) holding `messages` ({msgid: msgstr}) and a UTF-8
+  header."""
+  import struct
+
+  messages = {"": "Content-Type: text/plain; charset=UTF-8\n", **messages}
+  keys = sorted(messages)
+  ids = [k.encode() for k in keys]
+  strs = [messages[k].encode() for k in keys]
+  header_size = 7 * 4
+  table_size = 8 * len(keys)
+  offset = header_size + 2 * table_size
+  id_table, str_table, blob = [], [], b""
+  for data, table in [(d, id_table) for d in ids] + [(d, str_table) for d in strs]:
+    table.append((len(data), offset + len(blob)))
+    blob += data + b"\0"
+  out = struct.pack("<7I", 0x950412DE, 0, len(keys), header_size, header_size + table_size, 0, 0)
+  out += b"".join(struct.pack("<2I", *entry) for entry in id_table + str_table)
+  path.write_bytes(out + blob)
+
+
+def test_strip_mnemonic():
+  assert corpus.strip_mnemonic("C_onnect") == "Connect"
+  assert corpus.strip_mnemonic("_Verbinden") == "Verbinden"
+  assert corpus.strip_mnemonic("~Format") == "Format"
+  assert corpus.strip_mnemonic("CELL_ADDRESS_TYPE") == "CELL_ADDRESS_TYPE"  # identifiers kept
+  assert corpus.strip_mnemonic("Plain text") == "Plain text"
+
+
+def test_read_mo_pairs_and_clean_ui_pairs(tmp_path):
+  mo = tmp_path / "sw.mo"
+  _write_mo(
+    mo,
+    {
+      "STR_CONNECT\x04C_onnect": "_Verbinden",
+      "Left margin": "Linker Rand",
+      "About %PRODUCTNAME": "Über %PRODUCTNAME",
+      "Page %1 of %2": "Seite %1 von %2",
+      "OK": "OK",
+      "ctx2\x04Left margin": "Linker Rand",
+      "Untranslated": "",
+    },
+  )
+  raw = corpus.read_mo_pairs(mo)
+  assert sorted(raw) == sorted(
+    [
+      ("C_onnect", "_Verbinden"),
+      ("Left margin", "Linker Rand"),
+      ("About %PRODUCTNAME", "Über %PRODUCTNAME"),
+      ("Page %1 of %2", "Seite %1 von %2"),
+      ("OK", "OK"),
+      ("Left margin", "Linker Rand"),
+    ]
+  )
+  pairs, counts = corpus.clean_ui_pairs(sorted(raw))
+  assert sorted(pairs) == [
+    ("About LibreOffice", "Über LibreOffice"),
+    ("Connect", "Verbinden"),
+    ("Left margin", "Linker Rand"),
+  ]
+  assert counts == {"catalogue_entries": 6, "dropped_placeholder": 1, "after_cleaning": 3}
+  not_mo = tmp_path / "bad.mo"
+  not_mo.write_bytes(b"not a catalogue")
+  with pytest.raises(OSError, match="bad.mo"):
+    corpus.read_mo_pairs(not_mo)
+
+
+def test_make_ui_corpus_drops_heldout_overlap(tmp_path):
+  """The build script end to end on a hand-made catalogue: a pair whose English equals a held-out
+  source (after normalization) is dropped and counted."""
+  spec = importlib.util.spec_from_file_location(
+    "make_ui_corpus", REPO_ROOT / "scripts" / "make_ui_corpus.py"
+  )
+  make_ui_corpus = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(make_ui_corpus)
+  mo = tmp_path / "sc.mo"
+  _write_mo(
+    mo, {"Numeric": "Nummerisch", "Left margin": "Linker Rand", "Insert rows": "Zeilen einfügen"}
+  )
+  heldout = tmp_path / "test.tsv.gz"
+  corpus.write_tsv_gz(
+    heldout, [("numeric", "Numerisch (anders)"), ("Some other sentence.", "Satz.")]
+  )
+  pairs, counts = make_ui_corpus.build([mo], (heldout,))
+  assert sorted(pairs) == [("Insert rows", "Zeilen einfügen"), ("Left margin", "Linker Rand")]
+  assert counts["heldout_overlap"]["source_exact"] == 1 and counts["pairs"] == 2
+
+
+def test_shipped_ui_corpus_matches_its_stats_and_has_no_heldout_overlap():
+  from speculative import overlap
+
+  stats = json.loads((UI_DATA_DIR / "stats.json").read_text())
+  path = UI_DATA_DIR / "train.tsv.gz"
+  pairs = corpus.read_tsv_gz(path)
+  assert corpus.sha256_file(path) == stats["sha256"]["train.tsv.gz"]
+  assert len(pairs) == stats["counts"]["pairs"] > 15000
+  assert len(set(pairs)) == len(pairs) and all(en and de and en != de for en, de in pairs)
+  heldout = [
+    p for name in ("validation", "test") for p in corpus.read_tsv_gz(DATA_DIR / f"{name}.tsv.gz")
+  ]
+  drop, report = overlap.find_overlap(pairs, heldout)
+  assert report["dropped"] == 0, report
+  assert "libreoffice-l10n-de" in (UI_DATA_DIR / "NOTICE").read_text()

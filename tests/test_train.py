@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from speculative import checkpoints
+from speculative import corpus
 from speculative import tasks
 from speculative import train
 from speculative.models.t5 import T5
@@ -100,6 +101,31 @@ def test_bad_arguments(data, tmp_path):
     train.train(
       model_config=TINY, output_dir=str(tmp_path), num_steps=2, **{**data, "train_tsv": str(empty)}
     )
+  missing = str(tmp_path / "missing.tsv.gz")
+  with pytest.raises(FileNotFoundError, match="missing.tsv.gz"):
+    train.train(
+      model_config=TINY,
+      output_dir=str(tmp_path),
+      num_steps=2,
+      **{**data, "train_tsv": [data["train_tsv"], missing]},
+    )
+
+
+def test_several_train_files_train_as_one_set(data, tmp_path):
+  """`train_tsv` as a list reads the files in order as one set: two halves of a corpus give the
+  same run as the whole corpus in one file."""
+  pairs = corpus.read_tsv_gz(data["train_tsv"])
+  first, second = tmp_path / "first.tsv.gz", tmp_path / "second.tsv.gz"
+  corpus.write_tsv_gz(first, pairs[:40])
+  corpus.write_tsv_gz(second, pairs[40:])
+  common = dict(model_config=TINY, num_steps=4, **{**data, "checkpoint_every": 4})
+  train.train(output_dir=str(tmp_path / "one"), **common)
+  train.train(
+    output_dir=str(tmp_path / "two"), **{**common, "train_tsv": [str(first), str(second)]}
+  )
+  a = checkpoints.load_t5x_checkpoint(tmp_path / "one" / "checkpoint_4")
+  b = checkpoints.load_t5x_checkpoint(tmp_path / "two" / "checkpoint_4")
+  jax.tree_util.tree_map(np.testing.assert_array_equal, a, b)
 
 
 def test_init_checkpoint_starts_from_its_weights(data, tmp_path):
