@@ -33,6 +33,8 @@ import optax
 from speculative import checkpoints
 from speculative import jobs
 from speculative.models import t5 as t5_lib
+from speculative.train_checkpoints import copy_fork
+from speculative.train_checkpoints import fork_step
 from speculative.train_checkpoints import prune_checkpoints
 from speculative.train_checkpoints import restore_latest
 from speculative.train_checkpoints import restore_train_state  # noqa: F401  (re-exported)
@@ -251,6 +253,7 @@ def train(
   export_best: bool = False,
   optimizer: str = "adamw",
   init_checkpoint: str | None = None,
+  fork_checkpoint: str | None = None,
 ) -> dict[str, float]:
   """Trains (or resumes) and returns the last metrics. See the module docstring.
 
@@ -267,6 +270,10 @@ def train(
   `init_checkpoint`: start from these weights (a T5X checkpoint directory or a `.msgpack`; shapes
   checked against `model_config`) with a fresh optimizer state, e.g. to continue another run with a
   different optimizer or schedule. Ignored once `output_dir` holds a checkpoint (resume wins).
+  `fork_checkpoint`: continue another run from one of its checkpoints (`<run>/checkpoint_<step>`
+  written by this trainer) with this run's settings (data, learning rate, dropout): weights,
+  optimizer state and step count carry over. The checkpoint is copied into `output_dir`
+  (atomically) when that holds none; a run that has one resumes from it instead.
   """
   settings = TrainSettings(**locals())
   os.makedirs(settings.output_dir, exist_ok=True)
@@ -307,6 +314,7 @@ class TrainSettings:
   export_best: bool = False
   optimizer: str = "adamw"
   init_checkpoint: str | None = None
+  fork_checkpoint: str | None = None
 
   def __post_init__(self):
     if not self.train_files:
@@ -316,6 +324,10 @@ class TrainSettings:
         raise FileNotFoundError(f"data file does not exist: {path}")
     if self.starts_from_init_checkpoint and not os.path.exists(self.init_checkpoint):
       raise FileNotFoundError(f"init_checkpoint does not exist: {self.init_checkpoint}")
+    if self.init_checkpoint is not None and self.fork_checkpoint is not None:
+      raise ValueError("set init_checkpoint or fork_checkpoint, not both")
+    if self.starts_from_fork:
+      fork_step(self.fork_checkpoint)  # names the problem before any compute
     if self.optimizer not in OPTIMIZERS:
       raise ValueError(f"optimizer must be one of {OPTIMIZERS}, got {self.optimizer!r}")
     if self.num_steps < 1:
@@ -339,11 +351,19 @@ class TrainSettings:
     return make_buckets(self.bucket_lengths, self.tokens_per_batch)
 
   @property
+  def has_own_checkpoint(self) -> bool:
+    """`output_dir` holds a checkpoint to resume from."""
+    return os.path.isdir(self.output_dir) and bool(checkpoints.checkpoint_steps(self.output_dir))
+
+  @property
   def starts_from_init_checkpoint(self) -> bool:
     """`init_checkpoint` is set and `output_dir` holds no checkpoint to resume from."""
-    if self.init_checkpoint is None:
-      return False
-    return not (os.path.isdir(self.output_dir) and checkpoints.checkpoint_steps(self.output_dir))
+    return self.init_checkpoint is not None and not self.has_own_checkpoint
+
+  @property
+  def starts_from_fork(self) -> bool:
+    """`fork_checkpoint` is set and `output_dir` holds no checkpoint to resume from."""
+    return self.fork_checkpoint is not None and not self.has_own_checkpoint
 
   @property
   def best_path(self) -> str:
@@ -375,6 +395,9 @@ def _run(s: TrainSettings) -> dict[str, float]:
   removed = checkpoints.remove_stale_temporaries(s.output_dir)  # left by a killed run
   if removed:
     logging.warning("removed temporaries of an interrupted run in %s: %s", s.output_dir, removed)
+  if s.starts_from_fork:
+    copy_fork(s.fork_checkpoint, s.output_dir)
+    print(f"forked from {s.fork_checkpoint}")
   start_step, params, opt_state = restore_latest(s.output_dir, params, opt_state, s.model_config)
   if start_step:
     print(f"resumed from {s.output_dir}/checkpoint_{start_step}")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import shutil
 import tempfile
 from typing import Sequence
@@ -64,6 +65,34 @@ def prune_checkpoints(output_dir: str, keep: int = 2, protect: Sequence[int] = (
     trash = tempfile.mkdtemp(prefix=f"checkpoint_{old}.old-", dir=output_dir)
     os.rename(os.path.join(output_dir, f"checkpoint_{old}"), os.path.join(trash, "old"))
     shutil.rmtree(trash, ignore_errors=True)
+
+
+def fork_step(path: str) -> int:
+  """The step of a trainer checkpoint directory `<run>/checkpoint_<step>` holding its optimizer
+  state; FileNotFoundError / ValueError naming `path` otherwise."""
+  if not os.path.isdir(path):
+    raise FileNotFoundError(f"fork_checkpoint does not exist: {path}")
+  match = re.fullmatch(r"checkpoint_(\d+)", os.path.basename(os.path.normpath(path)))
+  if match is None:
+    raise ValueError(f"fork_checkpoint must be a checkpoint_<step> directory, got {path}")
+  if not os.path.isfile(os.path.join(path, OPTAX_STATE_FILE)):
+    raise ValueError(
+      f"fork_checkpoint {path} has no {OPTAX_STATE_FILE} (not written by this trainer)"
+    )
+  return int(match.group(1))
+
+
+def copy_fork(path: str, output_dir: str) -> str:
+  """Copies checkpoint `path` into `output_dir` under its own name, atomically (a temporary
+  directory renamed at the end), and returns the new path."""
+  step = fork_step(path)
+  os.makedirs(output_dir, exist_ok=True)
+  tmp = tempfile.mkdtemp(prefix=f"checkpoint_{step}.tmp-", dir=output_dir)
+  shutil.copytree(path, os.path.join(tmp, "copy"))
+  destination = os.path.join(output_dir, f"checkpoint_{step}")
+  os.rename(os.path.join(tmp, "copy"), destination)
+  os.rmdir(tmp)
+  return destination
 
 
 def restore_train_state(

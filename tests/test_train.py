@@ -208,3 +208,32 @@ def test_distillation_step_runs(data, tmp_path):
       distill_weight=0.5,
       **data,
     )
+
+
+def test_fork_continues_a_run_with_its_optimizer_state(data, tmp_path):
+  """A run forked from another run's checkpoint_6 (weights, optimizer state, step) and trained to
+  step 12 with the same settings equals the uninterrupted run; the source run is not touched. A
+  fork that is not a trainer checkpoint is refused before any compute, naming the path."""
+  common = dict(model_config=TINY, num_steps=12, **{**data, "checkpoint_every": 6})
+  train.train(output_dir=str(tmp_path / "full"), **common)
+  train.train(output_dir=str(tmp_path / "source"), max_steps_this_run=6, **common)
+  fork = str(tmp_path / "source" / "checkpoint_6")
+  train.train(output_dir=str(tmp_path / "fork"), fork_checkpoint=fork, **common)
+  assert checkpoints.checkpoint_steps(tmp_path / "source") == [6]
+  a = checkpoints.load_t5x_checkpoint(tmp_path / "full" / "checkpoint_12")
+  b = checkpoints.load_t5x_checkpoint(tmp_path / "fork" / "checkpoint_12")
+  jax.tree_util.tree_map(lambda x, y: np.testing.assert_allclose(x, y, rtol=1e-6, atol=1e-6), a, b)
+  with pytest.raises(ValueError, match="checkpoint_<step>"):
+    train.train(
+      output_dir=str(tmp_path / "bad"), fork_checkpoint=str(tmp_path / "source"), **common
+    )
+  with pytest.raises(FileNotFoundError, match="checkpoint_7"):
+    train.train(
+      output_dir=str(tmp_path / "bad"),
+      fork_checkpoint=str(tmp_path / "source" / "checkpoint_7"),
+      **common,
+    )
+  with pytest.raises(ValueError, match="not both"):
+    train.train(
+      output_dir=str(tmp_path / "bad"), fork_checkpoint=fork, init_checkpoint=fork, **common
+    )
