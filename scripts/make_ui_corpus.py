@@ -101,8 +101,7 @@ def build(mo_paths: list[Path], heldout_paths: tuple[Path, ...]) -> tuple[list, 
   raw = [pair for path in mo_paths for pair in corpus.read_mo_pairs(path)]
   pairs, counts = corpus.clean_ui_pairs(raw)
   heldout = [pair for path in heldout_paths for pair in corpus.read_tsv_gz(path)]
-  drop, report = overlap.find_overlap(pairs, heldout)
-  kept = [pair for pair, dropped in zip(pairs, drop) if not dropped]
+  kept, report = overlap.drop_overlap(pairs, heldout)
   counts.update(catalogues=len(mo_paths), heldout_overlap=report, pairs=len(kept))
   return kept, counts
 

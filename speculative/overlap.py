@@ -8,6 +8,7 @@ sets of word unigrams and bigrams >= `threshold` (default 0.8), computed for all
 sparse product.
 
     drop, report = overlap.find_overlap(train_pairs, heldout_pairs)
+    kept, report = overlap.drop_overlap(train_pairs, heldout_pairs)
 
 `report` counts exact and near matches per side; training code drops the flagged pairs before it
 tokenizes (speculative/train.py, `exclude_heldout`).
@@ -83,3 +84,11 @@ def find_overlap(
     drop |= exact | near
   report["dropped"] = int(drop.sum())
   return drop, report
+
+
+def drop_overlap(
+  train: Sequence[tuple[str, str]], heldout: Sequence[tuple[str, str]], threshold: float = 0.8
+) -> tuple[list[tuple[str, str]], dict[str, int]]:
+  """The training pairs that `find_overlap` keeps (input order) and its report."""
+  drop, report = find_overlap(train, heldout, threshold)
+  return [pair for pair, dropped in zip(train, drop) if not dropped], report

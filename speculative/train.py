@@ -459,8 +459,7 @@ def _load_examples(s: TrainSettings) -> tuple[list, list]:
     from speculative import overlap
 
     heldout = [p for path in s.exclude_heldout for p in read_tsv(path)]
-    drop, report = overlap.find_overlap(train_pairs, heldout)
-    train_pairs = [p for p, d in zip(train_pairs, drop) if not d]
+    train_pairs, report = overlap.drop_overlap(train_pairs, heldout)
     os.makedirs(s.output_dir, exist_ok=True)
     checkpoints.write_atomic(
       os.path.join(s.output_dir, "overlap.json"),
