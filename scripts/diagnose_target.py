@@ -59,8 +59,11 @@ def main() -> None:
     'training pairs': train_examples,
   }
   for name, examples in variants.items():
-    m = train.evaluate(eval_step, params, examples, buckets)
-    print(f'{name:30s} NLL {m["val_nll"]:.3f}  accuracy {m["val_accuracy"]:.3f}')
+    m = train.evaluate(eval_step, params, examples, buckets, prefix='x')
+    entropy = '  '.join(f'{k} {m[f"x_attention_entropy_{k}"]:.3f}' for k in train.ATTENTION_KINDS)
+    print(
+      f'{name:30s} NLL {m["x_nll"]:.3f}  accuracy {m["x_accuracy"]:.3f}  attention entropy {entropy}'
+    )
   rms = lambda x: float(np.sqrt(np.mean(np.square(x))))  # noqa: E731
   print(f'token embedding RMS {rms(params["token_embedder"]["embedding"]):.3f} (initial 1.0)')
   q_init = (config.emb_dim * config.head_dim) ** -0.5

@@ -130,29 +130,83 @@ def make_train_step(config: StepConfig, optimizer: optax.GradientTransformation,
   return train_step
 
 
+ATTENTION_KINDS = ("encoder", "decoder_self", "cross")
+
+
+def _attention_kind(name: str) -> str:
+  """'encoder/layers_0/attention' -> 'encoder', '.../self_attention' -> 'decoder_self', else 'cross'."""
+  if name.startswith("encoder/"):
+    return "encoder"
+  return "decoder_self" if name.endswith("/self_attention") else "cross"
+
+
+def attention_entropy_sums(weights: dict, encoder_tokens, decoder_target_tokens) -> dict:
+  """Per attention kind: (sum, count) of normalized entropies H(row) / log(n_keys) over every
+  layer, head and real query row that can attend to more than one key. 1.0 is uniform attention,
+  0.0 one-hot: T5 does not scale logits by 1/sqrt(head_dim), so optimizer steps that grow the query
+  and key kernels saturate the softmax (its gradient vanishes) long before the loss says so.
+
+  weights: from `T5.forward_with_attention`; encoder_tokens [B, S], decoder_target_tokens [B, T].
+  """
+  enc_real = encoder_tokens != PAD_ID  # [B, S]
+  dec_real = decoder_target_tokens != PAD_ID  # [B, T]
+  n_enc = jnp.sum(enc_real, axis=-1).astype(jnp.float32)  # [B]
+  n_causal = jnp.arange(1, decoder_target_tokens.shape[1] + 1, dtype=jnp.float32)  # [T]
+  sums = {kind: (jnp.zeros(()), jnp.zeros(())) for kind in ATTENTION_KINDS}
+  for name, w in weights.items():  # w: [B, H, Tq, Tk]
+    kind = _attention_kind(name)
+    if kind == "encoder":
+      n_keys, rows = n_enc[:, None], enc_real  # [B, 1], [B, S]
+    elif kind == "cross":
+      n_keys, rows = n_enc[:, None], dec_real  # [B, 1], [B, T]
+    else:
+      n_keys, rows = n_causal[None, :], dec_real  # [1, T], [B, T]
+    w = w.astype(jnp.float32)
+    entropy = -jnp.sum(w * jnp.log(jnp.maximum(w, 1e-30)), axis=-1)  # [B, H, Tq]
+    valid = rows & (n_keys > 1)  # [B, Tq]
+    normalized = entropy / jnp.log(jnp.maximum(n_keys, 2.0))[:, None, :]  # [B, H, Tq]
+    total, count = sums[kind]
+    sums[kind] = (
+      total + jnp.sum(normalized * valid[:, None, :]),
+      count + jnp.sum(valid) * w.shape[1],
+    )
+  return sums
+
+
 def make_eval_step(model: t5_lib.T5):
   @jax.jit
   def eval_step(params, batch):
-    logits = model.forward(params, batch["encoder_input_tokens"], batch["decoder_input_tokens"])
     targets, weights = batch["decoder_target_tokens"], batch["decoder_loss_weights"]
+    logits, attention = model.forward_with_attention(
+      params, batch["encoder_input_tokens"], targets
+    )  # [B, T, V], {name: [B, H, Tq, Tk]}
     _, nll = cross_entropy_loss(logits, targets, weights, 0.0)
     correct = jnp.sum((jnp.argmax(logits, -1) == targets) * weights)
-    return nll * jnp.sum(weights), correct, jnp.sum(weights)
+    entropy = attention_entropy_sums(attention, batch["encoder_input_tokens"], targets)
+    return nll * jnp.sum(weights), correct, jnp.sum(weights), entropy
 
   return eval_step
 
 
-def evaluate(eval_step, params, examples, buckets) -> dict[str, float]:
-  """Validation token NLL and accuracy over every example (each exactly once)."""
+def evaluate(eval_step, params, examples, buckets, prefix: str = "val") -> dict[str, float]:
+  """Token NLL and accuracy over every example (each exactly once), and the mean normalized
+  attention entropy per kind (`attention_entropy_sums`), keys prefixed with `prefix`."""
   per_bucket = assign_buckets(examples, buckets)
   nll_sum = correct = count = 0.0
+  entropy = {kind: [0.0, 0.0] for kind in ATTENTION_KINDS}
   for bucket, idx in zip(buckets, per_bucket):
     for start in range(0, len(idx), bucket.batch_size):
       chunk = idx[start : start + bucket.batch_size]
       batch = make_batch(examples, chunk, bucket)  # padding rows have zero weight
-      n, c, w = eval_step(params, batch)
+      n, c, w, e = eval_step(params, batch)
       nll_sum, correct, count = nll_sum + float(n), correct + float(c), count + float(w)
-  return {"val_nll": nll_sum / count, "val_accuracy": correct / count}
+      for kind, (total, rows) in e.items():
+        entropy[kind][0] += float(total)
+        entropy[kind][1] += float(rows)
+  metrics = {f"{prefix}_nll": nll_sum / count, f"{prefix}_accuracy": correct / count}
+  for kind, (total, rows) in entropy.items():
+    metrics[f"{prefix}_attention_entropy_{kind}"] = total / rows if rows else float("nan")
+  return metrics
 
 
 # ----------------------------------------------------------------------------------------------
@@ -422,6 +476,7 @@ def _run(s: TrainSettings) -> dict[str, float]:
     teacher_params=teacher_params,
     val_examples=val_examples,
     buckets=buckets,
+    train_subset=_train_subset(train_examples, len(val_examples)),
   )
   # The stream is deterministic in (seed, epoch); on resume we skip to roughly the same place.
   stream = batch_stream(train_examples, buckets, s.seed)
@@ -431,6 +486,14 @@ def _run(s: TrainSettings) -> dict[str, float]:
   if s.export_path and loop.end_step(start_step) == s.num_steps:
     _export_run(s, params, loop.end_step(start_step))
   return metrics
+
+
+def _train_subset(examples: list, size: int) -> list:
+  """`size` training examples evenly spaced over the (unshuffled) training set, so every train
+  file is represented: evaluated beside validation to tell underfitting from overfitting (the
+  progress bar's accuracy is one dropout batch of one length bucket)."""
+  stride = max(1, len(examples) // max(size, 1))
+  return examples[::stride][:size]
 
 
 def _initial_params(s: TrainSettings, model: t5_lib.T5):
@@ -492,7 +555,9 @@ class _TrainLoop:
   teacher_params: Any
   val_examples: list
   buckets: tuple[Bucket, ...]
-  running: float | None = None
+  train_subset: list = dataclasses.field(default_factory=list)
+  running: float | None = None  # running means (dropout on) of the sampled steps' loss, accuracy
+  running_acc: float | None = None
   tokens: int = 0
   t_start: float = 0.0
 
@@ -539,10 +604,12 @@ class _TrainLoop:
     loss = float(m["loss"])
     if not np.isfinite(loss):
       raise FloatingPointError(f"loss is {loss} at step {step}")
+    acc = float(m["accuracy"])
     self.running = loss if self.running is None else 0.9 * self.running + 0.1 * loss
+    self.running_acc = acc if self.running_acc is None else 0.9 * self.running_acc + 0.1 * acc
     bar.set_postfix(
       loss=f"{self.running:.3f}",
-      acc=f"{float(m['accuracy']):.3f}",
+      acc=f"{self.running_acc:.3f}",
       tok_s=f"{self.tokens / (time.time() - self.t_start):.0f}",
     )
 
@@ -551,6 +618,8 @@ class _TrainLoop:
     their validation NLL is the lowest so far."""
     s = self.settings
     metrics = evaluate(self.eval_step, params, self.val_examples, self.buckets)
+    if self.train_subset:  # the same training pairs every time, eval mode: under- vs overfitting
+      metrics.update(evaluate(self.eval_step, params, self.train_subset, self.buckets, "train"))
     metrics.update(
       step=done,
       train_loss=self.running,

@@ -204,6 +204,34 @@ def test_forward_target_padding_mask_keeps_valid_positions(small_setup):
   np.testing.assert_allclose(np.asarray(logits)[1:], full[1:], rtol=1e-5, atol=1e-5)
 
 
+def test_forward_with_attention_equals_forward(small_setup):
+  """Same logits as `forward`; one [B, H, Tq, Tk] softmax per attention layer, padded keys unused."""
+  params, encoder_tokens, stream, full = small_setup
+  model = T5(SMALL)
+  targets = np.concatenate([stream[:, 1:], np.full((stream.shape[0], 1), 5, np.int32)], axis=1)
+  logits, weights = jax.jit(model.forward_with_attention)(
+    params, encoder_tokens, jnp.asarray(targets)
+  )
+  np.testing.assert_allclose(np.asarray(logits), full, rtol=1e-5, atol=1e-5)
+  batch, heads, (enc_len, dec_len) = 3, SMALL.num_heads, (encoder_tokens.shape[1], stream.shape[1])
+  expected = {
+    f'encoder/layers_{i}/attention': (enc_len, enc_len) for i in range(SMALL.num_encoder_layers)
+  }
+  for i in range(SMALL.num_decoder_layers):
+    expected[f'decoder/layers_{i}/self_attention'] = (dec_len, dec_len)
+    expected[f'decoder/layers_{i}/encoder_decoder_attention'] = (dec_len, enc_len)
+  assert {k: v.shape for k, v in weights.items()} == {
+    k: (batch, heads) + v for k, v in expected.items()
+  }
+  for name, w in weights.items():
+    w = np.asarray(w)
+    np.testing.assert_allclose(w.sum(-1), 1.0, rtol=1e-5)
+    if name.endswith('encoder_decoder_attention'):
+      assert w[2, :, :, 3:].max() < 1e-6  # row 2's encoder has 3 real tokens
+    if name.endswith('/self_attention'):
+      assert np.triu(w[0, 0], k=1).max() < 1e-6  # causal
+
+
 def test_dropout_only_with_rng(small_setup):
   params, encoder_tokens, stream, full = small_setup
   noisy = T5(T5Config(**{**SMALL.__dict__, 'dropout_rate': 0.3}))

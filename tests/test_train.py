@@ -237,3 +237,37 @@ def test_fork_continues_a_run_with_its_optimizer_state(data, tmp_path):
     train.train(
       output_dir=str(tmp_path / "bad"), fork_checkpoint=fork, init_checkpoint=fork, **common
     )
+
+
+def test_attention_entropy_is_one_for_uniform_and_zero_for_one_hot():
+  """Normalized by log(number of keys a row may attend to): real keys (encoder, cross) or the
+  causal prefix (decoder self-attention); padded query rows and single-key rows are left out."""
+  import jax.numpy as jnp
+
+  enc = jnp.array([[5, 6, 7, 1, 0, 0]])  # [1, 6]: 4 real tokens
+  tgt = jnp.array([[8, 9, 1, 0]])  # [1, 4]: 3 real tokens
+  enc_real, causal = (enc != 0).astype(jnp.float32), jnp.tril(jnp.ones((4, 4)))
+  uniform = {
+    "encoder/layers_0/attention": jnp.broadcast_to(enc_real / 4, (1, 2, 6, 6)),
+    "decoder/layers_0/self_attention": (causal / causal.sum(-1, keepdims=True))[None, None],
+    "decoder/layers_0/encoder_decoder_attention": jnp.broadcast_to(enc_real / 4, (1, 2, 4, 6)),
+  }
+  one_hot = {k: jnp.zeros_like(w).at[..., 0].set(1.0) for k, w in uniform.items()}
+  for weights, expected in ((uniform, 1.0), (one_hot, 0.0)):
+    sums = train.attention_entropy_sums(weights, enc, tgt)
+    rows = {k: float(c) for k, (_, c) in sums.items()}
+    # encoder: 4 real rows x 2 heads; decoder self: rows 1-2 (row 0 sees one key) x 1 head;
+    # cross: 3 real rows x 2 heads.
+    assert rows == {"encoder": 8.0, "decoder_self": 2.0, "cross": 6.0}
+    for kind, (total, count) in sums.items():
+      np.testing.assert_allclose(float(total) / float(count), expected, atol=1e-5, err_msg=kind)
+
+
+def test_evaluation_logs_attention_entropy_and_a_training_subset(data, tmp_path):
+  out = tmp_path / "run"
+  train.train(model_config=TINY, output_dir=str(out), num_steps=4, **{**data, "eval_every": 4})
+  (m,) = _log(out)
+  for prefix in ("val", "train"):
+    assert m[f"{prefix}_nll"] > 0 and 0 <= m[f"{prefix}_accuracy"] <= 1
+    for kind in train.ATTENTION_KINDS:
+      assert 0.5 < m[f"{prefix}_attention_entropy_{kind}"] <= 1.0  # near uniform at init

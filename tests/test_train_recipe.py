@@ -109,19 +109,20 @@ def test_constant_schedule_and_adafactor_steps_scale_with_each_parameter():
     train.make_optimizer(1e-2, 1, 10, 0.0, 1.0, "constant", "sgd")
 
 
-def _distill_script():
+def _script(name: str):
+  """A module of scripts/ (not a package), loaded by path."""
   import importlib.util
   from pathlib import Path
 
-  path = Path(__file__).resolve().parents[1] / "scripts" / "distill_data.py"
-  spec = importlib.util.spec_from_file_location("distill_data", path)
+  path = Path(__file__).resolve().parents[1] / "scripts" / f"{name}.py"
+  spec = importlib.util.spec_from_file_location(name, path)
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)
   return module
 
 
 def test_distillation_data_keeps_clean_translations_in_input_order(tmp_path):
-  distill = _distill_script()
+  distill = _script("distill_data")
   prefix = "translate English to German: "
 
   def record(index, source, prediction, eos=True):
@@ -143,3 +144,27 @@ def test_distillation_data_keeps_clean_translations_in_input_order(tmp_path):
   bad.write_text(json.dumps(records[0]) + "\n" + '{"index": 1}\n')
   with pytest.raises(ValueError, match=r"predictions.jsonl:2: not a predictions record"):
     distill.read_predictions(str(bad))
+
+
+def test_learning_curve_table_and_figure(tmp_path):
+  curve = _script("learning_curve")
+  run = tmp_path / "run"
+  run.mkdir()
+  with pytest.raises(ValueError, match="no evaluations logged yet"):
+    (run / "train_log.jsonl").write_text("")
+    curve.read_log(str(run))
+  with pytest.raises(FileNotFoundError, match="no training log"):
+    curve.read_log(str(tmp_path / "missing"))
+  old = {"step": 800, "val_nll": 4.5, "val_accuracy": 0.25}  # logged before the entropy metrics
+  new = {"step": 400, "val_nll": 5.0, "val_accuracy": 0.2, "train_nll": 4.9}
+  new.update({f"val_attention_entropy_{k}": 0.9 for k in curve.KINDS})
+  (run / "train_log.jsonl").write_text(json.dumps(old) + "\n" + json.dumps(new) + "\n")
+  rows = curve.read_log(str(run))
+  assert [r["step"] for r in rows] == [400, 800]  # step order
+  table = curve.markdown_table(rows).splitlines()
+  assert table[2] == "| 400 | 5.000 | 0.200 | 4.900 | 0.90 / 0.90 / 0.90 |"
+  assert table[3] == "| 800 | 4.500 | 0.250 | - | - / - / - |"
+  png = tmp_path / "curve.png"
+  curve.plot({"run": rows}, str(png))
+  assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+  assert sorted(p.name for p in tmp_path.iterdir()) == ["curve.png", "run"]  # no temporary left

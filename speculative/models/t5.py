@@ -39,6 +39,7 @@ from typing import Sequence
 
 import flax
 from flax import linen as nn
+from flax import traverse_util
 import jax
 import jax.numpy as jnp
 
@@ -140,7 +141,7 @@ class T5:
   def param_shapes(self) -> dict[str, tuple[int, ...]]:
     """Flat {'encoder/layers_0/attention/query/kernel': shape, ...} of this config (no compute)."""
     shapes = jax.eval_shape(self.init_params, jax.random.PRNGKey(0))
-    flat = flax.traverse_util.flatten_dict(shapes, sep='/')
+    flat = traverse_util.flatten_dict(shapes, sep='/')
     return {k: tuple(v.shape) for k, v in flat.items()}
 
   def logical_axes(self) -> Params:
@@ -213,6 +214,33 @@ class T5:
     return self._apply(
       params, encoder_tokens, decoder_input_tokens, decoder_target_tokens, deterministic, rngs=rngs
     )
+
+  def forward_with_attention(
+    self, params: Params, encoder_tokens: Array, decoder_target_tokens: Array
+  ) -> tuple[Array, dict[str, Array]]:
+    """Deterministic teacher-forced forward that also returns every attention layer's softmax
+    weights (diagnostics, e.g. `train.evaluate`'s attention entropy).
+
+    decoder_target_tokens: [B, T] int32, 0 = padding (masked as in training); the decoder inputs
+    are these shifted right. Returns logits [B, T, V] float32 and {'encoder/layers_0/attention':
+    [B, H, S, S], 'decoder/layers_0/self_attention': [B, H, T, T],
+    'decoder/layers_0/encoder_decoder_attention': [B, H, T, S], ...}.
+    """
+    _check_tokens('encoder_tokens', encoder_tokens)
+    _check_tokens('decoder_target_tokens', decoder_target_tokens)
+    decoder_inputs = shift_right(decoder_target_tokens)  # [B, T]
+    logits, state = self.module.apply(
+      {'params': params},
+      encoder_tokens,
+      decoder_inputs,
+      decoder_target_tokens,
+      True,
+      mutable=['intermediates'],
+    )
+    flat = traverse_util.flatten_dict(flax.core.unfreeze(state['intermediates']), sep='/')
+    suffix = '/attention_weights'
+    weights = {k[: -len(suffix)]: v[0] for k, v in flat.items() if k.endswith(suffix)}
+    return logits, weights
 
   def init_cache(
     self, params: Params, batch_size: int, max_length: int, encoder_tokens: Array | None = None

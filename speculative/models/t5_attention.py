@@ -154,6 +154,8 @@ class MultiHeadDotProductAttention(nn.Module):
     weights = jnp.einsum(f'bqhd,{kv}->bhqk', query, key)  # [B, H, Tq, Tk]
     weights = weights + bias.astype(weights.dtype)
     weights = jax.nn.softmax(weights).astype(self.dtype)
+    # Kept only when the caller makes 'intermediates' mutable (T5.attention_weights); else a no-op.
+    self.sow('intermediates', 'attention_weights', weights)
     if not deterministic and self.dropout_rate > 0.0:
       keep_prob = 1.0 - self.dropout_rate
       # Broadcast along the query axis, as T5X does.

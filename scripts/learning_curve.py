@@ -1,0 +1,124 @@
+"""Learning curves of training runs: a markdown table and a PNG from their train_log.jsonl files.
+
+Command (from the repo root; one `label=path` per run, the path a run directory or its log):
+  .venv/bin/python scripts/learning_curve.py \
+      "T5X recipe (Adafactor from scratch)=../runs/embedded_target_t5x_recipe" \
+      --png docs/learning_curve.png
+
+Prints, per run, a markdown table with one row per evaluation: step, validation NLL and accuracy,
+the training subset's NLL (eval mode, unsmoothed; runs logged before 2026-11-24 have none) and the
+normalized attention entropy (encoder / decoder self / cross; 1 = uniform, 0 = one-hot), then the
+PNG's path. The PNG has validation NLL (solid) and training-subset NLL (dashed) against step, and
+the encoder attention entropy below.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+
+KINDS = ("encoder", "decoder_self", "cross")
+
+
+def read_log(path: str) -> list[dict]:
+  """The evaluations of a run (its directory or train_log.jsonl), in step order."""
+  if os.path.isdir(path):
+    path = os.path.join(path, "train_log.jsonl")
+  if not os.path.exists(path):
+    raise FileNotFoundError(f"no training log at {path}")
+  with open(path) as f:
+    rows = [json.loads(line) for line in f if line.strip()]
+  if not rows:
+    raise ValueError(f"{path}: no evaluations logged yet")
+  return sorted(rows, key=lambda r: r["step"])
+
+
+def _cell(row: dict, key: str, fmt: str = "{:.3f}") -> str:
+  return fmt.format(row[key]) if key in row else "-"
+
+
+def markdown_table(rows: list[dict]) -> str:
+  lines = [
+    "| step | val NLL | val accuracy | train-subset NLL | attention entropy (enc / dec / cross) |",
+    "|---|---|---|---|---|",
+  ]
+  for r in rows:
+    entropy = " / ".join(_cell(r, f"val_attention_entropy_{k}", "{:.2f}") for k in KINDS)
+    lines.append(
+      f"| {r['step']:,} | {_cell(r, 'val_nll')} | {_cell(r, 'val_accuracy')} | "
+      f"{_cell(r, 'train_nll')} | {entropy} |"
+    )
+  return "\n".join(lines)
+
+
+def plot(runs: dict[str, list[dict]], png: str) -> None:
+  import matplotlib
+
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+
+  fig, (ax_nll, ax_ent) = plt.subplots(
+    2, 1, figsize=(7, 6), sharex=True, gridspec_kw={"height_ratios": [2, 1]}
+  )
+  for i, (label, rows) in enumerate(runs.items()):
+    color = f"C{i}"
+    steps = [r["step"] for r in rows]
+    ax_nll.plot(
+      steps,
+      [r["val_nll"] for r in rows],
+      color=color,
+      marker="o",
+      ms=3,
+      label=f"{label}: validation",
+    )
+    with_train = [r for r in rows if "train_nll" in r]
+    if with_train:
+      ax_nll.plot(
+        [r["step"] for r in with_train],
+        [r["train_nll"] for r in with_train],
+        color=color,
+        linestyle="--",
+        label=f"{label}: training subset",
+      )
+    with_entropy = [r for r in rows if "val_attention_entropy_encoder" in r]
+    if with_entropy:
+      ax_ent.plot(
+        [r["step"] for r in with_entropy],
+        [r["val_attention_entropy_encoder"] for r in with_entropy],
+        color=color,
+      )
+  ax_nll.set_ylabel("token NLL (nats, unsmoothed)")
+  ax_nll.legend(fontsize=7)
+  ax_nll.grid(alpha=0.3)
+  ax_ent.set_ylabel("encoder attention\nentropy (normalized)")
+  ax_ent.set_ylim(0, 1)
+  ax_ent.set_xlabel("training step (3,072 padded tokens each)")
+  ax_ent.grid(alpha=0.3)
+  fig.tight_layout()
+  tmp = png + ".tmp.png"
+  fig.savefig(tmp, dpi=110)
+  os.replace(tmp, png)  # never a half-written figure
+  plt.close(fig)
+
+
+def main() -> None:
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("runs", nargs="+", help="label=path (a run directory or train_log.jsonl)")
+  parser.add_argument("--png", help="where to write the figure (none if omitted)")
+  args = parser.parse_args()
+  runs = {}
+  for spec in args.runs:
+    if "=" not in spec:
+      parser.error(f"expected label=path, got {spec!r}")
+    label, path = spec.split("=", 1)
+    runs[label] = read_log(path)  # every log read (and checked) before anything is written
+  for label, rows in runs.items():
+    print(f"{label}\n\n{markdown_table(rows)}\n")
+  if args.png:
+    plot(runs, args.png)
+    print(f"wrote {args.png}")
+
+
+if __name__ == "__main__":
+  main()
