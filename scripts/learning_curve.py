@@ -52,6 +52,13 @@ def markdown_table(rows: list[dict]) -> str:
   return "\n".join(lines)
 
 
+def _series(ax, rows: list[dict], key: str, **style) -> None:
+  """`key` against step, over the evaluations that logged it (none: nothing drawn)."""
+  logged = [r for r in rows if key in r]
+  if logged:
+    ax.plot([r["step"] for r in logged], [r[key] for r in logged], **style)
+
+
 def plot(runs: dict[str, list[dict]], png: str) -> None:
   import matplotlib
 
@@ -62,32 +69,10 @@ def plot(runs: dict[str, list[dict]], png: str) -> None:
     2, 1, figsize=(7, 6), sharex=True, gridspec_kw={"height_ratios": [2, 1]}
   )
   for i, (label, rows) in enumerate(runs.items()):
-    color = f"C{i}"
-    steps = [r["step"] for r in rows]
-    ax_nll.plot(
-      steps,
-      [r["val_nll"] for r in rows],
-      color=color,
-      marker="o",
-      ms=3,
-      label=f"{label}: validation",
-    )
-    with_train = [r for r in rows if "train_nll" in r]
-    if with_train:
-      ax_nll.plot(
-        [r["step"] for r in with_train],
-        [r["train_nll"] for r in with_train],
-        color=color,
-        linestyle="--",
-        label=f"{label}: training subset",
-      )
-    with_entropy = [r for r in rows if "val_attention_entropy_encoder" in r]
-    if with_entropy:
-      ax_ent.plot(
-        [r["step"] for r in with_entropy],
-        [r["val_attention_entropy_encoder"] for r in with_entropy],
-        color=color,
-      )
+    style = dict(color=f"C{i}", marker="o", ms=3)
+    _series(ax_nll, rows, "val_nll", label=f"{label}: validation", **style)
+    _series(ax_nll, rows, "train_nll", label=f"{label}: training subset", linestyle="--", **style)
+    _series(ax_ent, rows, "val_attention_entropy_encoder", **style)
   ax_nll.set_ylabel("token NLL (nats, unsmoothed)")
   ax_nll.legend(fontsize=7)
   ax_nll.grid(alpha=0.3)
