@@ -30,13 +30,18 @@ PathLike = str | os.PathLike
 
 
 def save_params(
-  params: Params, path: PathLike, dtype: Any | None = 'bfloat16', config: Any = None
+  params: Params,
+  path: PathLike,
+  dtype: Any | None = 'bfloat16',
+  config: Any = None,
+  extra: dict | None = None,
 ) -> Path:
   """Writes params as one flax-msgpack file, floats cast to `dtype` (None keeps them); atomic.
 
   The sidecar `<path>.json` records the file's sha256 and `config` (the model config dataclass,
-  or None), which `load_params` verifies. A crash between the two writes leaves the file without a
-  sidecar (it then loads with a warning), never with a stale one.
+  or None), which `load_params` verifies, and the JSON-serializable `extra` entries (e.g. the
+  training provenance of exported weights). A crash between the two writes leaves the file without
+  a sidecar (it then loads with a warning), never with a stale one.
   """
   path = Path(path)
   np_dtype = None if dtype is None else jnp.dtype(dtype)
@@ -46,7 +51,9 @@ def save_params(
   if sidecar.exists():
     os.remove(sidecar)
   write_atomic(path, data)
-  write_metadata(path, hashlib.sha256(data).hexdigest(), config, {'dtype': str(dtype)})
+  write_metadata(
+    path, hashlib.sha256(data).hexdigest(), config, {**(extra or {}), 'dtype': str(dtype)}
+  )
   return path
 
 

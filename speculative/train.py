@@ -33,12 +33,15 @@ import optax
 from speculative import checkpoints
 from speculative import jobs
 from speculative.models import t5 as t5_lib
+from speculative.train_checkpoints import check_origin
 from speculative.train_checkpoints import copy_fork
 from speculative.train_checkpoints import fork_step
 from speculative.train_checkpoints import prune_checkpoints
 from speculative.train_checkpoints import restore_latest
 from speculative.train_checkpoints import restore_train_state  # noqa: F401  (re-exported)
+from speculative.train_checkpoints import run_origin
 from speculative.train_checkpoints import save_train_state
+from speculative.train_checkpoints import write_origin
 from speculative.train_data import DEFAULT_BUCKET_LENGTHS
 from speculative.train_data import EOS_ID  # noqa: F401  (re-exported)
 from speculative.train_data import INPUT_PREFIX  # noqa: F401  (re-exported)
@@ -308,6 +311,7 @@ def train(
   optimizer: str = "adamw",
   init_checkpoint: str | None = None,
   fork_checkpoint: str | None = None,
+  export_replaces_better: bool = False,
 ) -> dict[str, float]:
   """Trains (or resumes) and returns the last metrics. See the module docstring.
 
@@ -328,6 +332,9 @@ def train(
   written by this trainer) with this run's settings (data, learning rate, dropout): weights,
   optimizer state and step count carry over. The checkpoint is copied into `output_dir`
   (atomically) when that holds none; a run that has one resumes from it instead.
+  `export_replaces_better`: the export refuses to overwrite weights whose sidecar records a lower
+  validation NLL than the ones being exported (e.g. a continuation's early best replacing the
+  shipped model) unless this is True.
   """
   settings = TrainSettings(**locals())
   os.makedirs(settings.output_dir, exist_ok=True)
@@ -369,6 +376,7 @@ class TrainSettings:
   optimizer: str = "adamw"
   init_checkpoint: str | None = None
   fork_checkpoint: str | None = None
+  export_replaces_better: bool = False
 
   def __post_init__(self):
     if not self.train_files:
@@ -382,6 +390,8 @@ class TrainSettings:
       raise ValueError("set init_checkpoint or fork_checkpoint, not both")
     if self.starts_from_fork:
       fork_step(self.fork_checkpoint)  # names the problem before any compute
+    if self.has_own_checkpoint:
+      check_origin(self.output_dir, self.origin)
     if self.optimizer not in OPTIMIZERS:
       raise ValueError(f"optimizer must be one of {OPTIMIZERS}, got {self.optimizer!r}")
     if self.num_steps < 1:
@@ -420,6 +430,12 @@ class TrainSettings:
     return self.fork_checkpoint is not None and not self.has_own_checkpoint
 
   @property
+  def origin(self) -> dict:
+    """The start of this run (weights and seed), recorded in a new run directory and checked on
+    resume."""
+    return run_origin(self.init_checkpoint, self.fork_checkpoint, self.seed)
+
+  @property
   def best_path(self) -> str:
     return os.path.join(self.output_dir, "best.msgpack")
 
@@ -447,6 +463,8 @@ def _run(s: TrainSettings) -> dict[str, float]:
   opt_state = optimizer.init(params)
   teacher, teacher_params = _load_teacher(s)
   removed = checkpoints.remove_stale_temporaries(s.output_dir)  # left by a killed run
+  if not s.has_own_checkpoint:
+    write_origin(s.output_dir, s.origin)
   if removed:
     logging.warning("removed temporaries of an interrupted run in %s: %s", s.output_dir, removed)
   if s.starts_from_fork:
@@ -649,7 +667,30 @@ def _export_run(s: TrainSettings, params, step: int) -> None:
     s.best_info_path,
     step,
     s.model_config,
+    provenance=_provenance(s),
+    replaces_better=s.export_replaces_better,
   )
+
+
+def _provenance(s: TrainSettings) -> dict:
+  """What the exported weights' sidecar records about their training besides the metrics: the run
+  directory, seed, optimizer and schedule, and the training record of the weights the run started
+  from (a continuation's lineage)."""
+  started_from = s.init_checkpoint or s.fork_checkpoint
+  record = {
+    "output_dir": os.path.abspath(s.output_dir),
+    "seed": s.seed,
+    "optimizer": s.optimizer,
+    "schedule": s.schedule,
+    "learning_rate": s.learning_rate,
+    "train_tsv": list(s.train_files),
+    "started_from": started_from,
+  }
+  if started_from is not None and os.path.isfile(started_from):
+    record["started_from_training"] = (checkpoints.read_metadata(started_from) or {}).get(
+      "training"
+    )
+  return record
 
 
 def export_params(
@@ -661,17 +702,45 @@ def export_params(
   best_info_path: str,
   step: int,
   config: t5_lib.T5Config | None = None,
+  provenance: dict | None = None,
+  replaces_better: bool = False,
 ) -> None:
-  """Writes the shipped weights: the last parameters, or the best-validation ones."""
+  """Writes the shipped weights: the last parameters, or the best-validation ones. The sidecar's
+  `training` entry records the step, the validation metrics of the exported weights (when
+  `export_best`) and `provenance`. Weights at `export_path` whose sidecar records a lower
+  validation NLL are not replaced unless `replaces_better` (checked before anything is written)."""
+  training = {"step": step}
   if export_best:
     if not os.path.exists(best_path):
       raise FileNotFoundError(f"export_best: no {best_path} (no evaluation has run yet)")
-    params = checkpoints.load_params(best_path, dtype=np.float32, config=config)
     with open(best_info_path) as f:
-      step = json.load(f)["step"]
+      training = json.load(f)
+    step = training["step"]
+  _check_not_worse(export_path, training.get("val_nll"), replaces_better)
+  if export_best:
+    params = checkpoints.load_params(best_path, dtype=np.float32, config=config)
+  training.update(provenance or {})
   n_params = sum(int(np.prod(np.shape(x))) for x in jax.tree_util.tree_leaves(params))
-  checkpoints.save_params(jax.device_get(params), export_path, dtype=export_dtype, config=config)
+  checkpoints.save_params(
+    jax.device_get(params),
+    export_path,
+    dtype=export_dtype,
+    config=config,
+    extra={"training": training},
+  )
   print(f"exported step {step} ({n_params / 1e6:.1f}M params) to {export_path} ({export_dtype})")
+
+
+def _check_not_worse(export_path: str, val_nll: float | None, replaces_better: bool) -> None:
+  """Refuses to overwrite exported weights whose sidecar records a lower validation NLL."""
+  if replaces_better or val_nll is None or not os.path.exists(export_path):
+    return
+  shipped = ((checkpoints.read_metadata(export_path) or {}).get("training") or {}).get("val_nll")
+  if shipped is not None and shipped < val_nll:
+    raise ValueError(
+      f"{export_path} records validation NLL {shipped:.4f}, lower than the {val_nll:.4f} of the "
+      "weights to export; not replaced (train.export_replaces_better = True to replace it)"
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -3,6 +3,7 @@ written in one atomic step; a run resumes from the newest readable one."""
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import re
@@ -144,3 +145,44 @@ def restore_latest(
       f"no readable checkpoint in {output_dir}:\n  " + "\n  ".join(errors)
     )
   return 0, params_template, opt_state_template
+
+
+ORIGIN_FILE = "origin.json"
+
+
+def run_origin(init_checkpoint: str | None, fork_checkpoint: str | None, seed: int) -> dict:
+  """What makes a run directory one run: the weights it started from and the data-order seed."""
+  return {
+    "init_checkpoint": None if init_checkpoint is None else os.path.abspath(init_checkpoint),
+    "fork_checkpoint": None if fork_checkpoint is None else os.path.abspath(fork_checkpoint),
+    "seed": seed,
+  }
+
+
+def check_origin(output_dir: str, origin: dict) -> None:
+  """Refuses to resume `output_dir` when it was started from other weights or with another seed
+  than `origin` says (the checkpoints there would otherwise silently continue a different run).
+  Run directories written before origins were recorded pass."""
+  path = os.path.join(output_dir, ORIGIN_FILE)
+  if not os.path.exists(path):
+    return
+  with open(path) as f:
+    recorded = json.load(f)
+  diffs = [
+    f"{k}: run {recorded.get(k)!r}, given {origin.get(k)!r}"
+    for k in sorted(set(recorded) | set(origin))
+    if recorded.get(k) != origin.get(k)
+  ]
+  if diffs:
+    raise ValueError(
+      f"{output_dir} holds a run started differently (resuming it would relabel it):\n  "
+      + "\n  ".join(diffs)
+      + "\nuse a new output_dir for the new run"
+    )
+
+
+def write_origin(output_dir: str, origin: dict) -> None:
+  """Records `origin` when a run directory is started (atomically)."""
+  checkpoints.write_atomic(
+    os.path.join(output_dir, ORIGIN_FILE), (json.dumps(origin, indent=2) + "\n").encode()
+  )

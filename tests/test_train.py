@@ -3,6 +3,7 @@
 import dataclasses
 import gzip
 import json
+import shutil
 
 import jax
 import numpy as np
@@ -144,15 +145,16 @@ def test_init_checkpoint_starts_from_its_weights(data, tmp_path):
   a = checkpoints.load_t5x_checkpoint(tmp_path / "a" / "checkpoint_6")
   b = checkpoints.load_t5x_checkpoint(tmp_path / "b" / "checkpoint_2")
   jax.tree_util.tree_map(lambda x, y: np.testing.assert_allclose(x, y, atol=1e-6), a, b)
-  # Once the run has a checkpoint it resumes from it: the init_checkpoint is no longer read.
-  train.train(
-    output_dir=str(tmp_path / "b"),
-    num_steps=3,
-    init_checkpoint=str(tmp_path / "gone"),
-    optimizer="adafactor",
-    **{**common, "learning_rate": 1e-12, "weight_decay": 0.0},
-  )
+  # Once the run has a checkpoint it resumes from it: the init_checkpoint is no longer read (here
+  # it is gone), but it must be the one the run started from.
+  shutil.move(tmp_path / "a" / "checkpoint_6", tmp_path / "moved")
+  resume = dict(optimizer="adafactor", **{**common, "learning_rate": 1e-12, "weight_decay": 0.0})
+  init = str(tmp_path / "a" / "checkpoint_6")
+  train.train(output_dir=str(tmp_path / "b"), num_steps=3, init_checkpoint=init, **resume)
   assert checkpoints.checkpoint_steps(tmp_path / "b")[-1] == 3
+  with pytest.raises(ValueError, match="started differently(.|\n)*init_checkpoint"):
+    train.train(output_dir=str(tmp_path / "b"), num_steps=4, init_checkpoint=None, **resume)
+  shutil.move(tmp_path / "moved", tmp_path / "a" / "checkpoint_6")
   other = dataclasses.replace(TINY, emb_dim=16, head_dim=8)
   with pytest.raises(checkpoints.CheckpointError, match="checkpoint_6"):
     train.train(
@@ -237,6 +239,14 @@ def test_fork_continues_a_run_with_its_optimizer_state(data, tmp_path):
     train.train(
       output_dir=str(tmp_path / "bad"), fork_checkpoint=fork, init_checkpoint=fork, **common
     )
+  # The fork's directory records where it started: resuming it from other weights or with another
+  # data-order seed is refused before any compute (it would continue, and relabel, another run).
+  other = str(tmp_path / "full" / "checkpoint_6")
+  with pytest.raises(ValueError, match="started differently(.|\n)*fork_checkpoint"):
+    train.train(output_dir=str(tmp_path / "fork"), fork_checkpoint=other, **common)
+  with pytest.raises(ValueError, match="started differently(.|\n)*seed: run 0, given 5"):
+    train.train(output_dir=str(tmp_path / "fork"), fork_checkpoint=fork, seed=5, **common)
+  assert checkpoints.checkpoint_steps(tmp_path / "fork") == [6, 12]
 
 
 def test_attention_entropy_is_one_for_uniform_and_zero_for_one_hot():

@@ -87,6 +87,38 @@ def test_best_validation_params_are_exported(tmp_path):
     )
 
 
+def test_export_records_its_training_and_never_silently_replaces_better_weights(tmp_path):
+  out = tmp_path / "export.msgpack"
+
+  def export(val_nll, value, **kwargs):
+    run = tmp_path / f"run_{value}"
+    run.mkdir()
+    checkpoints.save_params({"w": np.full(2, value, np.float32)}, run / "best.msgpack", "float32")
+    (run / "best.json").write_text(json.dumps({"step": 400, "val_nll": val_nll}))
+    train.export_params(
+      None,
+      str(out),
+      "float32",
+      True,
+      str(run / "best.msgpack"),
+      str(run / "best.json"),
+      step=9,
+      provenance={"seed": value},
+      **kwargs,
+    )
+
+  export(2.5, 1)
+  training = checkpoints.read_metadata(out)["training"]
+  assert training == {"step": 400, "val_nll": 2.5, "seed": 1}
+  with pytest.raises(ValueError, match="records validation NLL 2.5000, lower than the 2.7000"):
+    export(2.7, 2)
+  np.testing.assert_array_equal(checkpoints.load_params(out)["w"], [1, 1])  # untouched
+  export(2.7, 3, replaces_better=True)
+  assert checkpoints.read_metadata(out)["training"]["val_nll"] == 2.7
+  export(2.6, 4)  # better than what is there: replaced without being asked
+  np.testing.assert_array_equal(checkpoints.load_params(out)["w"], [4, 4])
+
+
 def test_constant_schedule_and_adafactor_steps_scale_with_each_parameter():
   s = train.make_schedule("constant", 1e-2, warmup_steps=10, num_steps=10)
   np.testing.assert_allclose(
