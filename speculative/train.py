@@ -673,12 +673,12 @@ def _export_run(s: TrainSettings, params, step: int) -> None:
 
 
 def _provenance(s: TrainSettings) -> dict:
-  """What the exported weights' sidecar records about their training besides the metrics: the run
-  directory, seed, optimizer and schedule, and the training record of the weights the run started
-  from (a continuation's lineage)."""
+  """What the exported weights' sidecar records about their training besides the metrics: seed,
+  optimizer and schedule, data, and the training record of the weights the run started from (a
+  continuation's lineage). Not the run directory: the same run gives the same sidecar wherever it
+  ran (the kill soak compares an interrupted run's outputs byte for byte with another directory's)."""
   started_from = s.init_checkpoint or s.fork_checkpoint
   record = {
-    "output_dir": os.path.abspath(s.output_dir),
     "seed": s.seed,
     "optimizer": s.optimizer,
     "schedule": s.schedule,
