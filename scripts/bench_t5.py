@@ -4,7 +4,7 @@ Command (from the repo root):
   .venv/bin/python scripts/bench_t5.py [--sizes small base] [--new_tokens 64] [--repeats 3]
 
 Random-init weights (float32; vocab 32128 for the T5 1.1 sizes, 8000 for the embedded candidates of
-docs/training.md: `--sizes emb128x2 emb256x4 emb384x4 emb512x4x8`), batch 1, a 64-token encoder input, 64 greedy tokens
+docs/training.md: `--sizes emb128x2 emb128x2x1 emb192x2x1 emb256x4 emb384x4 emb512x4x8`), batch 1, a 64-token encoder input, 64 greedy tokens
 through a jitted `lax.fori_loop` of `init_cache` + `extend(T=1)`. Each configuration is compiled and
 warmed up first; the time of a whole decode call (encoder + cache init + 64 steps, with
 `block_until_ready`) is divided by the number of new tokens; the median of `--repeats` runs is
@@ -34,6 +34,10 @@ SHAPES = {  # emb_dim, num_heads, encoder layers, decoder layers, head_dim, mlp_
   'large': (1024, 16, 24, 24, 64, 2816, 32128),
   # Embedded-target candidates (docs/training.md), gated GELU MLP, 8k vocabulary.
   'emb128x2': (128, 2, 2, 2, 64, 512, 8000),
+  'emb128x2x1': (128, 2, 2, 1, 64, 512, 8000),  # draft candidates: one decoder layer
+  'emb192x2x1': (192, 3, 2, 1, 64, 768, 8000),
+  'emb128x4x1': (128, 2, 4, 1, 64, 1024, 8000),
+  'emb128x4x2': (128, 2, 4, 2, 64, 1024, 8000),
   'emb256x4': (256, 4, 4, 4, 64, 1024, 8000),
   'emb384x4': (384, 6, 4, 4, 64, 1536, 8000),
   'emb512x4x8': (512, 8, 4, 8, 64, 1024, 8000),  # the shipped (non-translating) target's shape

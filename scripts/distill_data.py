@@ -31,6 +31,7 @@ from typing import Iterable
 from speculative import corpus
 from speculative import tasks
 from speculative.infer_inputs import EOS_ID
+from speculative.infer_outputs import load_predictions
 
 
 def distill_pairs(records: Iterable[dict], prefix: str) -> tuple[list[tuple[str, str]], dict]:
@@ -53,29 +54,13 @@ def distill_pairs(records: Iterable[dict], prefix: str) -> tuple[list[tuple[str,
   return [(s, t) for _, s, t in sorted(kept)], counts
 
 
-def read_predictions(path: str) -> list[dict]:
-  records = []
-  with open(path, encoding="utf-8") as f:
-    for line_no, line in enumerate(f, 1):
-      try:
-        record = json.loads(line)
-        if not all(k in record for k in ("index", "inputs", "prediction", "tokens")):
-          raise ValueError("needs index, inputs, prediction and tokens")
-      except ValueError as e:
-        raise ValueError(f"{path}:{line_no}: not a predictions record: {e}") from None
-      records.append(record)
-  if not records:
-    raise ValueError(f"{path}: no predictions")
-  return records
-
-
 def main() -> None:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("predictions", help="predictions-<mode>.jsonl of an infer job")
   parser.add_argument("output", help="training TSV to write (.tsv.gz)")
   parser.add_argument("--prefix", default=tasks.TRANSLATE_EN_DE_PREFIX)
   args = parser.parse_args()
-  pairs, counts = distill_pairs(read_predictions(args.predictions), args.prefix)
+  pairs, counts = distill_pairs(load_predictions(args.predictions), args.prefix)
   corpus.write_tsv_gz(args.output, pairs)
   print(json.dumps(counts))
 

@@ -173,6 +173,24 @@ def read_predictions(path: str) -> dict[int, dict]:
   return done
 
 
+def load_predictions(path: str) -> list[dict]:
+  """The records of a finished job's predictions-<mode>.jsonl in file order, each with index,
+  inputs, prediction and tokens; a malformed line is an error naming file and line."""
+  records = []
+  with open(path, encoding="utf-8") as f:
+    for line_no, line in enumerate(f, 1):
+      try:
+        record = json.loads(line)
+        if not all(k in record for k in ("index", "inputs", "prediction", "tokens")):
+          raise ValueError("needs index, inputs, prediction and tokens")
+      except ValueError as e:
+        raise ValueError(f"{path}:{line_no}: not a predictions record: {e}") from None
+      records.append(record)
+  if not records:
+    raise ValueError(f"{path}: no predictions")
+  return records
+
+
 def _jsonl(records: Iterable[dict]) -> str:
   """Records without their walltime (in timings.json), so equal settings give equal bytes."""
   return "".join(

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from speculative import checkpoints
+from speculative import infer_outputs
 from speculative import overlap
 from speculative import train
 
@@ -175,7 +176,7 @@ def test_distillation_data_keeps_clean_translations_in_input_order(tmp_path):
   bad = tmp_path / "predictions.jsonl"
   bad.write_text(json.dumps(records[0]) + "\n" + '{"index": 1}\n')
   with pytest.raises(ValueError, match=r"predictions.jsonl:2: not a predictions record"):
-    distill.read_predictions(str(bad))
+    infer_outputs.load_predictions(str(bad))
 
 
 def test_learning_curve_table_and_figure(tmp_path):
@@ -200,3 +201,33 @@ def test_learning_curve_table_and_figure(tmp_path):
   curve.plot({"run": rows}, str(png))
   assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
   assert sorted(p.name for p in tmp_path.iterdir()) == ["curve.png", "run"]  # no temporary left
+
+
+def test_draft_agreement_is_exact_on_a_models_own_greedy_output():
+  from model_utils import random_params
+  from model_utils import tiny_t5_config
+
+  from speculative.models import t5 as t5_lib
+
+  agreement = _script("draft_agreement")
+  agree = np.array([True, True, False, True, True, True, True, False])
+  # gamma 3: blocks [0,1 accepted | 2 corrected], [3,4,5 | 6 bonus], [7 corrected]
+  assert agreement.greedy_target_calls(agree, 3) == 3
+  assert agreement.greedy_target_calls(agree, 1) == 5
+  assert agreement.greedy_target_calls(np.ones(6, bool), 7) == 1
+
+  model = t5_lib.T5(tiny_t5_config(2))
+  params = random_params(model, seed=0, logit_scale=4.0)
+  other = random_params(model, seed=1, logit_scale=4.0)
+  examples = []
+  for n, source in ((5, [7, 8, 9, 1]), (9, [20, 21, 1]), (3, [300, 1])):
+    enc = jnp.asarray([source], jnp.int32)
+    tokens = []
+    for _ in range(n):  # greedy by full forwards: the reference the batched check must match
+      dec_in = jnp.asarray([[0] + tokens], jnp.int32)
+      tokens.append(int(jnp.argmax(model.forward(params, enc, dec_in)[0, -1])))
+    examples.append((np.asarray(source, np.int32), np.asarray(tokens, np.int32)))
+  own = agreement.agreement(model, params, examples, batch_size=2)
+  assert [len(a) for a in own] == [5, 9, 3]
+  assert all(a.all() for a in own)
+  assert not np.concatenate(agreement.agreement(model, other, examples)).all()
