@@ -412,7 +412,7 @@ def test_help_lists_the_run_file_macros():
     text=True,
     check=True,
   )
-  for line in ("GAMMA = 3", "INPUT_FILE = None", "TOPK = 0", "TOPP = 1.0", "OVERWRITE = False"):
+  for line in ("GAMMA = 1", "INPUT_FILE = None", "TOPK = 0", "TOPP = 1.0", "OVERWRITE = False"):
     assert line in out.stdout, line
   assert "cudart" not in out.stderr and "oneDNN" not in out.stderr
 
