@@ -35,10 +35,9 @@ from speculative import checkpoints
 from speculative import gin_utils
 from speculative import tasks
 from speculative.infer_inputs import tokenize_inputs
+from speculative.infer_outputs import load_job_manifest
 from speculative.infer_outputs import load_predictions
 from speculative.models import t5 as t5_lib
-
-INPUTS_LENGTH = 128
 
 
 def agreement(model: t5_lib.T5, params, examples, batch_size: int = 32) -> list[np.ndarray]:
@@ -90,17 +89,25 @@ def main() -> None:
   parser.add_argument('--check_target', action='store_true')
   args = parser.parse_args()
 
+  manifest = load_job_manifest(args.predictions)
+  target_config = gin_utils.load_macro(args.target_gin_file, 'EMBEDDED_TARGET', t5_lib.T5Config)
+  target_sha256 = checkpoints.verify_weights(args.target_checkpoint, target_config)
+  if manifest['target_checkpoint_sha256'] != target_sha256 or manifest['temperature'] != 0.0:
+    raise ValueError(
+      f'{args.predictions}: not greedy outputs of {args.target_checkpoint} (its manifest: target '
+      f"sha256 {manifest['target_checkpoint_sha256'][:12]}, temperature {manifest['temperature']})"
+    )
   records = load_predictions(args.predictions)
   vocabulary = tasks.get_vocabulary()
+  inputs_length = manifest['task_feature_lengths']['inputs']  # as the job truncated its inputs
   examples = [
-    (tokenize_inputs(vocabulary, r['inputs'], INPUTS_LENGTH)[0], np.asarray(r['tokens'], np.int32))
+    (tokenize_inputs(vocabulary, r['inputs'], inputs_length)[0], np.asarray(r['tokens'], np.int32))
     for r in records
   ]
   models = {
     'draft': (gin_utils.load_macro(args.gin_file, args.macro, t5_lib.T5Config), args.checkpoint)
   }
   if args.check_target:
-    target_config = gin_utils.load_macro(args.target_gin_file, 'EMBEDDED_TARGET', t5_lib.T5Config)
     models['target (self-check)'] = (target_config, args.target_checkpoint)
   tokens = sum(len(t) for _, t in examples)
   for name, (config, path) in models.items():

@@ -160,22 +160,29 @@ def read_predictions(path: str) -> dict[int, dict]:
   """Finished examples of an earlier (interrupted) run, by index."""
   if not os.path.exists(path):
     return {}
-  done = {}
-  with open(path, encoding="utf-8") as f:
-    for line_no, line in enumerate(f, 1):
-      try:
-        record = json.loads(line)
-      except json.JSONDecodeError as e:
-        raise ValueError(
-          f"{path}:{line_no}: corrupt predictions line ({e}); delete the file to start over"
-        ) from e
-      done[int(record["index"])] = record
-  return done
+  return {int(r["index"]): r for r in _read_records(path, "; delete the file to start over")}
 
 
 def load_predictions(path: str) -> list[dict]:
   """The records of a finished job's predictions-<mode>.jsonl in file order, each with index,
   inputs, prediction and tokens; a malformed line is an error naming file and line."""
+  records = _read_records(path, "")
+  if not records:
+    raise ValueError(f"{path}: no predictions")
+  return records
+
+
+def load_job_manifest(predictions_path: str) -> dict[str, Any]:
+  """The manifest of the job that wrote `predictions_path` (in the same directory)."""
+  manifest = jobs.read_manifest(os.path.dirname(os.path.abspath(predictions_path)))
+  if manifest is None:
+    raise ValueError(f"{predictions_path}: no {jobs.MANIFEST_FILE} beside it (not an infer job?)")
+  return manifest
+
+
+def _read_records(path: str, hint: str) -> list[dict]:
+  """The JSON records of a predictions file; a malformed line or a record without index, inputs,
+  prediction and tokens is an error naming file and line."""
   records = []
   with open(path, encoding="utf-8") as f:
     for line_no, line in enumerate(f, 1):
@@ -183,11 +190,9 @@ def load_predictions(path: str) -> list[dict]:
         record = json.loads(line)
         if not all(k in record for k in ("index", "inputs", "prediction", "tokens")):
           raise ValueError("needs index, inputs, prediction and tokens")
-      except ValueError as e:
-        raise ValueError(f"{path}:{line_no}: not a predictions record: {e}") from None
+      except ValueError as e:  # json.JSONDecodeError is a ValueError
+        raise ValueError(f"{path}:{line_no}: not a predictions record ({e}){hint}") from None
       records.append(record)
-  if not records:
-    raise ValueError(f"{path}: no predictions")
   return records
 
 

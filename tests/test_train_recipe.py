@@ -177,6 +177,10 @@ def test_distillation_data_keeps_clean_translations_in_input_order(tmp_path):
   bad.write_text(json.dumps(records[0]) + "\n" + '{"index": 1}\n')
   with pytest.raises(ValueError, match=r"predictions.jsonl:2: not a predictions record"):
     infer_outputs.load_predictions(str(bad))
+  with pytest.raises(ValueError, match=r"predictions.jsonl:2: not a predictions record.*delete"):
+    infer_outputs.read_predictions(str(bad))  # a resumed job names the way out
+  with pytest.raises(ValueError, match=r"no manifest.json beside it"):
+    infer_outputs.load_job_manifest(str(bad))
 
 
 def test_learning_curve_table_and_figure(tmp_path):
