@@ -4,8 +4,8 @@ Command (from the repo root; the predictions come from a baseline `infer` job of
 full test split, the command in docs/training.md "What shipped", with INFER_OUTPUT_DIR = <dir>):
   .venv/bin/python scripts/draft_agreement.py models/embedded/draft.msgpack \
       --predictions <dir>/predictions-baseline.jsonl [--gamma 3 5 7] [--check_target]
-On the shipped pair (2026-11-25): greedy alpha 0.6055 over 40794 positions of 2000 outputs; gamma 3:
-20275 target calls, block efficiency 2.012 (the target's self-check: alpha 1.0000).
+On the shipped pair (2026-11-25): greedy alpha 0.6530 over 40794 positions of 2000 outputs; gamma 3:
+18914 target calls, block efficiency 2.157 (the target's self-check: alpha 1.0000).
 
 In greedy speculative decoding the draft's proposal at position t is accepted exactly when its
 argmax given the target's prefix y_<t equals y_t, the target's own argmax there. So one batched
