@@ -32,6 +32,7 @@ from speculative.bench import inputs
 from speculative.bench import methods
 from speculative.bench import report as report_lib
 from speculative.bench import roofline
+from speculative.bench import sweep
 from speculative.models.t5 import T5
 from speculative.models.t5 import T5Config
 
@@ -451,6 +452,20 @@ def test_judge_accepts_a_tight_estimate_and_noise_log_records():
   assert costs.refusal(log.data, ["v(2)"]) is None
   assert "impossible" in costs.refusal(log.data, ["v(2)", "v(3)"])
   assert costs.refusal(None, ["v(3)"]) is None  # results measured before the verdict existed
+
+
+def test_profile_refuses_a_negative_overhead():
+  row = {"loop_steps": 10, "walltime_per_batch_s": [0.1], "walltime_s": 0.1}
+  parts = {"draft_s": 0.002, "verify_s": 0.006}  # 8 ms of calls in a 10 ms step: 2 ms overhead
+  p = sweep.profile(row, 0.0, parts)
+  assert p["overhead_s"] == pytest.approx(0.002) and p["overhead_fraction"] == pytest.approx(0.2)
+  assert "overhead_refused" not in p
+  slower_calls = {"draft_s": 0.002, "verify_s": 0.009}  # calls timed under more load than the step
+  p = sweep.profile(row, 0.0, slower_calls)
+  assert p["overhead_s"] is None and p["overhead_fraction"] is None
+  assert p["overhead_refused"].startswith("negative overhead")
+  noisy = sweep.profile(row, 0.0, parts, "v(2): spread 0.90 > 0.25")
+  assert noisy["overhead_s"] is None and noisy["overhead_refused"] == "v(2): spread 0.90 > 0.25"
 
 
 def test_refused_predictions_read_too_noisy_everywhere(run, tmp_path):

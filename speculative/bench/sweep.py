@@ -506,17 +506,26 @@ def profile(
   row: dict[str, Any], prefill_s: float, parts: dict[str, float], refused: str | None = None
 ) -> dict[str, Any]:
   """Time per loop step from the measured decode time, split into the measured parts + overhead
-  (None, with the reason in 'overhead_refused', when the parts' costs are too noisy)."""
+  (None, with the reason in 'overhead_refused', when the parts' costs are too noisy, or when the
+  step is shorter than its parts: a negative overhead is impossible, so the parts and the decode
+  were timed under different loads)."""
   steps = max(row["loop_steps"], 1)
   batches = max(len(row["walltime_per_batch_s"]), 1)
   step_s = (row["walltime_s"] - batches * prefill_s) / steps
   out = {"prefill_s_per_decode": prefill_s, "step_s": step_s}
   out.update(parts)
+  overhead_s = step_s - sum(parts.values())
+  if not refused and overhead_s < 0:
+    refused = (
+      f"negative overhead: the measured step ({1e3 * step_s:.2f} ms) is shorter than the cost "
+      f"model's calls it makes ({1e3 * sum(parts.values()):.2f} ms), so the load changed between "
+      "them"
+    )
   if refused:
     out.update(overhead_s=None, overhead_fraction=None, overhead_refused=refused)
   else:
-    out["overhead_s"] = step_s - sum(parts.values())
-    out["overhead_fraction"] = out["overhead_s"] / step_s if step_s != 0 else None
+    out["overhead_s"] = overhead_s
+    out["overhead_fraction"] = overhead_s / step_s if step_s != 0 else None
   out["prefill_fraction"] = batches * prefill_s / row["walltime_s"]
   return out
 
