@@ -165,7 +165,7 @@ def profile_section(report: dict[str, Any]) -> list[str]:
     "of a step (a 2-token catch-up call + gamma-1 one-token calls) or a drafter's propose "
     "call, verify = target (gamma+1)-token call, both from the cost model; overhead = the "
     "rest (sampling and acceptance over the vocabulary, the draft loop's control flow, "
-    f"bookkeeping). A negative overhead is impossible (the calls were timed under another load "
+    "bookkeeping). A negative overhead is impossible (the calls were timed under another load "
     f"than the decode), so it is reported as \"{TOO_NOISY}\" too.",
     "",
   ]
