@@ -289,9 +289,14 @@ def test_choices_and_targets_structure(run):
     (1.0, "repeat_last"),
   }
   for c in report["choices"]:
-    assert c["decision"] in ("speculative", "plain decoding", conclude.TOO_NOISY)
+    assert c["decision"] in (
+      "speculative",
+      "plain decoding",
+      conclude.TOO_NOISY,
+      conclude.MEASURED_FALLBACK,
+    )
     assert c["predicted_best_gamma"] == GAMMA
-    if c["decision"] == conclude.TOO_NOISY:
+    if c["decision"] in (conclude.TOO_NOISY, conclude.MEASURED_FALLBACK):
       assert c["gamma"] is None and c["predicted_speedup"] is None
     elif c["decision"] == "plain decoding":
       assert c["gamma"] is None and c["measured_speedup"] == 1.0
@@ -482,7 +487,9 @@ def test_refused_predictions_read_too_noisy_everywhere(run, tmp_path):
         overhead_s=None, overhead_fraction=None, overhead_refused="v(3): spread 0.90 > 0.25"
       )
   noisy = conclude.conclude(noisy)
-  assert {c["decision"] for c in noisy["choices"]} == {conclude.TOO_NOISY}
+  for c in noisy["choices"]:  # no prediction: plain decoding only where every gamma measured slower
+    slower = c["best_measured_speedup"] < 1.0
+    assert c["decision"] == (conclude.MEASURED_FALLBACK if slower else conclude.TOO_NOISY)
   (ratio,) = [t for t in noisy["targets"] if "measured / predicted" in t["target"]]
   assert ratio["value"] is None and ratio["met"] is None
   page = report_lib.format_report(noisy)
@@ -492,6 +499,31 @@ def test_refused_predictions_read_too_noisy_everywhere(run, tmp_path):
   assert conclude.TOO_NOISY in profile
   report_lib.write_report(noisy, str(tmp_path), plots=True, log=lambda *_: None)
   assert (tmp_path / "speedup_vs_gamma.png").is_file()
+
+
+def _policy_rows(measured, predicted):
+  return [
+    {"gamma": g, "measured_speedup": m, "predicted_speedup": p, "speedup_vs_stock": 1.1 * m}
+    for g, m, p in zip((1, 2, 3), measured, predicted)
+  ]
+
+
+def test_gamma_policy_falls_back_on_measurements_only_when_every_gamma_was_slower():
+  group = {"batch_size": 8, "temperature": 0.0}
+  slower = conclude._choice(group, "model", _policy_rows((0.86, 0.82, 0.71), (None,) * 3), 1.0)
+  assert slower["decision"] == conclude.MEASURED_FALLBACK and slower["gamma"] is None
+  assert slower["measured_speedup"] == 1.0 and slower["best_measured_gamma"] == 1
+  assert slower["measured_speedup_at_predicted_gamma"] == 0.86
+  one_faster = conclude._choice(group, "model", _policy_rows((0.9, 1.05, 0.7), (None,) * 3), 1.0)
+  assert one_faster["decision"] == conclude.TOO_NOISY and one_faster["gamma"] is None
+  assert one_faster["measured_speedup"] == 1.05 and one_faster["predicted_best_gamma"] == 2
+  # An accepted prediction decides, whatever the measurements say.
+  predicted = conclude._choice(
+    group, "model", _policy_rows((0.86, 0.82, 0.7), (1.3, 1.2, None)), 1.0
+  )
+  assert predicted["decision"] == "speculative" and predicted["gamma"] == 1
+  (target,) = conclude._choice_targets(slower, _policy_rows((0.86,), (None,))[0])
+  assert target[1] == 1.0 and "every measured γ was slower" in target[3]
 
 
 def test_roofline_counts_the_weights_a_decode_step_reads(run):

@@ -18,14 +18,19 @@ TARGET_GREEDY_STOCK = 2.0  # batch 1, greedy: >= 2x over the stock (T5X or equiv
 TARGET_SAMPLED = 1.3  # batch 1, temperature 1: >= 1.3x over our baseline
 TARGET_LARGE_BATCH = 1.0  # batch 8: never slower than the baseline
 TOO_NOISY = "too noisy to predict"  # the decision / cell text where a prediction was refused
+# The decision where no prediction was accepted but every measured gamma was slower than plain
+# decoding in this run: the policy falls back on the measurements themselves.
+MEASURED_FALLBACK = "plain decoding (measured)"
 
 
 def choose_gammas(
   groups: Sequence[dict[str, Any]], fallback_threshold: float
 ) -> list[dict[str, Any]]:
   """Per (batch, temperature, drafter): the measured gamma with the best predicted speedup, or plain
-  decoding when even that prediction is below `fallback_threshold`. Also reports the best measured
-  gamma (an optimistic pick: the maximum of noisy measurements)."""
+  decoding when even that prediction is below `fallback_threshold`; where every prediction was
+  refused as too noisy, plain decoding if every measured gamma was slower than the baseline
+  (MEASURED_FALLBACK). Also reports the best measured gamma (an optimistic pick: the maximum of
+  noisy measurements)."""
   choices = []
   for g in groups:
     by_drafter: dict[str, list[dict[str, Any]]] = {}
@@ -40,8 +45,10 @@ def _choice(
   group: dict[str, Any], drafter: str, rows: Sequence[dict[str, Any]], fallback_threshold: float
 ) -> dict[str, Any]:
   """The policy's choice among one drafter's rows of a group (rows without a prediction, refused
-  as too noisy, are not candidates; if no row has one, there is no policy: the decision says so
-  and the measured fields are those of the best measured gamma, an optimistic pick)."""
+  as too noisy, are not candidates). If no row has one: plain decoding when even the best measured
+  gamma was slower than the baseline (a conservative pick, whatever the noise), else no policy:
+  the decision says so and the measured fields are those of the best measured gamma, an
+  optimistic pick."""
   best_meas = max(rows, key=lambda r: (r["measured_speedup"], -r["gamma"]))
   predicted = [r for r in rows if r.get("predicted_speedup") is not None]
   choice = {
@@ -51,6 +58,17 @@ def _choice(
     "best_measured_gamma": best_meas["gamma"],
     "best_measured_speedup": best_meas["measured_speedup"],
   }
+  if not predicted and best_meas["measured_speedup"] < 1.0:
+    choice.update(
+      decision=MEASURED_FALLBACK,
+      gamma=None,
+      predicted_best_gamma=best_meas["gamma"],
+      predicted_speedup=None,
+      measured_speedup=1.0,
+      measured_speedup_at_predicted_gamma=best_meas["measured_speedup"],
+      speedup_vs_stock=None,
+    )
+    return choice
   if not predicted:
     choice.update(
       decision=TOO_NOISY,
@@ -101,7 +119,7 @@ def check_targets(
 def _choice_targets(c: dict[str, Any], r: dict[str, Any]) -> list[tuple[str, Any, float, str]]:
   """(target, value, threshold, note) of the targets that apply to choice `c` (its row `r`)."""
   gamma_note = f"γ={r['gamma']}"
-  if c["decision"] == TOO_NOISY:
+  if c["decision"] in (TOO_NOISY, MEASURED_FALLBACK):
     gamma_note += " (cost model too noisy to predict: the best measured γ, an optimistic pick)"
   if c["batch_size"] == 1 and c["temperature"] == 0:
     if c["decision"] == "plain decoding":
@@ -142,6 +160,12 @@ def _choice_targets(c: dict[str, Any], r: dict[str, Any]) -> list[tuple[str, Any
       f"the policy falls back to plain decoding (best predicted "
       f"{c['predicted_speedup']:.2f}X at γ={r['gamma']}, measured there "
       f"{r['measured_speedup']:.2f}X)"
+    )
+  elif c["decision"] == MEASURED_FALLBACK:
+    note = (
+      f"cost model too noisy to predict, and every measured γ was slower than the baseline "
+      f"(best γ={r['gamma']} at {r['measured_speedup']:.2f}X): the policy falls back to plain "
+      "decoding on the measurements"
     )
   return [
     (

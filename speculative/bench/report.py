@@ -19,6 +19,7 @@ from speculative.bench.cells import loads
 from speculative.bench.cells import refusable
 from speculative.bench.cells import rows_of
 from speculative.bench.cells import table
+from speculative.bench.conclude import MEASURED_FALLBACK
 from speculative.bench.conclude import TOO_NOISY
 from speculative.files import write_atomic
 
@@ -248,8 +249,9 @@ def _choice_section(report: dict[str, Any]) -> list[str]:
     "## gamma choice",
     "",
     f"Policy: among the measured gammas, the one with the best predicted speedup (EXP); if "
-    f"that is below {report['config']['fallback_threshold']:.2f}X, plain decoding. The "
-    "best "
+    f"that is below {report['config']['fallback_threshold']:.2f}X, plain decoding. Where "
+    "every prediction was refused as too noisy: plain decoding if every measured gamma was "
+    f"slower than the baseline (\"{MEASURED_FALLBACK}\"), else no decision. The best "
     "measured gamma is shown for comparison (picking it is optimistic: it is the maximum "
     "of noisy measurements).",
     "",
