@@ -122,7 +122,7 @@ def _choice_targets(c: dict[str, Any], r: dict[str, Any]) -> list[tuple[str, Any
   if c["decision"] in (TOO_NOISY, MEASURED_FALLBACK):
     gamma_note += " (cost model too noisy to predict: the best measured γ, an optimistic pick)"
   if c["batch_size"] == 1 and c["temperature"] == 0:
-    if c["decision"] == "plain decoding":
+    if c["decision"] in ("plain decoding", MEASURED_FALLBACK):
       gamma_note += " (the policy would fall back to plain decoding)"
     return [
       (
