@@ -160,12 +160,17 @@ def test_killed_job_resumes_without_losing_or_duplicating(setup, tmp_path):
   """SIGKILL the real CLI mid-run; the rerun completes every example exactly once."""
   root, kwargs = setup
   out = tmp_path / "killed"
+  # Enough examples that the job cannot finish between the poll that sees two of them and the
+  # kill, however fast the machine (with the 6 SOURCES alone a quiet machine sometimes did).
+  sources = [f"{s} ({i})" for i in range(25) for s in SOURCES]
+  inputs = tmp_path / "in.tsv"
+  inputs.write_text("".join(f"{s}\tRef {i}\n" for i, s in enumerate(sources)))
   bindings = [
     "infer.target_config = @target/t5.T5Config()",
     "infer.draft_config = @draft/t5.T5Config()",
     f"infer.target_checkpoint = '{root / 't.msgpack'}'",
     f"infer.draft_checkpoint = '{root / 'd.msgpack'}'",
-    f"infer.input_file = '{root / 'in.tsv'}'",
+    f"infer.input_file = '{inputs}'",
     f"infer.output_dir = '{out}'",
     "infer.task_feature_lengths = {'inputs': 24, 'targets': 12}",
     "infer.batch_size = 1",
@@ -198,17 +203,25 @@ def test_killed_job_resumes_without_losing_or_duplicating(setup, tmp_path):
   proc.send_signal(signal.SIGKILL)
   proc.wait()
   done_before = spec_file.read_text().count("\n") if spec_file.exists() else 0
-  assert done_before < len(SOURCES), "the job finished before it could be killed"
+  assert 2 <= done_before < len(sources), f"killed after {done_before} of {len(sources)} examples"
   subprocess.run(cmd, cwd=REPO, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
   for mode in infer.MODES:
     indices = [json.loads(line)["index"] for line in (out / f"predictions-{mode}.jsonl").open()]
-    assert indices == list(range(len(SOURCES)))
+    assert indices == list(range(len(sources)))
   metrics = json.loads((out / "metrics.json").read_text())
-  assert metrics["identical_outputs"] == len(SOURCES)
+  assert metrics["identical_outputs"] == len(sources)
   # Byte-identical to an uninterrupted run with the same settings (scripts/kill_soak.py repeats
   # this at random kill points).
   fresh = tmp_path / "fresh"
-  infer.infer(**{**kwargs, "output_dir": str(fresh), "input_prefix": "", "batch_size": 1})
+  infer.infer(
+    **{
+      **kwargs,
+      "input_file": str(inputs),
+      "output_dir": str(fresh),
+      "input_prefix": "",
+      "batch_size": 1,
+    }
+  )
   for mode in infer.MODES:
     name = f"predictions-{mode}.jsonl"
     assert (out / name).read_bytes() == (fresh / name).read_bytes()
