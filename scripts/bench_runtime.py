@@ -17,6 +17,8 @@ Settings (`--settings`, comma-separated names):
   eigen_single       --xla_cpu_multi_thread_eigen=false
   onednn             --xla_cpu_use_onednn=true
   xnnpack            --xla_cpu_use_xnnpack=true
+  no_ynn_dot         --xla_cpu_experimental_ynn_fusion_type=-individual_dot (multi-token dots on
+                     XLA's own kernels instead of YNNPACK fusions)
   bf16_weights       weights kept in bfloat16 in memory, computed in float32 (bf16 -> f32 is exact)
 
 Prints one Markdown table (setting, median ratio baseline / speculative, spread, exact) and the load
@@ -43,6 +45,7 @@ SETTINGS = {
   'eigen_single': ('--xla_cpu_multi_thread_eigen=false', 'float32'),
   'onednn': ('--xla_cpu_use_onednn=true', 'float32'),
   'xnnpack': ('--xla_cpu_use_xnnpack=true', 'float32'),
+  'no_ynn_dot': ('--xla_cpu_experimental_ynn_fusion_type=-individual_dot', 'float32'),
   'bf16_weights': ('', 'bfloat16'),
 }
 
