@@ -43,7 +43,10 @@ from flax import traverse_util
 import jax
 import jax.numpy as jnp
 
+from speculative import kernels
+
 # T5Config (gin: `t5.T5Config`) and the parts are re-exported from here.
+from speculative.models import t5_layers
 from speculative.models.t5_attention import relative_position_bucket  # noqa: F401
 from speculative.models.t5_config import T5Config
 from speculative.models.t5_network import Transformer
@@ -98,6 +101,76 @@ class T5Cache:
 
 def _unbox(tree):
   return nn.meta.unbox(tree)
+
+
+@flax.struct.dataclass
+class DecodeParams:
+  """A T5's parameters with its decoder's weights packed for `kernels.matmul` (a pytree).
+
+  Made once per job by `pack_decode_params`; `T5.init_cache`/`extend`/`encode` accept it wherever
+  they accept the plain tree, and then every decoder linear map (1-token steps and multi-token
+  verifies alike) runs in the kernel, while the encoder stays on XLA.
+
+  Fields:
+    params: the T5X parameter tree, unchanged (float32 leaves).
+    packed: the decoder's kernels, same paths as in `params` ('decoder/layers_0/mlp/wo/kernel',
+      ..., 'decoder/logits_dense/kernel'), each [ceil(N / 16), K, 16] float32 or bfloat16, and its
+      RMS norm scales ('decoder/layers_0/pre_mlp_layer_norm/scale', ...), each [d] float32: the
+      decoder's norms and its attention over the cache then run in the kernels too.
+  """
+
+  params: Params
+  packed: Params
+
+
+def packed_storage(model: 'T5', params: Params) -> str:
+  """'bfloat16' when every decoder kernel is bfloat16-valued (bf16 storage then changes nothing the
+  model computes and halves the bytes a step reads), else 'float32'."""
+  flat = traverse_util.flatten_dict(params['decoder'], sep='/')
+  for path, value in flat.items():
+    if path.endswith('kernel') and path != 'relpos_bias/rel_embedding':
+      value = jnp.asarray(value, jnp.float32)
+      if not bool(jnp.array_equal(value.astype(jnp.bfloat16).astype(jnp.float32), value)):
+        return 'float32'
+  return 'bfloat16'
+
+
+def pack_decode_params(model: 'T5', params: Params, storage: str = 'auto') -> DecodeParams:
+  """Packs every decoder linear map's kernel for the CPU kernel (see `DecodeParams`).
+
+  storage: 'float32', 'bfloat16' (refused, naming the parameter, for a weight that is not
+  bfloat16-valued) or 'auto' (`packed_storage`). With bfloat16 activations (config dtype) the XLA
+  path rounds every kernel to bfloat16 before its dot, so the layers other than the float32 logits
+  head are packed from those rounded values: the same model on either path.
+  """
+  if not kernels.available():
+    raise RuntimeError(kernels.status())
+  if isinstance(params, DecodeParams):
+    raise ValueError('params are already packed')
+  if storage == 'auto':
+    storage = packed_storage(model, params)
+  activation_dtype = jnp.dtype(model.config.dtype)
+  packed = {}
+  for path, value in traverse_util.flatten_dict(params['decoder'], sep='/').items():
+    if not path.endswith('/kernel'):
+      continue
+    name = f'decoder/{path}'
+    kernel = jnp.asarray(value, jnp.float32)
+    layer_storage = storage
+    if path != 'logits_dense/kernel' and activation_dtype == jnp.bfloat16:
+      kernel = kernel.astype(jnp.bfloat16).astype(jnp.float32)
+      layer_storage = 'bfloat16'
+    packed[tuple(name.split('/'))] = kernels.pack(kernel, layer_storage, name)
+  for path, value in traverse_util.flatten_dict(params['decoder'], sep='/').items():
+    if path.endswith('layer_norm/scale') or path == 'decoder_norm/scale':
+      packed[('decoder', *path.split('/'))] = jnp.asarray(value, jnp.float32)  # [d]
+  return DecodeParams(params=params, packed=traverse_util.unflatten_dict(packed))
+
+
+def _variables(params: Params) -> dict[str, Params]:
+  if isinstance(params, DecodeParams):
+    return {'params': params.params, t5_layers.PACKED: params.packed}
+  return {'params': params}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -168,7 +241,7 @@ class T5:
 
   # -- compute --------------------------------------------------------------------------------
   def _apply(self, params: Params, *args, method=None, rngs=None, **kwargs):
-    return self.module.apply({'params': params}, *args, method=method, rngs=rngs, **kwargs)
+    return self.module.apply(_variables(params), *args, method=method, rngs=rngs, **kwargs)
 
   def encode(self, params: Params, encoder_tokens: Array) -> Array:
     """Encoder output [B, S, d] for encoder_tokens [B, S] int32 (0 = padding)."""

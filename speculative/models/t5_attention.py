@@ -12,6 +12,8 @@ from jax import lax
 import jax.numpy as jnp
 import numpy as np
 
+from speculative import kernels
+from speculative.models.t5_layers import PACKED
 from speculative.models.t5_layers import DenseGeneral
 from speculative.models.t5_layers import attention_kernel_init
 from speculative.models.t5_layers import logical_param
@@ -147,6 +149,11 @@ class MultiHeadDotProductAttention(nn.Module):
     the same products are read in place instead of from a transposed copy of the whole cache at
     every step, with bit-identical results (docs/batch_performance.md).
     """
+    if heads_first and deterministic and self.out.has_variable(PACKED, 'kernel'):
+      # The job packed this decoder for the kernels: attention over the cache row by row, so a
+      # T-token verify gives each row the bits of T one-token steps (`kernels.decode_attention`).
+      x = kernels.decode_attention(query, key, value, bias).astype(self.dtype)  # [B, Tq, H, dh]
+      return self.out(x.reshape(x.shape[:-2] + (self.num_heads * self.head_dim,)))
     if self.float32_logits:
       query = query.astype(jnp.float32)
       key = key.astype(jnp.float32)

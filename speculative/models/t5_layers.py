@@ -14,6 +14,8 @@ import jax
 from jax import lax
 import jax.numpy as jnp
 
+from speculative import kernels
+
 Array = jax.Array
 Initializer = Callable[..., Array]
 
@@ -29,8 +31,16 @@ def logical_param(
   return module.param(name, nn.with_logical_partitioning(init, axes), shape, jnp.float32)
 
 
+PACKED = 'packed'  # variable collection of weights packed for `kernels.matmul` (see `t5.pack_decode_params`)
+
+
 class DenseGeneral(nn.Module):
-  """Bias-free linear map of the last axis with a 2-D kernel [in, features] (T5X layout)."""
+  """Bias-free linear map of the last axis with a 2-D kernel [in, features] (T5X layout).
+
+  Where the caller passes this layer's kernel packed (collection 'packed', same path as the
+  parameter), the product runs in `kernels.matmul`: float32 accumulation, one FMA chain per output
+  element, so each row's result does not depend on how many rows the call has. Otherwise XLA's dot.
+  """
 
   features: int
   kernel_axes: tuple[str, str]
@@ -43,12 +53,20 @@ class DenseGeneral(nn.Module):
     kernel = logical_param(
       self, 'kernel', self.kernel_init, (inputs.shape[-1], self.features), self.kernel_axes
     )
+    if self.has_variable(PACKED, 'kernel'):
+      packed = self.get_variable(PACKED, 'kernel')  # [ceil(features/16), in, 16]
+      kernels.check_packed(packed, inputs.shape[-1], self.features, '/'.join(self.scope.path))
+      return kernels.matmul(inputs, packed, self.features).astype(self.dtype)
     kernel = jnp.asarray(kernel, self.dtype)
     return lax.dot_general(inputs, kernel, (((inputs.ndim - 1,), (0,)), ((), ())))
 
 
 class LayerNorm(nn.Module):
-  """T5 RMS layer norm: no mean subtraction, no bias; statistics in float32."""
+  """T5 RMS layer norm: no mean subtraction, no bias; statistics in float32.
+
+  With a 'packed' copy of its scale (`t5.pack_decode_params`) it runs in `kernels.rms_norm`, whose
+  row results do not depend on the number of rows.
+  """
 
   epsilon: float = 1e-6
   dtype: Any = jnp.float32
@@ -56,6 +74,9 @@ class LayerNorm(nn.Module):
   @nn.compact
   def __call__(self, x: Array) -> Array:
     x = jnp.asarray(x, jnp.float32)
+    if self.has_variable(PACKED, 'scale'):  # the job runs this model's decoder on the kernels
+      scale = self.get_variable(PACKED, 'scale')  # [d] float32
+      return kernels.rms_norm(x, scale, self.epsilon).astype(self.dtype)
     mean2 = jnp.mean(lax.square(x), axis=-1, keepdims=True)
     y = jnp.asarray(x * lax.rsqrt(mean2 + self.epsilon), self.dtype)
     scale = logical_param(self, 'scale', nn.initializers.ones, (x.shape[-1],), ('embed',))

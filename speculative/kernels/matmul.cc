@@ -1,0 +1,317 @@
+// Weight-streaming matmul for CPU decode steps, called from JAX through the XLA FFI.
+//
+//   out[m, n] = sum_k x[m, k] * w[k, n]
+//
+// x is float32 [..., K] (all leading dims are rows, M of them); w is packed once, at model load, as
+// [ceil(N / 16), K, 16] (16 output columns per block, zero-padded) in float32 or bfloat16; out is
+// float32 [..., N]. A decode step with T tokens per row has few rows, so the cost is reading w:
+// every weight is read once per call for all M rows, which makes a T-token verify cost about as
+// much as a 1-token step (XLA's CPU dot reads them again per row block).
+//
+// Arithmetic: each output element is one fused multiply-add chain over k = 0, 1, ..., K-1 starting
+// from +0. Every path below (AVX-512, AVX2+FMA, portable std::fma) does exactly that, so a row's
+// result does not depend on M, on how rows and blocks are tiled, on threads, or on the host's ISA.
+// bfloat16 -> float32 is exact (the bf16 bits are the high half of the f32), so bf16 storage only
+// halves the bytes streamed.
+//
+// Threads: work is split over groups of output blocks and scheduled on XLA's intra-op thread pool
+// (the FFI's ThreadPool context), never on threads of our own. The calling thread takes groups too
+// and only waits for groups another thread has already started, so a busy pool cannot deadlock it.
+//
+// Built by `python -m speculative.kernels.build` (the Makefile runs it); no -march flag: the ISA
+// paths carry target attributes and are chosen at run time from CPUID.
+
+#include <immintrin.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <thread>
+
+#include "xla/ffi/api/ffi.h"
+
+namespace ffi = xla::ffi;
+
+namespace {
+
+constexpr int64_t kBlock = 16;  // output columns per packed block
+
+enum Isa : int64_t { kAuto = 0, kPortable = 1, kAvx2 = 2, kAvx512 = 3 };
+
+struct Problem {
+  const float* x;  // [M, K]
+  const void* w;   // [NB, K, 16], float32 or bfloat16 bits
+  bool bf16;
+  float* out;  // [M, N]
+  int64_t m, k, n, nb;
+};
+
+// Writes `cols` (<= 16) columns of one row of a block; the padding columns are dropped.
+inline void store_cols(float* dst, const float* acc, int64_t cols) {
+  std::memcpy(dst, acc, sizeof(float) * cols);
+}
+
+// ---- portable: std::fma, one element at a time (the reference order for every path) ----------
+
+inline float bf16_to_f32(uint16_t bits) {
+  uint32_t u = uint32_t(bits) << 16;
+  float f;
+  std::memcpy(&f, &u, sizeof(f));
+  return f;
+}
+
+template <bool BF16>
+void blocks_portable(const Problem& p, int64_t b0, int64_t b1) {
+  for (int64_t b = b0; b < b1; ++b) {
+    const int64_t cols = std::min(kBlock, p.n - b * kBlock);
+    for (int64_t r = 0; r < p.m; ++r) {
+      float acc[kBlock] = {0.0f};
+      const float* xr = p.x + r * p.k;
+      for (int64_t i = 0; i < p.k; ++i) {
+        const int64_t off = (b * p.k + i) * kBlock;
+        for (int64_t j = 0; j < kBlock; ++j) {
+          const float w = BF16 ? bf16_to_f32(static_cast<const uint16_t*>(p.w)[off + j])
+                               : static_cast<const float*>(p.w)[off + j];
+          acc[j] = std::fma(xr[i], w, acc[j]);
+        }
+      }
+      store_cols(p.out + r * p.n + b * kBlock, acc, cols);
+    }
+  }
+}
+
+// ---- AVX-512: a block is one zmm; tiles of R rows x G blocks (R*G accumulators) ----------------
+
+template <bool BF16>
+__attribute__((target("avx512f"))) inline __m512 load16_avx512(const void* w, int64_t off) {
+  if constexpr (BF16) {
+    const __m256i h = _mm256_loadu_si256(
+        reinterpret_cast<const __m256i*>(static_cast<const uint16_t*>(w) + off));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+  } else {
+    return _mm512_loadu_ps(static_cast<const float*>(w) + off);
+  }
+}
+
+template <int R, int G, bool BF16>
+__attribute__((target("avx512f"))) void tile_avx512(const Problem& p, int64_t r0, int64_t b0) {
+  __m512 acc[R][G];
+  for (int r = 0; r < R; ++r)
+    for (int g = 0; g < G; ++g) acc[r][g] = _mm512_setzero_ps();
+  const float* x = p.x + r0 * p.k;
+  for (int64_t i = 0; i < p.k; ++i) {
+    __m512 w[G];
+    for (int g = 0; g < G; ++g) w[g] = load16_avx512<BF16>(p.w, ((b0 + g) * p.k + i) * kBlock);
+    for (int r = 0; r < R; ++r) {
+      const __m512 xb = _mm512_set1_ps(x[r * p.k + i]);
+      for (int g = 0; g < G; ++g) acc[r][g] = _mm512_fmadd_ps(xb, w[g], acc[r][g]);
+    }
+  }
+  alignas(64) float buf[kBlock];
+  for (int r = 0; r < R; ++r)
+    for (int g = 0; g < G; ++g) {
+      _mm512_store_ps(buf, acc[r][g]);
+      const int64_t b = b0 + g;
+      store_cols(p.out + (r0 + r) * p.n + b * kBlock, buf, std::min(kBlock, p.n - b * kBlock));
+    }
+}
+
+// ---- AVX2 + FMA: a block is two ymm -------------------------------------------------------------
+
+template <bool BF16>
+__attribute__((target("avx2,fma"))) inline __m256 load8_avx2(const void* w, int64_t off) {
+  if constexpr (BF16) {
+    const __m128i h =
+        _mm_loadu_si128(reinterpret_cast<const __m128i*>(static_cast<const uint16_t*>(w) + off));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+  } else {
+    return _mm256_loadu_ps(static_cast<const float*>(w) + off);
+  }
+}
+
+template <int R, int G, bool BF16>
+__attribute__((target("avx2,fma"))) void tile_avx2(const Problem& p, int64_t r0, int64_t b0) {
+  __m256 acc[R][G][2];
+  for (int r = 0; r < R; ++r)
+    for (int g = 0; g < G; ++g) acc[r][g][0] = acc[r][g][1] = _mm256_setzero_ps();
+  const float* x = p.x + r0 * p.k;
+  for (int64_t i = 0; i < p.k; ++i) {
+    __m256 w[G][2];
+    for (int g = 0; g < G; ++g) {
+      const int64_t off = ((b0 + g) * p.k + i) * kBlock;
+      w[g][0] = load8_avx2<BF16>(p.w, off);
+      w[g][1] = load8_avx2<BF16>(p.w, off + 8);
+    }
+    for (int r = 0; r < R; ++r) {
+      const __m256 xb = _mm256_set1_ps(x[r * p.k + i]);
+      for (int g = 0; g < G; ++g) {
+        acc[r][g][0] = _mm256_fmadd_ps(xb, w[g][0], acc[r][g][0]);
+        acc[r][g][1] = _mm256_fmadd_ps(xb, w[g][1], acc[r][g][1]);
+      }
+    }
+  }
+  alignas(32) float buf[kBlock];
+  for (int r = 0; r < R; ++r)
+    for (int g = 0; g < G; ++g) {
+      _mm256_store_ps(buf, acc[r][g][0]);
+      _mm256_store_ps(buf + 8, acc[r][g][1]);
+      const int64_t b = b0 + g;
+      store_cols(p.out + (r0 + r) * p.n + b * kBlock, buf, std::min(kBlock, p.n - b * kBlock));
+    }
+}
+
+// Rows in tiles of up to R (a remainder tile of 1..R-1 rows), blocks in tiles of G (then single
+// blocks). Tiling only groups independent FMA chains; it never changes any element's order.
+template <int R, int G, void (*Tile)(const Problem&, int64_t, int64_t), typename Rest>
+void run_tiles(const Problem& p, int64_t b0, int64_t b1, Rest rest) {
+  int64_t b = b0;
+  for (; b + G <= b1; b += G) {
+    int64_t r = 0;
+    for (; r + R <= p.m; r += R) Tile(p, r, b);
+    rest(p, r, b, G);
+  }
+  for (; b < b1; ++b) rest(p, 0, b, 1);
+}
+
+#define SPEC_ROW_REST(TILE, R_MAX, BF16)                                          \
+  [](const Problem& p, int64_t r, int64_t b, int g) {                             \
+    for (; r < p.m;) {                                                            \
+      const int64_t left = p.m - r;                                               \
+      if (g == 1) {                                                               \
+        if (left >= R_MAX) { TILE<R_MAX, 1, BF16>(p, r, b); r += R_MAX; }         \
+        else if (left >= 2) { TILE<2, 1, BF16>(p, r, b); r += 2; }                \
+        else { TILE<1, 1, BF16>(p, r, b); r += 1; }                               \
+      } else {                                                                    \
+        if (left >= 2) { TILE<2, GROUP, BF16>(p, r, b); r += 2; }                 \
+        else { TILE<1, GROUP, BF16>(p, r, b); r += 1; }                           \
+      }                                                                           \
+    }                                                                             \
+  }
+
+template <bool BF16>
+__attribute__((target("avx512f"))) void blocks_avx512(const Problem& p, int64_t b0, int64_t b1) {
+  constexpr int GROUP = 4;
+  run_tiles<4, GROUP, tile_avx512<4, GROUP, BF16>>(p, b0, b1,
+                                                    SPEC_ROW_REST(tile_avx512, 4, BF16));
+}
+
+template <bool BF16>
+__attribute__((target("avx2,fma"))) void blocks_avx2(const Problem& p, int64_t b0, int64_t b1) {
+  constexpr int GROUP = 2;
+  run_tiles<2, GROUP, tile_avx2<2, GROUP, BF16>>(p, b0, b1, SPEC_ROW_REST(tile_avx2, 2, BF16));
+}
+
+#undef SPEC_ROW_REST
+
+using BlocksFn = void (*)(const Problem&, int64_t, int64_t);
+
+BlocksFn select(int64_t isa, bool bf16) {
+  switch (isa) {
+    case kAvx512:
+      return bf16 ? blocks_avx512<true> : blocks_avx512<false>;
+    case kAvx2:
+      return bf16 ? blocks_avx2<true> : blocks_avx2<false>;
+    default:
+      return bf16 ? blocks_portable<true> : blocks_portable<false>;
+  }
+}
+
+int64_t best_isa() {
+  __builtin_cpu_init();
+  if (__builtin_cpu_supports("avx512f")) return kAvx512;
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return kAvx2;
+  return kPortable;
+}
+
+bool isa_supported(int64_t isa) {
+  return isa == kPortable || (isa == kAvx2 && best_isa() >= kAvx2) ||
+         (isa == kAvx512 && best_isa() == kAvx512);
+}
+
+// Work shared between the calling thread and pool tasks; owned jointly, so a pool task that starts
+// after the call has returned finds no work left and touches nothing else.
+struct Shared {
+  Problem p;
+  BlocksFn fn;
+  int64_t units, blocks_per_unit;
+  std::atomic<int64_t> next{0};
+  std::atomic<int64_t> done{0};
+
+  void work() {
+    for (int64_t u; (u = next.fetch_add(1, std::memory_order_relaxed)) < units;) {
+      const int64_t b0 = u * blocks_per_unit;
+      fn(p, b0, std::min(p.nb, b0 + blocks_per_unit));
+      done.fetch_add(1, std::memory_order_release);
+    }
+  }
+};
+
+// Below this many weight bytes per call a second thread costs more than it saves.
+constexpr int64_t kMinParallelBytes = 256 * 1024;
+
+ffi::Error PackedMatmul(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::AnyBuffer w,
+                        ffi::Result<ffi::Buffer<ffi::F32>> out, int64_t n, int64_t isa) {
+  const auto xd = x.dimensions();
+  const auto wd = w.dimensions();
+  if (xd.size() < 1 || wd.size() < 3)
+    return ffi::Error::InvalidArgument("packed_matmul: x must be [..., K], w [NB, K, 16]");
+  const int64_t k = xd.back();
+  const int64_t nb = wd[wd.size() - 3];
+  const bool bf16 = w.element_type() == ffi::DataType::BF16;
+  if (!bf16 && w.element_type() != ffi::DataType::F32)
+    return ffi::Error::InvalidArgument("packed_matmul: packed weights must be float32 or bfloat16");
+  if (wd[wd.size() - 2] != k || wd.back() != kBlock || nb != (n + kBlock - 1) / kBlock ||
+      static_cast<int64_t>(w.element_count()) != nb * k * kBlock)
+    return ffi::Error::InvalidArgument("packed_matmul: packed weight shape does not match x and n");
+  if (isa == kAuto) isa = best_isa();
+  if (!isa_supported(isa))
+    return ffi::Error::InvalidArgument("packed_matmul: this CPU does not support the ISA asked for");
+  const int64_t m = k == 0 ? 0 : static_cast<int64_t>(x.element_count()) / k;
+  if (static_cast<int64_t>(out->element_count()) != m * n)
+    return ffi::Error::InvalidArgument("packed_matmul: output shape does not match x and n");
+  Problem p{x.typed_data(), w.untyped_data(), bf16, out->typed_data(), m, k, n, nb};
+  if (m == 0 || n == 0) return ffi::Error::Success();
+  if (k == 0) {
+    std::fill(p.out, p.out + m * n, 0.0f);
+    return ffi::Error::Success();
+  }
+  const BlocksFn fn = select(isa, bf16);
+  const int64_t threads = std::max<int64_t>(1, pool.num_threads());
+  const int64_t bytes = nb * k * kBlock * (bf16 ? 2 : 4);
+  if (threads == 1 || bytes < kMinParallelBytes || nb < 2) {
+    fn(p, 0, nb);
+    return ffi::Error::Success();
+  }
+  // A few units per thread so that a thread delayed by other work does not hold up the call.
+  auto shared = std::make_shared<Shared>();
+  shared->p = p;
+  shared->fn = fn;
+  const int64_t want = std::min<int64_t>(nb, threads * 4);
+  shared->blocks_per_unit = (nb + want - 1) / want;
+  shared->units = (nb + shared->blocks_per_unit - 1) / shared->blocks_per_unit;
+  for (int64_t t = 0; t + 1 < std::min(threads, shared->units); ++t)
+    pool.Schedule([shared] { shared->work(); });
+  shared->work();
+  while (shared->done.load(std::memory_order_acquire) < shared->units) {
+    _mm_pause();
+    std::this_thread::yield();
+  }
+  return ffi::Error::Success();
+}
+
+}  // namespace
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(SpeculativePackedMatmul, PackedMatmul,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Ret<ffi::Buffer<ffi::F32>>()
+                                  .Attr<int64_t>("n")
+                                  .Attr<int64_t>("isa"));
+
+// For Python (ctypes): the best ISA path this CPU runs (1 portable, 2 AVX2+FMA, 3 AVX-512).
+extern "C" int64_t speculative_best_isa() { return best_isa(); }

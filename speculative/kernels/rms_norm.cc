@@ -1,0 +1,74 @@
+// T5's RMS layer norm of each row, called from JAX through the XLA FFI:
+//
+//   y[r, :] = (x[r, :] * (1 / sqrt(sum(x[r, :]^2) / d + eps))) * scale
+//
+// x [..., d] float32 (all leading dims are rows), scale [d] float32, y like x. The sum of squares
+// is a 16-lane FMA reduction with a fixed tree (rms_norm_impl.inc), so a row's result does not
+// depend on how many rows the call has or on the ISA path.
+
+#include <cmath>
+#include <cstdint>
+
+#include "vec16.h"
+#include "xla/ffi/api/ffi.h"
+
+namespace ffi = xla::ffi;
+using Rank1 = ffi::Buffer<ffi::F32, 1>;  // an alias: the handler macro below splits at commas
+
+namespace {
+
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512vl,avx2,fma")
+namespace avx512 {
+using V = spec::V16Avx512;
+#include "rms_norm_impl.inc"
+}  // namespace avx512
+#pragma GCC pop_options
+
+#pragma GCC push_options
+#pragma GCC target("avx2,fma")
+namespace avx2 {
+using V = spec::V16Avx2;
+#include "rms_norm_impl.inc"
+}  // namespace avx2
+#pragma GCC pop_options
+
+namespace portable {
+using V = spec::V16Portable;
+#include "rms_norm_impl.inc"
+}  // namespace portable
+
+int64_t BestIsa() {
+  __builtin_cpu_init();
+  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl")) return 3;
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return 2;
+  return 1;
+}
+
+ffi::Error RmsNorm(ffi::Buffer<ffi::F32> x, Rank1 scale, ffi::Result<ffi::Buffer<ffi::F32>> y,
+                   float eps, int64_t isa) {
+  const auto xd = x.dimensions();
+  if (xd.size() < 1 || xd.back() != scale.dimensions()[0])
+    return ffi::Error::InvalidArgument("rms_norm: x must be [..., d] and scale [d]");
+  const int64_t d = xd.back();
+  if (isa == 0) isa = BestIsa();
+  if (isa > BestIsa())
+    return ffi::Error::InvalidArgument("rms_norm: this CPU does not support the ISA asked for");
+  if (d == 0) return ffi::Error::Success();
+  auto* body = isa == 3 ? avx512::rms_norm_body
+               : isa == 2 ? avx2::rms_norm_body
+                          : portable::rms_norm_body;
+  body(x.typed_data(), scale.typed_data(), y->typed_data(),
+       static_cast<int64_t>(x.element_count()) / d, d, eps);
+  return ffi::Error::Success();
+}
+
+}  // namespace
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(SpeculativeRmsNorm, RmsNorm,
+                              ffi::Ffi::Bind()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<Rank1>()
+                                  .Ret<ffi::Buffer<ffi::F32>>()
+                                  .Attr<float>("eps")
+                                  .Attr<int64_t>("isa"));
