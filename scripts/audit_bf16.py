@@ -4,7 +4,7 @@ For each variant (activation dtype, optionally the float32 logits head `T5Config
 float32 attention logits), decodes the first `--num_examples` test sentences of the LibreOffice
 En-De task greedily, once with the baseline (1-token steps) and once speculatively with the draft
 model (gamma+1-token verify calls), and audits every example whose outputs differ
-(`speculative.audit`: first differing position, float32 logits there, top-2 gap, near-tie vs
+(`speculative.decode.audit`: first differing position, float32 logits there, top-2 gap, near-tie vs
 mismatch). Also reports the baseline's and the speculative decode's per-token cost (warm, the
 first batch is decoded once untimed to compile) and the measured per-logit error of the variant's
 full forward against float32, in units of the audit's per-logit allowance eps * max(|z|, 1).
@@ -26,8 +26,10 @@ decoding makes) in N interleaved rounds and prints its ratio to the first varian
   .venv/bin/python scripts/audit_bf16.py --num_examples=8 --batch_size=8 --cost_rounds=7
 
 Variants (`--variants`, comma-separated): a dtype name, optionally followed by `+f32logits`
-(logits_dtype='float32') and/or `+f32attn` (float32_attention_logits=True), e.g.
-`bfloat16,bfloat16+f32logits,float32`. The draft always runs in the variant's dtype.
+(logits_dtype='float32'), `+f32attn` (float32_attention_logits=True) and/or `+kernels` (both
+decoders on the CPU kernels, `speculative.kernels`: every verify row then has the bits of the
+1-token step), e.g. `bfloat16,bfloat16+kernels,float32`. The draft always runs in the variant's
+dtype.
 Prints Markdown tables; with --output_json, also writes every number there.
 """
 
@@ -50,13 +52,13 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from speculative import audit  # noqa: E402
-from speculative import gin_utils  # noqa: E402
-from speculative import infer  # noqa: E402
-from speculative import modes  # noqa: E402
-from speculative import tasks  # noqa: E402
 from speculative.bench import noise  # noqa: E402
 from speculative.bench import timing  # noqa: E402
+from speculative.checkpoints import params_files
+from speculative.data import tasks  # noqa: E402
+from speculative.decode import audit  # noqa: E402
+from speculative.decode import modes  # noqa: E402
+from speculative.jobs import gin_utils  # noqa: E402
 from speculative.models import t5 as t5_lib  # noqa: E402
 
 
@@ -108,8 +110,8 @@ def parse_variant(spec: str) -> dict:
       overrides['logits_dtype'] = 'float32'
     elif flag == 'f32attn':
       overrides['float32_attention_logits'] = True
-    else:
-      raise ValueError(f'unknown variant flag {flag!r} in {spec!r} (f32logits, f32attn)')
+    elif flag != 'kernels':  # not a config override: `_variant_decoder` packs the weights
+      raise ValueError(f'unknown variant flag {flag!r} in {spec!r} (f32logits, f32attn, kernels)')
   return overrides
 
 
@@ -129,7 +131,7 @@ def run_variant(spec: str, batches: list[np.ndarray], args: argparse.Namespace) 
   """Greedy baseline and speculative decodes of `batches` with the variant's models, audited: the
   divergences, their verdicts and table, ms per token, and the target's logit error ratios."""
   overrides = parse_variant(spec)
-  target, target_params, decode = _variant_decoder(overrides, args)
+  target, target_params, decode = _variant_decoder(overrides, args, '+kernels' in spec)
   decode(batches[0])  # compile (untimed)
   sequences = {'baseline': [], 'speculative': []}
   seconds = {'baseline': 0.0, 'speculative': 0.0}
@@ -162,17 +164,20 @@ def run_variant(spec: str, batches: list[np.ndarray], args: argparse.Namespace) 
   }
 
 
-def _variant_decoder(overrides: dict, args: argparse.Namespace):
+def _variant_decoder(overrides: dict, args: argparse.Namespace, use_kernels: bool = False):
   """(target, target_params, decode) of the variant `overrides`: decode(encoder [B, S]) ->
   {mode: (token lists, seconds)}, the greedy baseline and speculative decodes of one batch."""
   target_config = gin_utils.load_macro(args.target_gin, 'EMBEDDED_TARGET', t5_lib.T5Config)
   draft_config = gin_utils.load_macro(args.draft_gin, 'EMBEDDED_DRAFT', t5_lib.T5Config)
-  target, target_params = infer.load_model(
+  target, target_params = params_files.load_model(
     dataclasses.replace(target_config, **overrides), args.target_checkpoint
   )
-  draft, draft_params = infer.load_model(
+  draft, draft_params = params_files.load_model(
     dataclasses.replace(draft_config, **overrides), args.draft_checkpoint
   )
+  if use_kernels:
+    target_params = t5_lib.pack_decode_params(target, target_params)
+    draft_params = t5_lib.pack_decode_params(draft, draft_params)
   fns = modes.greedy_model_pair(
     target,
     target_params,
@@ -225,7 +230,7 @@ def variant_costs(specs: list[str], encoder: np.ndarray, args: argparse.Namespac
   target_config = gin_utils.load_macro(args.target_gin, 'EMBEDDED_TARGET', t5_lib.T5Config)
   timers = {}
   for spec in specs:
-    target, params = infer.load_model(
+    target, params = params_files.load_model(
       dataclasses.replace(target_config, **parse_variant(spec)), args.target_checkpoint
     )
     for tokens in (1, args.gamma + 1):

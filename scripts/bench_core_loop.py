@@ -36,10 +36,10 @@ import gin
 import jax
 import jax.numpy as jnp
 
-from speculative import decoding
 from speculative import drafters
 from speculative import sampling as sampling_lib
-from speculative.bench import costs as costs_lib
+from speculative.bench import noise
+from speculative.decode import loops as decoding
 
 REPO = Path(__file__).resolve().parents[1]
 PROMPT_LEN = 16
@@ -207,8 +207,8 @@ def report(clock: str, timer: Timer, args, lengths) -> None:
     f'-> loop overhead {100 * (token / t[1] - 1):+.1f}%'
   )
   # c and v(T): medians of per-round ratios, with the benchmark's noise verdict.
-  ratio = lambda name: costs_lib.estimate(  # noqa: E731
-    costs_lib.ratio_samples(timer.times[name][clock], timer.times['target1'][clock])
+  ratio = lambda name: noise.estimate(  # noqa: E731
+    noise.ratio_samples(timer.times[name][clock], timer.times['target1'][clock])
   )
   c = ratio('draft1')
   v = {n: ratio(f'target{n}') for n in range(2, 9)}
@@ -217,8 +217,8 @@ def report(clock: str, timer: Timer, args, lengths) -> None:
     f'-> c = {c.value:.3f} (spread {c.spread:.2f})'
   )
   print('   v(T) = t(T)/t(1): ' + ', '.join(f'v({n})={v[n].value:.2f}' for n in v))
-  verdicts = [costs_lib.judge(c, 'c')] + [
-    costs_lib.judge(est, f'v({n})', minimum=1.0) for n, est in v.items()
+  verdicts = [noise.judge(c, 'c')] + [
+    noise.judge(est, f'v({n})', minimum=1.0) for n, est in v.items()
   ]
   for verdict in filter(None, verdicts):
     print(f'   too noisy to predict from: {verdict}')

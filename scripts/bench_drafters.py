@@ -56,12 +56,12 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from speculative import checkpoints  # pylint: disable=wrong-import-position
-from speculative import decoding  # pylint: disable=g-import-not-at-top,wrong-import-position
 from speculative import drafters as drafters_lib  # pylint: disable=wrong-import-position
-from speculative import files  # pylint: disable=wrong-import-position
 from speculative import sampling as sampling_lib  # pylint: disable=wrong-import-position
-from speculative import tasks  # pylint: disable=wrong-import-position
 from speculative.bench import costs as costs_lib  # pylint: disable=wrong-import-position
+from speculative.checkpoints import files  # pylint: disable=wrong-import-position
+from speculative.data import tasks  # pylint: disable=wrong-import-position
+from speculative.decode import loops as decoding  # pylint: disable=g-import-not-at-top,wrong-import-position
 from speculative.models import t5 as t5_lib  # pylint: disable=wrong-import-position
 
 EOS_ID = 1
@@ -134,7 +134,7 @@ def _ints(text: str) -> list[int]:
 
 def load_t5_config(gin_file: str, macro: str) -> t5_lib.T5Config:
   """The T5Config a model gin file binds to `macro` (e.g. EMBEDDED_TARGET)."""
-  from speculative import gin_utils  # pylint: disable=g-import-not-at-top
+  from speculative.jobs import gin_utils  # pylint: disable=g-import-not-at-top
 
   return gin_utils.load_macro(str(REPO / gin_file), macro, t5_lib.T5Config)
 

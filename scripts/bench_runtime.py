@@ -80,8 +80,8 @@ def _load_pair(param_dtype: str):
   models' float32 either way)."""
   import jax
 
-  from speculative import gin_utils
-  from speculative import infer
+  from speculative.checkpoints import params_files
+  from speculative.jobs import gin_utils
   from speculative.models import t5 as t5_lib
 
   os.chdir(REPO)
@@ -91,8 +91,8 @@ def _load_pair(param_dtype: str):
   draft_config = gin_utils.load_macro(
     'configs/models/embedded_draft.gin', 'EMBEDDED_DRAFT', t5_lib.T5Config
   )
-  target, target_params = infer.load_model(target_config, 'models/embedded/target.msgpack')
-  draft, draft_params = infer.load_model(draft_config, 'models/embedded/draft.msgpack')
+  target, target_params = params_files.load_model(target_config, 'models/embedded/target.msgpack')
+  draft, draft_params = params_files.load_model(draft_config, 'models/embedded/draft.msgpack')
   if param_dtype != 'float32':
     cast = lambda tree: jax.tree.map(lambda x: x.astype(param_dtype), tree)  # noqa: E731
     target_params, draft_params = cast(target_params), cast(draft_params)
@@ -106,13 +106,13 @@ def child(args: argparse.Namespace) -> dict:
   import jax.numpy as jnp
   import numpy as np
 
-  from speculative import batching
-  from speculative import decoding
-  from speculative import infer
-  from speculative import modes
+  from speculative.decode import batching
+  from speculative.decode import modes
+  from speculative.decode import state as decode_state
+  from speculative.infer import inputs as infer_inputs
 
   target_config, target, target_params, draft, draft_params = _load_pair(SETTINGS[args.child][1])
-  examples = infer.examples_from_task('libreoffice_ende', 'test', 128, args.num_examples)
+  examples = infer_inputs.examples_from_task('libreoffice_ende', 'test', 128, args.num_examples)
   padded = [b for _, b in batching.batches(examples, args.batch_size, 128)]
   fns = modes.greedy_model_pair(
     target,
@@ -124,7 +124,7 @@ def child(args: argparse.Namespace) -> dict:
     eos_id=target_config.eos_id,
   )
 
-  def decode(mode: str, encoder_tokens) -> decoding.DecodeResult:
+  def decode(mode: str, encoder_tokens) -> decode_state.DecodeResult:
     return fns[mode](encoder_tokens)
 
   out = {'setting': args.child, 'xla_flags': os.environ.get('XLA_FLAGS', '')}

@@ -56,16 +56,18 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from speculative import decoding  # pylint: disable=g-import-not-at-top,wrong-import-position
 from speculative import drafters  # pylint: disable=wrong-import-position
-from speculative import files  # pylint: disable=wrong-import-position
-from speculative import gin_utils  # pylint: disable=wrong-import-position
 from speculative import sampling as sampling_lib  # pylint: disable=wrong-import-position
-from speculative import spectr_decoding  # pylint: disable=wrong-import-position
-from speculative import tasks  # pylint: disable=wrong-import-position
 from speculative.bench import costs as costs_lib  # pylint: disable=wrong-import-position
 from speculative.bench import inputs as inputs_lib  # pylint: disable=wrong-import-position
+from speculative.bench import noise as bench_noise
+from speculative.bench import timing
+from speculative.checkpoints import files  # pylint: disable=wrong-import-position
+from speculative.data import tasks  # pylint: disable=wrong-import-position
+from speculative.decode import loops as decoding  # pylint: disable=g-import-not-at-top,wrong-import-position
+from speculative.jobs import gin_utils  # pylint: disable=wrong-import-position
 from speculative.models import t5 as t5_lib  # pylint: disable=wrong-import-position
+from speculative.spectr import decoding as spectr_decoding  # pylint: disable=wrong-import-position
 
 EOS_ID = 1
 # SpecTr (Sun et al. 2023) Table 4, LM1B, block efficiency at temperature 1, as quoted in the brief
@@ -138,7 +140,7 @@ def measure_costs(
   t11 = []
   for k in ks:
     encoder = np.repeat(encoder_row[None], k, axis=0)
-    reference = costs_lib.extend_timer(
+    reference = timing.extend_timer(
       target,
       target_params,
       encoder[:1],
@@ -167,12 +169,12 @@ def measure_costs(
 def _add_costs_at_k(costs: dict[str, Any], cm: dict[str, Any], k: int, ls) -> float:
   """d(K), c_K and every v(K x L+1) of one K's cost model `cm` into `costs` (with the refused
   estimates); returns that K's t(1, 1) in seconds."""
-  rounds, noise = cm['rounds'], costs_lib.NoiseLog(cm['noise'])
+  rounds, noise = cm['rounds'], bench_noise.NoiseLog(cm['noise'])
   costs['draft_ms'][str(k)] = 1e3 * cm['drafters']['draft']['draft_step_s']
   t11_k = cm['seconds']['target_1x1']
   costs['c'][str(k)] = noise.add(
     f'c(K={k})',
-    costs_lib.ratio_samples(rounds['draft[draft]_1'], rounds['target_1x1']),
+    bench_noise.ratio_samples(rounds['draft[draft]_1'], rounds['target_1x1']),
     fallback=cm['drafters']['draft']['draft_step_s'] / t11_k,
   )
   for length in ls:
@@ -180,7 +182,7 @@ def _add_costs_at_k(costs: dict[str, Any], cm: dict[str, Any], k: int, ls) -> fl
     costs['target_ms'][key] = 1e3 * cm['target_extend_s'][str(length + 1)]
     costs['v'][key] = noise.add(
       f'v({key})',
-      costs_lib.ratio_samples(rounds[f'target_{length + 1}'], rounds['target_1x1']),
+      bench_noise.ratio_samples(rounds[f'target_{length + 1}'], rounds['target_1x1']),
       minimum=1.0,
       fallback=cm['target_extend_s'][str(length + 1)] / t11_k,
     )
@@ -267,7 +269,7 @@ def time_methods(
     start = time.perf_counter()
     jax.block_until_ready(method['fn'](encs[0], 0).tokens)
     first = time.perf_counter() - start
-    warm, _ = costs_lib.timed(lambda: method['fn'](encs[0], 0).tokens)  # noqa: B023
+    warm, _ = timing.timed(lambda: method['fn'](encs[0], 0).tokens)  # noqa: B023
     method['compile_s'] = max(first - warm, 0.0)
     print(f'compiled {name}: {method["compile_s"]:.1f}s', flush=True)
   names = list(methods)
@@ -542,7 +544,7 @@ def main(argv=None) -> None:
   args = parser.parse_args(argv)
   if args.quick:
     args.num_examples, args.max_new_tokens, args.ks, args.ls = 4, 16, [1, 2], [4]
-    args.repeats, args.cost_repeats, args.allow_random_init = 1, costs_lib.MIN_ROUNDS, True
+    args.repeats, args.cost_repeats, args.allow_random_init = 1, bench_noise.MIN_ROUNDS, True
     args.output_dir = str(REPO / 'outputs/bench_spectr_quick')
   if 1 not in args.ks:
     raise ValueError('--ks must include 1 (the K=1 reference)')

@@ -18,13 +18,14 @@ import argparse
 import numpy as np
 
 from speculative import checkpoints
-from speculative import gin_utils
 from speculative import train
+from speculative.jobs import gin_utils
 from speculative.models import t5 as t5_lib
-from speculative.train_data import DEFAULT_BUCKET_LENGTHS
-from speculative.train_data import make_buckets
-from speculative.train_data import read_tsv
-from speculative.train_data import tokenize_pairs
+from speculative.train import steps as train_steps
+from speculative.train.data import DEFAULT_BUCKET_LENGTHS
+from speculative.train.data import make_buckets
+from speculative.train.data import read_tsv
+from speculative.train.data import tokenize_pairs
 
 DATA = 'data/libreoffice_ende'
 
@@ -50,7 +51,7 @@ def main() -> None:
   step = max(1, len(train_pairs) // args.examples)
   train_examples = tokenize_pairs(train_pairs[::step][: args.examples], spm)
   buckets = make_buckets(DEFAULT_BUCKET_LENGTHS, tokens_per_batch=3072)
-  eval_step = train.make_eval_step(model)
+  eval_step = train_steps.make_eval_step(model)
   perm = np.random.default_rng(0).permutation(len(val))
   variants = {
     'validation, true sources': val,
@@ -59,8 +60,10 @@ def main() -> None:
     'training pairs': train_examples,
   }
   for name, examples in variants.items():
-    m = train.evaluate(eval_step, params, examples, buckets, prefix='x')
-    entropy = '  '.join(f'{k} {m[f"x_attention_entropy_{k}"]:.3f}' for k in train.ATTENTION_KINDS)
+    m = train_steps.evaluate(eval_step, params, examples, buckets, prefix='x')
+    entropy = '  '.join(
+      f'{k} {m[f"x_attention_entropy_{k}"]:.3f}' for k in train_steps.ATTENTION_KINDS
+    )
     print(
       f'{name:30s} NLL {m["x_nll"]:.3f}  accuracy {m["x_accuracy"]:.3f}  attention entropy {entropy}'
     )

@@ -28,10 +28,10 @@ import argparse
 import json
 from typing import Iterable
 
-from speculative import corpus
-from speculative import tasks
-from speculative.infer_inputs import EOS_ID
-from speculative.infer_outputs import load_predictions
+from speculative.data import corpus
+from speculative.data import tasks
+from speculative.infer.inputs import EOS_ID
+from speculative.infer.outputs import load_predictions
 
 
 def distill_pairs(records: Iterable[dict], prefix: str) -> tuple[list[tuple[str, str]], dict]:

@@ -32,11 +32,11 @@ import jax.numpy as jnp
 import numpy as np
 
 from speculative import checkpoints
-from speculative import gin_utils
-from speculative import tasks
-from speculative.infer_inputs import tokenize_inputs
-from speculative.infer_outputs import load_job_manifest
-from speculative.infer_outputs import load_predictions
+from speculative.data import tasks
+from speculative.infer.inputs import tokenize_inputs
+from speculative.infer.outputs import load_job_manifest
+from speculative.infer.outputs import load_predictions
+from speculative.jobs import gin_utils
 from speculative.models import t5 as t5_lib
 
 

@@ -6,7 +6,7 @@ Command (from the repo root; needs apt and network access to a Debian mirror, ~5
 
 It runs `apt-get download libreoffice-help-en-us libreoffice-help-de` (and `apt-get update` first if
 that fails), unpacks both with `dpkg -x` into a temporary directory, aligns the help pages with
-`speculative.corpus` and writes
+`speculative.data.corpus` and writes
 
   data/libreoffice_ende/{train,validation,test}.tsv.gz   en<TAB>de, gzip with mtime=0 (reproducible bytes)
   data/libreoffice_ende/NOTICE                           MPL-2.0 notice with the package versions
@@ -39,7 +39,8 @@ import tempfile
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
 
-from speculative import corpus  # noqa: E402  (after the sys.path insert, so the script runs uninstalled)
+from speculative.data import corpus  # noqa: E402  (after the sys.path insert, so the script runs uninstalled)
+from speculative.data import html  # noqa: E402
 
 PACKAGES = ("libreoffice-help-en-us", "libreoffice-help-de")
 HELP_SUBDIR = Path("usr/share/libreoffice/help")
@@ -136,7 +137,7 @@ def extract_debs(debs: list[Path], extract_dir: Path, check_help: bool = True) -
   help_root = extract_dir / HELP_SUBDIR
   if not check_help:
     return help_root
-  for lang in (corpus.SOURCE_LANG_DIR, corpus.TARGET_LANG_DIR):
+  for lang in (html.SOURCE_LANG_DIR, html.TARGET_LANG_DIR):
     if not (help_root / lang / "text").is_dir():
       raise FileNotFoundError(f"{help_root / lang / 'text'} missing after dpkg -x of {debs}")
   return help_root
@@ -268,7 +269,7 @@ def _extract_packages(args) -> tuple[list, dict[str, str], dict | None]:
     debs = find_debs(args.debs) if args.debs is not None else download_packages(tmp_dir)
     packages = {deb_field(deb, "Package"): deb_field(deb, "Version") for deb in debs}
     help_root = extract_debs(debs, tmp_dir / "root")
-    raw = corpus.align_help_trees(help_root, inline_switch=args.inline_switch)
+    raw = html.align_help_trees(help_root, inline_switch=args.inline_switch)
     if args.reference is not None and args.reference.exists():
       comparisons = {}
       # Compare both extraction modes with the reference: "all" is how the reference was made.
@@ -276,7 +277,7 @@ def _extract_packages(args) -> tuple[list, dict[str, str], dict | None]:
         mode_raw = (
           raw
           if mode == args.inline_switch
-          else corpus.align_help_trees(help_root, inline_switch=mode)
+          else html.align_help_trees(help_root, inline_switch=mode)
         )
         comparisons[f"inline_switch={mode}"] = compare_with_reference(
           corpus.clean_pairs(mode_raw),

@@ -11,7 +11,7 @@ Command (from the repo root; needs apt and network access to a Debian mirror, ~1
 It runs `apt-get download libreoffice-l10n-de` (and `apt-get update` first if that fails), unpacks it
 with `dpkg -x` into a temporary directory, reads every catalogue under
 `usr/lib/libreoffice/program/resource/de/LC_MESSAGES/*.mo` (msgid = the English UI string, msgstr =
-its German translation), cleans the pairs (`speculative.corpus.clean_ui_pairs`: mnemonic markers
+its German translation), cleans the pairs (`speculative.data.corpus.clean_ui_pairs`: mnemonic markers
 removed, %PRODUCTNAME -> LibreOffice, pairs with other run-time placeholders, empty, untranslated or
 duplicate pairs dropped), drops the held-out overlap and writes
 
@@ -38,8 +38,8 @@ sys.path.insert(0, str(REPO_ROOT / "scripts"))
 
 import make_corpus  # noqa: E402  (the apt download and .deb helpers)
 
-from speculative import corpus  # noqa: E402
-from speculative import overlap  # noqa: E402
+from speculative.data import corpus  # noqa: E402
+from speculative.data import overlap  # noqa: E402
 
 PACKAGES = ("libreoffice-l10n-de",)
 CATALOGUE_SUBDIR = Path("usr/lib/libreoffice/program/resource/de/LC_MESSAGES")
@@ -81,7 +81,7 @@ README_TEMPLATE = """\
 
 {pairs} human-translated English-German pairs of LibreOffice user-interface strings (labels,
 tooltips, extended tips, messages; MPL-2.0, see `NOTICE`), built by `scripts/make_ui_corpus.py`
-(cleaning: `speculative.corpus.clean_ui_pairs`). Extra in-domain training data for the embedded
+(cleaning: `speculative.data.corpus.clean_ui_pairs`). Extra in-domain training data for the embedded
 target next to `data/libreoffice_ende/train.tsv.gz`; it has no validation or test split, and no
 pair in it matches a side of `data/libreoffice_ende/{{validation,test}}.tsv.gz` exactly or nearly
 (counts in `stats.json`, which also holds the package version and the sha256 of the file).

@@ -40,7 +40,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from speculative import gin_utils
+from speculative.jobs import gin_utils
 from speculative.models import t5 as t5_lib
 from speculative.models import t5_network
 

@@ -22,13 +22,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import jax.numpy as jnp  # noqa: E402
 
-from speculative import batching  # noqa: E402
-from speculative import decoding  # noqa: E402
-from speculative import gin_utils  # noqa: E402
 from speculative import sampling  # noqa: E402
 from speculative.bench import inputs as inputs_lib  # noqa: E402
+from speculative.checkpoints.params_files import load_model  # noqa: E402
+from speculative.decode import batching  # noqa: E402
+from speculative.decode import inputs as decode_inputs
+from speculative.decode import loops as decoding  # noqa: E402
+from speculative.jobs import gin_utils  # noqa: E402
 from speculative.models import t5 as t5_lib  # noqa: E402
-from speculative.params_files import load_model  # noqa: E402
 
 
 def compiled_loop_hlo(batch_size: int, max_new_tokens: int) -> str:
@@ -48,7 +49,7 @@ def compiled_loop_hlo(batch_size: int, max_new_tokens: int) -> str:
   )
   encoder_tokens = jnp.asarray(batching.pad_batch(examples, batch_size, 64))  # [B, 64]
   config, sampling_params = sampling.make_sampling(0.0)
-  inputs = decoding.prepare_inputs(
+  inputs = decode_inputs.prepare_inputs(
     target, None, None, encoder_tokens, max_new_tokens, 1, config, sampling_params, 0, None
   )
   lowered = decoding._autoregressive_jit.lower(  # pylint: disable=protected-access

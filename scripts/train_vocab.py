@@ -34,8 +34,8 @@ from sentencepiece import sentencepiece_model_pb2
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
 
-from speculative import corpus  # noqa: E402  (after the sys.path insert, so the script runs uninstalled)
-from speculative import tasks  # noqa: E402
+from speculative.data import corpus  # noqa: E402  (after the sys.path insert, so the script runs uninstalled)
+from speculative.data import tasks  # noqa: E402
 
 TRAINER_OPTIONS = dict(
   model_type="unigram",

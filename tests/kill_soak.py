@@ -2,8 +2,8 @@
 speculative.train` at random moments, resume, and check that the outputs end byte-identical to an
 uninterrupted run and that no temporaries are left (docs/batch_jobs.md, "Kill soak").
 
-  .venv/bin/python scripts/kill_soak.py --job infer --trials 10 --compile_cache /tmp/xla_cache_infer
-  .venv/bin/python scripts/kill_soak.py --job train --trials 10 --compile_cache /tmp/xla_cache_train
+  .venv/bin/python tests/kill_soak.py --job infer --trials 10 --compile_cache /tmp/xla_cache_infer
+  .venv/bin/python tests/kill_soak.py --job train --trials 10 --compile_cache /tmp/xla_cache_train
 
 Options: --seed 0 (the kill moments), --max_kills 3 (a trial), --after_output (kill only once a run
 has written new output), --compile_cache DIR (a JAX persistent compilation cache for every run,
@@ -162,7 +162,7 @@ UNCOMPARED_TRAIN_FILES = ("train_log.jsonl", "best.json", ".lock")
 
 
 def prepare_train(workdir: Path) -> None:
-  from speculative import corpus
+  from speculative.data import corpus
 
   workdir.mkdir(parents=True, exist_ok=True)
   pairs = corpus.read_tsv_gz(REPO / "data" / "libreoffice_ende" / "validation.tsv.gz")[:40]

@@ -18,10 +18,10 @@ import model_utils
 import numpy as np
 import pytest
 
-from speculative import audit
-from speculative import decoding
 from speculative import drafters
 from speculative import sampling
+from speculative.decode import audit
+from speculative.decode import loops as decoding
 from speculative.models.t5 import T5
 from speculative.models.t5 import T5Config
 

@@ -11,8 +11,8 @@ from model_utils import random_params
 import numpy as np
 import pytest
 
-from speculative import decoding
 from speculative import sampling as sampling_lib
+from speculative.decode import loops as decoding
 from speculative.models.t5 import T5
 from speculative.models.t5 import T5Config
 

@@ -23,16 +23,17 @@ import numpy as np
 import pytest
 
 from speculative import analysis
-from speculative import batching
 from speculative import benchmark
 from speculative import drafters as drafters_lib
 from speculative.bench import conclude
-from speculative.bench import costs
 from speculative.bench import inputs
+from speculative.bench import main as bench_main
 from speculative.bench import methods
+from speculative.bench import noise as bench_noise
 from speculative.bench import report as report_lib
 from speculative.bench import roofline
 from speculative.bench import sweep
+from speculative.decode import batching
 from speculative.models.t5 import T5
 from speculative.models.t5 import T5Config
 
@@ -112,7 +113,7 @@ def run(tmp_path_factory):
     drafters=["self", "repeat_last"],
     drafter_gammas={"repeat_last": {1: [GAMMA]}},
     repeats=2,
-    cost_repeats=costs.MIN_ROUNDS,
+    cost_repeats=bench_noise.MIN_ROUNDS,
     cost_min_seconds=0.005,
     cost_position=3,
     allow_random_init=True,
@@ -154,16 +155,16 @@ def test_cost_model_consistent(run):
   assert set(cm["v"]) == {str(t) for t in range(1, GAMMA + 2)}
   assert cm["v"]["1"] == pytest.approx(1.0)
   for t in range(2, GAMMA + 2):  # the median of per-round ratios, rounds paired
-    est = costs.estimate(costs.ratio_samples(rounds[f"target_{t}"], rounds["target_1"]))
+    est = bench_noise.estimate(bench_noise.ratio_samples(rounds[f"target_{t}"], rounds["target_1"]))
     if est.unresolved < est.rounds:  # else the ratio of medians stands in (and is refused)
       assert cm["v"][str(t)] == pytest.approx(est.value)
     else:
       assert f"v({t})" in cm["noise"]["refused"]
     assert cm["target_extend_s"][str(t)] > 0
-  assert all(len(r) == costs.MIN_ROUNDS for r in rounds.values())
+  assert all(len(r) == bench_noise.MIN_ROUNDS for r in rounds.values())
   d = cm["drafters"]["self"]  # a ModelDrafter: c from its extend(T=1) call
   assert d["kind"] == "model"
-  est = costs.estimate(costs.ratio_samples(rounds["draft[self]_1"], rounds["target_1"]))
+  est = bench_noise.estimate(bench_noise.ratio_samples(rounds["draft[self]_1"], rounds["target_1"]))
   assert d["c"] > 0
   if est.unresolved < est.rounds:
     assert d["c"] == pytest.approx(est.value)
@@ -174,7 +175,7 @@ def test_cost_model_consistent(run):
   assert set(other["propose_s"]) == set(other["c"]) == keys
   assert all(seconds > 0 for seconds in other["propose_s"].values())
   noise = cm["noise"]
-  assert noise["max_spread"] == costs.MAX_SPREAD
+  assert noise["max_spread"] == bench_noise.MAX_SPREAD
   assert set(noise["refused"]) <= set(noise["estimates"])
   assert {
     "t(1)",
@@ -353,7 +354,7 @@ def test_bad_options_raise_before_any_work(tmp_path):
 def test_gin_configs_parse():
   import gin
 
-  from speculative import gin_utils
+  from speculative.jobs import gin_utils
 
   gin_utils.register_configurables()
   try:
@@ -369,7 +370,7 @@ def test_gin_configs_parse():
       )
       assert gin.query_parameter("benchmark.output_dir") == "docs"
       assert gin.query_parameter("benchmark.batch_sizes") == [1, 8, 32]
-      gin.parse_config_files_and_bindings([benchmark.DEFAULT_QUICK_GIN], [], finalize_config=False)
+      gin.parse_config_files_and_bindings([bench_main.DEFAULT_QUICK_GIN], [], finalize_config=False)
       assert gin.query_parameter("benchmark.output_dir") == "outputs/benchmark_quick"
       assert gin.query_parameter("benchmark.allow_random_init") is True
     # Every other benchmark config parses, writes outside docs/ and names its own command.
@@ -410,26 +411,28 @@ def test_related_pages_are_included_with_demoted_headings(tmp_path):
 
 
 def test_estimate_is_median_and_relative_iqr():
-  est = costs.estimate([1.0, 1.0, 1.5, 2.0, 2.0])
+  est = bench_noise.estimate([1.0, 1.0, 1.5, 2.0, 2.0])
   assert est.value == 1.5 and est.rounds == 5 and est.unresolved == 0
   assert est.spread == pytest.approx((2.0 - 1.0) / 1.5)
-  assert costs.estimate([3.0] * 4).spread == 0.0
+  assert bench_noise.estimate([3.0] * 4).spread == 0.0
   with pytest.raises(ValueError, match="no samples"):
-    costs.estimate([])
+    bench_noise.estimate([])
 
 
 def test_per_round_ratios_cancel_load_drift():
   # The load doubles every round: each time is noisy on its own, the per-round ratio is exact.
   target_1 = [1.0, 2.0, 4.0, 8.0, 16.0]
   target_3 = [1.5 * t for t in target_1]
-  assert costs.judge(costs.estimate(target_1), "t(1)") is not None  # the times: too noisy
-  v3 = costs.estimate(costs.ratio_samples(target_3, target_1))
+  assert (
+    bench_noise.judge(bench_noise.estimate(target_1), "t(1)") is not None
+  )  # the times: too noisy
+  v3 = bench_noise.estimate(bench_noise.ratio_samples(target_3, target_1))
   assert v3.value == pytest.approx(1.5) and v3.spread == pytest.approx(0.0)
-  assert costs.judge(v3, "v(3)", minimum=1.0) is None
-  assert costs.ratio_samples([2.0, 3.0], [1.0, 0.0], scale=0.5)[0] == 1.0
-  assert math.isnan(costs.ratio_samples([2.0, 3.0], [1.0, 0.0])[1])
+  assert bench_noise.judge(v3, "v(3)", minimum=1.0) is None
+  assert bench_noise.ratio_samples([2.0, 3.0], [1.0, 0.0], scale=0.5)[0] == 1.0
+  assert math.isnan(bench_noise.ratio_samples([2.0, 3.0], [1.0, 0.0])[1])
   with pytest.raises(ValueError, match="rounds differ"):
-    costs.ratio_samples([1.0], [1.0, 2.0])
+    bench_noise.ratio_samples([1.0], [1.0, 2.0])
 
 
 @pytest.mark.parametrize(
@@ -443,20 +446,20 @@ def test_per_round_ratios_cancel_load_drift():
   ],
 )
 def test_judge_refuses_noise(samples, minimum, reason):
-  verdict = costs.judge(costs.estimate(samples), "v(2)", minimum=minimum)
+  verdict = bench_noise.judge(bench_noise.estimate(samples), "v(2)", minimum=minimum)
   assert verdict is not None and reason in verdict and verdict.startswith("v(2)")
 
 
 def test_judge_accepts_a_tight_estimate_and_noise_log_records():
   tight = [1.50, 1.52, 1.49, 1.51, 1.50]
-  assert costs.judge(costs.estimate(tight), "v(2)", minimum=1.0) is None
-  log = costs.NoiseLog()
+  assert bench_noise.judge(bench_noise.estimate(tight), "v(2)", minimum=1.0) is None
+  log = bench_noise.NoiseLog()
   assert log.add("v(2)", tight, minimum=1.0) == pytest.approx(1.50)
   log.add("v(3)", [0.5, 0.5, 0.5], minimum=1.0)
   assert set(log.data["estimates"]) == {"v(2)", "v(3)"} and set(log.data["refused"]) == {"v(3)"}
-  assert costs.refusal(log.data, ["v(2)"]) is None
-  assert "impossible" in costs.refusal(log.data, ["v(2)", "v(3)"])
-  assert costs.refusal(None, ["v(3)"]) is None  # results measured before the verdict existed
+  assert bench_noise.refusal(log.data, ["v(2)"]) is None
+  assert "impossible" in bench_noise.refusal(log.data, ["v(2)", "v(3)"])
+  assert bench_noise.refusal(None, ["v(3)"]) is None  # results measured before the verdict existed
 
 
 def test_profile_refuses_a_negative_overhead():

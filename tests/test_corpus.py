@@ -10,7 +10,8 @@ import random
 
 import pytest
 
-from speculative import corpus
+from speculative.data import corpus
+from speculative.data import html
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 FIXTURE_HELP = REPO_ROOT / "tests" / "fixtures" / "help"
@@ -56,18 +57,18 @@ EXPECTED_CLEAN = [pair for i, pair in enumerate(EXPECTED_RAW) if i not in (3, 5,
 
 
 def test_fixture_alignment_gives_exactly_the_expected_pairs():
-  assert corpus.align_help_trees(FIXTURE_HELP) == EXPECTED_RAW
-  assert corpus.clean_pairs(corpus.align_help_trees(FIXTURE_HELP)) == EXPECTED_CLEAN
+  assert html.align_help_trees(FIXTURE_HELP) == EXPECTED_RAW
+  assert corpus.clean_pairs(html.align_help_trees(FIXTURE_HELP)) == EXPECTED_CLEAN
 
 
 def test_inline_switch_all_keeps_every_variant_like_the_reference():
-  pairs = corpus.clean_pairs(corpus.align_help_trees(FIXTURE_HELP, inline_switch="all"))
+  pairs = corpus.clean_pairs(html.align_help_trees(FIXTURE_HELP, inline_switch="all"))
   assert (
     "Use the shortcut CommandCtrl + F to quickly open the Find toolbar.",
     "Verwenden Sie BefehlStrg+F zum schnellen Öffnen der Suchleiste.",
   ) in pairs
   with pytest.raises(ValueError, match="inline_switch"):
-    corpus.extract_paragraphs("<p id='x'>a</p>", inline_switch="mac")
+    html.extract_paragraphs("<p id='x'>a</p>", inline_switch="mac")
 
 
 def test_extract_paragraphs_reads_only_the_page_body():
@@ -76,8 +77,8 @@ def test_extract_paragraphs_reads_only_the_page_body():
     '  title</h2><p>no id</p><p id="par_2">x<br/>y</p></div><p id="par_after">after</p>'
     '<footer><div id="DEBUG"><p id="bm_module">Module</p></div></footer></body></html>'
   )
-  assert corpus.extract_paragraphs(page) == [("hd_1", "A bold title"), ("par_2", "xy")]
-  assert corpus.extract_paragraphs("<html><p id='a'>no body</p></html>") == []
+  assert html.extract_paragraphs(page) == [("hd_1", "A bold title"), ("par_2", "xy")]
+  assert html.extract_paragraphs("<html><p id='a'>no body</p></html>") == []
 
 
 def test_normalize_whitespace():
@@ -302,7 +303,7 @@ def test_make_ui_corpus_drops_heldout_overlap(tmp_path):
 
 
 def test_shipped_ui_corpus_matches_its_stats_and_has_no_heldout_overlap():
-  from speculative import overlap
+  from speculative.data import overlap
 
   stats = json.loads((UI_DATA_DIR / "stats.json").read_text())
   path = UI_DATA_DIR / "train.tsv.gz"

@@ -15,9 +15,10 @@ import model_utils
 import numpy as np
 import pytest
 
-from speculative import decoding
 from speculative import drafters
 from speculative import sampling as S
+from speculative.decode import loops as decoding
+from speculative.decode import state as decode_state
 from speculative.models.decoder_only import DecoderOnlyConfig
 from speculative.models.decoder_only import DecoderOnlyLM
 
@@ -332,7 +333,7 @@ def test_row_in_batch_equals_row_alone():
 def test_no_recompilation_for_new_values_seeds_or_prompts():
   first = _filters_decode(PROMPTS[:8], PROMPT_LENGTHS[:8], {}, rng=0)
   _filters_baseline(PROMPTS[:8], PROMPT_LENGTHS[:8], {}, rng=0)
-  counts = dict(decoding.TRACE_COUNTS)
+  counts = dict(decode_state.TRACE_COUNTS)
   outputs = [first.tokens]
   for i, values in enumerate(
     [
@@ -347,7 +348,7 @@ def test_no_recompilation_for_new_values_seeds_or_prompts():
   outputs.append(
     _filters_decode(PROMPTS[:8], PROMPT_LENGTHS[:8], {}, rng=jax.random.key(42)).tokens
   )
-  assert dict(decoding.TRACE_COUNTS) == counts
+  assert dict(decode_state.TRACE_COUNTS) == counts
   assert len({np.asarray(o).tobytes() for o in outputs}) == len(outputs)  # the values took effect
 
 

@@ -18,9 +18,9 @@ import pytest
 from scipy import stats
 
 from speculative import analysis
-from speculative import decoding
 from speculative import drafters
 from speculative import sampling as S
+from speculative.decode import loops as decoding
 from speculative.models.decoder_only import DecoderOnlyConfig
 from speculative.models.decoder_only import DecoderOnlyLM
 

@@ -17,12 +17,12 @@ import numpy as np
 import pytest
 
 from speculative import checkpoints
-from speculative import decoding
 from speculative import drafters
-from speculative import gin_utils
-from speculative import infer
 from speculative import sampling
-from speculative import tasks
+from speculative.checkpoints import params_files
+from speculative.data import tasks
+from speculative.decode import loops as decoding
+from speculative.jobs import gin_utils
 from speculative.models import t5 as t5_lib
 
 REPO = Path(__file__).resolve().parents[1]
@@ -46,7 +46,7 @@ def _load(name: str):
   config = gin_utils.load_macro(
     str(REPO / f'configs/models/embedded_{name}.gin'), f'EMBEDDED_{name.upper()}', t5_lib.T5Config
   )
-  return infer.load_model(config, str(WEIGHTS[name]))
+  return params_files.load_model(config, str(WEIGHTS[name]))
 
 
 def translate() -> dict:

@@ -19,8 +19,8 @@ import sys
 import gin
 import pytest
 
-from speculative import gin_utils
 from speculative import infer as infer_lib
+from speculative.jobs import gin_utils
 from speculative.t5x_adapter import options
 
 REPO = Path(__file__).resolve().parents[1]
@@ -235,6 +235,7 @@ def test_train_config_binds_train_arguments(path, clean_gin):
   """Each run file names its exact command and binds only `train` arguments, with a known optimizer
   and schedule and a model config of the shipped 8k vocabulary."""
   from speculative import train as train_lib
+  from speculative.train import steps as train_steps
 
   assert f'--gin_file=configs/train/{path.name}' in path.read_text(), path
   gin_utils.register_configurables()
@@ -242,6 +243,6 @@ def test_train_config_binds_train_arguments(path, clean_gin):
   gin.parse_config_file(str(path))
   bound = {name: _value(gin.query_parameter(f'train.{name}')) for name in gin.get_bindings('train')}
   assert set(bound) <= set(inspect.signature(train_lib.train).parameters), path
-  assert bound.get('optimizer', 'adamw') in train_lib.OPTIMIZERS
-  assert bound.get('schedule', 'cosine') in train_lib.SCHEDULES
+  assert bound.get('optimizer', 'adamw') in train_steps.OPTIMIZERS
+  assert bound.get('schedule', 'cosine') in train_steps.SCHEDULES
   assert bound['model_config'].vocab_size == 8000

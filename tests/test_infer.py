@@ -13,10 +13,14 @@ from model_utils import save_tiny_pair
 from model_utils import tiny_t5_config
 import pytest
 
-from speculative import batching
-from speculative import decoding
 from speculative import infer
-from speculative import tasks
+from speculative.data import tasks
+from speculative.decode import batching
+from speculative.decode import loops as decoding
+from speculative.infer import inputs as infer_inputs
+from speculative.infer import outputs as infer_outputs
+from speculative.infer import report as infer_report
+from speculative.infer import settings as infer_settings
 
 REPO = Path(__file__).resolve().parents[1]
 SOURCES = [
@@ -48,7 +52,7 @@ def test_predictions_metrics_and_greedy_identity(setup):
   out = root / "run1"
   summary = infer.infer(output_dir=str(out), **kwargs)
   assert summary["identical_outputs"] == len(SOURCES)
-  for mode in infer.MODES:
+  for mode in infer_settings.MODES:
     lines = (out / f"predictions-{mode}.jsonl").read_text().splitlines()
     records = [json.loads(line) for line in lines]
     assert [r["index"] for r in records] == list(range(len(SOURCES)))
@@ -62,7 +66,7 @@ def test_predictions_metrics_and_greedy_identity(setup):
   assert summary["baseline"]["block_efficiency"] == 1.0
   # One program per mode: 3 batches of 2, every one padded to the same shape, so the calls after
   # the first compile nothing (a recompile per batch would show here).
-  for mode in infer.MODES:
+  for mode in infer_settings.MODES:
     assert summary[mode]["compiles_warm"] == 0
   assert summary["peak_rss_mib"] is None or summary["peak_rss_mib"] > 0
   assert json.loads((out / "metrics.json").read_text())["examples"] == len(SOURCES)
@@ -85,14 +89,14 @@ def test_length_sorted_batches_keep_input_order_and_outputs(setup):
   assert [r["index"] for r in rec("b4")] == list(range(len(SOURCES)))
   assert [r["tokens"] for r in rec("b4")] == [r["tokens"] for r in rec("b1")]
   batches = batching.length_sorted_batches(
-    infer.examples_from_file(str(root / "in.tsv"), tasks.get_vocabulary(), 24), 4
+    infer_inputs.examples_from_file(str(root / "in.tsv"), tasks.get_vocabulary(), 24), 4
   )
   lengths = [len(e.input_tokens) for b in batches for e in b]
   assert lengths == sorted(lengths, reverse=True) and [len(b) for b in batches] == [4, 2]
   for summary in (one, four):
     base = summary["baseline"]
     assert base["sentences_per_s"] > 0 and "chrf" in base and "loop_pct" in base
-    capped = [infer.hit_length_cap(r, 12) for r in rec("b1")]
+    capped = [infer_report.hit_length_cap(r, 12) for r in rec("b1")]
     assert base["cap_pct"] == pytest.approx(100.0 * sum(capped) / len(capped))
   report = (root / "b4" / "report.md").read_text()
   assert "chrF" in report and "sentences/s" in report and "source:" in report
@@ -129,28 +133,32 @@ def test_copy_drafters_stay_exact(setup, drafter):
 def test_resume_does_not_redo_finished_examples(setup, monkeypatch):
   root, kwargs = setup
   out = root / "run2"
-  original = infer.record
+  original = infer_outputs.record
 
   def interrupted(example, *args):
     if example.index == 2:
       raise KeyboardInterrupt  # stands in for a kill while decoding the second batch
     return original(example, *args)
 
-  monkeypatch.setattr(infer, "record", interrupted)
+  monkeypatch.setattr(infer_outputs, "record", interrupted)
   with pytest.raises(KeyboardInterrupt):
     infer.infer(output_dir=str(out), **kwargs)
   finished = {json.loads(line)["index"] for line in (out / "predictions-speculative.jsonl").open()}
   assert finished and 2 not in finished  # batches before example 2's (length order) are done
   calls = []
   monkeypatch.setattr(
-    infer, "record", lambda example, *a: calls.append(example.index) or original(example, *a)
+    infer_outputs,
+    "record",
+    lambda example, *a: calls.append(example.index) or original(example, *a),
   )
   infer.infer(output_dir=str(out), **kwargs)
   # Only the unfinished examples are decoded, once per mode.
   todo = sorted(set(range(len(SOURCES))) - finished)
   assert sorted(set(calls)) == todo and len(calls) == 2 * len(todo)
   reference = infer.infer(output_dir=str(root / "run3"), **kwargs)
-  for mode in infer.MODES:  # byte-identical to an uninterrupted run (timings are kept apart)
+  for (
+    mode
+  ) in infer_settings.MODES:  # byte-identical to an uninterrupted run (timings are kept apart)
     name = f"predictions-{mode}.jsonl"
     assert (out / name).read_bytes() == (root / "run3" / name).read_bytes()
   assert reference["examples"] == len(SOURCES)
@@ -205,7 +213,7 @@ def test_killed_job_resumes_without_losing_or_duplicating(setup, tmp_path):
   done_before = spec_file.read_text().count("\n") if spec_file.exists() else 0
   assert 2 <= done_before < len(sources), f"killed after {done_before} of {len(sources)} examples"
   subprocess.run(cmd, cwd=REPO, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-  for mode in infer.MODES:
+  for mode in infer_settings.MODES:
     indices = [json.loads(line)["index"] for line in (out / f"predictions-{mode}.jsonl").open()]
     assert indices == list(range(len(sources)))
   metrics = json.loads((out / "metrics.json").read_text())
@@ -222,7 +230,7 @@ def test_killed_job_resumes_without_losing_or_duplicating(setup, tmp_path):
       "batch_size": 1,
     }
   )
-  for mode in infer.MODES:
+  for mode in infer_settings.MODES:
     name = f"predictions-{mode}.jsonl"
     assert (out / name).read_bytes() == (fresh / name).read_bytes()
 

@@ -4,7 +4,6 @@ output directory; weights are verified; training resumes past a corrupt newest c
 train killed (-9) at random moments end byte-identical to uninterrupted runs (scripts/kill_soak.py)."""
 
 import dataclasses
-import importlib.util
 import os
 from pathlib import Path
 import re
@@ -20,9 +19,10 @@ from model_utils import tiny_t5_config
 import pytest
 
 from speculative import checkpoints
-from speculative import gin_utils
 from speculative import infer
-from speculative import jobs
+from speculative.infer import inputs as infer_inputs
+from speculative.jobs import gin_utils
+from speculative.jobs import lock
 from speculative.models.t5 import T5
 
 REPO = Path(__file__).resolve().parents[1]
@@ -49,7 +49,7 @@ def no_model_load(monkeypatch):
   def refuse(*args, **kwargs):
     raise AssertionError("a model was loaded before the error")
 
-  monkeypatch.setattr(infer, "load_model", refuse)
+  monkeypatch.setattr(checkpoints, "load_model", refuse)
 
 
 # The bad-input table of docs/batch_jobs.md: (row id, how to break the job, error, message).
@@ -204,15 +204,15 @@ def test_docs_table_matches_the_tests():
 
 def test_bom_is_not_text(setup):
   root, _ = setup
-  from speculative import tasks
+  from speculative.data import tasks
 
   vocab = tasks.get_vocabulary(None)
   plain = root / "plain.txt"
   plain.write_bytes(b"Click OK.\nHello\n")
   bom = root / "bom.txt"
   bom.write_bytes("\ufeffClick OK.\r\nHello\r\n".encode())
-  a = infer.examples_from_file(str(plain), vocab, 24)
-  b = infer.examples_from_file(str(bom), vocab, 24)
+  a = infer_inputs.examples_from_file(str(plain), vocab, 24)
+  b = infer_inputs.examples_from_file(str(bom), vocab, 24)
   assert [e.inputs for e in a] == [e.inputs for e in b] == ["Click OK.", "Hello"]
   assert [e.input_tokens.tolist() for e in a] == [e.input_tokens.tolist() for e in b]
 
@@ -222,7 +222,7 @@ def test_changed_settings_are_refused_before_loading(setup, tmp_path, monkeypatc
   out = str(tmp_path / "out")
   first = infer.infer(output_dir=out, num_examples=3, **kwargs)
   assert first["examples"] == 3
-  monkeypatch.setattr(infer, "load_model", lambda *a: pytest.fail("loaded a model"))
+  monkeypatch.setattr(checkpoints, "load_model", lambda *a: pytest.fail("loaded a model"))
   other_draft = tmp_path / "d2.msgpack"
   checkpoints.save_params(
     T5(tiny_t5_config(1)).init_params(jax.random.PRNGKey(9)), other_draft, dtype=None
@@ -250,7 +250,7 @@ def test_overwrite_clears_old_outputs(setup, tmp_path):
     output_dir=str(out), num_examples=3, modes=("baseline",), overwrite=True, **kwargs
   )
   assert summary["examples"] == 3
-  assert jobs.read_manifest(str(out))["num_examples"] == 3
+  assert lock.read_manifest(str(out))["num_examples"] == 3
 
 
 def test_outputs_without_manifest_are_refused(setup, tmp_path, no_model_load):
@@ -271,8 +271,8 @@ def test_one_writer_per_output_dir(setup, tmp_path, no_model_load):
     [
       sys.executable,
       "-c",
-      "import sys, time; from speculative import jobs; "
-      f"jobs.OutputLock({str(out)!r}).acquire(); print('locked', flush=True); time.sleep(60)",
+      "import sys, time; from speculative.jobs import lock; "
+      f"lock.OutputLock({str(out)!r}).acquire(); print('locked', flush=True); time.sleep(60)",
     ],
     cwd=REPO,
     stdout=subprocess.PIPE,
@@ -285,27 +285,15 @@ def test_one_writer_per_output_dir(setup, tmp_path, no_model_load):
   finally:
     holder.kill()  # kill -9: the OS drops its lock
     holder.wait()
-  with jobs.OutputLock(str(out)):  # the killed holder's lock file does not block
+  with lock.OutputLock(str(out)):  # the killed holder's lock file does not block
     with pytest.raises(RuntimeError, match=f"pid {os.getpid()}"):
-      jobs.OutputLock(str(out)).acquire()
+      lock.OutputLock(str(out)).acquire()
 
 
 # ----------------------------------------------------------------------------------------------
-# kill -9 at random moments: short runs of scripts/kill_soak.py (its docstring has the long soak).
+# kill -9 at random moments: short runs of tests/kill_soak.py (its docstring has the long soak).
 # The runs share a JAX compilation cache (the reference run fills it), which halves their time.
 # ----------------------------------------------------------------------------------------------
-@pytest.fixture(scope="module")
-def kill_soak():
-  spec = importlib.util.spec_from_file_location("kill_soak", REPO / "scripts" / "kill_soak.py")
-  module = importlib.util.module_from_spec(spec)
-  sys.modules[spec.name] = module  # dataclasses look their module up
-  try:
-    spec.loader.exec_module(module)
-    yield module
-  finally:
-    sys.modules.pop(spec.name, None)
-
-
 def _check_soak(results, max_kills):
   assert results and all(1 <= len(t.kills) <= max_kills for t in results)
   # Every kill came after the run had written output (after_output): the rerun really resumes.
@@ -424,21 +412,21 @@ def test_train_resume_falls_back_past_a_corrupt_newest_checkpoint(tmp_path, capl
   import numpy as np
   import optax
 
-  from speculative import train
+  from speculative.train import checkpoints as train_checkpoints
 
   config = tiny_t5_config(1)
   params = T5(config).init_params(jax.random.PRNGKey(0))
   optimizer = optax.adam(1e-3)
   state = optimizer.init(params)
-  train.save_train_state(str(tmp_path), 1, params, state, config=config)
+  train_checkpoints.save_train_state(str(tmp_path), 1, params, state, config=config)
   later = jax.tree_util.tree_map(lambda x: x + 1, params)
-  newest = train.save_train_state(str(tmp_path), 2, later, state, config=config)
+  newest = train_checkpoints.save_train_state(str(tmp_path), 2, later, state, config=config)
   assert checkpoints.read_metadata(newest)["config"]["num_decoder_layers"] == 1
   (tmp_path / "checkpoint_3.tmp-1-x").mkdir()  # left by a kill
-  step, restored, _ = train.restore_latest(str(tmp_path), params, state, config)
+  step, restored, _ = train_checkpoints.restore_latest(str(tmp_path), params, state, config)
   assert step == 2
   (Path(newest) / "optax_state.msgpack").write_bytes(b"\x00" * 10)  # corrupt the newest
-  step, restored, _ = train.restore_latest(str(tmp_path), params, state, config)
+  step, restored, _ = train_checkpoints.restore_latest(str(tmp_path), params, state, config)
   assert step == 1 and "checkpoint_2" in caplog.text
   np.testing.assert_array_equal(
     restored["token_embedder"]["embedding"], params["token_embedder"]["embedding"]
@@ -449,7 +437,9 @@ def test_train_resume_falls_back_past_a_corrupt_newest_checkpoint(tmp_path, capl
     checkpoints.CheckpointError,
     match="checkpoint_1/optax_state.msgpack: optimizer state does not match",
   ):
-    train.restore_latest(str(tmp_path), params, optax.sgd(1e-3).init(params) + ({},), config)
+    train_checkpoints.restore_latest(
+      str(tmp_path), params, optax.sgd(1e-3).init(params) + ({},), config
+    )
   assert checkpoints.remove_stale_temporaries(tmp_path) == ["checkpoint_3.tmp-1-x"]
 
 
@@ -458,19 +448,19 @@ def test_train_prunes_the_checkpoints_a_kill_left(tmp_path):
   (the next start prunes it); a kill mid-delete leaves only a `.old-` temporary."""
   import optax
 
-  from speculative import train
+  from speculative.train import checkpoints as train_checkpoints
 
   config = tiny_t5_config(1)
   params = T5(config).init_params(jax.random.PRNGKey(0))
   state = optax.adam(1e-3).init(params)
   for step in (1, 2, 3):  # as if killed before each save's pruning
-    train.save_train_state(str(tmp_path), step, params, state, keep=3, config=config)
-  train.prune_checkpoints(str(tmp_path), protect=(1,))  # the run resumed from 1
+    train_checkpoints.save_train_state(str(tmp_path), step, params, state, keep=3, config=config)
+  train_checkpoints.prune_checkpoints(str(tmp_path), protect=(1,))  # the run resumed from 1
   assert sorted(p.name for p in tmp_path.iterdir()) == [f"checkpoint_{s}" for s in (1, 2, 3)]
-  train.prune_checkpoints(str(tmp_path))
+  train_checkpoints.prune_checkpoints(str(tmp_path))
   assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint_2", "checkpoint_3"]
   (tmp_path / "checkpoint_1.old-x" / "old").mkdir(parents=True)  # a kill mid-delete
-  assert train.restore_latest(str(tmp_path), params, state, config)[0] == 3
+  assert train_checkpoints.restore_latest(str(tmp_path), params, state, config)[0] == 3
   assert checkpoints.remove_stale_temporaries(tmp_path) == ["checkpoint_1.old-x"]
 
 
@@ -481,7 +471,7 @@ def test_second_trainer_on_one_output_dir_is_refused(kill_soak, tmp_path):
   out.mkdir()
   kill_soak.prepare_train(tmp_path)
   command = kill_soak.train_command(tmp_path, out)
-  with jobs.OutputLock(str(out)):
+  with lock.OutputLock(str(out)):
     started = time.monotonic()
     proc = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300)
   assert proc.returncode != 0

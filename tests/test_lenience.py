@@ -19,9 +19,10 @@ import pytest
 from scipy import stats
 
 from speculative import analysis
-from speculative import decoding
 from speculative import drafters
 from speculative import sampling as S
+from speculative.decode import loops as decoding
+from speculative.decode import state as decode_state
 from speculative.models.decoder_only import DecoderOnlyConfig
 from speculative.models.decoder_only import DecoderOnlyLM
 
@@ -224,13 +225,13 @@ def test_decode_with_lenience_one_is_exact_and_new_values_do_not_recompile():
       np.testing.assert_array_equal(getattr(exact.metrics, field), getattr(one.metrics, field))
     # The same sums in two compiled programs may round differently in the last bit.
     np.testing.assert_allclose(exact.metrics.alpha_sum, one.metrics.alpha_sum, rtol=1e-6)
-  counts = dict(decoding.TRACE_COUNTS)
+  counts = dict(decode_state.TRACE_COUNTS)
   for lenience in (0.5, 0.1):
     with pytest.warns(UserWarning, match='APPROXIMATE'):
       _decode(1.0, lenience)
     with pytest.warns(UserWarning, match='APPROXIMATE'):
       _decode(0.0, jnp.float32(lenience))
-  assert dict(decoding.TRACE_COUNTS) == counts
+  assert dict(decode_state.TRACE_COUNTS) == counts
 
 
 def test_greedy_lenience_guarantee_and_alpha_grows_as_l_shrinks():

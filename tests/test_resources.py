@@ -11,7 +11,7 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from speculative import resources
+from speculative.jobs import resources
 
 
 def test_compile_counter_counts_new_programs_only():
@@ -31,7 +31,7 @@ def test_compile_counter_counts_new_programs_only():
 
 _PEAK_RSS_PROBE = """
 import numpy as np
-from speculative import resources
+from speculative.jobs import resources
 with resources.PeakRss() as big:
   block = np.ones(64 * 2**20 // 8)  # 64 MiB, touched
   block[::512] = 2.0

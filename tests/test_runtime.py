@@ -6,7 +6,7 @@ from pathlib import Path
 import subprocess
 import sys
 
-from speculative import runtime
+from speculative.jobs import runtime
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -15,10 +15,11 @@ REPO = Path(__file__).resolve().parents[1]
 _DECODE = """
 import json, sys
 sys.path.insert(0, {repo!r})
-from speculative import runtime
+from speculative.jobs import runtime
 runtime.apply_cpu_defaults()
 import jax, jax.numpy as jnp
-from speculative import decoding, drafters, sampling
+from speculative import drafters, sampling
+from speculative.decode import loops as decoding
 from speculative.models.t5 import T5, T5Config
 sys.path.insert(0, {tests!r})
 from model_utils import random_params
@@ -61,12 +62,15 @@ def test_defaults_applied_when_unset():
   assert environ.get('XLA_FLAGS', '') == flags
 
 
-def test_defaults_keep_tokens_identical_to_plain_xla():
-  # The defaults (whatever they are) against XLA with no flags at all: same greedy tokens, baseline
-  # and speculative; the decode reports the settings it ran under.
-  base_default, spec_default, settings = _decode(None)
-  base_plain, spec_plain, plain = _decode('')
-  assert base_default == base_plain and spec_default == spec_plain
+def test_user_flags_reach_xla_and_tokens_stay_exact():
+  # A user's XLA_FLAGS reach XLA unchanged (here: two host devices instead of one) and the decode
+  # reports them as the user's; under our defaults and under the user's flags the greedy tokens
+  # are the same, baseline and speculative.
+  base_default, spec_default, default = _decode(None)
+  base_user, spec_user, user = _decode('--xla_force_host_platform_device_count=2')
+  assert default['xla_flags'] == ' '.join(runtime.DEFAULT_CPU_XLA_FLAGS)
+  assert default['xla_flags_source'] == 'default' and default['devices'] == 1
+  assert user['xla_flags_source'] == 'user' and user['devices'] == 2
   assert base_default == spec_default  # greedy speculative == baseline
-  assert settings['xla_flags'] == ' '.join(runtime.DEFAULT_CPU_XLA_FLAGS)
-  assert plain['xla_flags_source'] == 'user' and settings['param_dtype_in_memory'] == 'float32'
+  assert base_user == spec_user and base_user == base_default
+  assert default['param_dtype_in_memory'] == 'float32'

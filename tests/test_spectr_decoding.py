@@ -19,15 +19,16 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from speculative import decoding
 from speculative import drafters
 from speculative import sampling as S
 from speculative import spectr
-from speculative import spectr_decoding
+from speculative.decode import loops as decoding
+from speculative.decode import state as decode_state
 from speculative.models.decoder_only import DecoderOnlyConfig
 from speculative.models.decoder_only import DecoderOnlyLM
 from speculative.models.t5 import T5
 from speculative.models.t5 import T5Config
+from speculative.spectr import decoding as spectr_decoding
 
 FALSE_FAILURE_RATE = 1e-4  # per test
 FILTERS = S.SamplingConfig(top_k=True, top_p=True)  # greedy = run-time temperature 0, one compile
@@ -303,7 +304,7 @@ def test_all_copies_agree_on_every_cache_entry_that_is_read(values):
 
 def test_row_in_batch_equals_row_alone_and_no_recompilation():
   batch = _spectr(4, dict(temperature=1.0), rng=3)
-  counts = dict(decoding.TRACE_COUNTS)
+  counts = dict(decode_state.TRACE_COUNTS)
   others = [
     _spectr(4, values, rng=rng).tokens
     for values, rng in [
@@ -312,7 +313,7 @@ def test_row_in_batch_equals_row_alone_and_no_recompilation():
       (dict(temperature=1.0), jax.random.key(9)),
     ]
   ]
-  assert dict(decoding.TRACE_COUNTS) == counts  # new values and seeds: no new trace
+  assert dict(decode_state.TRACE_COUNTS) == counts  # new values and seeds: no new trace
   # ... and the new values took effect.
   assert len({np.asarray(t).tobytes() for t in [batch.tokens] + others}) == 4
   for row in (5, 40):

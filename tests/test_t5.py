@@ -109,7 +109,7 @@ def test_teacher_forced_argmax_equals_stock_t5x(fixture_data):
 
 
 def test_greedy_through_autoregressive_decode(fixture_data):
-  decoding = pytest.importorskip('speculative.decoding')
+  decoding = pytest.importorskip('speculative.decode.loops')
   sampling = pytest.importorskip('speculative.sampling')
   results, params = fixture_data
   model = T5(T5Config(**results['T5Config']))
@@ -378,7 +378,7 @@ EXPECTED_SHAPES = {  # docs/design.md section 3: d, H, L_enc, L_dec, dh, f
 
 def test_gin_model_files():
   gin = pytest.importorskip('gin')
-  from speculative import gin_utils
+  from speculative.jobs import gin_utils
 
   gin_utils.register_configurables()
   gin.clear_config()

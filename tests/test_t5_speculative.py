@@ -6,9 +6,9 @@ import model_utils
 import numpy as np
 import pytest
 
-from speculative import decoding
 from speculative import drafters
 from speculative import sampling as S
+from speculative.decode import loops as decoding
 from speculative.models.t5 import T5
 from speculative.models.t5 import T5Config
 

@@ -1,4 +1,4 @@
-"""Tests of speculative/tasks.py: the shipped vocabulary, the three seqio tasks, metrics and helpers."""
+"""Tests of speculative/data/tasks.py: the shipped vocabulary, the three seqio tasks and helpers."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ seqio = pytest.importorskip("seqio")
 tf = pytest.importorskip("tensorflow")
 import tensorflow_datasets as tfds  # noqa: E402  (seqio depends on it)
 
-from speculative import tasks  # noqa: E402
+from speculative.data import tasks  # noqa: E402
 
 ROUND_TRIP_TEXTS = [
   "Wählen Sie Extras – Optionen… – LibreOffice – Allgemein, um Größe und Maße zu ändern.",
@@ -141,30 +141,6 @@ def test_cnn_dailymail_task_preprocessing_on_in_memory_records(registered):
   assert examples[0]["inputs"][-1] == 1
 
 
-def test_bleu():
-  sentences = ["Die Suchleiste kann zur schnellen Suche verwendet werden.", "Öffnet den Dialog."]
-  assert tasks.bleu(sentences, sentences) == {"bleu": pytest.approx(100.0)}
-  partial = tasks.bleu(sentences, ["Die Suchleiste kann verwendet werden.", "Öffnet den Dialog."])
-  assert 0.0 < partial["bleu"] < 100.0
-  # Two references per prediction: a prediction equal to either reference scores 100.
-  assert tasks.bleu([[s, "x y z"] for s in sentences], sentences)["bleu"] == pytest.approx(100.0)
-  with pytest.raises(ValueError, match="2 targets but 1 predictions"):
-    tasks.bleu(sentences, sentences[:1])
-
-
-def test_rouge():
-  summaries = ["The cat sat on the mat . It was happy .", "Stocks fell sharply on Monday ."]
-  assert tasks.rouge(summaries, summaries) == {
-    "rouge1": pytest.approx(100.0),
-    "rouge2": pytest.approx(100.0),
-    "rougeLsum": pytest.approx(100.0),
-  }
-  disjoint = tasks.rouge(summaries, ["zebra quantum", "violin orbit"])
-  assert disjoint == {"rouge1": 0.0, "rouge2": 0.0, "rougeLsum": 0.0}
-  with pytest.raises(ValueError, match="no predictions"):
-    tasks.rouge([], [])
-
-
 def test_helpers():
   assert tasks.make_inputs("Find Bar") == "translate English to German: Find Bar"
   stats = json.loads((tasks.DATA_DIR / "stats.json").read_text())
@@ -176,15 +152,3 @@ def test_helpers():
     tasks.load_split("dev")
   with pytest.raises(TypeError):
     tasks.make_inputs(b"bytes")
-
-
-def test_loop_detector_flags_repetition_loops_and_no_reference():
-  assert tasks.is_looping("die Tabelle die Tabelle die Tabelle")
-  assert tasks.is_looping("Klicken Sie Klicken Klicken Klicken Klicken")
-  assert not tasks.is_looping("a b c a b c")  # two copies are text, three are a loop
-  assert not tasks.is_looping("x x x")  # a single word needs four copies
-  references = [de for _, de in tasks.load_split("test")]
-  assert sum(map(tasks.is_looping, references)) == 0
-  metrics = tasks.translation_metrics(references[:50], references[:50])
-  assert metrics["bleu"] == pytest.approx(100.0) and metrics["chrf"] == pytest.approx(100.0)
-  assert metrics["loop_pct"] == 0.0

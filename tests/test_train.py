@@ -10,11 +10,12 @@ import numpy as np
 import pytest
 
 from speculative import checkpoints
-from speculative import corpus
-from speculative import tasks
 from speculative import train
+from speculative.data import corpus
+from speculative.data import tasks
 from speculative.models.t5 import T5
 from speculative.models.t5 import T5Config
+from speculative.train import steps as train_steps
 
 TINY = T5Config(
   vocab_size=8000,
@@ -264,7 +265,7 @@ def test_attention_entropy_is_one_for_uniform_and_zero_for_one_hot():
   }
   one_hot = {k: jnp.zeros_like(w).at[..., 0].set(1.0) for k, w in uniform.items()}
   for weights, expected in ((uniform, 1.0), (one_hot, 0.0)):
-    sums = train.attention_entropy_sums(weights, enc, tgt)
+    sums = train_steps.attention_entropy_sums(weights, enc, tgt)
     rows = {k: float(c) for k, (_, c) in sums.items()}
     # encoder: 4 real rows x 2 heads; decoder self: rows 1-2 (row 0 sees one key) x 1 head;
     # cross: 3 real rows x 2 heads.
@@ -279,5 +280,5 @@ def test_evaluation_logs_attention_entropy_and_a_training_subset(data, tmp_path)
   (m,) = _log(out)
   for prefix in ("val", "train"):
     assert m[f"{prefix}_nll"] > 0 and 0 <= m[f"{prefix}_accuracy"] <= 1
-    for kind in train.ATTENTION_KINDS:
+    for kind in train_steps.ATTENTION_KINDS:
       assert 0.5 < m[f"{prefix}_attention_entropy_{kind}"] <= 1.0  # near uniform at init

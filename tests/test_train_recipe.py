@@ -8,9 +8,10 @@ import numpy as np
 import pytest
 
 from speculative import checkpoints
-from speculative import infer_outputs
-from speculative import overlap
 from speculative import train
+from speculative.data import overlap
+from speculative.infer import outputs as infer_outputs
+from speculative.train import steps as train_steps
 
 
 def test_label_smoothing_matches_explicit_soft_targets():
@@ -19,26 +20,28 @@ def test_label_smoothing_matches_explicit_soft_targets():
   targets = jnp.asarray(rng.integers(0, 7, size=(2, 3)))
   weights = jnp.ones((2, 3))
   ls = 0.1
-  loss, nll = train.cross_entropy_loss(logits, targets, weights, z_loss=0.0, label_smoothing=ls)
+  loss, nll = train_steps.cross_entropy_loss(
+    logits, targets, weights, z_loss=0.0, label_smoothing=ls
+  )
   soft = np.full((2, 3, 7), ls / 6)
   np.put_along_axis(soft, np.asarray(targets)[..., None], 1 - ls, axis=-1)
   entropy = -np.sum(soft[0, 0] * np.log(soft[0, 0]))
-  expected, _ = train.cross_entropy_loss(logits, targets, weights, 0.0, soft_targets=soft)
+  expected, _ = train_steps.cross_entropy_loss(logits, targets, weights, 0.0, soft_targets=soft)
   np.testing.assert_allclose(loss, expected - entropy, rtol=1e-5)
-  _, plain_nll = train.cross_entropy_loss(logits, targets, weights, z_loss=0.0)
+  _, plain_nll = train_steps.cross_entropy_loss(logits, targets, weights, z_loss=0.0)
   np.testing.assert_allclose(nll, plain_nll, rtol=1e-6)  # reported NLL is never smoothed
   # A perfect fit to the smoothed distribution has loss 0.
   perfect = jnp.asarray(np.log(soft), jnp.float32)
-  zero, _ = train.cross_entropy_loss(perfect, targets, weights, 0.0, label_smoothing=ls)
+  zero, _ = train_steps.cross_entropy_loss(perfect, targets, weights, 0.0, label_smoothing=ls)
   assert abs(float(zero)) < 1e-5
 
 
 def test_rsqrt_schedule_warms_up_then_decays_and_unknown_kind_is_refused():
-  s = train.make_schedule("rsqrt", 1e-3, warmup_steps=100, num_steps=10)
+  s = train_steps.make_schedule("rsqrt", 1e-3, warmup_steps=100, num_steps=10)
   values = [float(s(i)) for i in (0, 49, 99, 399, 9999)]
   np.testing.assert_allclose(values, [1e-5, 5e-4, 1e-3, 5e-4, 1e-4], rtol=1e-5)
   with pytest.raises(ValueError, match="schedule must be one of"):
-    train.make_schedule("linear", 1e-3, 10, 10)
+    train_steps.make_schedule("linear", 1e-3, 10, 10)
 
 
 def test_overlap_finds_exact_and_near_duplicates_on_either_side():
@@ -121,7 +124,7 @@ def test_export_records_its_training_and_never_silently_replaces_better_weights(
 
 
 def test_constant_schedule_and_adafactor_steps_scale_with_each_parameter():
-  s = train.make_schedule("constant", 1e-2, warmup_steps=10, num_steps=10)
+  s = train_steps.make_schedule("constant", 1e-2, warmup_steps=10, num_steps=10)
   np.testing.assert_allclose(
     [float(s(i)) for i in (0, 4, 9, 500)], [1e-3, 5e-3, 1e-2, 1e-2], rtol=1e-5
   )
@@ -130,8 +133,8 @@ def test_constant_schedule_and_adafactor_steps_scale_with_each_parameter():
   params = {"embedding": jnp.ones((4, 8)), "query": jnp.full((4, 8), 0.01)}
   grads = {"embedding": jnp.full((4, 8), 0.5), "query": jnp.full((4, 8), 0.5)}
   sizes = {}
-  for kind in train.OPTIMIZERS:
-    opt = train.make_optimizer(1e-2, 1, 10, 0.0, 1e9, "constant", kind)
+  for kind in train_steps.OPTIMIZERS:
+    opt = train_steps.make_optimizer(1e-2, 1, 10, 0.0, 1e9, "constant", kind)
     updates, _ = opt.update(grads, opt.init(params), params)
     sizes[kind] = {k: float(jnp.abs(v).mean()) for k, v in updates.items()}
   assert sizes["adamw"]["embedding"] == pytest.approx(sizes["adamw"]["query"])
@@ -139,7 +142,7 @@ def test_constant_schedule_and_adafactor_steps_scale_with_each_parameter():
     100, rel=1e-3
   )
   with pytest.raises(ValueError, match="optimizer must be one of"):
-    train.make_optimizer(1e-2, 1, 10, 0.0, 1.0, "constant", "sgd")
+    train_steps.make_optimizer(1e-2, 1, 10, 0.0, 1.0, "constant", "sgd")
 
 
 def _script(name: str):

@@ -8,7 +8,7 @@ from typing import Sequence
 
 import numpy as np
 
-from speculative.bench.conclude import TOO_NOISY
+from speculative.bench import conclude
 
 
 def fmt(value: Any, digits: int = 2, suffix: str = "", scale: float = 1.0) -> str:
@@ -28,7 +28,7 @@ def refusable(record: dict[str, Any], value: Any, *args, **kwargs) -> str:
   """fmt(value, ...), or TOO_NOISY where `record` (a row or a profile) says its costs were
   refused as too noisy."""
   if record.get("prediction_refused") or record.get("overhead_refused"):
-    return TOO_NOISY
+    return conclude.TOO_NOISY
   return fmt(value, *args, **kwargs)
 
 

@@ -9,7 +9,7 @@ from typing import Sequence
 
 import numpy as np
 
-from speculative.bench.methods import BASELINE
+from speculative.bench import methods
 
 # Targets of the benchmark (issue 4); checked and reported, never asserted in tests.
 TARGET_EXP_RATIO = 0.9  # batch 1, greedy: measured >= 0.9 x predicted
@@ -298,7 +298,7 @@ def _target_rows(report, target, kind: str) -> list[dict[str, Any]]:
 
 def _baseline_row(report, target) -> dict[str, Any] | None:
   return next(
-    (r for r in _target_rows(report, target, "baselines") if r["method"] == BASELINE), None
+    (r for r in _target_rows(report, target, "baselines") if r["method"] == methods.BASELINE), None
   )
 
 

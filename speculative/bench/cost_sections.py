@@ -6,11 +6,8 @@ from __future__ import annotations
 from typing import Any
 from typing import Sequence
 
-from speculative.bench.cells import fmt
-from speculative.bench.cells import refusable
-from speculative.bench.cells import rows_of
-from speculative.bench.cells import table
-from speculative.bench.conclude import TOO_NOISY
+from speculative.bench import cells
+from speculative.bench import conclude
 
 
 def cost_section(report: dict[str, Any]) -> list[str]:
@@ -27,7 +24,7 @@ def cost_section(report: dict[str, Any]) -> list[str]:
   draft_rows = _draft_cost_rows(report)
   if draft_rows:
     lines += [
-      table(
+      cells.table(
         ["batch", "drafter", "draft step ms", "draft 2-token call ms", "c", "draft prefill ms"],
         draft_rows,
       ),
@@ -56,15 +53,15 @@ def _target_cost_table(report: dict[str, Any]) -> str:
   rows = [
     [
       b,
-      fmt(cm["target_step_s"], scale=1e3),
-      fmt(cm.get("target_step_s_after"), scale=1e3),
-      fmt(cm["stock_equivalent_step_s"], scale=1e3),
-      fmt(cm["target_prefill_s"], scale=1e3),
+      cells.fmt(cm["target_step_s"], scale=1e3),
+      cells.fmt(cm.get("target_step_s_after"), scale=1e3),
+      cells.fmt(cm["stock_equivalent_step_s"], scale=1e3),
+      cells.fmt(cm["target_prefill_s"], scale=1e3),
     ]
-    + [fmt(cm["v"].get(str(t)), 2) for t in range(2, t_max + 1)]
+    + [cells.fmt(cm["v"].get(str(t)), 2) for t in range(2, t_max + 1)]
     for b, cm in _by_batch(report)
   ]
-  return table(header, rows)
+  return cells.table(header, rows)
 
 
 def _draft_cost_rows(report: dict[str, Any]) -> list[list[Any]]:
@@ -78,10 +75,10 @@ def _draft_cost_rows(report: dict[str, Any]) -> list[list[Any]]:
           [
             b,
             name,
-            fmt(dc["draft_step_s"], 3, scale=1e3),
-            fmt(dc["draft_catch_up_s"], 3, scale=1e3),
-            fmt(dc["c"], 3),
-            fmt(dc["draft_prefill_s"], scale=1e3),
+            cells.fmt(dc["draft_step_s"], 3, scale=1e3),
+            cells.fmt(dc["draft_catch_up_s"], 3, scale=1e3),
+            cells.fmt(dc["c"], 3),
+            cells.fmt(dc["draft_prefill_s"], scale=1e3),
           ]
         )
       else:
@@ -134,10 +131,10 @@ def _noise_lines(report: dict[str, Any]) -> list[str]:
         [
           b,
           name,
-          fmt(est["value"], 3),
-          fmt(est["spread"], 2),
+          cells.fmt(est["value"], 3),
+          cells.fmt(est["spread"], 2),
           est["rounds"],
-          f"**{TOO_NOISY}**" if name in noise["refused"] else "ok",
+          f"**{conclude.TOO_NOISY}**" if name in noise["refused"] else "ok",
         ]
       )
   if not rows:
@@ -146,11 +143,11 @@ def _noise_lines(report: dict[str, Any]) -> list[str]:
     f"Noise: every quantity is the median over interleaved timing rounds (all timers once "
     f"per round, the order rotating); a ratio is taken per round. spread = interquartile "
     f"range / median over the rounds. An estimate is refused, and the predictions (EXP) and "
-    f"overheads that use it are reported as \"{TOO_NOISY}\", when its spread exceeds "
+    f"overheads that use it are reported as \"{conclude.TOO_NOISY}\", when its spread exceeds "
     f"{max_spread:.2f}, when fewer than {min_rounds} rounds were timed, when a round did not "
     "resolve it above timer jitter, or when v(T) < 1 (impossible).",
     "",
-    table(["batch", "estimate", "value", "spread", "rounds", "verdict"], rows),
+    cells.table(["batch", "estimate", "value", "spread", "rounds", "verdict"], rows),
     "",
   ]
 
@@ -166,30 +163,30 @@ def profile_section(report: dict[str, Any]) -> list[str]:
     "call, verify = target (gamma+1)-token call, both from the cost model; overhead = the "
     "rest (sampling and acceptance over the vocabulary, the draft loop's control flow, "
     "bookkeeping). A negative overhead is impossible (the calls were timed under another load "
-    f"than the decode), so it is reported as \"{TOO_NOISY}\" too.",
+    f"than the decode), so it is reported as \"{conclude.TOO_NOISY}\" too.",
     "",
   ]
   rows = []
-  for r in rows_of(report, "baselines", "speculative"):
+  for r in cells.rows_of(report, "baselines", "speculative"):
     p = r.get("profile")
     if not p:
       continue
     rows.append(
       [
         r["batch_size"],
-        fmt(r["temperature"], 0),
+        cells.fmt(r["temperature"], 0),
         r["name"],
-        fmt(p["step_s"], scale=1e3),
-        fmt(p.get("draft_s", 0.0), scale=1e3),
-        fmt(p.get("verify_s", p.get("target_step_s")), scale=1e3),
-        refusable(p, p["overhead_s"], scale=1e3),
-        refusable(p, p["overhead_fraction"], 0, "%", scale=100),
-        fmt(p["prefill_s_per_decode"], scale=1e3),
-        fmt(p["prefill_fraction"], 0, "%", scale=100),
+        cells.fmt(p["step_s"], scale=1e3),
+        cells.fmt(p.get("draft_s", 0.0), scale=1e3),
+        cells.fmt(p.get("verify_s", p.get("target_step_s")), scale=1e3),
+        cells.refusable(p, p["overhead_s"], scale=1e3),
+        cells.refusable(p, p["overhead_fraction"], 0, "%", scale=100),
+        cells.fmt(p["prefill_s_per_decode"], scale=1e3),
+        cells.fmt(p["prefill_fraction"], 0, "%", scale=100),
       ]
     )
   lines += [
-    table(
+    cells.table(
       [
         "batch",
         "TEMP",
@@ -218,7 +215,7 @@ def _overhead_range(rows: Sequence[dict[str, Any]]) -> str:
   )
   if not values:
     return "-"
-  low, high = fmt(values[0], 0, "%", scale=100), fmt(values[-1], 0, "%", scale=100)
+  low, high = cells.fmt(values[0], 0, "%", scale=100), cells.fmt(values[-1], 0, "%", scale=100)
   return low if low == high else f"{low}..{high}"
 
 
@@ -236,7 +233,7 @@ def roofline_section(report: dict[str, Any]) -> list[str]:
     "step (profile) / batch; loop overhead = (decode walltime - prefill - the model calls of "
     "the cost model) / (decode walltime - prefill), greedy, as in the profile.",
     "",
-    table(
+    cells.table(
       [
         "batch",
         "weights MB / step",
@@ -254,7 +251,7 @@ def roofline_section(report: dict[str, Any]) -> list[str]:
     "same B x T rows (no attention, norms or cache): where they differ, the gap is in "
     "what the model adds around the matmuls.",
     "",
-    table(["batch", "T", "target v(T)", "bare matmul v(T)", "bare verdict"], v_rows),
+    cells.table(["batch", "T", "target v(T)", "bare matmul v(T)", "bare verdict"], v_rows),
     "",
   ]
 
@@ -279,11 +276,11 @@ def _roofline_rows(report: dict[str, Any]) -> tuple[list[list[Any]], list[list[A
     rows.append(
       [
         b,
-        fmt(roof["weight_bytes"] / 1e6, 1),
-        fmt(roof["bandwidth_gb_s"], 1),
-        fmt(floor_ms, 3),
-        fmt(step_ms, 3),
-        fmt(None if step_ms is None else step_ms / floor_ms, 1, "x"),
+        cells.fmt(roof["weight_bytes"] / 1e6, 1),
+        cells.fmt(roof["bandwidth_gb_s"], 1),
+        cells.fmt(floor_ms, 3),
+        cells.fmt(step_ms, 3),
+        cells.fmt(None if step_ms is None else step_ms / floor_ms, 1, "x"),
         _overhead_range(base),
         _overhead_range([r for g in greedy for r in g["speculative"]]),
       ]
@@ -292,6 +289,12 @@ def _roofline_rows(report: dict[str, Any]) -> tuple[list[list[Any]], list[list[A
     for t, bare in roof["bare_v"].items():
       if t != "1":
         v_rows.append(
-          [b, t, fmt(cm["v"].get(t)), fmt(bare), TOO_NOISY if f"bare v({t})" in refused else "ok"]
+          [
+            b,
+            t,
+            cells.fmt(cm["v"].get(t)),
+            cells.fmt(bare),
+            conclude.TOO_NOISY if f"bare v({t})" in refused else "ok",
+          ]
         )
   return rows, v_rows

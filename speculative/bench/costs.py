@@ -25,63 +25,17 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from speculative.bench.noise import MAX_SPREAD
-from speculative.bench.noise import MIN_ROUNDS
-from speculative.bench.noise import STOCK_STEP
-from speculative.bench.noise import TARGET_STEP
-from speculative.bench.noise import Estimate
-from speculative.bench.noise import NoiseLog
-from speculative.bench.noise import c_key
-from speculative.bench.noise import estimate
-from speculative.bench.noise import judge
-from speculative.bench.noise import ratio_samples
-from speculative.bench.noise import refusal
-from speculative.bench.noise import v_key
-from speculative.bench.timing import Timer
-from speculative.bench.timing import cache_at_position
-from speculative.bench.timing import calibrate
-from speculative.bench.timing import extend_timer
-from speculative.bench.timing import per_call_seconds
-from speculative.bench.timing import prefill
-from speculative.bench.timing import prefill_timer
-from speculative.bench.timing import repeat_extend
-from speculative.bench.timing import repeat_propose
-from speculative.bench.timing import retime
-from speculative.bench.timing import time_rounds
-from speculative.bench.timing import timed
+from speculative.bench import noise as bench_noise
+from speculative.bench import timing
 
 __all__ = [
-  'MAX_SPREAD',
-  'MIN_ROUNDS',
-  'STOCK_STEP',
-  'TARGET_STEP',
-  'Estimate',
-  'NoiseLog',
-  'Timer',
-  'c_key',
-  'cache_at_position',
-  'calibrate',
   'decode_step_matmuls',
   'draft_prefix',
-  'estimate',
-  'extend_timer',
-  'judge',
   'loop_body_matmuls',
   'measure_costs',
   'measure_extend_costs',
   'measure_propose',
-  'per_call_seconds',
-  'prefill',
-  'prefill_timer',
-  'ratio_samples',
-  'refusal',
-  'repeat_extend',
-  'repeat_propose',
-  'retime',
   'shared_drafts',
-  'time_rounds',
-  'timed',
-  'v_key',
 ]
 
 
@@ -108,10 +62,10 @@ def measure_extend_costs(
   drafts: Mapping[str, tuple[Any, Any]],
   repeats: int,
   min_seconds: float,
-  extra_timers: Mapping[str, Timer] | None = None,
+  extra_timers: Mapping[str, timing.Timer] | None = None,
   marginal_extra: Sequence[str] = (),
   max_calls: Mapping[str, int] | None = None,
-  keep_timers: dict[str, Timer] | None = None,
+  keep_timers: dict[str, timing.Timer] | None = None,
 ) -> dict[str, Any]:
   """t(T) for T in {1} + verify_lengths, each draft model's step and c, all interleaved.
 
@@ -145,8 +99,10 @@ def measure_extend_costs(
   if keep_timers is not None:
     keep_timers.update(timers)
   marginal = [k for k in timers if k not in extra or k in marginal_extra]
-  rounds, whole = time_rounds(timers, repeats, min_seconds, max_calls=max_calls, marginal=marginal)
-  seconds = {name: per_call_seconds(rounds, whole, name) for name in timers}
+  rounds, whole = timing.time_rounds(
+    timers, repeats, min_seconds, max_calls=max_calls, marginal=marginal
+  )
+  seconds = {name: timing.per_call_seconds(rounds, whole, name) for name in timers}
   model = _extend_cost_model(rounds, seconds, lengths, draft_keys)
   noise = model.pop("noise")
   return {
@@ -162,17 +118,18 @@ def measure_extend_costs(
 
 def _extend_timers(
   target, target_params, drafts, lengths: Sequence[int], **timer_args
-) -> tuple[dict[str, Timer], dict[str, str]]:
+) -> tuple[dict[str, timing.Timer], dict[str, str]]:
   """({timer name: Timer}, {drafter: its timer name}): target extend(T) for T in `lengths`, and one
   T=1 timer per distinct draft model (drafters sharing a params object share it)."""
-  timers: dict[str, Timer] = {
-    f"target_{t}": extend_timer(target, target_params, num_tokens=t, **timer_args) for t in lengths
+  timers: dict[str, timing.Timer] = {
+    f"target_{t}": timing.extend_timer(target, target_params, num_tokens=t, **timer_args)
+    for t in lengths
   }
   draft_keys = {name: f"{draft_prefix(owner)}_1" for name, owner in shared_drafts(drafts).items()}
   for name, key in draft_keys.items():
     if key not in timers:
       draft, draft_params = drafts[name]
-      timers[key] = extend_timer(draft, draft_params, num_tokens=1, **timer_args)
+      timers[key] = timing.extend_timer(draft, draft_params, num_tokens=1, **timer_args)
   return timers, draft_keys
 
 
@@ -183,8 +140,8 @@ def _extend_cost_model(
   draft_keys: Mapping[str, str],
 ) -> dict[str, Any]:
   """t(1), t(T), v(T) and each draft's step and c from the timing rounds, with the noise record."""
-  noise = NoiseLog()
-  noise.add(TARGET_STEP, rounds["target_1"])
+  noise = bench_noise.NoiseLog()
+  noise.add(bench_noise.TARGET_STEP, rounds["target_1"])
   step = seconds["target_1"]
   costs: dict[str, Any] = {
     "target_step_s": step,
@@ -194,8 +151,8 @@ def _extend_cost_model(
   }
   for t in lengths[1:]:
     costs["v"][str(t)] = noise.add(
-      v_key(t),
-      ratio_samples(rounds[f"target_{t}"], rounds["target_1"]),
+      bench_noise.v_key(t),
+      bench_noise.ratio_samples(rounds[f"target_{t}"], rounds["target_1"]),
       minimum=1.0,
       fallback=seconds[f"target_{t}"] / step,
     )
@@ -204,7 +161,9 @@ def _extend_cost_model(
       "kind": "model",
       "draft_step_s": seconds[key],
       "c": noise.add(
-        c_key(name), ratio_samples(rounds[key], rounds["target_1"]), fallback=seconds[key] / step
+        bench_noise.c_key(name),
+        bench_noise.ratio_samples(rounds[key], rounds["target_1"]),
+        fallback=seconds[key] / step,
       ),
     }
   costs["noise"] = noise.data
@@ -253,10 +212,12 @@ def decode_step_matmuls(
 ) -> int | None:
   """Matmuls per iteration of the compiled single-token `repeat_extend` loop of `model`."""
   batch = encoder_tokens.shape[0]
-  cache = cache_at_position(model, params, encoder_tokens, max_length=max_length, position=position)
+  cache = timing.cache_at_position(
+    model, params, encoder_tokens, max_length=max_length, position=position
+  )
   try:
     hlo = (
-      repeat_extend.lower(
+      timing.repeat_extend.lower(
         params,
         cache,
         jnp.ones((batch, 1), jnp.int32),
@@ -286,7 +247,7 @@ def measure_costs(
   repeats: int,
   min_seconds: float,
   check_hoisting: bool = True,
-  keep_timers: dict[str, Timer] | None = None,
+  keep_timers: dict[str, timing.Timer] | None = None,
 ) -> dict[str, Any]:
   """The benchmark's cost model for one batch size: `measure_extend_costs` plus the prefill times,
   the stock-equivalent step, each draft model's 2-token (catch-up) call and, if `check_hoisting`,
@@ -311,7 +272,7 @@ def measure_costs(
     keep_timers=keep_timers,
   )
   seconds = costs.pop("seconds")
-  NoiseLog(costs["noise"]).add(STOCK_STEP, costs["rounds"]["stock_1"])
+  bench_noise.NoiseLog(costs["noise"]).add(bench_noise.STOCK_STEP, costs["rounds"]["stock_1"])
   costs["target_prefill_s"] = seconds["target_prefill"]
   costs["stock_equivalent_step_s"] = seconds["stock_1"]
   costs["stock_equivalent_prefill_s"] = seconds["stock_prefill"]
@@ -343,24 +304,24 @@ def _prefill_and_stock_timers(
   encoder_tokens: np.ndarray,
   max_length: int,
   position: int,
-) -> dict[str, Timer]:
+) -> dict[str, timing.Timer]:
   """The timers `measure_costs` adds: the prefills, the stock-equivalent step and each draft
   model's 2-token (catch-up) call."""
   timer_args = dict(encoder_tokens=encoder_tokens, max_length=max_length)
   extra = {
-    "target_prefill": prefill_timer(target, target_params, **timer_args),
-    "stock_1": extend_timer(
+    "target_prefill": timing.prefill_timer(target, target_params, **timer_args),
+    "stock_1": timing.extend_timer(
       stock_target, target_params, num_tokens=1, position=position, **timer_args
     ),
-    "stock_prefill": prefill_timer(stock_target, target_params, **timer_args),
+    "stock_prefill": timing.prefill_timer(stock_target, target_params, **timer_args),
   }
   for owner in set(owners.values()):
     draft, draft_params = draft_models[owner]
     prefix = draft_prefix(owner)
-    extra[f"{prefix}_2"] = extend_timer(
+    extra[f"{prefix}_2"] = timing.extend_timer(
       draft, draft_params, num_tokens=2, position=position, **timer_args
     )
-    extra[f"{prefix}_prefill"] = prefill_timer(draft, draft_params, **timer_args)
+    extra[f"{prefix}_prefill"] = timing.prefill_timer(draft, draft_params, **timer_args)
   return extra
 
 
@@ -374,7 +335,7 @@ def measure_propose(
   gamma: int,
   sampling,
   sampling_params,
-  target_step: Timer,
+  target_step: timing.Timer,
   repeats: int,
   min_seconds: float,
 ) -> tuple[float, list[float], float]:
@@ -391,7 +352,7 @@ def measure_propose(
     draft_params, tokens[:, :position], lengths, max_length, jnp.asarray(encoder_tokens)
   )
   rng = jax.random.key(0)  # typed keys, as the decode loop passes them
-  timer = lambda n: repeat_propose(  # noqa: E731
+  timer = lambda n: timing.repeat_propose(  # noqa: E731
     draft_params,
     state,
     tokens,
@@ -403,15 +364,15 @@ def measure_propose(
     gamma=gamma,
     sampling=sampling,
   )
-  rounds, whole = time_rounds(
+  rounds, whole = timing.time_rounds(
     {"propose": timer, "target_1": target_step},
     repeats,
     min_seconds,
     marginal=["propose", "target_1"],
   )
-  propose_s = per_call_seconds(rounds, whole, "propose")
+  propose_s = timing.per_call_seconds(rounds, whole, "propose")
   return (
     propose_s,
-    ratio_samples(rounds["propose"], rounds["target_1"], scale=1.0 / gamma),
-    propose_s / gamma / per_call_seconds(rounds, whole, "target_1"),
+    bench_noise.ratio_samples(rounds["propose"], rounds["target_1"], scale=1.0 / gamma),
+    propose_s / gamma / timing.per_call_seconds(rounds, whole, "target_1"),
   )

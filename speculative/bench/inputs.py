@@ -11,7 +11,7 @@ import jax
 import numpy as np
 
 from speculative import checkpoints
-from speculative import infer_inputs
+from speculative.infer import inputs as infer_inputs
 from speculative.models import t5 as t5_lib
 
 EOS_ID = 1
@@ -50,7 +50,7 @@ def load_examples(
   if task is not None:
     examples = infer_inputs.examples_from_task(task, split, inputs_length, limit)
   else:
-    from speculative import tasks
+    from speculative.data import tasks
 
     examples = infer_inputs.examples_from_file(
       input_file, tasks.get_vocabulary(), inputs_length, input_prefix, limit

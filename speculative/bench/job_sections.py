@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from speculative.bench.cells import fmt
-from speculative.bench.cells import table
+from speculative.bench import cells
 
 
 def resources_section(report: dict[str, Any]) -> list[str]:
@@ -19,12 +18,13 @@ def resources_section(report: dict[str, Any]) -> list[str]:
     rows.append(
       [
         group["batch_size"],
-        fmt(group["temperature"], 0),
+        cells.fmt(group["temperature"], 0),
         group["input_batches"],
         compiles["first_calls"],
-        fmt(compiles["first_calls_compile_s"], 1),
+        cells.fmt(compiles["first_calls_compile_s"], 1),
         compiles["timed_calls"],
-        fmt(group.get("peak_rss_mib"), 0) + ("" if group.get("peak_rss_reset") else " (process)"),
+        cells.fmt(group.get("peak_rss_mib"), 0)
+        + ("" if group.get("peak_rss_reset") else " (process)"),
       ]
     )
   if not rows:
@@ -38,7 +38,7 @@ def resources_section(report: dict[str, Any]) -> list[str]:
     "the group (its high-water mark reset at the group's start; '(process)' where it could not "
     "be reset).",
     "",
-    table(
+    cells.table(
       [
         "batch",
         "TEMP",
@@ -62,13 +62,13 @@ def whole_job_section(report: dict[str, Any]) -> list[str]:
   rows = [
     [
       r["name"],
-      fmt(r["walltime_s"], 1),
+      cells.fmt(r["walltime_s"], 1),
       r["generated_tokens"],
-      fmt(r["sentences_per_s"], 2),
-      fmt(r["tokens_per_s"], 1),
-      fmt(r["ms_per_token"]),
-      fmt(r["speedup_vs_baseline"], 2, "x"),
-      fmt(r["identical_to_baseline"]),
+      cells.fmt(r["sentences_per_s"], 2),
+      cells.fmt(r["tokens_per_s"], 1),
+      cells.fmt(r["ms_per_token"]),
+      cells.fmt(r["speedup_vs_baseline"], 2, "x"),
+      cells.fmt(r["identical_to_baseline"]),
     ]
     for r in job["rows"]
   ]
@@ -81,9 +81,9 @@ def whole_job_section(report: dict[str, Any]) -> list[str]:
     f"each method once, interleaved batch by batch; the speculative method is the sweep's "
     f"fastest at that batch size ({job['chosen'] or 'none'}). XLA compiles: "
     f"{compiles['first_calls']} in the first calls, {compiles['timed_calls']} after; peak RSS "
-    f"{fmt(job['peak_rss_mib'], 0)} MiB.",
+    f"{cells.fmt(job['peak_rss_mib'], 0)} MiB.",
     "",
-    table(
+    cells.table(
       [
         "method",
         "walltime s",

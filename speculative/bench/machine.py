@@ -8,7 +8,7 @@ from typing import Any
 
 import jax
 
-from speculative import runtime
+from speculative.jobs import runtime
 
 
 def _proc_field(path: str, key: str) -> str | None:

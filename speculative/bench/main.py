@@ -37,7 +37,7 @@ speculative/bench/, one module per concern):
     t(T) / t(1). Each time is the marginal per-call time of a jitted loop of `extend` calls ((time
     of 2n calls - time of n calls) / n: no dispatch, no work hoisted out of the loop), in
     interleaved rounds; c and v(T) are medians of per-round ratios, with their spread (IQR /
-    median). An estimate too noisy (spread above costs.MAX_SPREAD, or v(T) < 1) is refused: the
+    median). An estimate too noisy (spread above noise.MAX_SPREAD, or v(T) < 1) is refused: the
     predictions and overheads that use it read "too noisy to predict". t(1) is timed again after
     the sweep to detect load drift.
   * Predicted speedup (the paper's EXP) = analysis.walltime_improvement(alpha, gamma, c,
@@ -84,9 +84,6 @@ from typing import Callable
 from typing import Mapping
 from typing import Sequence
 
-from speculative import batching
-from speculative import infer_inputs
-from speculative import runtime
 from speculative.bench import conclude as conclude_lib
 from speculative.bench import costs as costs_lib
 from speculative.bench import inputs as inputs_lib
@@ -94,9 +91,13 @@ from speculative.bench import machine as machine_lib
 from speculative.bench import methods as methods_lib
 from speculative.bench import report as report_lib
 from speculative.bench import roofline
+from speculative.bench import settings
 from speculative.bench import sweep
+from speculative.bench import timing
 from speculative.bench import whole_job as whole_job_lib
-from speculative.bench.settings import BenchmarkSettings
+from speculative.decode import batching
+from speculative.infer import inputs as infer_inputs
+from speculative.jobs import runtime
 from speculative.models import t5 as t5_lib
 
 DEFAULT_QUICK_GIN = "configs/benchmark/quick.gin"
@@ -164,7 +165,7 @@ def _cost_models(
   position: int,
   repeats: int,
   min_seconds: float,
-  step_timers: dict[int, dict[str, costs_lib.Timer]],
+  step_timers: dict[int, dict[str, timing.Timer]],
   with_roofline: bool,
   check_hoisting: bool,
   log: Callable[[str], None],
@@ -234,7 +235,7 @@ def _drift_warnings(
   warnings = []
   for batch_size, timers in step_timers.items():
     cm = costs[str(batch_size)]
-    cm["target_step_s_after"] = costs_lib.retime(timers["target_1"], repeats, min_seconds)
+    cm["target_step_s_after"] = timing.retime(timers["target_1"], repeats, min_seconds)
     drift = cm["target_step_s_after"] / cm["target_step_s"] - 1
     if abs(drift) > DRIFT_WARNING:
       warnings.append(
@@ -339,10 +340,10 @@ def benchmark(
 ) -> dict[str, Any]:
   """Runs the sweep; returns the report dict (also written to output_dir, unless None). The
   arguments are `BenchmarkSettings`' (documented there); they are checked before any work."""
-  return _run(BenchmarkSettings(**locals()))
+  return _run(settings.BenchmarkSettings(**locals()))
 
 
-def _run(s: BenchmarkSettings) -> dict[str, Any]:
+def _run(s: settings.BenchmarkSettings) -> dict[str, Any]:
   """`benchmark` after its checks: inputs, models, the cost model, the sweep, the report."""
   log = print if s.verbose else (lambda *_: None)
   plan = sweep.gamma_plan(s.gammas, dict(s.drafter_gammas or {}), s.drafters, s.batch_sizes)
@@ -393,7 +394,7 @@ def _run(s: BenchmarkSettings) -> dict[str, Any]:
 
 
 def _measure(
-  s: BenchmarkSettings,
+  s: settings.BenchmarkSettings,
   models: dict[str, Any],
   examples,
   plan,
@@ -404,7 +405,7 @@ def _measure(
   whole-job row if asked for."""
   stock_t5x_decode = _stock_t5x_decode(s, models)
   position = min(s.cost_position, s.max_new_tokens - 1)
-  step_timers: dict[int, dict[str, costs_lib.Timer]] = {}
+  step_timers: dict[int, dict[str, timing.Timer]] = {}
   costs = _cost_models(
     models,
     examples,
@@ -453,7 +454,7 @@ def _measure(
   return costs, groups, whole_job
 
 
-def _stock_t5x_decode(s: BenchmarkSettings, models: dict[str, Any]) -> Callable | None:
+def _stock_t5x_decode(s: settings.BenchmarkSettings, models: dict[str, Any]) -> Callable | None:
   """methods.make_stock_t5x_decode on the target (called with temperature=...), or None without
   stock T5X in this run."""
   if not s.use_t5x:
@@ -466,7 +467,9 @@ def _stock_t5x_decode(s: BenchmarkSettings, models: dict[str, Any]) -> Callable 
   )
 
 
-def _config_record(s: BenchmarkSettings, plan, models: dict[str, Any], task_label: str) -> dict:
+def _config_record(
+  s: settings.BenchmarkSettings, plan, models: dict[str, Any], task_label: str
+) -> dict:
   """The report's `config`: what was compared, as run."""
   return {
     "target_name": s.target_name,
@@ -497,7 +500,7 @@ def main(argv: Sequence[str] | None = None) -> None:
 
   import gin  # pylint: disable=g-import-not-at-top
 
-  from speculative import gin_utils  # pylint: disable=g-import-not-at-top
+  from speculative.jobs import gin_utils  # pylint: disable=g-import-not-at-top
 
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--gin_file", action="append")

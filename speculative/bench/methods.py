@@ -24,9 +24,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from speculative import drafters as drafters_lib
-from speculative import infer_inputs
-from speculative import modes
-from speculative.bench.inputs import EOS_ID
+from speculative.bench import inputs
+from speculative.decode import modes
+from speculative.infer import inputs as infer_inputs
 from speculative.models import t5 as t5_lib
 
 BASELINE = "baseline"
@@ -120,7 +120,7 @@ def is_model_drafter(drafter: Any) -> bool:
 @functools.lru_cache(maxsize=1)
 def train_sequences() -> list[np.ndarray]:
   """The LibreOffice training targets as decoder streams (the embedded pair's training data)."""
-  from speculative import tasks
+  from speculative.data import tasks
 
   return tasks.target_token_sequences("train")
 
@@ -175,7 +175,7 @@ def decode_outputs(kind: str, result: Any) -> dict[str, np.ndarray]:
   """Host copies: tokens [B, N], lengths [B], and per-row counters."""
   if kind == STOCK_T5X:
     tokens = np.asarray(result)
-    is_eos = tokens == EOS_ID
+    is_eos = tokens == inputs.EOS_ID
     lengths = np.where(is_eos.any(1), is_eos.argmax(1) + 1, tokens.shape[1])
     tokens = np.where(np.arange(tokens.shape[1])[None] < lengths[:, None], tokens, 0)
     zeros = np.zeros(tokens.shape[0])
@@ -218,7 +218,7 @@ def make_stock_t5x_decode(
   from t5x import models as t5x_models  # pylint: disable=g-import-not-at-top
   from t5x.examples.t5 import network as t5x_network  # pylint: disable=g-import-not-at-top
 
-  from speculative import tasks
+  from speculative.data import tasks
 
   net_config = t5x_network.T5Config(
     vocab_size=config.vocab_size,
@@ -279,7 +279,7 @@ def make_methods(
     max_new_tokens=max_new_tokens,
     sampling=sampling,
     sampling_params=sampling_params,
-    eos_id=EOS_ID,
+    eos_id=inputs.EOS_ID,
   )
 
   def autoregressive(model):

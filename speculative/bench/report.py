@@ -9,19 +9,14 @@ import os
 from typing import Any
 from typing import Callable
 
-from speculative import runtime
+from speculative.bench import cells
+from speculative.bench import conclude
 from speculative.bench import conclude as conclude_lib
 from speculative.bench import cost_sections
 from speculative.bench import job_sections
 from speculative.bench import plots as plots_lib
-from speculative.bench.cells import fmt
-from speculative.bench.cells import loads
-from speculative.bench.cells import refusable
-from speculative.bench.cells import rows_of
-from speculative.bench.cells import table
-from speculative.bench.conclude import MEASURED_FALLBACK
-from speculative.bench.conclude import TOO_NOISY
-from speculative.files import write_atomic
+from speculative.checkpoints import files
+from speculative.jobs import runtime
 
 
 def format_report(report: dict[str, Any]) -> str:
@@ -58,10 +53,10 @@ def _machine_section(report: dict[str, Any]) -> list[str]:
     "## Machine",
     "",
     f"{machine['cpu']}; {machine['usable_cores']} usable of {machine['cpu_count']} CPU "
-    f"cores; {fmt(machine['memory_gib'], 1)} GiB RAM; {machine['platform']}; "
+    f"cores; {cells.fmt(machine['memory_gib'], 1)} GiB RAM; {machine['platform']}; "
     f"Python {machine['python']}, jax {machine['jax']} (backend: {machine['backend']}). "
-    f"Load average (1/5/15 min) at start {loads(machine['load_average_start'])}, at end "
-    f"{loads(machine.get('load_average_end', []))}"
+    f"Load average (1/5/15 min) at start {cells.loads(machine['load_average_start'])}, at end "
+    f"{cells.loads(machine.get('load_average_end', []))}"
     " (a load above the core count means other processes shared the CPU and timings are "
     "noisy).",
     "",
@@ -115,22 +110,22 @@ def _speedup_section(report: dict[str, Any]) -> list[str]:
   cfg = report["config"]
   lines = ["## Speedup (layout of the paper's Table 2)", ""]
   rows = []
-  for r in rows_of(report, "speculative"):
+  for r in cells.rows_of(report, "speculative"):
     rows.append(
       [
         cfg["task_label"],
         r["drafter"],
-        fmt(r["temperature"], 0),
+        cells.fmt(r["temperature"], 0),
         r["batch_size"],
         r["gamma"],
-        fmt(r["alpha_used"]),
-        fmt(r["measured_speedup"], 2, "X"),
-        fmt(r["speedup_per_token"], 2, "X"),
-        fmt(r["speedup_vs_stock"], 2, "X"),
+        cells.fmt(r["alpha_used"]),
+        cells.fmt(r["measured_speedup"], 2, "X"),
+        cells.fmt(r["speedup_per_token"], 2, "X"),
+        cells.fmt(r["speedup_vs_stock"], 2, "X"),
       ]
     )
   lines += [
-    table(
+    cells.table(
       ["TASK", "M_q", "TEMP", "BATCH", "γ", "α", "SPEED", "SPEED per token", "SPEED vs stock"], rows
     ),
     "",
@@ -147,30 +142,30 @@ def _predicted_section(report: dict[str, Any]) -> list[str]:
   """Predicted vs measured, in the layout of the paper's Table 4."""
   lines = ["## Predicted vs measured (layout of the paper's Table 4)", ""]
   rows = []
-  for r in rows_of(report, "speculative"):
+  for r in cells.rows_of(report, "speculative"):
     rows.append(
       [
         r["drafter"],
-        fmt(r["temperature"], 0),
+        cells.fmt(r["temperature"], 0),
         r["batch_size"],
         r["gamma"],
-        fmt(r["alpha_used"], 3),
-        fmt(r["drafted_per_call"]),
-        fmt(r["acceptance_rate"], 3),
-        fmt(r["block_efficiency"]),
-        fmt(r["expected_tokens"]),
-        fmt(r["c"], 3),
-        fmt(r["v"]),
-        refusable(r, r["predicted_speedup"], 2, "X"),
-        fmt(r["measured_speedup"], 2, "X"),
-        refusable(r, r["measured_over_predicted"]),
-        fmt(r["tokens_per_s"], 1),
-        fmt(r["compile_s"], 1),
-        fmt(r.get("identical_to_baseline")),
+        cells.fmt(r["alpha_used"], 3),
+        cells.fmt(r["drafted_per_call"]),
+        cells.fmt(r["acceptance_rate"], 3),
+        cells.fmt(r["block_efficiency"]),
+        cells.fmt(r["expected_tokens"]),
+        cells.fmt(r["c"], 3),
+        cells.fmt(r["v"]),
+        cells.refusable(r, r["predicted_speedup"], 2, "X"),
+        cells.fmt(r["measured_speedup"], 2, "X"),
+        cells.refusable(r, r["measured_over_predicted"]),
+        cells.fmt(r["tokens_per_s"], 1),
+        cells.fmt(r["compile_s"], 1),
+        cells.fmt(r.get("identical_to_baseline")),
       ]
     )
   lines += [
-    table(
+    cells.table(
       [
         "M_q",
         "TEMP",
@@ -207,23 +202,23 @@ def _baselines_section(report: dict[str, Any]) -> list[str]:
   """The non-speculative methods."""
   lines = ["## Baselines", ""]
   rows = []
-  for r in rows_of(report, "baselines"):
+  for r in cells.rows_of(report, "baselines"):
     rows.append(
       [
         r["batch_size"],
-        fmt(r["temperature"], 0),
+        cells.fmt(r["temperature"], 0),
         r["name"],
-        fmt(r["walltime_s"], 3),
+        cells.fmt(r["walltime_s"], 3),
         r["generated_tokens"],
-        fmt(r["tokens_per_s"], 1),
-        fmt(r["ms_per_token"]),
-        fmt(r["speedup_vs_baseline"], 2, "X"),
-        fmt(r["compile_s"], 1),
-        fmt(r.get("identical_to_baseline")),
+        cells.fmt(r["tokens_per_s"], 1),
+        cells.fmt(r["ms_per_token"]),
+        cells.fmt(r["speedup_vs_baseline"], 2, "X"),
+        cells.fmt(r["compile_s"], 1),
+        cells.fmt(r.get("identical_to_baseline")),
       ]
     )
   lines += [
-    table(
+    cells.table(
       [
         "batch",
         "TEMP",
@@ -251,7 +246,7 @@ def _choice_section(report: dict[str, Any]) -> list[str]:
     f"Policy: among the measured gammas, the one with the best predicted speedup (EXP); if "
     f"that is below {report['config']['fallback_threshold']:.2f}X, plain decoding. Where "
     "every prediction was refused as too noisy: plain decoding if every measured gamma was "
-    f"slower than the baseline (\"{MEASURED_FALLBACK}\"), else no decision. The best "
+    f"slower than the baseline (\"{conclude.MEASURED_FALLBACK}\"), else no decision. The best "
     "measured gamma is shown for comparison (picking it is optimistic: it is the maximum "
     "of noisy measurements).",
     "",
@@ -259,19 +254,19 @@ def _choice_section(report: dict[str, Any]) -> list[str]:
   rows = [
     [
       c["batch_size"],
-      fmt(c["temperature"], 0),
+      cells.fmt(c["temperature"], 0),
       c["drafter"],
       c["decision"],
-      fmt(c["gamma"]),
-      fmt(c["predicted_speedup"], 2, "X"),
-      fmt(c["measured_speedup"], 2, "X"),
-      fmt(c["best_measured_gamma"]),
-      fmt(c["best_measured_speedup"], 2, "X"),
+      cells.fmt(c["gamma"]),
+      cells.fmt(c["predicted_speedup"], 2, "X"),
+      cells.fmt(c["measured_speedup"], 2, "X"),
+      cells.fmt(c["best_measured_gamma"]),
+      cells.fmt(c["best_measured_speedup"], 2, "X"),
     ]
     for c in report["choices"]
   ]
   lines += [
-    table(
+    cells.table(
       ["batch", "TEMP", "M_q", "decision", "γ", "EXP", "EMP", "best measured γ", "its EMP"], rows
     ),
     "",
@@ -285,11 +280,11 @@ def _targets_section(report: dict[str, Any]) -> list[str]:
   rows = [
     [
       t["target"],
-      fmt(t["value"], 2),
-      fmt(t["threshold"], 2),
+      cells.fmt(t["value"], 2),
+      cells.fmt(t["threshold"], 2),
       "met"
       if t["met"]
-      else TOO_NOISY
+      else conclude.TOO_NOISY
       if t["met"] is None
       else f"**missed by {t['shortfall']:.2f} ({100 * (1 - t['relative']):.0f}%)**",
       t["note"],
@@ -297,7 +292,7 @@ def _targets_section(report: dict[str, Any]) -> list[str]:
     for t in report["targets"]
   ]
   lines += [
-    table(["target", "value", "threshold", "result", "note"], rows)
+    cells.table(["target", "value", "threshold", "result", "note"], rows)
     if rows
     else "(no target applies to this sweep)",
     "",
@@ -348,11 +343,11 @@ def write_report(
   if plots:
     report["plots"] = plots_lib.make_plots(report, output_dir)
   markdown = format_report(report) + related_sections(output_dir)
-  write_atomic(
+  files.write_atomic(
     os.path.join(output_dir, "results.json"),
     json.dumps(report, indent=1, ensure_ascii=False) + "\n",
   )
-  write_atomic(os.path.join(output_dir, "results.md"), markdown + "\n")
+  files.write_atomic(os.path.join(output_dir, "results.md"), markdown + "\n")
   log(markdown)
   log(
     f"wrote {output_dir}/results.md, results.json"

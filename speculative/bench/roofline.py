@@ -6,7 +6,7 @@
     over one matrix of the same size, so the floor of a decode step is bytes / bandwidth;
   * v(T) of a bare jitted stack of the target's decoder matmuls at B x T rows, beside the target's
     measured v(T): what the shapes alone cost, without attention, norms or the cache.
-Every timing is costs.time_rounds (interleaved rounds, marginal time per call) and every ratio a
+Every timing is timing.time_rounds (interleaved rounds, marginal time per call) and every ratio a
 median of per-round ratios with its noise verdict.
 """
 
@@ -21,7 +21,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from speculative.bench import costs as costs_lib
+from speculative.bench import noise as bench_noise
+from speculative.bench import timing
 
 CACHED_PER_INPUT = ("encoder_decoder_attention/key/", "encoder_decoder_attention/value/")
 
@@ -55,7 +56,7 @@ def matmul_loop(kernels, inputs, num_calls):
   return jax.lax.fori_loop(0, num_calls, body, jnp.zeros((), jnp.float32))
 
 
-def _stack_timer(kernel_shapes: Sequence[tuple[int, int]], rows: int, seed: int) -> costs_lib.Timer:
+def _stack_timer(kernel_shapes: Sequence[tuple[int, int]], rows: int, seed: int) -> timing.Timer:
   rng = np.random.default_rng(seed)
   kernels = [jnp.asarray(rng.standard_normal(s, np.float32)) for s in kernel_shapes]
   inputs = [jnp.asarray(rng.standard_normal((rows, s[0]), np.float32)) for s in kernel_shapes]
@@ -80,9 +81,9 @@ def measure_roofline(
   lengths = sorted(set([1] + [int(t) for t in verify_lengths]))
   timers = {"matvec": _stack_timer([(emb_dim, max(1, num_bytes // 4 // emb_dim))], batch_size, 0)}
   timers.update({f"stack_{t}": _stack_timer(matrices, batch_size * t, t) for t in lengths})
-  rounds, whole = costs_lib.time_rounds(timers, repeats, min_seconds, marginal=list(timers))
-  seconds = {name: costs_lib.per_call_seconds(rounds, whole, name) for name in timers}
-  noise = costs_lib.NoiseLog()
+  rounds, whole = timing.time_rounds(timers, repeats, min_seconds, marginal=list(timers))
+  seconds = {name: timing.per_call_seconds(rounds, whole, name) for name in timers}
+  noise = bench_noise.NoiseLog()
   noise.add("bare matvec", rounds["matvec"])
   out = {
     "batch_size": batch_size,
@@ -95,7 +96,7 @@ def measure_roofline(
   for t in lengths[1:]:
     out["bare_v"][str(t)] = noise.add(
       f"bare v({t})",
-      costs_lib.ratio_samples(rounds[f"stack_{t}"], rounds["stack_1"]),
+      bench_noise.ratio_samples(rounds[f"stack_{t}"], rounds["stack_1"]),
       minimum=1.0,
       fallback=seconds[f"stack_{t}"] / seconds["stack_1"],
     )

@@ -9,8 +9,8 @@ from typing import Sequence
 
 import numpy as np
 
-from speculative import infer_inputs
 from speculative.bench import methods as methods_lib
+from speculative.infer import inputs as infer_inputs
 from speculative.models import t5 as t5_lib
 
 

@@ -17,17 +17,15 @@ import jax.numpy as jnp
 import numpy as np
 
 from speculative import analysis
-from speculative import audit
-from speculative import batching
-from speculative import resources
 from speculative import sampling as sampling_lib
 from speculative.bench import costs as costs_lib
+from speculative.bench import methods as bench_methods
 from speculative.bench import methods as methods_lib
-from speculative.bench.methods import BASELINE
-from speculative.bench.methods import SPECULATIVE
-from speculative.bench.methods import STOCK_EQUIVALENT
-from speculative.bench.methods import STOCK_T5X
-from speculative.bench.methods import Method
+from speculative.bench import noise
+from speculative.bench import timing
+from speculative.decode import audit
+from speculative.decode import batching
+from speculative.jobs import resources
 
 
 def gammas_for(
@@ -79,7 +77,7 @@ def gamma_plan(
   return plan
 
 
-def _sum_rows(method: Method, batches, key: str) -> float:
+def _sum_rows(method: bench_methods.Method, batches, key: str) -> float:
   """Sum of a per-row counter over the real (non-padding) rows of every input batch."""
   total = 0.0
   for (chunk, _), out in zip(batches, method.outputs):
@@ -87,7 +85,7 @@ def _sum_rows(method: Method, batches, key: str) -> float:
   return total
 
 
-def _method_row(method: Method, batches, group: dict[str, Any]) -> dict[str, Any]:
+def _method_row(method: bench_methods.Method, batches, group: dict[str, Any]) -> dict[str, Any]:
   """Walltime, tokens and counters of one method in one group."""
   medians = [float(statistics.median(t)) for t in method.times]
   walltime = float(sum(medians))
@@ -117,7 +115,7 @@ def _method_row(method: Method, batches, group: dict[str, Any]) -> dict[str, Any
     "target_calls": int(_sum_rows(method, batches, "target_calls")),
     "loop_steps": int(steps),
   }
-  if method.kind == SPECULATIVE:
+  if method.kind == bench_methods.SPECULATIVE:
     row["drafted_tokens"] = int(_sum_rows(method, batches, "drafted"))
     # gamma for a drafter that always drafts gamma tokens; less for prompt lookup without a match
     # (EXP assumes gamma drafted tokens per call, so it overestimates such drafters).
@@ -130,7 +128,7 @@ def _method_row(method: Method, batches, group: dict[str, Any]) -> dict[str, Any
   return row
 
 
-def _identical_rows(method: Method, reference: Method, batches) -> int:
+def _identical_rows(method: bench_methods.Method, reference: bench_methods.Method, batches) -> int:
   same = 0
   for (chunk, _), out, ref in zip(batches, method.outputs, reference.outputs):
     for r in range(len(chunk)):
@@ -139,7 +137,9 @@ def _identical_rows(method: Method, reference: Method, batches) -> int:
   return same
 
 
-def audit_rows(method: Method, reference: Method, batches, target, target_params) -> list[dict]:
+def audit_rows(
+  method: bench_methods.Method, reference: bench_methods.Method, batches, target, target_params
+) -> list[dict]:
   """The divergence audit (speculative/audit.py) of every row whose greedy output differs from the
   reference's: first differing position, float32 top-2 gap, near-tie or mismatch."""
   found = []
@@ -157,7 +157,12 @@ def audit_rows(method: Method, reference: Method, batches, target, target_params
 
 
 def time_methods(
-  methods: Sequence[Method], batches, *, repeats: int, seed: int, log: Callable[[str], None]
+  methods: Sequence[bench_methods.Method],
+  batches,
+  *,
+  repeats: int,
+  seed: int,
+  log: Callable[[str], None],
 ) -> dict[str, Any]:
   """Fills each method's first_call_s, times and outputs: compiled on the first input batch, then
   every batch decoded `repeats` times by every method, interleaved (the order rotating per batch
@@ -186,23 +191,27 @@ def time_methods(
   }
 
 
-def _first_calls(methods: Sequence[Method], first, seed: int, log: Callable[[str], None]) -> None:
+def _first_calls(
+  methods: Sequence[bench_methods.Method], first, seed: int, log: Callable[[str], None]
+) -> None:
   """Each method's first call (compile + one decode of the first input batch), timed apart."""
   for method in methods:
-    method.first_call_s, _ = costs_lib.timed(
+    method.first_call_s, _ = timing.timed(
       lambda: method.decode(first, jax.random.fold_in(jax.random.PRNGKey(seed), 0))
     )  # pylint: disable=cell-var-from-loop
     log(f"  compiled {method.name}: {method.first_call_s:.1f}s")
 
 
-def _time_batch(methods: Sequence[Method], batch_index: int, enc, repeats: int, seed: int) -> None:
+def _time_batch(
+  methods: Sequence[bench_methods.Method], batch_index: int, enc, repeats: int, seed: int
+) -> None:
   """Every method on one input batch `repeats` times, the order rotating so each takes each slot."""
   rng = jax.random.fold_in(jax.random.PRNGKey(seed), batch_index)
   times = {m.name: [] for m in methods}
   for repeat in range(repeats):
     shift = (batch_index + repeat) % len(methods)
     for method in list(methods[shift:]) + list(methods[:shift]):
-      seconds, result = costs_lib.timed(lambda: method.decode(enc, rng))  # pylint: disable=cell-var-from-loop
+      seconds, result = timing.timed(lambda: method.decode(enc, rng))  # pylint: disable=cell-var-from-loop
       times[method.name].append(seconds)
       if repeat == 0:
         method.outputs.append(methods_lib.decode_outputs(method.kind, result))
@@ -235,7 +244,7 @@ class GroupSettings:
   cost_repeats: int
   cost_min_seconds: float
   position: int
-  target_step_timer: costs_lib.Timer
+  target_step_timer: timing.Timer
   log: Callable[[str], None]
   only: frozenset[str] | None = None  # time only these methods (by name); None: all
 
@@ -282,7 +291,7 @@ def run_group(g: GroupSettings) -> dict[str, Any]:
   return {"group": group, "baselines": baselines, "speculative": speculative_rows}
 
 
-def _group_methods(g: GroupSettings, sampling, sampling_params) -> list[Method]:
+def _group_methods(g: GroupSettings, sampling, sampling_params) -> list[bench_methods.Method]:
   """The group's methods (methods_lib.make_methods), kept to `g.only` where given."""
   methods = methods_lib.make_methods(
     target=g.target,
@@ -301,7 +310,7 @@ def _group_methods(g: GroupSettings, sampling, sampling_params) -> list[Method]:
   unknown = set(g.only) - {m.name for m in methods}
   if unknown:
     raise ValueError(f"no such methods in the group: {sorted(unknown)}")
-  return [m for m in methods if m.kind == BASELINE or m.name in g.only]
+  return [m for m in methods if m.kind == bench_methods.BASELINE or m.name in g.only]
 
 
 def _speculative_rows(
@@ -326,7 +335,7 @@ def _speculative_rows(
       target_params,
     )
     for m in methods
-    if m.kind == SPECULATIVE
+    if m.kind == bench_methods.SPECULATIVE
   ]
 
 
@@ -336,7 +345,7 @@ def _propose_cost(drafter, draft_params, gamma, **timing):
 
 
 def _baseline_rows(
-  methods: Sequence[Method],
+  methods: Sequence[bench_methods.Method],
   rows: dict[str, dict[str, Any]],
   batches,
   costs: dict[str, Any],
@@ -344,18 +353,18 @@ def _baseline_rows(
   greedy: bool,
 ) -> list[dict[str, Any]]:
   """The rows of the non-speculative methods, with their speedups and profiles."""
-  base_row = rows[BASELINE]
+  base_row = rows[bench_methods.BASELINE]
   step_costs = {
-    BASELINE: ("target_step_s", "target_prefill_s", costs_lib.TARGET_STEP),
-    STOCK_EQUIVALENT: (
+    bench_methods.BASELINE: ("target_step_s", "target_prefill_s", noise.TARGET_STEP),
+    bench_methods.STOCK_EQUIVALENT: (
       "stock_equivalent_step_s",
       "stock_equivalent_prefill_s",
-      costs_lib.STOCK_STEP,
+      noise.STOCK_STEP,
     ),
   }
   out = []
   for method in methods:
-    if method.kind == SPECULATIVE:
+    if method.kind == bench_methods.SPECULATIVE:
       continue
     row = rows[method.name]
     row["speedup_vs_baseline"] = base_row["walltime_s"] / row["walltime_s"]
@@ -367,14 +376,14 @@ def _baseline_rows(
         row,
         costs[prefill],
         {"target_step_s": costs[step]},
-        costs_lib.refusal(costs.get("noise"), [noise_name]),
+        noise.refusal(costs.get("noise"), [noise_name]),
       )
     out.append(row)
   return out
 
 
 def _draft_cost(
-  method: Method, costs: dict[str, Any], temperature: float, propose_cost: Callable
+  method: bench_methods.Method, costs: dict[str, Any], temperature: float, propose_cost: Callable
 ) -> dict[str, Any]:
   """c, the drafting time per step, the draft prefill and the noise key of c for a method."""
   gamma = method.gamma
@@ -387,7 +396,7 @@ def _draft_cost(
       "draft_s": drafter_costs["draft_catch_up_s"] + (gamma - 1) * drafter_costs["draft_step_s"],
       "draft_prefill_s": drafter_costs["draft_prefill_s"],
       "c_source": "draft extend(T=1) / target extend(T=1)",
-      "c_noise": costs_lib.c_key(method.drafter),
+      "c_noise": noise.c_key(method.drafter),
     }
   # Not a model: time its whole propose(gamma) call (it depends on the sampling strategy).
   drafter, draft_params = method.drafter_obj
@@ -397,10 +406,8 @@ def _draft_cost(
     method.drafter, {"kind": "propose", "propose_s": {}, "c": {}}
   )
   entry["propose_s"][key] = draft_s
-  noise_name = costs_lib.c_key(method.drafter, key)
-  entry["c"][key] = costs_lib.NoiseLog(costs["noise"]).add(
-    noise_name, c_samples, fallback=c_fallback
-  )
+  noise_name = noise.c_key(method.drafter, key)
+  entry["c"][key] = noise.NoiseLog(costs["noise"]).add(noise_name, c_samples, fallback=c_fallback)
   return {
     "c": entry["c"][key],
     "draft_s": draft_s,
@@ -443,18 +450,20 @@ def audited(row, method, reference, batches, target, target_params) -> dict[str,
 
 
 def _speculative_row(
-  method: Method,
+  method: bench_methods.Method,
   rows: dict[str, dict[str, Any]],
   batches,
   costs: dict[str, Any],
   *,
   temperature: float,
-  reference: Method,
+  reference: bench_methods.Method,
   propose_cost: Callable,
 ) -> dict[str, Any]:
   """One speculative method's row: counters, EXP (unless the costs are too noisy), EMP, profile."""
-  base_row = rows[BASELINE]
-  stock_name = STOCK_T5X if STOCK_T5X in rows else STOCK_EQUIVALENT
+  base_row = rows[bench_methods.BASELINE]
+  stock_name = (
+    bench_methods.STOCK_T5X if bench_methods.STOCK_T5X in rows else bench_methods.STOCK_EQUIVALENT
+  )
   gamma = method.gamma
   v_fn = analysis.verify_cost_fn({int(k): v for k, v in costs["v"].items()})
   verify_s = costs["target_extend_s"].get(str(gamma + 1))
@@ -470,8 +479,8 @@ def _speculative_row(
   )
   row = _predicted_row(metrics, gamma, draft["c"])
   row["c_source"] = draft["c_source"]
-  row["prediction_refused"] = costs_lib.refusal(
-    costs.get("noise"), [costs_lib.v_key(gamma + 1), draft["c_noise"]]
+  row["prediction_refused"] = noise.refusal(
+    costs.get("noise"), [noise.v_key(gamma + 1), draft["c_noise"]]
   )
   if row["prediction_refused"]:
     row["predicted_speedup"] = None
@@ -486,8 +495,8 @@ def _speculative_row(
   )
   if temperature == 0:
     row["identical_to_baseline"] = _identical_rows(method, reference, batches)
-  overhead_refused = costs_lib.refusal(
-    costs.get("noise"), [costs_lib.TARGET_STEP, costs_lib.v_key(gamma + 1), draft["c_noise"]]
+  overhead_refused = noise.refusal(
+    costs.get("noise"), [noise.TARGET_STEP, noise.v_key(gamma + 1), draft["c_noise"]]
   )
   row["profile"] = profile(
     row,

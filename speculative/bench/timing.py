@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from speculative.bench.noise import estimate
+from speculative.bench import noise
 
 Timer = Callable[[int], Any]  # fn(num_calls) -> a jax value to block on
 
@@ -147,7 +147,7 @@ def per_call_seconds(
 ) -> float:
   """Median per-call seconds of timer `name` over its resolved rounds; the whole-invocation time
   per call (an upper bound) when no round resolved it, with a warning."""
-  value = estimate(rounds[name]).value
+  value = noise.estimate(rounds[name]).value
   if not value > 0:
     logging.warning(
       "timer %s: marginal time per call not resolved above noise; using the "

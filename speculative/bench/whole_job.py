@@ -16,9 +16,8 @@ from typing import Any
 from typing import Callable
 
 from speculative.bench import inputs as inputs_lib
+from speculative.bench import methods
 from speculative.bench import sweep
-from speculative.bench.methods import STOCK_EQUIVALENT
-from speculative.bench.methods import STOCK_T5X
 
 
 def pick(groups: list[dict[str, Any]]) -> tuple[int, dict[str, Any] | None]:
@@ -50,7 +49,7 @@ def run(
   s = settings
   batch_size, fastest = pick(groups)
   examples, source = _job_inputs(s)
-  stock_name = STOCK_T5X if stock_t5x_decode is not None else STOCK_EQUIVALENT
+  stock_name = methods.STOCK_T5X if stock_t5x_decode is not None else methods.STOCK_EQUIVALENT
   only = {stock_name} | ({fastest["name"]} if fastest else set())
   gammas = {fastest["drafter"]: [fastest["gamma"]]} if fastest else {}
   log(f"whole job: {len(examples)} inputs at batch {batch_size}: {sorted(only)}")

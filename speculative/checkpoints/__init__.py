@@ -15,28 +15,28 @@ exactly the `speculative.models.t5.T5` parameter tree; `load_params` reads eithe
 
 from flax import serialization  # noqa: F401  (tests patch serialization through this module)
 
-from speculative.files import remove_stale_temporaries
-from speculative.files import write_atomic
-from speculative.params_files import add_metadata
-from speculative.params_files import load_model
-from speculative.params_files import load_params
-from speculative.params_files import save_params
-from speculative.params_files import validate_params
-from speculative.t5x_checkpoints import T5X_CHECKPOINT_VERSION
-from speculative.t5x_checkpoints import checkpoint_steps
-from speculative.t5x_checkpoints import find_checkpoint_dir
-from speculative.t5x_checkpoints import load_t5x_checkpoint
-from speculative.t5x_checkpoints import read_t5x_checkpoint
-from speculative.t5x_checkpoints import save_t5x_checkpoint
-from speculative.weights_format import COMPUTE_ONLY_FIELDS
-from speculative.weights_format import METADATA_FORMAT
-from speculative.weights_format import CheckpointError
-from speculative.weights_format import check_config
-from speculative.weights_format import config_dict
-from speculative.weights_format import metadata_path
-from speculative.weights_format import read_metadata
-from speculative.weights_format import sha256_of
-from speculative.weights_format import verify_weights
+from speculative.checkpoints.files import remove_stale_temporaries
+from speculative.checkpoints.files import write_atomic
+from speculative.checkpoints.params_files import add_metadata
+from speculative.checkpoints.params_files import load_model
+from speculative.checkpoints.params_files import load_params
+from speculative.checkpoints.params_files import save_params
+from speculative.checkpoints.params_files import validate_params
+from speculative.checkpoints.t5x_format import T5X_CHECKPOINT_VERSION
+from speculative.checkpoints.t5x_format import checkpoint_steps
+from speculative.checkpoints.t5x_format import find_checkpoint_dir
+from speculative.checkpoints.t5x_format import load_t5x_checkpoint
+from speculative.checkpoints.t5x_format import read_t5x_checkpoint
+from speculative.checkpoints.t5x_format import save_t5x_checkpoint
+from speculative.checkpoints.weights_format import COMPUTE_ONLY_FIELDS
+from speculative.checkpoints.weights_format import METADATA_FORMAT
+from speculative.checkpoints.weights_format import CheckpointError
+from speculative.checkpoints.weights_format import check_config
+from speculative.checkpoints.weights_format import config_dict
+from speculative.checkpoints.weights_format import metadata_path
+from speculative.checkpoints.weights_format import read_metadata
+from speculative.checkpoints.weights_format import sha256_of
+from speculative.checkpoints.weights_format import verify_weights
 
 __all__ = [
   'METADATA_FORMAT',

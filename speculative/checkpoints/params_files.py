@@ -16,14 +16,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from speculative.files import write_atomic
-from speculative.t5x_checkpoints import load_t5x_checkpoint
-from speculative.weights_format import CheckpointError
-from speculative.weights_format import host_array
-from speculative.weights_format import metadata_path
-from speculative.weights_format import restore_msgpack
-from speculative.weights_format import verify_weights
-from speculative.weights_format import write_metadata
+from speculative.checkpoints import files
+from speculative.checkpoints import t5x_format
+from speculative.checkpoints import weights_format
 
 Params = Any
 PathLike = str | os.PathLike
@@ -45,13 +40,13 @@ def save_params(
   """
   path = Path(path)
   np_dtype = None if dtype is None else jnp.dtype(dtype)
-  tree = jax.tree.map(lambda x: host_array(x, np_dtype), flax.core.unfreeze(params))
+  tree = jax.tree.map(lambda x: weights_format.host_array(x, np_dtype), flax.core.unfreeze(params))
   data = serialization.msgpack_serialize(tree)
-  sidecar = metadata_path(path)
+  sidecar = weights_format.metadata_path(path)
   if sidecar.exists():
     os.remove(sidecar)
-  write_atomic(path, data)
-  write_metadata(
+  files.write_atomic(path, data)
+  weights_format.write_metadata(
     path, hashlib.sha256(data).hexdigest(), config, {**(extra or {}), 'dtype': str(dtype)}
   )
   return path
@@ -65,18 +60,20 @@ def load_params(path: PathLike, dtype: Any | None = np.float32, config: Any = No
   """
   path = Path(path)
   if path.is_dir():
-    return load_t5x_checkpoint(path, dtype=dtype, config=config)
+    return t5x_format.load_t5x_checkpoint(path, dtype=dtype, config=config)
   if not path.is_file():
     raise FileNotFoundError(f'params file does not exist: {path}')
   data = path.read_bytes()
-  verify_weights(path, config, data=data)
-  tree = restore_msgpack(data, f'params file {path}')
+  weights_format.verify_weights(path, config, data=data)
+  tree = weights_format.restore_msgpack(data, f'params file {path}')
   if not isinstance(tree, dict):
-    raise CheckpointError(f'params file {path} does not hold a dict of arrays')
+    raise weights_format.CheckpointError(f'params file {path} does not hold a dict of arrays')
   if set(tree) == {'version', 'optimizer'}:
-    raise CheckpointError(f'{path} is a T5X checkpoint msgpack; pass its directory instead')
+    raise weights_format.CheckpointError(
+      f'{path} is a T5X checkpoint msgpack; pass its directory instead'
+    )
   np_dtype = None if dtype is None else jnp.dtype(dtype)
-  return jax.tree.map(lambda x: host_array(x, np_dtype), tree)
+  return jax.tree.map(lambda x: weights_format.host_array(x, np_dtype), tree)
 
 
 def add_metadata(path: PathLike, config: Any, extra: dict | None = None) -> Path:
@@ -87,8 +84,8 @@ def add_metadata(path: PathLike, config: Any, extra: dict | None = None) -> Path
   path = Path(path)
   params = load_params(path)
   validate_params(params, t5_lib.T5(config).param_shapes(), name=str(path))
-  write_metadata(path, hashlib.sha256(path.read_bytes()).hexdigest(), config, extra)
-  return metadata_path(path)
+  weights_format.write_metadata(path, hashlib.sha256(path.read_bytes()).hexdigest(), config, extra)
+  return weights_format.metadata_path(path)
 
 
 def _flat_shapes(tree_or_shapes: Any) -> dict[str, tuple[int, ...]]:
@@ -132,7 +129,7 @@ def validate_params(params: Params, expected_shapes: Any, *, name: str = 'params
   listing('missing', missing, lambda k: f'{k} {want[k]}')
   listing('unexpected', unexpected, lambda k: f'{k} {got[k]}')
   listing('shape mismatch', mismatched, lambda k: f'{k} has {got[k]}, model expects {want[k]}')
-  raise CheckpointError('\n'.join(lines))
+  raise weights_format.CheckpointError('\n'.join(lines))
 
 
 def load_model(config: Any, checkpoint: PathLike) -> tuple[Any, Params]:

@@ -32,16 +32,8 @@ from flax import serialization
 import jax.numpy as jnp
 import numpy as np
 
-from speculative.files import write_atomic
-from speculative.weights_format import DIR_METADATA
-from speculative.weights_format import CheckpointError
-from speculative.weights_format import host_array
-from speculative.weights_format import is_float
-from speculative.weights_format import read_metadata
-from speculative.weights_format import restore_msgpack
-from speculative.weights_format import sha256_of
-from speculative.weights_format import verify_weights
-from speculative.weights_format import write_metadata
+from speculative.checkpoints import files
+from speculative.checkpoints import weights_format
 
 Params = Any
 PathLike = str | os.PathLike
@@ -78,7 +70,7 @@ def find_checkpoint_dir(path: PathLike) -> Path:
     raise FileNotFoundError(f'T5X checkpoint path does not exist: {path}')
   if path.is_file():
     if path.name != _CHECKPOINT_FILE:
-      raise CheckpointError(
+      raise weights_format.CheckpointError(
         f'not a T5X checkpoint file (expected a file named '
         f'{_CHECKPOINT_FILE!r} or a checkpoint directory): {path}'
       )
@@ -112,22 +104,24 @@ def _is_ts_spec(value: Any) -> bool:
 def _read_msgpack(checkpoint_dir: Path) -> dict:
   file = checkpoint_dir / _CHECKPOINT_FILE
   data = file.read_bytes()
-  contents = restore_msgpack(data, f'T5X checkpoint msgpack {file}')
+  contents = weights_format.restore_msgpack(data, f'T5X checkpoint msgpack {file}')
   if not isinstance(contents, dict) or 'optimizer' not in contents:
     keys = sorted(contents) if isinstance(contents, dict) else type(contents).__name__
-    raise CheckpointError(
+    raise weights_format.CheckpointError(
       f'{file} is not a T5X checkpoint: expected top-level keys '
       f"'version' and 'optimizer', got {keys}"
     )
   version = contents.get('version', 0)
   if int(np.asarray(version)) < 3:
-    raise CheckpointError(
+    raise weights_format.CheckpointError(
       f'{file}: T5X checkpoint version {version} is not supported (need 3; '
       'version 2 stored bfloat16 as uint16)'
     )
   optimizer = contents['optimizer']
   if not isinstance(optimizer, dict) or 'target' not in optimizer:
-    raise CheckpointError(f"{file}: 'optimizer' has no 'target' (the model parameters)")
+    raise weights_format.CheckpointError(
+      f"{file}: 'optimizer' has no 'target' (the model parameters)"
+    )
   return contents
 
 
@@ -138,7 +132,7 @@ def _absolute_spec(spec: Mapping[str, Any], checkpoint_dir: Path, name: str) -> 
   # T5X writes GCS specs with the path at the top level; read them from the local directory.
   relative = kvstore.get('path', spec.pop('path', None))
   if relative is None:
-    raise CheckpointError(f'tensorstore spec for {name} has no path: {spec}')
+    raise weights_format.CheckpointError(f'tensorstore spec for {name} has no path: {spec}')
   array_dir = checkpoint_dir / str(relative)
   spec['kvstore'] = {'driver': 'file', 'path': str(array_dir)}
   return spec, array_dir
@@ -156,7 +150,7 @@ def _read_tree(tree: Any, checkpoint_dir: Path, prefix: str, dtype: np.dtype | N
     if _is_ts_spec(leaf):
       spec, array_dir = _absolute_spec(leaf, checkpoint_dir, name)
       if not (array_dir / '.zarray').is_file():
-        raise CheckpointError(
+        raise weights_format.CheckpointError(
           f'missing array {name}: zarr directory {array_dir} does not exist '
           'or has no .zarray (incomplete or corrupt checkpoint)'
         )
@@ -164,16 +158,19 @@ def _read_tree(tree: Any, checkpoint_dir: Path, prefix: str, dtype: np.dtype | N
         store = ts.open(spec, open=True, read=True).result()
         pending[key] = store.read()
       except Exception as e:  # tensorstore raises ValueError/RuntimeError subclasses
-        raise CheckpointError(f'cannot open array {name} at {array_dir}: {e}') from e
+        raise weights_format.CheckpointError(f'cannot open array {name} at {array_dir}: {e}') from e
     else:
       out[key] = np.asarray(leaf)
   for key, future in pending.items():
     try:
       out[key] = np.asarray(future.result())
     except Exception as e:
-      raise CheckpointError(f'cannot read array {prefix}/{key}: {e}') from e
+      raise weights_format.CheckpointError(f'cannot read array {prefix}/{key}: {e}') from e
   if dtype is not None:
-    out = {k: (v.astype(dtype) if is_float(v) and v.dtype != dtype else v) for k, v in out.items()}
+    out = {
+      k: (v.astype(dtype) if weights_format.is_float(v) and v.dtype != dtype else v)
+      for k, v in out.items()
+    }
   return flax.traverse_util.unflatten_dict({tuple(k.split('/')): v for k, v in out.items()})
 
 
@@ -194,8 +191,8 @@ def read_t5x_checkpoint(
   """
   checkpoint_dir = Path(os.path.abspath(find_checkpoint_dir(path)))  # tensorstore rejects ".."
   contents = _read_msgpack(checkpoint_dir)
-  if read_metadata(checkpoint_dir) is not None:
-    verify_weights(checkpoint_dir, config)
+  if weights_format.read_metadata(checkpoint_dir) is not None:
+    weights_format.verify_weights(checkpoint_dir, config)
   optimizer = contents['optimizer']
   np_dtype = None if dtype is None else jnp.dtype(dtype)
   result = {
@@ -252,7 +249,7 @@ def _write_tree(
     if isinstance(leaf, Mapping) or leaf is flax.traverse_util.empty_node:
       written[key] = {}
       continue
-    arr = host_array(leaf, dtype)
+    arr = weights_format.host_array(leaf, dtype)
     if arr.ndim == 0 or arr.size < min_tensorstore_size:
       written[key] = arr
       continue
@@ -321,11 +318,13 @@ def save_t5x_checkpoint(
   try:
     _write_checkpoint_msgpack(params, optimizer_state, tmp_dir, step, np_dtype)
     for name, data in (extra_files or {}).items():
-      if '/' in name or name in (_CHECKPOINT_FILE, DIR_METADATA):
+      if '/' in name or name in (_CHECKPOINT_FILE, weights_format.DIR_METADATA):
         raise ValueError(f'extra file name {name!r} is not allowed')
-      write_atomic(tmp_dir / name, data)
+      files.write_atomic(tmp_dir / name, data)
     if config is not None:
-      write_metadata(tmp_dir, sha256_of(tmp_dir), config, {'step': step})
+      weights_format.write_metadata(
+        tmp_dir, weights_format.sha256_of(tmp_dir), config, {'step': step}
+      )
     _move_into_place(tmp_dir, final_dir, step)
   except BaseException:
     shutil.rmtree(tmp_dir, ignore_errors=True)

@@ -23,7 +23,7 @@ import jax.numpy as jnp
 import msgpack
 import numpy as np
 
-from speculative.files import write_atomic
+from speculative.checkpoints import files as checkpoints_files
 
 PathLike = str | os.PathLike
 
@@ -101,7 +101,9 @@ def write_metadata(path: Path, sha256: str, config: Any, extra: dict | None) -> 
     'config': config_dict(config),
     **(extra or {}),
   }
-  write_atomic(metadata_path(path), (json.dumps(metadata, indent=2) + '\n').encode())
+  checkpoints_files.write_atomic(
+    metadata_path(path), (json.dumps(metadata, indent=2) + '\n').encode()
+  )
 
 
 # Config fields that choose how the weights are computed with, not what they mean: the activation

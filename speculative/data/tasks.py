@@ -35,16 +35,16 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 from typing import Any
 from typing import Mapping
-from typing import Sequence
 
-from speculative import corpus
+from speculative.data import corpus
+from speculative.data import metrics
 
 if TYPE_CHECKING:  # imported lazily at run time (TensorFlow is slow to import)
   import numpy as np
   import seqio
   import tensorflow as tf
 
-DATA_DIR = Path(__file__).resolve().parents[1] / "data" / "libreoffice_ende"
+DATA_DIR = Path(__file__).resolve().parents[2] / "data" / "libreoffice_ende"
 VOCAB_PATH = DATA_DIR / "spm8k.model"
 TRANSLATE_EN_DE_PREFIX = "translate English to German: "
 SUMMARIZE_PREFIX = "summarize: "
@@ -128,108 +128,7 @@ def get_vocabulary(
 
 
 # ------------------------------------------------------------------------------------------------
-# Metrics and postprocessing (t5.evaluation.metrics conventions).
-
-
-def bleu(
-  targets: Sequence[Any],
-  predictions: Sequence[str],
-  tokenize: str = "intl",
-) -> dict[str, float]:
-  """Corpus BLEU (sacrebleu, exp smoothing, case-sensitive) -> {'bleu': score in [0, 100]}.
-
-  `targets` is one reference string per prediction, or one list of references per prediction (all
-  lists of the same length).
-  """
-  import sacrebleu  # pylint: disable=g-import-not-at-top
-
-  if len(targets) != len(predictions):
-    raise ValueError(f"bleu: {len(targets)} targets but {len(predictions)} predictions")
-  if not predictions:
-    raise ValueError("bleu: no predictions")
-  if isinstance(targets[0], (list, tuple)):
-    num_references = len(targets[0])
-    if any(len(refs) != num_references for refs in targets):
-      raise ValueError("bleu: every prediction needs the same number of references")
-    references = [[refs[i] for refs in targets] for i in range(num_references)]
-  else:
-    references = [list(targets)]
-  score = sacrebleu.corpus_bleu(
-    list(predictions),
-    references,
-    smooth_method="exp",
-    smooth_value=0.0,
-    force=False,
-    lowercase=False,
-    tokenize=tokenize,
-    use_effective_order=False,
-  )
-  return {"bleu": float(score.score)}
-
-
-def chrf(targets: Sequence[str], predictions: Sequence[str]) -> dict[str, float]:
-  """Corpus chrF (sacrebleu defaults: character 6-grams, beta 2) -> {'chrf': score in [0, 100]}."""
-  import sacrebleu  # pylint: disable=g-import-not-at-top
-
-  if len(targets) != len(predictions) or not predictions:
-    raise ValueError(f"chrf: {len(targets)} targets and {len(predictions)} predictions")
-  return {"chrf": float(sacrebleu.corpus_chrf(list(predictions), [list(targets)]).score)}
-
-
-def is_looping(text: str, max_ngram: int = 6, min_repeats: int = 3) -> bool:
-  """True when some word n-gram (n <= max_ngram) occurs `min_repeats` times back to back (a single
-  word: one more time), e.g. "die Tabelle die Tabelle die Tabelle": the repetition loop of an
-  undertrained decoder. tests/test_tasks.py checks that the test split's references have (almost) none.
-  """
-  words = text.split()
-  for n in range(1, max_ngram + 1):
-    copies = min_repeats + (n == 1)
-    # A span of `copies` repeats of period n gives n * (copies - 1) consecutive positions i with
-    # words[i] == words[i - n].
-    needed, run = n * (copies - 1), 0
-    for i in range(n, len(words)):
-      run = run + 1 if words[i] == words[i - n] else 0
-      if run >= needed:
-        return True
-  return False
-
-
-def loop_rate(targets: Sequence[str], predictions: Sequence[str]) -> dict[str, float]:
-  """Percent of predictions that fall into a repetition loop (`is_looping`)."""
-  del targets
-  return {"loop_pct": 100.0 * sum(map(is_looping, predictions)) / max(len(predictions), 1)}
-
-
-def translation_metrics(targets: Sequence[str], predictions: Sequence[str]) -> dict[str, float]:
-  """BLEU, chrF and the repetition-loop rate: the quality figures of an En-De job."""
-  return {
-    **bleu(targets, predictions),
-    **chrf(targets, predictions),
-    **loop_rate(targets, predictions),
-  }
-
-
-def rouge(
-  targets: Sequence[str],
-  predictions: Sequence[str],
-  score_keys: Sequence[str] = ("rouge1", "rouge2", "rougeLsum"),
-) -> dict[str, float]:
-  """Mean ROUGE F-measure x 100 over examples (deterministic; t5's `rouge_mean`)."""
-  from rouge_score import rouge_scorer  # pylint: disable=g-import-not-at-top
-
-  if len(targets) != len(predictions):
-    raise ValueError(f"rouge: {len(targets)} targets but {len(predictions)} predictions")
-  if not predictions:
-    raise ValueError("rouge: no predictions")
-  scorer = rouge_scorer.RougeScorer(rouge_types=list(score_keys))
-  # rougeLsum splits summaries on newlines: put one sentence per line, as t5 does.
-  prepare = lambda text: text.replace(" . ", " .\n")
-  totals = {key: 0.0 for key in score_keys}
-  for target, prediction in zip(targets, predictions):
-    scores = scorer.score(target=prepare(target), prediction=prepare(prediction))
-    for key in score_keys:
-      totals[key] += scores[key].fmeasure
-  return {key: 100.0 * total / len(predictions) for key, total in totals.items()}
+# Postprocessing.
 
 
 def postprocess_text(
@@ -417,10 +316,12 @@ def register_tasks(
     libreoffice_source(data_dir),
     libreoffice_text_preprocessors(),
     local_vocabulary,
-    translation_metrics,
+    metrics.translation_metrics,
   )
   wmt_source = seqio.TfdsDataSource(tfds_name=WMT_ENDE_TFDS)
-  _add_task(WMT_ENDE_TASK, wmt_source, wmt_ende_text_preprocessors(), tfds_vocab, bleu)
+  _add_task(WMT_ENDE_TASK, wmt_source, wmt_ende_text_preprocessors(), tfds_vocab, metrics.bleu)
   cnn_source = seqio.TfdsDataSource(tfds_name=CNN_DAILYMAIL_TFDS)
-  _add_task(CNN_DAILYMAIL_TASK, cnn_source, cnn_dailymail_text_preprocessors(), tfds_vocab, rouge)
+  _add_task(
+    CNN_DAILYMAIL_TASK, cnn_source, cnn_dailymail_text_preprocessors(), tfds_vocab, metrics.rouge
+  )
   return [LIBREOFFICE_TASK, WMT_ENDE_TASK, CNN_DAILYMAIL_TASK]

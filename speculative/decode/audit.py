@@ -149,6 +149,9 @@ def float32_model(model: Any) -> Any:
 
 
 def _as_float32(params: Any) -> Any:
+  """The float32 reference's parameters: the plain tree (weights packed for the kernels are left
+  out, so the reference is XLA's float32 model on the unrounded weights)."""
+  params = getattr(params, 'params', params)  # t5.DecodeParams -> its T5X tree
   return jax.tree.map(
     lambda x: (
       jnp.asarray(x, jnp.float32)

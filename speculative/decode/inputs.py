@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from speculative import sampling as sampling_lib
-from speculative.models.interface import CachedLM
+from speculative.models import interface
 
 
 @flax.struct.dataclass
@@ -55,7 +55,7 @@ def check_positive_int(name: str, value: Any) -> None:
 
 
 def prepare_inputs(
-  target: CachedLM,
+  target: interface.CachedLM,
   prompt_tokens,
   prompt_lengths,
   encoder_tokens,
@@ -117,14 +117,14 @@ INPUT_ARGS = (
 )
 
 
-def inputs_of(target: CachedLM, call_args: Mapping[str, Any]) -> DecodeInputs:
+def inputs_of(target: interface.CachedLM, call_args: Mapping[str, Any]) -> DecodeInputs:
   """`prepare_inputs` on a public decode function's arguments (`call_args`: its `locals()` at the
   start, which name them as `INPUT_ARGS` does)."""
   return prepare_inputs(target, *(call_args[name] for name in INPUT_ARGS))
 
 
 def draft_inputs(
-  target: CachedLM, drafter: Any, call_args: Mapping[str, Any]
+  target: interface.CachedLM, drafter: Any, call_args: Mapping[str, Any]
 ) -> tuple[DecodeInputs, jax.Array | None]:
   """The eager checks of a decode with a drafter: `check_drafter`, `inputs_of`, and the draft's
   encoder input (`draft_encoder_inputs` of `call_args['draft_encoder_tokens']`)."""
@@ -207,7 +207,7 @@ def _checked_encoder_tokens(encoder_tokens, batch: int) -> jax.Array | None:
   return encoder_tokens
 
 
-def check_drafter(drafter: Any, target: CachedLM) -> None:
+def check_drafter(drafter: Any, target: interface.CachedLM) -> None:
   """The drafter proposes over the target's vocabulary (ValueError if not)."""
   if drafter.vocab_size != target.vocab_size:
     raise ValueError(

@@ -30,44 +30,13 @@ import jax.numpy as jnp
 import numpy as np
 
 from speculative import sampling as sampling_lib
-from speculative.decoding_inputs import DecodeInputs
-from speculative.decoding_inputs import check_positive_int
-from speculative.decoding_inputs import draft_inputs
-from speculative.decoding_inputs import inputs_of
-from speculative.decoding_inputs import prepare_inputs
-from speculative.decoding_inputs import raise_if_invalid
-from speculative.decoding_state import TRACE_COUNTS
-from speculative.decoding_state import DecodeMetrics
-from speculative.decoding_state import DecodeResult
-from speculative.decoding_state import DecodeState
-from speculative.decoding_state import commit_tokens
-from speculative.decoding_state import has_nan
-from speculative.decoding_state import init_buffer
-from speculative.decoding_state import initial_state
-from speculative.decoding_state import last_tokens
-from speculative.decoding_state import make_result
-from speculative.decoding_state import prefill
-from speculative.decoding_state import row_keys
-from speculative.decoding_state import run_loop
+from speculative.decode import inputs as decode_inputs
+from speculative.decode import state as decode_state
 from speculative.drafters import base as drafter_base
-from speculative.models.interface import CachedLM
+from speculative.models import interface
 
 __all__ = [
-  'TRACE_COUNTS',
-  'DecodeInputs',
-  'DecodeMetrics',
-  'DecodeResult',
-  'DecodeState',
   'autoregressive_decode',
-  'check_positive_int',
-  'commit_tokens',
-  'has_nan',
-  'init_buffer',
-  'last_tokens',
-  'make_result',
-  'prepare_inputs',
-  'raise_if_invalid',
-  'row_keys',
   'speculative_decode',
 ]
 
@@ -80,25 +49,25 @@ __all__ = [
 @functools.partial(jax.jit, static_argnames=('target', 'sampling', 'max_new_tokens', 'lockstep'))
 def _autoregressive_jit(
   target_params,
-  inputs: DecodeInputs,
+  inputs: decode_inputs.DecodeInputs,
   *,
   target,
   sampling,
   max_new_tokens,
   lockstep=False,
 ):
-  TRACE_COUNTS['autoregressive_decode'] += 1
+  decode_state.TRACE_COUNTS['autoregressive_decode'] += 1
   # +1: a row that is done still gets (and discards) one token written at its length per step.
-  max_length, cache = prefill(target, target_params, inputs, max_new_tokens + 1)
+  max_length, cache = decode_state.prefill(target, target_params, inputs, max_new_tokens + 1)
   prompt_tokens, prompt_lengths = inputs.prompt_tokens, inputs.prompt_lengths
   sampling_params, rng, row_ids = inputs.sampling_params, inputs.rng, inputs.row_ids
   batch = prompt_tokens.shape[0]
-  state = initial_state(
-    prompt_tokens, prompt_lengths, max_length, cache, None, DecodeMetrics.zeros(batch)
+  state = decode_state.initial_state(
+    prompt_tokens, prompt_lengths, max_length, cache, None, decode_state.DecodeMetrics.zeros(batch)
   )
 
-  def body(state: DecodeState) -> DecodeState:
-    last = last_tokens(state.tokens, state.lengths)  # [B]
+  def body(state: decode_state.DecodeState) -> decode_state.DecodeState:
+    last = decode_state.last_tokens(state.tokens, state.lengths)  # [B]
     # lockstep (equal prompt lengths, target.lockstep_extend): rows not done all sit at the
     # longest length, so one scalar start serves the batch (done rows' writes are discarded).
     start = jnp.max(state.lengths) - 1 if lockstep else state.lengths - 1
@@ -107,9 +76,9 @@ def _autoregressive_jit(
     )  # [B, 1, V]
     probs = sampling_lib.probs_from_logits(logits[:, 0], sampling, sampling_params)  # [B, V]
     token = sampling_lib.sample_rows(
-      row_keys(rng, row_ids, state.step, 0), probs, sampling.greedy
+      decode_state.row_keys(rng, row_ids, state.step, 0), probs, sampling.greedy
     )  # [B]
-    tokens, lengths, done, active = commit_tokens(
+    tokens, lengths, done, active = decode_state.commit_tokens(
       state,
       token[:, None],
       jnp.ones((batch,), jnp.int32),
@@ -119,11 +88,11 @@ def _autoregressive_jit(
     )
     metrics = state.metrics.replace(
       target_calls=state.metrics.target_calls + active,
-      invalid=state.metrics.invalid | (active & has_nan(probs)),
+      invalid=state.metrics.invalid | (active & decode_state.has_nan(probs)),
     )
     return state.advance(tokens, lengths, done, cache, None, metrics)
 
-  return run_loop(body, state, prompt_lengths, max_new_tokens)
+  return decode_state.run_loop(body, state, prompt_lengths, max_new_tokens)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -132,7 +101,7 @@ def _autoregressive_jit(
 
 
 def _verify(
-  target: CachedLM,
+  target: interface.CachedLM,
   target_params: Any,
   cache: Any,
   verify_tokens: jax.Array,
@@ -177,7 +146,7 @@ def _verify(
 def _speculative_jit(
   target_params,
   draft_params,
-  inputs: DecodeInputs,
+  inputs: decode_inputs.DecodeInputs,
   draft_encoder_tokens,
   lenience=None,
   *,
@@ -188,26 +157,33 @@ def _speculative_jit(
   max_new_tokens,
   adaptive_verify=False,
 ):
-  TRACE_COUNTS['speculative_decode'] += 1
-  max_length, cache = prefill(target, target_params, inputs, max_new_tokens + gamma + 1)
+  decode_state.TRACE_COUNTS['speculative_decode'] += 1
+  max_length, cache = decode_state.prefill(
+    target, target_params, inputs, max_new_tokens + gamma + 1
+  )
   prompt_tokens, prompt_lengths = inputs.prompt_tokens, inputs.prompt_lengths
   sampling_params, rng, row_ids = inputs.sampling_params, inputs.rng, inputs.row_ids
   batch = prompt_tokens.shape[0]
   draft_state = drafter.init(
     draft_params, prompt_tokens, prompt_lengths, max_length, draft_encoder_tokens
   )
-  state = initial_state(
-    prompt_tokens, prompt_lengths, max_length, cache, draft_state, DecodeMetrics.zeros(batch)
+  state = decode_state.initial_state(
+    prompt_tokens,
+    prompt_lengths,
+    max_length,
+    cache,
+    draft_state,
+    decode_state.DecodeMetrics.zeros(batch),
   )
 
-  def body(state: DecodeState) -> DecodeState:
+  def body(state: decode_state.DecodeState) -> decode_state.DecodeState:
     proposal, draft_state = drafter.propose(
       draft_params,
       state.draft_state,
       state.tokens,
       state.lengths,
       gamma,
-      row_keys(rng, row_ids, state.step, 0),
+      decode_state.row_keys(rng, row_ids, state.step, 0),
       sampling,
       sampling_params,
     )
@@ -218,7 +194,7 @@ def _speculative_jit(
     # conditions on earlier tokens), but an out-of-range id could make NaN keys/values in the cache.
     draft_tokens = jnp.where(drafted, proposal.tokens, 0)  # [B, gamma]
     # One verify call over [last committed token, x_1..x_gamma] at start = lengths-1.
-    last = last_tokens(state.tokens, state.lengths)  # [B]
+    last = decode_state.last_tokens(state.tokens, state.lengths)  # [B]
     verify_tokens = jnp.concatenate([last[:, None], draft_tokens], axis=1)  # [B, gamma+1]
     width = None
     if adaptive_verify:  # only as wide as the longest proposal of a row that is not done
@@ -232,20 +208,20 @@ def _speculative_jit(
       draft_tokens,
       proposal,
       target_probs,
-      row_keys(rng, row_ids, state.step, 1),
+      decode_state.row_keys(rng, row_ids, state.step, 1),
       lenience,
       sampling,
       sampling_params,
     )
-    tokens, lengths, done, active = commit_tokens(
+    tokens, lengths, done, active = decode_state.commit_tokens(
       state, result.tokens, result.num_accepted + 1, prompt_lengths, max_new_tokens, inputs.eos_id
     )
     # Only the distributions that can matter: q at drafted positions, p at positions <= num_drafted.
     verified = jnp.arange(gamma + 1)[None, :] <= proposal.num_drafted[:, None]  # [B, gamma+1]
-    invalid = has_nan(jnp.where(verified[..., None], target_probs, 0.0)) | has_nan(
-      jnp.where(drafted[..., None], proposal.probs, 0.0)
-    )
-    metrics = DecodeMetrics(
+    invalid = decode_state.has_nan(
+      jnp.where(verified[..., None], target_probs, 0.0)
+    ) | decode_state.has_nan(jnp.where(drafted[..., None], proposal.probs, 0.0))
+    metrics = decode_state.DecodeMetrics(
       target_calls=state.metrics.target_calls + active,
       drafted=state.metrics.drafted + jnp.where(active, proposal.num_drafted, 0),
       accepted=state.metrics.accepted + jnp.where(active, result.num_accepted, 0),
@@ -254,7 +230,7 @@ def _speculative_jit(
     )
     return state.advance(tokens, lengths, done, cache, draft_state, metrics)
 
-  return run_loop(body, state, prompt_lengths, max_new_tokens)
+  return decode_state.run_loop(body, state, prompt_lengths, max_new_tokens)
 
 
 def _accept(
@@ -306,7 +282,7 @@ def _accept(
 
 
 def autoregressive_decode(
-  target: CachedLM,
+  target: interface.CachedLM,
   target_params: Any,
   prompt_tokens: jax.Array | None,
   prompt_lengths: jax.Array | None = None,
@@ -319,7 +295,7 @@ def autoregressive_decode(
   encoder_tokens: jax.Array | None = None,
   row_ids: jax.Array | None = None,
   check_finite: bool = True,
-) -> DecodeResult:
+) -> decode_state.DecodeResult:
   """Baseline: one target `extend` call with T=1 per generated token.
 
   Args:
@@ -339,7 +315,7 @@ def autoregressive_decode(
   Returns:
     DecodeResult with tokens [B, max_new_tokens], lengths [B] and metrics (target_calls).
   """
-  inputs = inputs_of(target, locals())
+  inputs = decode_inputs.inputs_of(target, locals())
   result = _autoregressive_jit(
     target_params,
     inputs,
@@ -348,11 +324,11 @@ def autoregressive_decode(
     max_new_tokens=int(max_new_tokens),
     lockstep=_lockstep(target, inputs.prompt_lengths),
   )
-  raise_if_invalid(result, check_finite)
+  decode_inputs.raise_if_invalid(result, check_finite)
   return result
 
 
-def _lockstep(target: CachedLM, prompt_lengths: jax.Array) -> bool:
+def _lockstep(target: interface.CachedLM, prompt_lengths: jax.Array) -> bool:
   """All rows start at one length and the target takes a scalar start (`lockstep_extend`)."""
   return (
     getattr(target, 'lockstep_extend', False)
@@ -362,7 +338,7 @@ def _lockstep(target: CachedLM, prompt_lengths: jax.Array) -> bool:
 
 
 def speculative_decode(
-  target: CachedLM,
+  target: interface.CachedLM,
   target_params: Any,
   drafter: drafter_base.Drafter,
   draft_params: Any,
@@ -381,7 +357,7 @@ def speculative_decode(
   check_finite: bool = True,
   lenience: float | jax.Array | None = None,
   adaptive_verify: bool = False,
-) -> DecodeResult:
+) -> decode_state.DecodeResult:
   """Speculative decoding: gamma draft tokens, one target call over gamma+1 positions per step.
 
   Arguments as in `autoregressive_decode`, plus:
@@ -402,8 +378,8 @@ def speculative_decode(
   Returns:
     DecodeResult; metrics hold target_calls, drafted, accepted, alpha_sum per row.
   """
-  check_positive_int('gamma', gamma)
-  inputs, draft_encoder_tokens = draft_inputs(target, drafter, locals())
+  decode_inputs.check_positive_int('gamma', gamma)
+  inputs, draft_encoder_tokens = decode_inputs.draft_inputs(target, drafter, locals())
   result = _speculative_jit(
     target_params,
     draft_params,
@@ -417,7 +393,7 @@ def speculative_decode(
     max_new_tokens=int(max_new_tokens),
     adaptive_verify=bool(adaptive_verify),
   )
-  raise_if_invalid(result, check_finite)
+  decode_inputs.raise_if_invalid(result, check_finite)
   return result
 
 

@@ -16,15 +16,16 @@ from typing import Callable
 
 import jax
 
-from speculative import decoding
 from speculative import drafters
 from speculative import sampling as sampling_lib
+from speculative.decode import loops as decoding
+from speculative.decode import state as decode_state
 
 BASELINE = 'baseline'
 SPECULATIVE = 'speculative'
 MODES = (BASELINE, SPECULATIVE)
 
-DecodeFn = Callable[[jax.Array, Any], decoding.DecodeResult]
+DecodeFn = Callable[[jax.Array, Any], decode_state.DecodeResult]
 
 
 def decode_fns(
@@ -57,7 +58,7 @@ def decode_fns(
     check_finite=check_finite,
   )
 
-  def baseline(encoder_tokens: jax.Array, rng: Any = 0) -> decoding.DecodeResult:
+  def baseline(encoder_tokens: jax.Array, rng: Any = 0) -> decode_state.DecodeResult:
     return decoding.autoregressive_decode(
       target, target_params, None, rng=rng, encoder_tokens=encoder_tokens, **common
     )
@@ -68,7 +69,7 @@ def decode_fns(
   if gamma is None:
     raise ValueError('decode_fns: the speculative mode needs gamma')
 
-  def speculative(encoder_tokens: jax.Array, rng: Any = 0) -> decoding.DecodeResult:
+  def speculative(encoder_tokens: jax.Array, rng: Any = 0) -> decode_state.DecodeResult:
     return decoding.speculative_decode(
       target,
       target_params,

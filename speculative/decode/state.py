@@ -28,7 +28,7 @@ import jax
 import jax.numpy as jnp
 
 from speculative.drafters import base as drafter_base
-from speculative.models.interface import CachedLM
+from speculative.models import interface
 
 # Number of times each decode function was traced (== compiled); tests assert it does not grow.
 TRACE_COUNTS: collections.Counter = collections.Counter()
@@ -118,7 +118,7 @@ def row_keys(rng: jax.Array, row_ids: jax.Array, step: jax.Array, use: int) -> j
 
 
 def prefill(
-  target: CachedLM, target_params: Any, inputs: Any, extra_length: int
+  target: interface.CachedLM, target_params: Any, inputs: Any, extra_length: int
 ) -> tuple[int, Any]:
   """(max_length, cache) of a decode of `inputs` (a `DecodeInputs`): the token buffer's length,
   prompt_len + extra_length, and the target's cache with that many positions, correct on

@@ -16,6 +16,7 @@ One module per concept:
 The names below are re-exported so `from speculative import drafters; drafters.ModelDrafter` works.
 """
 
+from speculative.data.tasks import target_token_sequences as libreoffice_target_sequences
 from speculative.drafters.adaptive import AdaptiveGammaDrafter
 from speculative.drafters.adaptive import AdaptiveState
 from speculative.drafters.base import Drafter
@@ -38,7 +39,6 @@ from speculative.drafters.tables import UnigramDrafter
 from speculative.drafters.tables import bigram_log_probs
 from speculative.drafters.tables import estimate_bigram
 from speculative.drafters.tables import estimate_unigram
-from speculative.tasks import target_token_sequences as libreoffice_target_sequences
 
 __all__ = [
   'AdaptiveGammaDrafter',

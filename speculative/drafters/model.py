@@ -11,7 +11,7 @@ import jax.numpy as jnp
 
 from speculative import sampling as sampling_lib
 from speculative.drafters import base
-from speculative.models.interface import CachedLM
+from speculative.models import interface
 
 
 def draft_confidence(logits: jax.Array) -> jax.Array:
@@ -118,7 +118,7 @@ class ModelDrafter(base.GuidedDrafterBase):
   entries beyond are stale and get overwritten before anything attends to them.
   """
 
-  model: CachedLM
+  model: interface.CachedLM
   stop_below: float = 0.0
 
   def __post_init__(self):

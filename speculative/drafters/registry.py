@@ -56,7 +56,7 @@ class DrafterOptions:
     if self.train_sequences is None:
       raise ValueError(
         'this drafter estimates n-gram tables: pass train_sequences (e.g. '
-        "speculative.tasks.target_token_sequences('train'))"
+        "speculative.data.tasks.target_token_sequences('train'))"
       )
     return self.train_sequences() if callable(self.train_sequences) else self.train_sequences
 

@@ -1,7 +1,7 @@
 """N-gram table drafters (paper Table 3: unigram and bigram drafts with c ~ 0) and their estimates.
 
 `estimate_unigram` / `estimate_bigram` build the tables (the drafters' params) from token ids of a
-corpus (e.g. `speculative.tasks.target_token_sequences('train')`).
+corpus (e.g. `speculative.data.tasks.target_token_sequences('train')`).
 """
 
 from __future__ import annotations

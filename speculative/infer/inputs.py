@@ -14,7 +14,7 @@ from typing import Sequence
 
 import numpy as np
 
-from speculative.infer_settings import InferSettings
+from speculative.infer import settings as infer_settings
 
 EOS_ID = 1
 
@@ -43,11 +43,12 @@ class JobInputs:
     return sum(e.truncated for e in self.examples)
 
 
-def load_inputs(settings: InferSettings) -> JobInputs:
+def load_inputs(settings: infer_settings.InferSettings) -> JobInputs:
   """The job's inputs: the task's (decoded with the task's own output vocabulary, e.g. 32k for the
   TFDS tasks) or the input file's (tokenized with `vocabulary_path`). Warns about truncated inputs;
   ValueError if the target's vocabulary is smaller than the inputs'."""
-  from speculative import tasks
+  from speculative.data import metrics
+  from speculative.data import tasks
 
   s = settings
   if s.mixture_or_task_name is not None:
@@ -68,7 +69,7 @@ def load_inputs(settings: InferSettings) -> JobInputs:
         s.input_file, vocabulary, s.inputs_length, s.input_prefix, s.num_examples
       ),
       vocabulary=vocabulary,
-      metric_fns=[tasks.translation_metrics],
+      metric_fns=[metrics.translation_metrics],
       source={
         "input_file": s.input_file,
         "input_prefix": s.input_prefix,
@@ -157,7 +158,7 @@ def examples_from_task(
   """Examples of a registered seqio task (e.g. `libreoffice_ende`), in dataset order."""
   import seqio
 
-  from speculative import tasks
+  from speculative.data import tasks
 
   tasks.register_tasks()
   task = seqio.get_mixture_or_task(task_name)

@@ -14,17 +14,14 @@ from typing import Sequence
 import numpy as np
 
 from speculative import checkpoints
-from speculative import jobs
-from speculative.files import write_atomic
-from speculative.infer_inputs import Example
-from speculative.infer_inputs import JobInputs
-from speculative.infer_inputs import examples_sha256
-from speculative.infer_settings import MODES
-from speculative.infer_settings import InferSettings
+from speculative.checkpoints import files
+from speculative.infer import inputs as infer_inputs
+from speculative.infer import settings as infer_settings
+from speculative.jobs import lock
 
 # What an output directory holds (removed by `overwrite`).
 OUTPUT_FILES = ("manifest.json", "timings.json", "metrics.json", "report.md") + tuple(
-  f"predictions-{mode}.jsonl" for mode in MODES
+  f"predictions-{mode}.jsonl" for mode in infer_settings.MODES
 )
 
 
@@ -41,7 +38,9 @@ class ModeRun:
   compiles_warm: int = 0  # XLA compiles in the timed calls after it (0: one program per shape)
 
 
-def build_manifest(settings: InferSettings, inputs: JobInputs) -> dict[str, Any]:
+def build_manifest(
+  settings: infer_settings.InferSettings, inputs: infer_inputs.JobInputs
+) -> dict[str, Any]:
   """Everything that determines the outputs; weights by content (verified against their
   metadata)."""
   s = settings
@@ -49,7 +48,7 @@ def build_manifest(settings: InferSettings, inputs: JobInputs) -> dict[str, Any]
   return {
     "package_version": _package_version(),
     "inputs": inputs.source,
-    "inputs_sha256": examples_sha256(inputs.examples),
+    "inputs_sha256": infer_inputs.examples_sha256(inputs.examples),
     "examples": len(inputs.examples),
     "num_examples": s.num_examples,
     "task_feature_lengths": dict(s.task_feature_lengths),
@@ -79,13 +78,13 @@ def claim_output_dir(output_dir: str, manifest: dict[str, Any], overwrite: bool)
       if os.path.exists(os.path.join(output_dir, name)):
         os.remove(os.path.join(output_dir, name))
   else:
-    jobs.check_manifest(
+    lock.check_manifest(
       output_dir,
       manifest,
       "bind infer.overwrite = True (OVERWRITE = True in configs/local/run.gin)",
     )
-  write_atomic(
-    os.path.join(output_dir, jobs.MANIFEST_FILE),
+  files.write_atomic(
+    os.path.join(output_dir, lock.MANIFEST_FILE),
     json.dumps(manifest, indent=2, ensure_ascii=False) + "\n",
   )
 
@@ -105,7 +104,7 @@ def resume_runs(output_dir: str, decode_fns: dict[str, Any]) -> list[ModeRun]:
 
 
 def record(
-  example: Example,
+  example: infer_inputs.Example,
   vocabulary,
   tokens: np.ndarray,
   length: int,
@@ -135,14 +134,14 @@ def record(
 def write_records(output_dir: str, runs: Sequence[ModeRun], run: ModeRun) -> None:
   """The decode times of every mode, then `run`'s predictions file; records in index order."""
   # Timings first: a kill between the two writes leaves timings for records not yet written.
-  write_atomic(
+  files.write_atomic(
     os.path.join(output_dir, "timings.json"),
     json.dumps(
       {r.name: {str(i): rec["decode_s"] for i, rec in sorted(r.records.items())} for r in runs}
     )
     + "\n",
   )
-  write_atomic(run.path, _jsonl(sorted(run.records.values(), key=lambda r: r["index"])))
+  files.write_atomic(run.path, _jsonl(sorted(run.records.values(), key=lambda r: r["index"])))
 
 
 def read_timings(output_dir: str) -> dict[str, dict[int, float]]:
@@ -174,9 +173,9 @@ def load_predictions(path: str) -> list[dict]:
 
 def load_job_manifest(predictions_path: str) -> dict[str, Any]:
   """The manifest of the job that wrote `predictions_path` (in the same directory)."""
-  manifest = jobs.read_manifest(os.path.dirname(os.path.abspath(predictions_path)))
+  manifest = lock.read_manifest(os.path.dirname(os.path.abspath(predictions_path)))
   if manifest is None:
-    raise ValueError(f"{predictions_path}: no {jobs.MANIFEST_FILE} beside it (not an infer job?)")
+    raise ValueError(f"{predictions_path}: no {lock.MANIFEST_FILE} beside it (not an infer job?)")
   return manifest
 
 

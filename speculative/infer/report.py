@@ -9,16 +9,16 @@ from typing import Sequence
 
 import jax
 
-from speculative import audit
-from speculative import runtime
-from speculative.infer_inputs import EOS_ID
-from speculative.infer_settings import MODES
+from speculative.decode import audit
+from speculative.infer import inputs
+from speculative.infer import settings
+from speculative.jobs import runtime
 
 
 def hit_length_cap(record: dict, max_new_tokens: int) -> bool:
   """The decode stopped at the length cap, not at EOS (a runaway output)."""
   return record["num_tokens"] >= max_new_tokens and (
-    not record["tokens"] or record["tokens"][-1] != EOS_ID
+    not record["tokens"] or record["tokens"][-1] != inputs.EOS_ID
   )
 
 
@@ -88,6 +88,7 @@ def _header_lines(summary: dict[str, Any]) -> list[str]:
     + f"temperature {summary['temperature']}; "
     f"machine: {summary['machine']}",
     "",
+    "",
   ]
   if summary.get("inputs_truncated"):
     lines += [
@@ -118,7 +119,7 @@ def _mode_table(summary: dict[str, Any]) -> list[str]:
     "compile s |",
     "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
   ]
-  for mode in MODES:
+  for mode in settings.MODES:
     if mode not in summary:
       continue
     m = summary[mode]
@@ -141,7 +142,7 @@ def _resource_lines(summary: dict[str, Any]) -> list[str]:
   parts = [
     f"{mode} {summary[mode]['compiles_first_call']} in the first call, "
     f"{summary[mode]['compiles_warm']} after"
-    for mode in MODES
+    for mode in settings.MODES
     if mode in summary and "compiles_first_call" in summary[mode]
   ]
   if not parts:

@@ -47,58 +47,24 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from speculative import audit
-from speculative import batching
+from speculative import checkpoints
 from speculative import drafters as drafters_lib
-from speculative import jobs
-from speculative import modes
-from speculative import resources
-from speculative.checkpoints import load_model
-from speculative.files import write_atomic
-from speculative.infer_inputs import EOS_ID
-from speculative.infer_inputs import Example
-from speculative.infer_inputs import JobInputs
-from speculative.infer_inputs import examples_from_file
-from speculative.infer_inputs import examples_from_task
-from speculative.infer_inputs import load_inputs
-from speculative.infer_inputs import read_lines
-from speculative.infer_outputs import OUTPUT_FILES
-from speculative.infer_outputs import ModeRun
-from speculative.infer_outputs import build_manifest
-from speculative.infer_outputs import claim_output_dir
-from speculative.infer_outputs import record
-from speculative.infer_outputs import resume_runs
-from speculative.infer_outputs import write_records
-from speculative.infer_report import format_report
-from speculative.infer_report import hit_length_cap
-from speculative.infer_report import machine
-from speculative.infer_report import summarize
-from speculative.infer_settings import DRAFTERS
-from speculative.infer_settings import GAMMA_RANGE
-from speculative.infer_settings import MODES
-from speculative.infer_settings import InferSettings
+from speculative.checkpoints import files
+from speculative.decode import audit
+from speculative.decode import batching
+from speculative.decode import modes
+from speculative.infer import inputs as infer_inputs
+from speculative.infer import outputs
+from speculative.infer import report as infer_report
+from speculative.infer import settings as infer_settings
+from speculative.jobs import checks
+from speculative.jobs import lock
+from speculative.jobs import resources
 from speculative.models import t5 as t5_lib
 
 __all__ = [
-  "DRAFTERS",
-  "EOS_ID",
-  "GAMMA_RANGE",
-  "MODES",
-  "OUTPUT_FILES",
-  "Example",
-  "InferSettings",
-  "ModeRun",
-  "examples_from_file",
-  "examples_from_task",
-  "format_report",
-  "hit_length_cap",
-  "infer",
-  "load_model",
-  "main",
-  "read_lines",
-  "record",
-  "summarize",
-  "write_atomic",
+  'infer',
+  'main',
 ]
 
 
@@ -116,7 +82,7 @@ def infer(
   num_examples: int | None = None,
   draft_config: t5_lib.T5Config | None = None,
   draft_checkpoint: str | None = None,
-  modes: Sequence[str] = MODES,
+  modes: Sequence[str] = infer_settings.MODES,
   batch_size: int = 1,
   gamma: int = 4,
   drafter: str = "model",
@@ -146,9 +112,9 @@ def infer(
   < 1 accepts more drafts and CHANGES the output (Appendix A.5; greedy outputs are then not
   required to match the baseline).
   """
-  settings = InferSettings(**locals())
-  jobs.probe_writable(output_dir)
-  with jobs.OutputLock(output_dir):
+  settings = infer_settings.InferSettings(**locals())
+  checks.probe_writable(output_dir)
+  with lock.OutputLock(output_dir):
     return _run(settings)
 
 
@@ -162,28 +128,30 @@ class _Models:
   draft_params: Any
 
 
-def _run(settings: InferSettings) -> dict[str, Any]:
+def _run(settings: infer_settings.InferSettings) -> dict[str, Any]:
   """`infer` after its checks, holding the output directory's lock."""
-  inputs = load_inputs(settings)
-  claim_output_dir(settings.output_dir, build_manifest(settings, inputs), settings.overwrite)
+  inputs = infer_inputs.load_inputs(settings)
+  outputs.claim_output_dir(
+    settings.output_dir, outputs.build_manifest(settings, inputs), settings.overwrite
+  )
   models = _load_models(settings)
-  runs = resume_runs(settings.output_dir, _decode_fns(settings, models))
+  runs = outputs.resume_runs(settings.output_dir, _decode_fns(settings, models))
   _decode_all(settings, inputs, runs)
   summary = _summary(settings, inputs, runs, models)
-  write_atomic(
+  files.write_atomic(
     os.path.join(settings.output_dir, "metrics.json"), json.dumps(summary, indent=2) + "\n"
   )
-  report = format_report(summary)
-  write_atomic(os.path.join(settings.output_dir, "report.md"), report)
+  report = infer_report.format_report(summary)
+  files.write_atomic(os.path.join(settings.output_dir, "report.md"), report)
   print(report)
   return summary
 
 
-def _load_models(settings: InferSettings) -> _Models:
-  target, target_params = load_model(settings.target_config, settings.target_checkpoint)
+def _load_models(settings: infer_settings.InferSettings) -> _Models:
+  target, target_params = checkpoints.load_model(settings.target_config, settings.target_checkpoint)
   draft = drafter = draft_params = None
   if settings.needs_draft_model:
-    draft, draft_params = load_model(settings.draft_config, settings.draft_checkpoint)
+    draft, draft_params = checkpoints.load_model(settings.draft_config, settings.draft_checkpoint)
   if settings.speculative:
     drafter, draft_params = drafters_lib.build_drafter(
       settings.drafter,
@@ -195,7 +163,7 @@ def _load_models(settings: InferSettings) -> _Models:
   return _Models(target, target_params, drafter, draft_params)
 
 
-def _decode_fns(settings: InferSettings, models: _Models) -> dict[str, Any]:
+def _decode_fns(settings: infer_settings.InferSettings, models: _Models) -> dict[str, Any]:
   """{mode: fn(encoder_tokens [B, S], rng) -> DecodeResult}, in the order of `settings.modes`."""
   s = settings
   sampling, sampling_params = s.sampling()
@@ -208,14 +176,18 @@ def _decode_fns(settings: InferSettings, models: _Models) -> dict[str, Any]:
     max_new_tokens=s.max_new_tokens,
     sampling=sampling,
     sampling_params=sampling_params,
-    eos_id=EOS_ID,
+    eos_id=infer_inputs.EOS_ID,
     lenience=None if s.exact else s.lenience,
     adaptive_verify=s.adaptive_verify,
   )
   return {mode: fns[mode] for mode in s.modes}
 
 
-def _decode_all(settings: InferSettings, inputs: JobInputs, runs: Sequence[ModeRun]) -> None:
+def _decode_all(
+  settings: infer_settings.InferSettings,
+  inputs: infer_inputs.JobInputs,
+  runs: Sequence[outputs.ModeRun],
+) -> None:
   """Decodes every example some mode has not finished, batch by batch (length-sorted), the modes
   interleaved; each batch's records are written as soon as it is done."""
   from tqdm import tqdm
@@ -234,11 +206,15 @@ def _decode_all(settings: InferSettings, inputs: JobInputs, runs: Sequence[ModeR
       if all(e.index in run.records for e in batch_examples):
         continue
       _decode_batch(run, batch_examples, encoder_tokens, rng, inputs.vocabulary)
-      write_records(settings.output_dir, runs, run)
+      outputs.write_records(settings.output_dir, runs, run)
 
 
 def _decode_batch(
-  run: ModeRun, batch_examples: Sequence[Example], encoder_tokens: jax.Array, rng, vocabulary
+  run: outputs.ModeRun,
+  batch_examples: Sequence[infer_inputs.Example],
+  encoder_tokens: jax.Array,
+  rng,
+  vocabulary,
 ) -> None:
   """One mode over one batch, timed warm (its first call compiles and is timed apart); the rows'
   records go into `run.records`."""
@@ -266,7 +242,7 @@ def _decode_batch(
       f"NaN/inf logits while decoding examples {[e.index for e in batch_examples]}"
     )
   for row, example in enumerate(batch_examples):
-    run.records[example.index] = record(
+    run.records[example.index] = outputs.record(
       example,
       vocabulary,
       tokens[row],
@@ -278,7 +254,10 @@ def _decode_batch(
 
 
 def _summary(
-  settings: InferSettings, inputs: JobInputs, runs: Sequence[ModeRun], models: _Models
+  settings: infer_settings.InferSettings,
+  inputs: infer_inputs.JobInputs,
+  runs: Sequence[outputs.ModeRun],
+  models: _Models,
 ) -> dict[str, Any]:
   """metrics.json: the settings, totals per mode, and (both modes) the comparison."""
   s = settings
@@ -291,11 +270,11 @@ def _summary(
     "gamma": s.gamma,
     "drafter": s.drafter,
     **s.decoding_knobs(),
-    "machine": machine(),
+    "machine": infer_report.machine(),
   }
   for run in runs:
     records = [run.records[i] for i in indices]
-    summary[run.name] = summarize(records, inputs.metric_fns, s.max_new_tokens)
+    summary[run.name] = infer_report.summarize(records, inputs.metric_fns, s.max_new_tokens)
     summary[run.name]["compile_s"] = run.compile_s
     summary[run.name]["compiles_first_call"] = run.compiles_first_call
     summary[run.name]["compiles_warm"] = run.compiles_warm
@@ -309,9 +288,9 @@ def _summary(
 
 
 def _compare_modes(
-  settings: InferSettings,
-  inputs: JobInputs,
-  runs: Sequence[ModeRun],
+  settings: infer_settings.InferSettings,
+  inputs: infer_inputs.JobInputs,
+  runs: Sequence[outputs.ModeRun],
   models: _Models,
   summary: dict[str, Any],
 ) -> None:
@@ -337,7 +316,9 @@ def _compare_modes(
   summary["divergences"] = [dataclasses.asdict(d) for d in divergences]
   bad = [d.example for d in divergences if d.verdict == audit.MISMATCH]
   if bad and settings.require_identical:
-    write_atomic(os.path.join(settings.output_dir, "metrics.json"), json.dumps(summary, indent=2))
+    files.write_atomic(
+      os.path.join(settings.output_dir, "metrics.json"), json.dumps(summary, indent=2)
+    )
     raise AssertionError(
       f"greedy speculative output differs from the baseline beyond "
       f"rounding (audit verdict 'mismatch') on {len(bad)} examples, e.g. "
@@ -346,7 +327,11 @@ def _compare_modes(
 
 
 def audit_greedy_divergences(
-  target, target_params, examples: Sequence[Example], runs: Sequence[ModeRun], inputs_length: int
+  target,
+  target_params,
+  examples: Sequence[infer_inputs.Example],
+  runs: Sequence[outputs.ModeRun],
+  inputs_length: int,
 ) -> list[audit.Divergence]:
   """The divergence audit (speculative/audit.py) of the examples whose greedy outputs differ:
   first differing position, float32 top-2 gap there, verdict near-tie or mismatch. `Divergence.example`
@@ -365,7 +350,7 @@ def audit_greedy_divergences(
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-  from speculative import gin_utils
+  from speculative.jobs import gin_utils
 
   gin_utils.run_gin_main(
     infer,

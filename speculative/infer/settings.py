@@ -10,8 +10,8 @@ from typing import Any
 from typing import Sequence
 
 from speculative import drafters as drafters_lib
-from speculative import jobs
 from speculative import sampling as sampling_lib
+from speculative.jobs import checks
 from speculative.models import t5 as t5_lib
 
 MODES = ("baseline", "speculative")
@@ -106,7 +106,7 @@ def _check_modes(modes: Any) -> None:
   if isinstance(modes, str) or not modes:
     raise ValueError(f"modes must be a non-empty sequence of {MODES}, got {modes!r}")
   for mode in modes:
-    jobs.check_choice("mode", mode, MODES)
+    checks.check_choice("mode", mode, MODES)
 
 
 def _check_source(mixture_or_task_name: Any, input_file: Any, split: Any) -> None:
@@ -121,18 +121,18 @@ def _check_source(mixture_or_task_name: Any, input_file: Any, split: Any) -> Non
 
 
 def _check_knobs(s: InferSettings) -> None:
-  jobs.check_int("batch_size", s.batch_size, 1)
-  jobs.check_int("gamma", s.gamma, *GAMMA_RANGE)
-  jobs.check_float("temperature", s.temperature, 0.0)
-  jobs.check_int("top_k", s.top_k, 0)
-  jobs.check_float("top_p", s.top_p, 0.0, 1.0, low_inclusive=False)
+  checks.check_int("batch_size", s.batch_size, 1)
+  checks.check_int("gamma", s.gamma, *GAMMA_RANGE)
+  checks.check_float("temperature", s.temperature, 0.0)
+  checks.check_int("top_k", s.top_k, 0)
+  checks.check_float("top_p", s.top_p, 0.0, 1.0, low_inclusive=False)
   sampling_lib.check_lenience(
-    jobs.check_float("lenience", s.lenience, 0.0, 1.0, low_inclusive=False)
+    checks.check_float("lenience", s.lenience, 0.0, 1.0, low_inclusive=False)
   )
-  jobs.check_float("draft_stop_below", s.draft_stop_below, 0.0, 1.0, high_inclusive=False)
-  jobs.check_int("seed", s.seed, 0)
-  jobs.check_int("num_examples (None = all)", s.num_examples, 1, allow_none=True)
-  jobs.check_choice("drafter", s.drafter, DRAFTERS)
+  checks.check_float("draft_stop_below", s.draft_stop_below, 0.0, 1.0, high_inclusive=False)
+  checks.check_int("seed", s.seed, 0)
+  checks.check_int("num_examples (None = all)", s.num_examples, 1, allow_none=True)
+  checks.check_choice("drafter", s.drafter, DRAFTERS)
 
 
 def _check_feature_lengths(task_feature_lengths: Any) -> None:
@@ -143,14 +143,14 @@ def _check_feature_lengths(task_feature_lengths: Any) -> None:
     raise ValueError(
       f"task_feature_lengths must be {{'inputs': N, 'targets': M}}, got {task_feature_lengths!r}"
     )
-  jobs.check_int("task_feature_lengths['inputs']", task_feature_lengths["inputs"], 2)
-  jobs.check_int("task_feature_lengths['targets']", task_feature_lengths["targets"], 1)
+  checks.check_int("task_feature_lengths['inputs']", task_feature_lengths["inputs"], 2)
+  checks.check_int("task_feature_lengths['targets']", task_feature_lengths["targets"], 1)
 
 
 def _check_models(s: InferSettings) -> None:
   if not isinstance(s.target_config, t5_lib.T5Config):
     raise ValueError(f"target_config must be a t5.T5Config, got {type(s.target_config).__name__}")
-  jobs.check_readable("target_checkpoint", s.target_checkpoint)
+  checks.check_readable("target_checkpoint", s.target_checkpoint)
   if not (s.speculative and s.drafter != "prompt_lookup"):
     return
   if s.draft_config is None or not s.draft_checkpoint:
@@ -165,13 +165,13 @@ def _check_models(s: InferSettings) -> None:
       f"{s.draft_config.vocab_size} != target vocab_size "
       f"{s.target_config.vocab_size}"
     )
-  jobs.check_readable("draft_checkpoint", s.draft_checkpoint)
+  checks.check_readable("draft_checkpoint", s.draft_checkpoint)
 
 
 def _check_paths(s: InferSettings) -> None:
   if s.input_file is not None and s.input_file != "-":
-    jobs.check_readable("input_file", s.input_file)
+    checks.check_readable("input_file", s.input_file)
   if s.vocabulary_path is not None:
-    jobs.check_readable("vocabulary_path", s.vocabulary_path)
+    checks.check_readable("vocabulary_path", s.vocabulary_path)
   if not isinstance(s.output_dir, (str, os.PathLike)) or not str(s.output_dir):
     raise ValueError(f"output_dir must be a path, got {s.output_dir!r}")

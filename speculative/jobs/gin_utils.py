@@ -21,7 +21,7 @@ from typing import Any
 from typing import Callable
 from typing import Sequence
 
-from speculative import runtime
+from speculative.jobs import runtime
 
 # (python module, attribute, gin module): registered as `<gin module>.<attribute>`.
 CONFIGURABLES: list[tuple[str, str, str]] = [
@@ -30,7 +30,7 @@ CONFIGURABLES: list[tuple[str, str, str]] = [
 ]
 
 _registered: set[tuple[str, str]] = set()
-REPO_ROOT = Path(__file__).resolve().parents[1]
+REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 def register_configurables() -> None:

@@ -11,20 +11,20 @@ Notation as everywhere in this project: `p` is the TARGET distribution and `q` t
 SpecTr paper uses the opposite letters). The decode loop is spectr_decoding.py.
 """
 
-from speculative.spectr_kseq import DEFAULT_BISECTION_ITERS
-from speculative.spectr_kseq import acceptance_probability
-from speculative.spectr_kseq import beta
-from speculative.spectr_kseq import k_sequential_output_distribution
-from speculative.spectr_kseq import k_sequential_residual
-from speculative.spectr_kseq import k_sequential_sample
-from speculative.spectr_kseq import k_sequential_select
-from speculative.spectr_kseq import rho_star
-from speculative.spectr_kseq import sample_from_probabilities
-from speculative.spectr_otm import otm_k_acceptance_lp
-from speculative.spectr_otm import otm_k_acceptance_mincut
-from speculative.spectr_sequence import SequenceSelection
-from speculative.spectr_sequence import rho_star_counted
-from speculative.spectr_sequence import spectr_sequence_select
+from speculative.spectr.kseq import DEFAULT_BISECTION_ITERS
+from speculative.spectr.kseq import acceptance_probability
+from speculative.spectr.kseq import beta
+from speculative.spectr.kseq import k_sequential_output_distribution
+from speculative.spectr.kseq import k_sequential_residual
+from speculative.spectr.kseq import k_sequential_sample
+from speculative.spectr.kseq import k_sequential_select
+from speculative.spectr.kseq import rho_star
+from speculative.spectr.kseq import sample_from_probabilities
+from speculative.spectr.otm import otm_k_acceptance_lp
+from speculative.spectr.otm import otm_k_acceptance_mincut
+from speculative.spectr.sequence import SequenceSelection
+from speculative.spectr.sequence import rho_star_counted
+from speculative.spectr.sequence import spectr_sequence_select
 
 __all__ = [
   'DEFAULT_BISECTION_ITERS',

@@ -50,16 +50,13 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 
-from speculative import decoding_state
 from speculative import sampling as sampling_lib
-from speculative.decoding_inputs import DecodeInputs
-from speculative.decoding_inputs import check_positive_int
-from speculative.decoding_inputs import draft_inputs
-from speculative.decoding_inputs import raise_if_invalid
+from speculative.decode import inputs as decode_inputs
+from speculative.decode import state as decoding_state
 from speculative.drafters import base as drafter_base
-from speculative.models.interface import CachedLM
-from speculative.spectr_kseq import DEFAULT_BISECTION_ITERS
-from speculative.spectr_sequence import spectr_sequence_select
+from speculative.models import interface
+from speculative.spectr import kseq
+from speculative.spectr import sequence
 
 # Key `use` ids (see the module docstring); 0 and 1 are decoding.py's.
 _USE_DRAFT, _USE_SELECT, _USE_EXTRA_DRAFTS = 0, 1, 2
@@ -157,7 +154,7 @@ def _copy_keys(rng: jax.Array, row_ids: jax.Array, step: jax.Array, num_drafts: 
 def _spectr_jit(
   target_params,
   draft_params,
-  inputs: DecodeInputs,
+  inputs: decode_inputs.DecodeInputs,
   draft_encoder_tokens,
   *,
   target,
@@ -223,7 +220,7 @@ def _spectr_jit(
     uniforms = jax.vmap(lambda key: jax.random.uniform(key, (length, k), jnp.float32))(
       uniform_keys
     )  # [B, L, K]
-    selection = spectr_sequence_select(
+    selection = sequence.spectr_sequence_select(
       draft_tokens.reshape(batch, k, length),
       draft_probs.reshape(batch, k, length, vocab),
       target_probs.reshape(batch, k, length + 1, vocab),
@@ -269,7 +266,7 @@ def _spectr_jit(
 
 
 def spectr_decode(
-  target: CachedLM,
+  target: interface.CachedLM,
   target_params: Any,
   drafter: drafter_base.Drafter,
   draft_params: Any,
@@ -286,7 +283,7 @@ def spectr_decode(
   encoder_tokens: jax.Array | None = None,
   draft_encoder_tokens: jax.Array | None = None,
   row_ids: jax.Array | None = None,
-  num_iters: int = DEFAULT_BISECTION_ITERS,
+  num_iters: int = kseq.DEFAULT_BISECTION_ITERS,
   check_finite: bool = True,
 ) -> decoding_state.DecodeResult:
   """SpecTr decoding: K i.i.d. drafts of length L, one target call over K x (L+1) positions a step.
@@ -302,10 +299,10 @@ def spectr_decode(
   Returns:
     decoding.DecodeResult whose `metrics` is a SpecTrMetrics (per original row).
   """
-  check_positive_int('num_drafts', num_drafts)
-  check_positive_int('draft_length', draft_length)
-  check_positive_int('num_iters', num_iters)
-  inputs, draft_encoder_tokens = draft_inputs(target, drafter, locals())
+  decode_inputs.check_positive_int('num_drafts', num_drafts)
+  decode_inputs.check_positive_int('draft_length', draft_length)
+  decode_inputs.check_positive_int('num_iters', num_iters)
+  inputs, draft_encoder_tokens = decode_inputs.draft_inputs(target, drafter, locals())
   result = _spectr_jit(
     target_params,
     draft_params,
@@ -319,5 +316,5 @@ def spectr_decode(
     max_new_tokens=int(max_new_tokens),
     num_iters=int(num_iters),
   )
-  raise_if_invalid(result, check_finite)
+  decode_inputs.raise_if_invalid(result, check_finite)
   return result

@@ -9,7 +9,7 @@ from typing import Sequence
 
 import numpy as np
 
-from speculative.spectr_kseq import check_num_drafts
+from speculative.spectr import kseq
 
 
 def _check_small_problem(
@@ -17,7 +17,7 @@ def _check_small_problem(
 ) -> tuple[np.ndarray, np.ndarray, int]:
   q = np.asarray(q, np.float64)
   p = np.asarray(p, np.float64)
-  k = check_num_drafts(k)
+  k = kseq.check_num_drafts(k)
   if q.ndim != 1 or q.shape != p.shape:
     raise ValueError(f"q and p must be 1-D distributions of equal length; got {q.shape}, {p.shape}")
   for name, d in (("q", q), ("p", p)):

@@ -34,11 +34,7 @@ import jax
 import jax.numpy as jnp
 
 from speculative import sampling as sampling_lib
-from speculative.spectr_kseq import DEFAULT_BISECTION_ITERS
-from speculative.spectr_kseq import as_distributions
-from speculative.spectr_kseq import beta
-from speculative.spectr_kseq import bisect_smallest_valid
-from speculative.spectr_kseq import check_num_drafts
+from speculative.spectr import kseq
 
 
 def _geometric_sum_counted(beta_value: jax.Array, count: jax.Array, max_count: int) -> jax.Array:
@@ -59,7 +55,7 @@ def rho_star_counted(
   p: jax.Array,
   count: jax.Array,
   max_count: int,
-  num_iters: int = DEFAULT_BISECTION_ITERS,
+  num_iters: int = kseq.DEFAULT_BISECTION_ITERS,
 ) -> jax.Array:
   """`rho_star` with a run-time number of drafts per row: count [...] int32 in [0, max_count].
 
@@ -78,8 +74,8 @@ def rho_star_counted(
   Returns:
     [...] float32 in [1, max(count, 1)].
   """
-  max_count = check_num_drafts(max_count)
-  q, p = as_distributions(q, p)
+  max_count = kseq.check_num_drafts(max_count)
+  q, p = kseq.as_distributions(q, p)
   count = jnp.asarray(count, jnp.int32)
   batch_shape = q.shape[:-1]
   if count.shape != batch_shape:
@@ -89,11 +85,11 @@ def rho_star_counted(
     return one
 
   def is_valid(rho):
-    b = beta(rho, q, p)
+    b = kseq.beta(rho, q, p)
     return (b <= 0.0) | (rho >= _geometric_sum_counted(b, count, max_count))
 
   upper = jnp.maximum(count, 1).astype(jnp.float32)
-  return bisect_smallest_valid(is_valid, one, upper, num_iters)
+  return kseq.bisect_smallest_valid(is_valid, one, upper, num_iters)
 
 
 @flax.struct.dataclass
@@ -169,7 +165,7 @@ def spectr_sequence_select(
   accept_uniforms: jax.Array,
   sample_keys: jax.Array,
   num_drafted: jax.Array | None = None,
-  num_iters: int = DEFAULT_BISECTION_ITERS,
+  num_iters: int = kseq.DEFAULT_BISECTION_ITERS,
 ) -> SequenceSelection:
   """The paper's Algorithm 3 with k-Seq (rho*) as the token-level selection (module docstring).
 
@@ -270,7 +266,7 @@ def _depth_step(
   first = jnp.argmax(accepted, axis=1)  # [B]
   emitted = jnp.take_along_axis(tokens_here, first[:, None], axis=1)[:, 0]  # [B]
 
-  beta_rho = beta(rho, q, p)  # [B]
+  beta_rho = kseq.beta(rho, q, p)  # [B]
   g = _geometric_sum_counted(beta_rho, count, k)  # [B]
   # Unnormalized residual (Gumbel-max needs no normalization); p when it has no mass.
   residual = jnp.maximum(p - jnp.minimum(q, p / rho[:, None]) * g[:, None], 0.0)  # [B, V]

@@ -3,7 +3,7 @@
 Greedy speculative decoding emits the target's greedy tokens, up to reduced-precision near-ties
 (docs/exactness.md). With the check on, each greedy `predict_batch_with_aux` call also decodes the
 same rows with the baseline (`decoding.autoregressive_decode`, one target step per token, same
-target parameters) and audits every row whose output differs with `speculative.audit.audit_arrays`
+target parameters) and audits every row whose output differs with `speculative.decode.audit.audit_arrays`
 (first differing position, the target's float32 logits there after the shared prefix, top-2 gap,
 verdict near-tie or mismatch). A near-tie is logged (absl, INFO); a mismatch raises
 `ExactnessError`. Everything runs inside the caller's jit / pjit (T5X's partitioned infer step):
@@ -35,7 +35,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from speculative import audit
+from speculative.decode import audit
 
 NOT_CHECKED = -1
 IDENTICAL = audit.VERDICT_CODES[audit.IDENTICAL]
@@ -78,7 +78,7 @@ def exactness_aux(
       if any, then the generated tokens).
     baseline_lengths, lengths: [R] int32 generated tokens per row.
     offsets: [R] int32 prompt tokens per row (default 0).
-    bound_factor: C of the rounding bound (`speculative.audit`).
+    bound_factor: C of the rounding bound (`speculative.decode.audit`).
 
   Returns:
     {aux key: [R]} for the `AUX_KEYS`, plus the two candidate tokens (for `enforce`'s message;

@@ -22,7 +22,7 @@ What the model does:
     restore time by `draft_checkpoint.add_draft_checkpoint`; T5X's partitioner shards and passes it
     like the target's (see `draft_checkpoint` for why it should not be a closure). Called directly with a
     target-only tree, the model loads `draft_checkpoint_path` itself.
-  * `predict_batch_with_aux` runs `speculative.decoding.speculative_decode` (target cache and draft
+  * `predict_batch_with_aux` runs `speculative.decode.loops.speculative_decode` (target cache and draft
     cache, gamma drafts per target call) and returns T5X's `(decodes [B, L], {'scores': [B]})`, plus
     per-example speculative metrics in aux: num_tokens, target_calls, drafted, accepted, alpha_sum,
     alpha, acceptance_rate, block_efficiency, invalid (and the exactness check's verdicts with
@@ -56,9 +56,9 @@ import numpy as np
 import seqio
 from t5x import models as t5x_models  # first: without t5x, fail before the slow imports
 
-from speculative import decoding
 from speculative import drafters
 from speculative import sampling as sampling_lib
+from speculative.decode import loops as decoding
 from speculative.models import t5 as t5_lib
 from speculative.t5x_adapter import draft_checkpoint
 from speculative.t5x_adapter import exactness

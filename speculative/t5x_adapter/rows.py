@@ -11,7 +11,7 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 
-from speculative import decoding
+from speculative.decode import state as decode_state
 from speculative.t5x_adapter import options as options_lib
 
 Array = jax.Array
@@ -91,7 +91,7 @@ def decode_args(
 
 
 def t5x_layout(
-  result: decoding.DecodeResult, rows: ExpandedRows, decode_len: int, prompt_with_targets: bool
+  result: decode_state.DecodeResult, rows: ExpandedRows, decode_len: int, prompt_with_targets: bool
 ) -> tuple[Array, Array]:
   """(decodes [R, L] int32 in T5X's layout, num_tokens [R] generated tokens that fit).
 
@@ -120,7 +120,7 @@ def t5x_layout(
 
 
 def metrics_aux(
-  result: decoding.DecodeResult, scores: Array, num_tokens: Array
+  result: decode_state.DecodeResult, scores: Array, num_tokens: Array
 ) -> dict[str, Array]:
   """aux: scores and the per-row speculative metrics (docs/design.md, metric definitions)."""
   metrics = result.metrics

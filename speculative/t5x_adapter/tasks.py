@@ -1,6 +1,6 @@
 """Registers the project's seqio tasks when imported, for T5X gin files (`import ...tasks`).
 
-T5X gin files register tasks by importing a module; `speculative.tasks.register_tasks()` is a
+T5X gin files register tasks by importing a module; `speculative.data.tasks.register_tasks()` is a
 function, so this module calls it on import (idempotent) and adds one more task:
 
   libreoffice_ende                  the shipped LibreOffice help En-De corpus (spm8k vocabulary)
@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import seqio
 
-from speculative import tasks as tasks_lib
+from speculative.data import metrics
+from speculative.data import tasks as tasks_lib
 
 SMOKE_TASK = 'libreoffice_ende_smoke'
 SMOKE_EXAMPLES = 8
@@ -40,7 +41,7 @@ def register() -> list[str]:
     ),
     output_features=tasks_lib.output_features(vocabulary),
     postprocess_fn=tasks_lib.postprocess_text,
-    metric_fns=[tasks_lib.bleu],
+    metric_fns=[metrics.bleu],
   )
   return names + [SMOKE_TASK]
 

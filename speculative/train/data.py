@@ -10,8 +10,8 @@ from typing import Sequence
 
 import numpy as np
 
-from speculative import corpus
-from speculative import tasks
+from speculative.data import corpus
+from speculative.data import tasks
 
 INPUT_PREFIX = tasks.TRANSLATE_EN_DE_PREFIX
 EOS_ID = 1

@@ -1,0 +1,116 @@
+"""TrainSettings: the arguments of `speculative.train.train`, checked on construction, before any
+compute."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Sequence
+
+from speculative import checkpoints
+from speculative.models import t5 as t5_lib
+from speculative.train import checkpoints as train_checkpoints
+from speculative.train import data as train_data
+from speculative.train import steps
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainSettings:
+  """Every argument of `train` (same names and defaults), checked on construction."""
+
+  model_config: t5_lib.T5Config
+  train_tsv: str | Sequence[str]
+  validation_tsv: str
+  spm_model: str
+  output_dir: str
+  num_steps: int
+  learning_rate: float = 1e-3
+  warmup_steps: int = 500
+  weight_decay: float = 0.01
+  clip_norm: float = 1.0
+  tokens_per_batch: int = 3072
+  bucket_lengths: Sequence[int] = train_data.DEFAULT_BUCKET_LENGTHS
+  checkpoint_every: int = 500
+  eval_every: int = 1000
+  max_validation_examples: int = 500
+  seed: int = 0
+  teacher_config: t5_lib.T5Config | None = None
+  teacher_checkpoint: str | None = None
+  distill_weight: float = 0.0
+  export_path: str | None = None
+  export_dtype: str = "bfloat16"
+  max_steps_this_run: int | None = None
+  export_only: bool = False
+  schedule: str = "cosine"
+  label_smoothing: float = 0.0
+  exclude_heldout: Sequence[str] = ()
+  export_best: bool = False
+  optimizer: str = "adamw"
+  init_checkpoint: str | None = None
+  fork_checkpoint: str | None = None
+  export_replaces_better: bool = False
+
+  def __post_init__(self):
+    if not self.train_files:
+      raise ValueError("train_tsv names no file")
+    for path in (*self.train_files, self.validation_tsv, *self.exclude_heldout):
+      if not os.path.isfile(path):
+        raise FileNotFoundError(f"data file does not exist: {path}")
+    if self.starts_from_init_checkpoint and not os.path.exists(self.init_checkpoint):
+      raise FileNotFoundError(f"init_checkpoint does not exist: {self.init_checkpoint}")
+    if self.init_checkpoint is not None and self.fork_checkpoint is not None:
+      raise ValueError("set init_checkpoint or fork_checkpoint, not both")
+    if self.starts_from_fork:
+      train_checkpoints.fork_step(self.fork_checkpoint)  # names the problem before any compute
+    if self.has_own_checkpoint:
+      train_checkpoints.check_origin(self.output_dir, self.origin)
+    if self.optimizer not in steps.OPTIMIZERS:
+      raise ValueError(f"optimizer must be one of {steps.OPTIMIZERS}, got {self.optimizer!r}")
+    if self.num_steps < 1:
+      raise ValueError(f"num_steps must be >= 1, got {self.num_steps}")
+    if not 0.0 <= self.distill_weight <= 1.0:
+      raise ValueError(f"distill_weight must be in [0, 1], got {self.distill_weight}")
+    if self.distill_weight > 0 and (self.teacher_config is None or self.teacher_checkpoint is None):
+      raise ValueError("distillation needs teacher_config and teacher_checkpoint")
+    if not self.bucket_lengths or list(self.bucket_lengths) != sorted(self.bucket_lengths):
+      raise ValueError(f"bucket_lengths must be non-empty and ascending, got {self.bucket_lengths}")
+
+  @property
+  def train_files(self) -> tuple[str, ...]:
+    """`train_tsv` as a tuple of paths."""
+    if isinstance(self.train_tsv, (str, os.PathLike)):
+      return (os.fspath(self.train_tsv),)
+    return tuple(os.fspath(path) for path in self.train_tsv)
+
+  def buckets(self) -> tuple[train_data.Bucket, ...]:
+    """Batch size per bucket keeps the padded tokens per batch near `tokens_per_batch`."""
+    return train_data.make_buckets(self.bucket_lengths, self.tokens_per_batch)
+
+  @property
+  def has_own_checkpoint(self) -> bool:
+    """`output_dir` holds a checkpoint to resume from."""
+    return os.path.isdir(self.output_dir) and bool(checkpoints.checkpoint_steps(self.output_dir))
+
+  @property
+  def starts_from_init_checkpoint(self) -> bool:
+    """`init_checkpoint` is set and `output_dir` holds no checkpoint to resume from."""
+    return self.init_checkpoint is not None and not self.has_own_checkpoint
+
+  @property
+  def starts_from_fork(self) -> bool:
+    """`fork_checkpoint` is set and `output_dir` holds no checkpoint to resume from."""
+    return self.fork_checkpoint is not None and not self.has_own_checkpoint
+
+  @property
+  def origin(self) -> dict:
+    """The start of this run (weights and seed), recorded in a new run directory and checked on
+    resume."""
+    return train_checkpoints.run_origin(self.init_checkpoint, self.fork_checkpoint, self.seed)
+
+  @property
+  def best_path(self) -> str:
+    return os.path.join(self.output_dir, "best.msgpack")
+
+  @property
+  def best_info_path(self) -> str:
+    return os.path.join(self.output_dir, "best.json")
