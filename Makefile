@@ -8,7 +8,13 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: run test lint install clean
+# The CPU kernels' library (speculative/kernels/), rebuilt when any of its C++ sources changes.
+# Where it cannot be built (no g++, no FFI headers, not x86-64) the build prints one line and the
+# package uses XLA's dot.
+KERNEL_SOURCES := $(wildcard speculative/kernels/*.cc speculative/kernels/*.h speculative/kernels/*.inc)
+KERNEL_STAMP := speculative/kernels/_kernels.so.sha256
+
+.PHONY: run test test-fast lint install kernels clean
 
 $(STAMP): setup.py constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -16,16 +22,21 @@ $(STAMP): setup.py constraints.txt
 	$(PY) -m pip install -q -e '.[test]' -c constraints.txt
 	touch $(STAMP)
 
-install: $(STAMP)
+$(KERNEL_STAMP): $(STAMP) $(KERNEL_SOURCES)
+	$(PY) -m speculative.kernels.build
 
-run: $(STAMP)
+kernels: $(KERNEL_STAMP)
+
+install: $(STAMP) $(KERNEL_STAMP)
+
+run: install
 	$(PY) -m speculative.infer --gin_file=configs/local/run.gin
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 
-test: lint
+test: lint $(KERNEL_STAMP)
 	$(PY) -m pytest -q -n 2 tests
 
 clean:

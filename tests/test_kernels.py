@@ -337,3 +337,28 @@ def test_environment_switch_turns_the_kernels_off():
     [sys.executable, '-c', code], env=env, capture_output=True, text=True, check=True
   )
   assert out.stdout.strip() == 'kernels off (SPECULATIVE_KERNELS=0); XLA path'
+
+
+def test_a_job_records_its_path_and_refuses_to_resume_on_the_other(tmp_path):
+  from model_utils import save_tiny_pair
+
+  from speculative import infer
+
+  kwargs = dict(
+    **save_tiny_pair(
+      tmp_path, ['Click OK.', 'Choose Format - Cells.', 'Hello'], record_config=False
+    ),
+    task_feature_lengths={'inputs': 16, 'targets': 8},
+    batch_size=2,
+    gamma=3,
+    progress=False,
+  )
+  out = tmp_path / 'job'
+  summary = infer.infer(output_dir=str(out), kernels='on', **kwargs)
+  assert summary['identical_outputs'] == 3
+  assert json.loads((out / 'manifest.json').read_text())['decode_path'] == policy.KERNELS
+  assert 'Decode path: CPU kernels' in (out / 'report.md').read_text()
+  with pytest.raises(ValueError, match='decode_path'):
+    infer.infer(output_dir=str(out), kernels='off', **kwargs)
+  with pytest.raises(ValueError, match="unknown kernels 'fast'"):
+    infer.infer(output_dir=str(tmp_path / 'other'), kernels='fast', **kwargs)

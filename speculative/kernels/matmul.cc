@@ -208,14 +208,22 @@ __attribute__((target("avx2,fma"))) void blocks_avx2(const Problem& p, int64_t b
 
 using BlocksFn = void (*)(const Problem&, int64_t, int64_t);
 
-BlocksFn select(int64_t isa, bool bf16) {
+// An ISA path: its block function and how many blocks its tiles take at once (a thread's share of
+// blocks is a multiple of it, so that no share is left with single-block tiles, whose one FMA chain
+// per row runs at the FMA latency).
+struct Path {
+  BlocksFn fn;
+  int64_t group;
+};
+
+Path select(int64_t isa, bool bf16) {
   switch (isa) {
     case kAvx512:
-      return bf16 ? blocks_avx512<true> : blocks_avx512<false>;
+      return {bf16 ? blocks_avx512<true> : blocks_avx512<false>, 4};
     case kAvx2:
-      return bf16 ? blocks_avx2<true> : blocks_avx2<false>;
+      return {bf16 ? blocks_avx2<true> : blocks_avx2<false>, 2};
     default:
-      return bf16 ? blocks_portable<true> : blocks_portable<false>;
+      return {bf16 ? blocks_portable<true> : blocks_portable<false>, 1};
   }
 }
 
@@ -278,19 +286,20 @@ ffi::Error PackedMatmul(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::AnyB
     std::fill(p.out, p.out + m * n, 0.0f);
     return ffi::Error::Success();
   }
-  const BlocksFn fn = select(isa, bf16);
+  const Path path = select(isa, bf16);
   const int64_t threads = std::max<int64_t>(1, pool.num_threads());
   const int64_t bytes = nb * k * kBlock * (bf16 ? 2 : 4);
-  if (threads == 1 || bytes < kMinParallelBytes || nb < 2) {
-    fn(p, 0, nb);
+  if (threads == 1 || bytes < kMinParallelBytes || nb < 2 * path.group) {
+    path.fn(p, 0, nb);
     return ffi::Error::Success();
   }
   // A few units per thread so that a thread delayed by other work does not hold up the call.
   auto shared = std::make_shared<Shared>();
   shared->p = p;
-  shared->fn = fn;
+  shared->fn = path.fn;
   const int64_t want = std::min<int64_t>(nb, threads * 4);
-  shared->blocks_per_unit = (nb + want - 1) / want;
+  const int64_t per_unit = (nb + want - 1) / want;
+  shared->blocks_per_unit = (per_unit + path.group - 1) / path.group * path.group;
   shared->units = (nb + shared->blocks_per_unit - 1) / shared->blocks_per_unit;
   for (int64_t t = 0; t + 1 < std::min(threads, shared->units); ++t)
     pool.Schedule([shared] { shared->work(); });
