@@ -241,7 +241,11 @@ def test_pack_decode_params_packs_the_decoder_only():
   model, params, packed = _packed_small('float32')
   assert set(packed.packed) == {'decoder'}
   dec = packed.packed['decoder']
-  assert dec['layers_0']['self_attention']['query']['kernel'].shape == (3, 40, 16)  # 48 -> 3 blocks
+  # query, key and value side by side: 3 x 48 = 144 columns = 9 blocks; wi_0 and wi_1: 2 x 72.
+  assert dec['layers_0']['self_attention']['qkv'].shape == (9, 40, 16)
+  assert 'query' not in dec['layers_0']['self_attention']
+  assert dec['layers_0']['mlp']['wi_fused'].shape == (9, 40, 16)
+  assert dec['layers_0']['encoder_decoder_attention']['query']['kernel'].shape == (3, 40, 16)
   assert dec['logits_dense']['kernel'].shape == (7, 40, 16)  # 97 -> 7 blocks
   assert dec['decoder_norm']['scale'].shape == (40,)
   assert packed.params is params  # the T5X tree itself is unchanged
@@ -252,9 +256,8 @@ def test_pack_decode_params_packs_the_decoder_only():
 def test_a_packed_weight_of_the_wrong_shape_names_the_parameter():
   model, params, packed = _packed_small('float32')
   bad = jax.tree_util.tree_map(lambda x: x, packed.packed)
-  bad['decoder']['layers_1']['mlp']['wo']['kernel'] = bad['decoder']['layers_1']['mlp']['wi_0'][
-    'kernel'
-  ]
+  mlp = bad['decoder']['layers_1']['mlp']
+  mlp['wo']['kernel'] = mlp['wi_fused']  # [9, 40, 16] where [3, 72, 16] belongs
   broken = t5_lib.DecodeParams(params=params, packed=bad)
   encoder = jnp.ones((1, 4), jnp.int32)
   cache = model.init_cache(params, 1, 4, encoder)

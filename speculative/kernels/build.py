@@ -50,6 +50,7 @@ def build(force: bool = False) -> str:
   """Builds the library if missing or stale; returns one line saying what happened."""
   digest = source_sha256()
   if not force and os.path.exists(LIBRARY) and built_sha256() == digest:
+    os.utime(LIBRARY + '.sha256')  # newer than the sources again: make's stamp
     return f'kernels: {os.path.relpath(LIBRARY)} is up to date'
   if platform.machine() not in ('x86_64', 'AMD64'):
     return f'kernels: not built (host is {platform.machine()}, the kernels are x86-64); XLA path'

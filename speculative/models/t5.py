@@ -114,9 +114,11 @@ class DecodeParams:
   Fields:
     params: the T5X parameter tree, unchanged (float32 leaves).
     packed: the decoder's kernels, same paths as in `params` ('decoder/layers_0/mlp/wo/kernel',
-      ..., 'decoder/logits_dense/kernel'), each [ceil(N / 16), K, 16] float32 or bfloat16, and its
-      RMS norm scales ('decoder/layers_0/pre_mlp_layer_norm/scale', ...), each [d] float32: the
-      decoder's norms and its attention over the cache then run in the kernels too.
+      ..., 'decoder/logits_dense/kernel'), each [ceil(N / 16), K, 16] float32 or bfloat16, except
+      that self-attention's query, key and value are packed side by side as one kernel
+      ('.../self_attention/qkv', [d, 3 H dh]) and so are the MLP's input maps ('.../mlp/wi_fused',
+      [d, 2 f]); and its RMS norm scales ('decoder/layers_0/pre_mlp_layer_norm/scale', ...), each
+      [d] float32: the decoder's norms and its attention over the cache then run in the kernels too.
   """
 
   params: Params
@@ -150,20 +152,46 @@ def pack_decode_params(model: 'T5', params: Params, storage: str = 'auto') -> De
   if storage == 'auto':
     storage = packed_storage(model, params)
   activation_dtype = jnp.dtype(model.config.dtype)
-  packed = {}
-  for path, value in traverse_util.flatten_dict(params['decoder'], sep='/').items():
-    if not path.endswith('/kernel'):
-      continue
-    name = f'decoder/{path}'
-    kernel = jnp.asarray(value, jnp.float32)
+
+  def pack(path: str, kernel: Array) -> Array:  # path below 'decoder/'
+    kernel = jnp.asarray(kernel, jnp.float32)
     layer_storage = storage
-    if path != 'logits_dense/kernel' and activation_dtype == jnp.bfloat16:
+    if not path.startswith('logits_dense') and activation_dtype == jnp.bfloat16:
       kernel = kernel.astype(jnp.bfloat16).astype(jnp.float32)
       layer_storage = 'bfloat16'
-    packed[tuple(name.split('/'))] = kernels.pack(kernel, layer_storage, name)
-  for path, value in traverse_util.flatten_dict(params['decoder'], sep='/').items():
+    return kernels.pack(kernel, layer_storage, f'decoder/{path}')
+
+  decoder = params['decoder']
+  packed = {}
+  for path, value in traverse_util.flatten_dict(decoder, sep='/').items():
+    parts = tuple(path.split('/'))
+    fused = len(parts) == 4 and (
+      parts[1:3]
+      in (('self_attention', 'query'), ('self_attention', 'key'), ('self_attention', 'value'))
+      or (parts[1] == 'mlp' and parts[2].startswith('wi'))
+    )
     if path.endswith('layer_norm/scale') or path == 'decoder_norm/scale':
-      packed[('decoder', *path.split('/'))] = jnp.asarray(value, jnp.float32)  # [d]
+      packed[parts] = jnp.asarray(value, jnp.float32)  # [d]
+    elif path.endswith('/kernel') and not fused:
+      packed[parts] = pack(path, value)
+  # Self-attention's query, key and value side by side ('qkv'), and the MLP's input maps ('wi_fused'):
+  # one kernel call each instead of three and two.
+  for i in range(model.config.num_decoder_layers):
+    layer = decoder[f'layers_{i}']
+    qkv = [layer['self_attention'][n]['kernel'] for n in ('query', 'key', 'value')]
+    packed[(f'layers_{i}', 'self_attention', 'qkv')] = pack(
+      f'layers_{i}/self_attention/qkv', jnp.concatenate(qkv, axis=1)
+    )  # [d, 3 H dh]
+    wi_names = (
+      ['wi']
+      if 'wi' in layer['mlp']
+      else [f'wi_{j}' for j in range(len(model.config.mlp_activations))]
+    )
+    packed[(f'layers_{i}', 'mlp', 'wi_fused')] = pack(
+      f'layers_{i}/mlp/wi_fused',
+      jnp.concatenate([layer['mlp'][n]['kernel'] for n in wi_names], axis=1),
+    )  # [d, n f]
+  packed = {('decoder', *k): v for k, v in packed.items()}
   return DecodeParams(params=params, packed=traverse_util.unflatten_dict(packed))
 
 

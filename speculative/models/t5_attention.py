@@ -128,6 +128,18 @@ class MultiHeadDotProductAttention(nn.Module):
   def project_query(self, inputs_q: Array) -> Array:
     return self._split_heads(self.query(inputs_q))  # [B, Tq, H, dh]
 
+  def project_qkv(self, inputs: Array) -> tuple[Array, Array, Array]:
+    """Query, key and value of self-attention, each [B, T, H, dh]. Where the job packed the three
+    kernels side by side ('packed' 'qkv', [d, 3 H dh]) they are one kernel call: the same columns,
+    so the same bits, as three calls."""
+    if not self.has_variable(PACKED, 'qkv'):
+      return (self.project_query(inputs), *self.project_key_value(inputs))
+    joined = self.num_heads * self.head_dim
+    packed = self.get_variable(PACKED, 'qkv')  # [ceil(3 H dh / 16), d, 16]
+    kernels.check_packed(packed, inputs.shape[-1], 3 * joined, '/'.join(self.scope.path) + '/qkv')
+    qkv = kernels.matmul(inputs, packed, 3 * joined).astype(self.dtype)  # [B, T, 3 H dh]
+    return tuple(self._split_heads(qkv[..., i * joined : (i + 1) * joined]) for i in range(3))
+
   def project_key_value(self, inputs_kv: Array) -> tuple[Array, Array]:
     key = self._split_heads(self.key(inputs_kv))  # [B, Tk, H, dh]
     value = self._split_heads(self.value(inputs_kv))  # [B, Tk, H, dh]

@@ -120,12 +120,25 @@ class MlpBlock(nn.Module):
 
   @nn.compact
   def __call__(self, inputs: Array, deterministic: bool) -> Array:
+    n = len(self.activations)
+    if self.has_variable(PACKED, 'wi_fused'):  # the job packed wi_0, wi_1, ... side by side
+      packed = self.get_variable(PACKED, 'wi_fused')  # [ceil(n * f / 16), d, 16]
+      name = '/'.join(self.scope.path) + '/wi_fused'
+      kernels.check_packed(packed, inputs.shape[-1], n * self.intermediate_dim, name)
+      joined = kernels.matmul(inputs, packed, n * self.intermediate_dim).astype(self.dtype)
+      f = self.intermediate_dim
+      parts = [joined[..., i * f : (i + 1) * f] for i in range(n)]  # each [B, T, f]
+    else:
+      parts = None
     hidden = []
     for idx, act in enumerate(self.activations):
-      name = 'wi' if len(self.activations) == 1 else f'wi_{idx}'
-      x = DenseGeneral(
-        self.intermediate_dim, ('embed', 'mlp'), mlp_kernel_init, self.dtype, name=name
-      )(inputs)
+      name = 'wi' if n == 1 else f'wi_{idx}'
+      if parts is not None:
+        x = parts[idx]
+      else:
+        x = DenseGeneral(
+          self.intermediate_dim, ('embed', 'mlp'), mlp_kernel_init, self.dtype, name=name
+        )(inputs)
       hidden.append(x if act == 'linear' else getattr(nn, act)(x))
     x = functools.reduce(operator.mul, hidden)  # [B, T, f]
     x = dropout(self, self.dropout_rate, x, deterministic)

@@ -127,8 +127,7 @@ class DecoderLayer(nn.Module):
     """
     cfg = self.config
     x = self.pre_self_attention_layer_norm(inputs)
-    query = self.self_attention.project_query(x)
-    key, value = self.self_attention.project_key_value(x)
+    query, key, value = self.self_attention.project_qkv(x)  # each [B, T, H, dh]
     new_cache = None
     if self_kv_cache is not None:
       key = write_rows(self_kv_cache[0], key, write_positions)  # [B, H, dh, K]
