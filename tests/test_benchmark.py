@@ -1,4 +1,4 @@
-"""Tests of the walltime benchmark (speculative/benchmark.py, speculative/bench/).
+"""Tests of the walltime benchmark (speculative/bench/main.py, speculative/bench/).
 
   .venv/bin/python -m pytest -q -p no:xdist tests/test_benchmark.py
 
@@ -151,6 +151,11 @@ def test_files_written_and_json_matches(run):
 def test_cost_model_consistent(run):
   report, _ = run
   cm = report["costs"]["1"]
+  from speculative import kernels  # the path our methods ran at batch 1, stated in the report
+
+  want = kernels.policy.choose("auto", 1)
+  assert cm["decode_path"] == {"name": want.name, "line": want.line}
+  assert report["config"]["kernels"] == "auto"
   rounds = cm["rounds"]
   assert set(cm["v"]) == {str(t) for t in range(1, GAMMA + 2)}
   assert cm["v"]["1"] == pytest.approx(1.0)
@@ -342,6 +347,8 @@ def test_bad_options_raise_before_any_work(tmp_path):
     benchmark.benchmark(temperatures=[-1.0], allow_random_init=True, **kwargs)
   with pytest.raises(ValueError, match="stock_t5x"):
     benchmark.benchmark(stock_t5x="maybe", allow_random_init=True, **kwargs)
+  with pytest.raises(ValueError, match="kernels must be one of"):
+    benchmark.benchmark(kernels="fast", allow_random_init=True, **kwargs)
   if not methods.t5x_available():
     with pytest.raises(ValueError, match="t5x is not importable"):
       benchmark.benchmark(stock_t5x="on", allow_random_init=True, **kwargs)

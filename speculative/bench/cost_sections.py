@@ -20,7 +20,7 @@ def cost_section(report: dict[str, Any]) -> list[str]:
     "c = draft step / target step; v(T) = target T-token call / target 1-token call.",
     "",
   ]
-  lines += [_target_cost_table(report), ""] + _hoisting_lines(report)
+  lines += [_target_cost_table(report), ""] + _path_lines(report) + _hoisting_lines(report)
   draft_rows = _draft_cost_rows(report)
   if draft_rows:
     lines += [
@@ -31,6 +31,18 @@ def cost_section(report: dict[str, Any]) -> list[str]:
       "",
     ]
   return lines + _noise_lines(report)
+
+
+def _path_lines(report: dict[str, Any]) -> list[str]:
+  """Which decode path our models ran at each batch size (the stock rows always run XLA's)."""
+  paths = [(b, cm["decode_path"]["line"]) for b, cm in _by_batch(report) if "decode_path" in cm]
+  if not paths:
+    return []
+  return [
+    "Decode path of our baseline and speculative methods (the stock-equivalent loop and stock "
+    "T5X run XLA's dot): " + "; ".join(f"batch {b}: {line}" for b, line in paths) + ".",
+    "",
+  ]
 
 
 def _by_batch(report: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:

@@ -14,61 +14,10 @@ Re-render the page and plots from saved measurements (no timing):
 
   python -m speculative.benchmark --render docs/results.json
 
-It prints progress lines and finally the Markdown report. What it does (the parts live in
-speculative/bench/, one module per concern):
-
-  * Inputs: real sentences of a seqio task (default `libreoffice_ende` test split), or a TSV file,
-    padded to a fixed `inputs_length` as T5X does. The same inputs and the same weights serve every
-    method.
-  * Methods per (batch size, temperature) group: `baseline` (our cached T=1 loop,
-    `decoding.autoregressive_decode`), `stock_equivalent` (the same loop with
-    `T5(cache_cross_kv=False)`: one token per call and the cross-attention K/V recomputed at every
-    step, as T5X's decoder does), `stock_t5x` (`t5x.decoding.temperature_sample` through T5X's own
-    `EncoderDecoderModel` and network on the same target weights; only when t5x is importable), and
-    `speculative` for every drafter x gamma of the sweep.
-  * Timing: each method is compiled on the first input batch (compile time reported separately),
-    then every input batch is decoded `repeats` times by every method, interleaved (the method
-    order rotates per batch and repeat), each call ending in `block_until_ready`; a method's
-    walltime is the sum over input batches of the median over repeats.
-    Speedup = baseline walltime / speculative walltime.
-  * Cost model (speculative/bench/costs.py), measured on this machine with warm jitted calls on a
-    realistic cache (encoder run on the real inputs, decoder cache prefilled): t(T) = target
-    `extend` time for T tokens, c = draft single-token step / target single-token step, v(T) =
-    t(T) / t(1). Each time is the marginal per-call time of a jitted loop of `extend` calls ((time
-    of 2n calls - time of n calls) / n: no dispatch, no work hoisted out of the loop), in
-    interleaved rounds; c and v(T) are medians of per-round ratios, with their spread (IQR /
-    median). An estimate too noisy (spread above noise.MAX_SPREAD, or v(T) < 1) is refused: the
-    predictions and overheads that use it read "too noisy to predict". t(1) is timed again after
-    the sweep to detect load drift.
-  * Predicted speedup (the paper's EXP) = analysis.walltime_improvement(alpha, gamma, c,
-    v(gamma+1)) with the measured alpha (mean over drafted positions of sum_x min(p, q));
-    measured (EMP) as above.
-  * Profile per method: (decode time - prefill time) / loop steps = time per step, split into
-    gamma x draft step, the verify call v(gamma+1) and the rest ("overhead": sampling, acceptance,
-    the draft catch-up token, loop bookkeeping).
-  * Roofline (speculative/bench/roofline.py), per batch size: the bytes of weights a decode step
-    reads, the stream bandwidth of a bare jitted matvec of that size, the resulting floor per
-    token beside our baseline's decode step per token, and v(T) of a bare jitted stack of the
-    target's decoder matmuls beside the target's measured v(T).
-  * Stock-equivalent check: the matmuls per step of the compiled stock-equivalent and baseline
-    loops are counted in the optimized HLO (XLA may hoist the loop-invariant cross-attention K/V
-    projection, in which case the two loops do the same work and the report says so).
-  * Resources per group (speculative/resources.py): XLA compiles in the first calls and in the
-    timed calls (none expected: one program per shape), and the peak RSS of the group.
-  * Whole job (`whole_job_examples` > 0, speculative/bench/whole_job.py): every input of the split
-    at the best batch size, baseline vs stock vs the fastest speculative method, sentences/s.
-  * gamma policy per (batch, temperature, drafter): the measured gamma with the best PREDICTED
-    speedup; if that prediction is below `fallback_threshold`, plain decoding (the report says
-    which).
-
-Outputs under `output_dir`: results.json (everything), results.md (tables in the layout of the
-paper's Tables 2 and 4, the targets check, the profile, the machine), speedup_vs_gamma.png and
-alpha.png.
-
-Drafters are named in the `drafters` option (see speculative/bench/methods.py): 'model',
-'unigram', 'bigram', 'prompt_lookup', 'prompt_lookup+model', any name added with
-`methods.register_drafter`, or 'package.module:factory'. c of a drafter that is not a
-`ModelDrafter` is its measured propose(gamma) time / gamma / target step.
+It prints progress lines and finally the Markdown report. What it measures and how (inputs,
+methods, timing, the cost model, predictions, the profile, the roofline, the whole job, the gamma
+policy) and what it writes: docs/benchmark.md. Its parts live in speculative/bench/, one module per
+concern.
 """
 
 from __future__ import annotations
@@ -84,11 +33,13 @@ from typing import Callable
 from typing import Mapping
 from typing import Sequence
 
+from speculative import kernels
 from speculative.bench import conclude as conclude_lib
 from speculative.bench import costs as costs_lib
 from speculative.bench import inputs as inputs_lib
 from speculative.bench import machine as machine_lib
 from speculative.bench import methods as methods_lib
+from speculative.bench import paths
 from speculative.bench import report as report_lib
 from speculative.bench import roofline
 from speculative.bench import settings
@@ -115,6 +66,7 @@ def _models(
   drafters: Sequence[str],
   examples,
   warnings: list[str],
+  kernels_setting: str = "auto",
 ) -> dict[str, Any]:
   """The target, its stock-equivalent twin, the draft model and the drafters (same weights for
   every method)."""
@@ -146,13 +98,18 @@ def _models(
     examples=examples,
     train_sequences=methods_lib.train_sequences,
   )
-  return {
+  built = methods_lib.build_drafters(drafters, ctx, warnings)
+  models = {
     "target": target,
     "target_params": target_params,
-    "stock_target": t5_lib.T5(target_config, cache_cross_kv=False),
-    "drafters": methods_lib.build_drafters(drafters, ctx, warnings),
+    # T5X's decoding structure on XLA's dot, whatever our own path: the stock reference stays stock.
+    "stock_target": t5_lib.T5(target_config, cache_cross_kv=False, use_kernels=False),
+    "drafters": built,
     "descriptions": descriptions,
   }
+  if kernels.available() and kernels_setting != "off":  # packed once, used where a batch picks them
+    models["packed"] = paths.pack_models(target, target_params, draft, draft_params, built)
+  return models
 
 
 def _cost_models(
@@ -169,6 +126,7 @@ def _cost_models(
   with_roofline: bool,
   check_hoisting: bool,
   log: Callable[[str], None],
+  kernels_setting: str = "auto",
 ) -> dict[str, Any]:
   """{batch size: cost model} (costs.measure_costs, and roofline.measure_roofline under
   'roofline' if `with_roofline`) for the gammas of `plan` ({batch size: {drafter: gammas}});
@@ -176,14 +134,15 @@ def _cost_models(
   out = {}
   for batch_size in sorted(plan):
     max_gamma = max(max(g, default=1) for g in plan[batch_size].values())
-    log(f"cost model, batch {batch_size} ...")
+    batch_models = paths.for_batch(models, batch_size, kernels_setting)
+    log(f"cost model, batch {batch_size} ({batch_models['decode_path']['line']}) ...")
     cm = out[str(batch_size)] = costs_lib.measure_costs(
       target=models["target"],
-      target_params=models["target_params"],
+      target_params=batch_models["target_params"],
       stock_target=models["stock_target"],
       draft_models={
         name: (d.model, p)
-        for name, (d, p) in models["drafters"].items()
+        for name, (d, p) in batch_models["drafters"].items()
         if methods_lib.is_model_drafter(d)
       },
       encoder_tokens=batching.batches(examples, batch_size, inputs_length)[0][1],
@@ -206,6 +165,7 @@ def _cost_models(
         repeats=repeats,
         min_seconds=min_seconds,
       )
+    cm["decode_path"] = batch_models["decode_path"]
     log(_cost_line(cm))
   return out
 
@@ -257,12 +217,14 @@ def _sweep(
   step_timers,
   stock_t5x_decode,
   warnings: list[str],
+  kernels_setting: str = "auto",
   **kwargs,
 ) -> list[dict[str, Any]]:
   """sweep.run_group for every (batch size, temperature); warns of greedy rows that differ from
   the baseline."""
   groups = []
   for batch_size in sorted(plan):
+    batch_models = paths.for_batch(models, batch_size, kernels_setting)
     for temperature in temperatures:
       kwargs["log"](f"group: batch {batch_size}, temperature {temperature}")
       groups.append(
@@ -272,9 +234,9 @@ def _sweep(
             temperature=float(temperature),
             examples=examples,
             target=models["target"],
-            target_params=models["target_params"],
+            target_params=batch_models["target_params"],
             stock_target=models["stock_target"],
-            drafters=models["drafters"],
+            drafters=batch_models["drafters"],
             gammas=plan[batch_size],
             costs=costs[str(batch_size)],
             stock_t5x_decode=stock_t5x_decode,
@@ -326,6 +288,7 @@ def benchmark(
   cost_min_seconds: float = 0.2,
   cost_position: int = 16,
   stock_t5x: str = "auto",
+  kernels: str = "auto",
   fallback_threshold: float = 1.0,
   allow_random_init: bool = False,
   seed: int = 0,
@@ -340,7 +303,47 @@ def benchmark(
 ) -> dict[str, Any]:
   """Runs the sweep; returns the report dict (also written to output_dir, unless None). The
   arguments are `BenchmarkSettings`' (documented there); they are checked before any work."""
-  return _run(settings.BenchmarkSettings(**locals()))
+  return _run(
+    settings.BenchmarkSettings(
+      target_config=target_config,
+      target_checkpoint=target_checkpoint,
+      draft_config=draft_config,
+      draft_checkpoint=draft_checkpoint,
+      target_name=target_name,
+      draft_name=draft_name,
+      task=task,
+      split=split,
+      input_file=input_file,
+      input_prefix=input_prefix,
+      examples=examples,
+      num_examples=num_examples,
+      skip_truncated=skip_truncated,
+      inputs_length=inputs_length,
+      max_new_tokens=max_new_tokens,
+      batch_sizes=batch_sizes,
+      temperatures=temperatures,
+      gammas=gammas,
+      drafters=drafters,
+      drafter_gammas=drafter_gammas,
+      repeats=repeats,
+      cost_repeats=cost_repeats,
+      cost_min_seconds=cost_min_seconds,
+      cost_position=cost_position,
+      stock_t5x=stock_t5x,
+      kernels=kernels,
+      fallback_threshold=fallback_threshold,
+      allow_random_init=allow_random_init,
+      seed=seed,
+      output_dir=output_dir,
+      title=title,
+      command=command,
+      plots=plots,
+      roofline_section=roofline_section,
+      stock_hlo_check=stock_hlo_check,
+      whole_job_examples=whole_job_examples,
+      verbose=verbose,
+    )
+  )
 
 
 def _run(s: settings.BenchmarkSettings) -> dict[str, Any]:
@@ -366,6 +369,7 @@ def _run(s: settings.BenchmarkSettings) -> dict[str, Any]:
     drafters=s.drafters,
     examples=examples,
     warnings=warnings,
+    kernels_setting=s.kernels,
   )
   log(
     f"target: {models['descriptions']['target']}; draft: {models['descriptions'].get('draft', '-')}"
@@ -419,6 +423,7 @@ def _measure(
     with_roofline=s.roofline_section,
     check_hoisting=s.stock_hlo_check,
     log=log,
+    kernels_setting=s.kernels,
   )
   groups = _sweep(
     models,
@@ -429,6 +434,7 @@ def _measure(
     step_timers=step_timers,
     stock_t5x_decode=stock_t5x_decode,
     warnings=warnings,
+    kernels_setting=s.kernels,
     inputs_length=s.inputs_length,
     max_new_tokens=s.max_new_tokens,
     repeats=s.repeats,
@@ -488,6 +494,8 @@ def _config_record(
     "cost_repeats": s.cost_repeats,
     "cost_position": s.cost_position,
     "stock_t5x": s.use_t5x,
+    "kernels": s.kernels,
+    "kernels_status": kernels.status(),
     "fallback_threshold": s.fallback_threshold,
     "seed": s.seed,
     "target_checkpoint": s.target_checkpoint,

@@ -9,6 +9,7 @@ from typing import Sequence
 
 import numpy as np
 
+from speculative import kernels
 from speculative.bench import methods as methods_lib
 from speculative.infer import inputs as infer_inputs
 from speculative.models import t5 as t5_lib
@@ -33,6 +34,8 @@ class BenchmarkSettings:
       (timing rounds, at least costs.MIN_ROUNDS for a noise verdict; least seconds per timing).
     cost_position: decoder position at which c and v(T) are measured.
     stock_t5x: 'auto' (time stock T5X when importable), 'on' (require it), 'off'.
+    kernels: our models' decode path per batch size ('auto', 'on', 'off'; `kernels.policy`); the
+      stock-equivalent twin and stock T5X always run on XLA.
     fallback_threshold: the gamma policy falls back to plain decoding below this predicted speedup.
     allow_random_init: time random weights when a checkpoint is missing (smoke runs only).
     roofline_section: also measure the memory-bandwidth floor and the bare matmul stack's v(T)
@@ -68,6 +71,7 @@ class BenchmarkSettings:
   cost_min_seconds: float = 0.2
   cost_position: int = 16
   stock_t5x: str = "auto"
+  kernels: str = "auto"
   fallback_threshold: float = 1.0
   allow_random_init: bool = False
   seed: int = 0
@@ -93,6 +97,8 @@ class BenchmarkSettings:
       drafters=self.drafters,
       cost_position=self.cost_position,
     )
+    for batch_size in self.batch_sizes:  # 'on' where the kernels are unavailable: refused here
+      kernels.policy.choose(self.kernels, int(batch_size))
     if not isinstance(self.whole_job_examples, (int, np.integer)) or self.whole_job_examples < 0:
       raise ValueError(
         f"whole_job_examples must be an integer >= 0; got {self.whole_job_examples!r}"

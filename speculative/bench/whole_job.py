@@ -17,6 +17,7 @@ from typing import Callable
 
 from speculative.bench import inputs as inputs_lib
 from speculative.bench import methods
+from speculative.bench import paths
 from speculative.bench import sweep
 
 
@@ -48,6 +49,7 @@ def run(
   """Decodes the whole split (settings.whole_job_examples inputs at most) as described above."""
   s = settings
   batch_size, fastest = pick(groups)
+  models = paths.for_batch(models, batch_size, s.kernels)  # the path that batch size's groups ran
   examples, source = _job_inputs(s)
   stock_name = methods.STOCK_T5X if stock_t5x_decode is not None else methods.STOCK_EQUIVALENT
   only = {stock_name} | ({fastest["name"]} if fastest else set())

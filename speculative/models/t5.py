@@ -195,8 +195,10 @@ def pack_decode_params(model: 'T5', params: Params, storage: str = 'auto') -> De
   return DecodeParams(params=params, packed=traverse_util.unflatten_dict(packed))
 
 
-def _variables(params: Params) -> dict[str, Params]:
+def _variables(params: Params, use_kernels: bool = True) -> dict[str, Params]:
   if isinstance(params, DecodeParams):
+    if not use_kernels:
+      return {'params': params.params}
     return {'params': params.params, t5_layers.PACKED: params.packed}
   return {'params': params}
 
@@ -210,10 +212,14 @@ class T5:
     cache_cross_kv: compute each decoder layer's cross-attention keys/values once in `init_cache`
       (True) or recompute them from the encoder output at every `extend` call, as stock T5X does
       (False). Outputs are identical; only speed differs.
+    use_kernels: run the decoder on the CPU kernels when given packed params (`DecodeParams`); False
+      ignores the packed weights (XLA's dot), e.g. for the benchmark's stock-equivalent twin, which
+      shares our params.
   """
 
   config: T5Config
   cache_cross_kv: bool = True
+  use_kernels: bool = True
 
   # `extend` accepts a scalar `start` (all rows at one position), used by the baseline loop when
   # its rows advance together (`decoding.autoregressive_decode`); not a dataclass field.
@@ -269,7 +275,9 @@ class T5:
 
   # -- compute --------------------------------------------------------------------------------
   def _apply(self, params: Params, *args, method=None, rngs=None, **kwargs):
-    return self.module.apply(_variables(params), *args, method=method, rngs=rngs, **kwargs)
+    return self.module.apply(
+      _variables(params, self.use_kernels), *args, method=method, rngs=rngs, **kwargs
+    )
 
   def encode(self, params: Params, encoder_tokens: Array) -> Array:
     """Encoder output [B, S, d] for encoder_tokens [B, S] int32 (0 = padding)."""
