@@ -1,6 +1,7 @@
 # The two commands (README quickstart):
 #   make run    the main job on the embedded default: batch En-De translation, baseline vs speculative
 #   make test   the test suite (after `make lint`: ruff check + ruff format --check, pyproject.toml)
+#   make test-fast  the same without the tests marked slow, for iteration
 # Both create .venv and install the package on first use, with the exact versions of constraints.txt;
 # then run .venv/bin/python or the console scripts .venv/bin/speculative-{infer,train,benchmark}.
 PYTHON ?= python3
@@ -38,6 +39,11 @@ lint: $(STAMP)
 
 test: lint $(KERNEL_STAMP)
 	$(PY) -m pytest -q -n 2 tests
+
+# For iteration: every test but the slow tier (end-to-end kill soaks, full training runs; the
+# `slow` marker, tests/conftest.py). `make test` runs everything.
+test-fast: lint $(KERNEL_STAMP)
+	$(PY) -m pytest -q -n 2 -m "not slow" tests
 
 clean:
 	rm -rf $(VENV)

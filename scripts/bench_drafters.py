@@ -60,11 +60,11 @@ from speculative import drafters as drafters_lib  # pylint: disable=wrong-import
 from speculative import sampling as sampling_lib  # pylint: disable=wrong-import-position
 from speculative.bench import costs as costs_lib  # pylint: disable=wrong-import-position
 from speculative.checkpoints import files  # pylint: disable=wrong-import-position
+from speculative.data import metrics  # pylint: disable=wrong-import-position
 from speculative.data import tasks  # pylint: disable=wrong-import-position
 from speculative.decode import loops as decoding  # pylint: disable=g-import-not-at-top,wrong-import-position
 from speculative.models import t5 as t5_lib  # pylint: disable=wrong-import-position
 
-EOS_ID = 1
 DRAFTER_NAMES = ('model', 'unigram', 'bigram', 'prompt_lookup', 'prompt_lookup+model')
 
 
@@ -167,7 +167,7 @@ def load_examples(
   processor = sentencepiece.SentencePieceProcessor(model_file=str(tasks.VOCAB_PATH))
   examples, skipped = [], 0
   for index, (source, reference) in enumerate(tasks.load_split(split)):
-    ids = processor.encode(tasks.make_inputs(source)) + [EOS_ID]
+    ids = processor.encode(tasks.make_inputs(source)) + [tasks.EOS_ID]
     if len(ids) > inputs_length:
       skipped += 1
       continue
@@ -247,7 +247,7 @@ def decode_all(
       sampling=sampling,
       sampling_params=sampling_params,
       rng=seed,
-      eos_id=EOS_ID,
+      eos_id=tasks.EOS_ID,
       encoder_tokens=jnp.asarray(encoder_tokens),
       row_ids=jnp.asarray(row_ids),
       lenience=lenience,
@@ -288,8 +288,8 @@ def bleu(outputs: Sequence[Sequence[int]], examples: Sequence[dict[str, Any]]) -
   import sentencepiece  # pylint: disable=g-import-not-at-top
 
   processor = sentencepiece.SentencePieceProcessor(model_file=str(tasks.VOCAB_PATH))
-  predictions = [processor.decode([t for t in out if t != EOS_ID]) for out in outputs]
-  return tasks.bleu([e['reference'] for e in examples], predictions)['bleu']
+  predictions = [processor.decode([t for t in out if t != tasks.EOS_ID]) for out in outputs]
+  return metrics.bleu([e['reference'] for e in examples], predictions)['bleu']
 
 
 # ----------------------------------------------------------------------------------------------
@@ -406,7 +406,7 @@ def _walltime_methods(
     sampling=sampling,
     sampling_params=sampling_params,
     rng=args.seed,
-    eos_id=EOS_ID,
+    eos_id=tasks.EOS_ID,
     check_finite=False,
   )
 

@@ -33,7 +33,7 @@ this CPU t grows with K (L+1) (docs/design.md section 8).
 
 Prints progress lines and finally the Markdown report; writes results.json and results.md to
 --output_dir. SpecTr's Table 4 (LM1B, 97M target, 6M draft, temperature 1) is printed next to ours
-where the brief quotes it (K = 1 and K = 8).
+where the paper reports it (K = 1 and K = 8).
 """
 
 from __future__ import annotations
@@ -69,8 +69,7 @@ from speculative.jobs import gin_utils  # pylint: disable=wrong-import-position
 from speculative.models import t5 as t5_lib  # pylint: disable=wrong-import-position
 from speculative.spectr import decoding as spectr_decoding  # pylint: disable=wrong-import-position
 
-EOS_ID = 1
-# SpecTr (Sun et al. 2023) Table 4, LM1B, block efficiency at temperature 1, as quoted in the brief
+# SpecTr (Sun et al. 2023) Table 4, LM1B, block efficiency at temperature 1 (the cells we compare with)
 # (only K = 1 and K = 8 are quoted there; the other cells are left empty rather than guessed).
 SPECTR_TABLE4 = {(1, 4): 2.21, (8, 4): 2.99, (1, 8): 2.33, (8, 8): 3.27}
 
@@ -98,7 +97,7 @@ def load_inputs(num_examples: int, inputs_length: int) -> tuple[np.ndarray, list
   vocab = tasks.get_vocabulary()
   rows, sources = [], []
   for english, _ in tasks.load_split('test'):
-    ids = list(vocab.encode(tasks.make_inputs(english))) + [EOS_ID]
+    ids = list(vocab.encode(tasks.make_inputs(english))) + [tasks.EOS_ID]
     if len(ids) > inputs_length:
       continue
     row = np.zeros(inputs_length, np.int32)
@@ -205,7 +204,7 @@ def make_methods(target, target_params, draft, draft_params, ks, ls, max_new_tok
   sampling, values = sampling_lib.make_sampling(temperature=1.0)
   drafter = drafters.ModelDrafter(draft)
   common = dict(
-    max_new_tokens=max_new_tokens, sampling=sampling, sampling_params=values, eos_id=EOS_ID
+    max_new_tokens=max_new_tokens, sampling=sampling, sampling_params=values, eos_id=tasks.EOS_ID
   )
   methods = {
     'baseline': dict(
@@ -430,7 +429,7 @@ def format_report(report: dict[str, Any]) -> str:
     f'Target: {report["target"]}. Draft: {report["draft"]}. {report["num_inputs"]} test '
     f'sentences, up to {report["max_new_tokens"]} new tokens, median of {report["repeats"]} '
     'repeats. Block efficiency = generated tokens / target calls; SpecTr Table 4 = LM1B, 97M '
-    'target / 6M draft (only the cells quoted in the brief).',
+    'target / 6M draft (only the cells compared here).',
     '',
     '| method | K | L | block eff. | SpecTr Tab. 4 | accept. K drafts | accept. 1 draft | '
     'ms/token | speedup vs baseline | vs K=1 | step ms: measured / model | '

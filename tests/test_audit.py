@@ -1,4 +1,4 @@
-"""Tests of the exactness audit (speculative/audit.py) and of T5Config.logits_dtype.
+"""Tests of the exactness audit (speculative/decode/audit.py) and of T5Config.logits_dtype.
 
 A constructed near-tie (two float32 logits a relative 1e-3 apart) is a near-tie for a bfloat16
 decode and a mismatch for a float32 one; a deliberately inexact acceptance rule (lenience << 1,

@@ -1,4 +1,4 @@
-"""Tests of T5X checkpoint reading/writing without t5x (speculative/checkpoints.py).
+"""Tests of T5X checkpoint reading/writing without t5x (speculative/checkpoints/).
 
 The fixture `tests/fixtures/t5x_tiny/ckpt/checkpoint_0` was written by stock T5X; loading it
 must give exactly the arrays of `params.msgpack`. Saving must produce the same layout (msgpack with

@@ -1,15 +1,16 @@
-"""Tests of speculative/corpus.py (extraction, alignment, cleaning, splits, TSV I/O) and the shipped corpus."""
+"""Tests of speculative/data/corpus.py (extraction, alignment, cleaning, splits, TSV I/O) and the shipped corpus."""
 
 from __future__ import annotations
 
 import gzip
-import importlib.util
 import json
 from pathlib import Path
 import random
 
 import pytest
 
+from speculative.data import build_corpus
+from speculative.data import build_ui_corpus
 from speculative.data import corpus
 from speculative.data import html
 
@@ -147,15 +148,10 @@ def test_tsv_roundtrip_is_byte_deterministic(tmp_path):
 
 
 def test_make_corpus_from_tsv(tmp_path):
-  spec = importlib.util.spec_from_file_location(
-    "make_corpus", REPO_ROOT / "scripts" / "make_corpus.py"
-  )
-  make_corpus = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(make_corpus)
   source = tmp_path / "in.tsv.gz"
   corpus.write_tsv_gz(source, _synthetic_pairs(30) + [("same", "same"), ("sentence 1", "Satz 1")])
   out = tmp_path / "out"
-  make_corpus.main(
+  build_corpus.main(
     [
       "--from_tsv",
       str(source),
@@ -284,11 +280,6 @@ def test_read_mo_pairs_and_clean_ui_pairs(tmp_path):
 def test_make_ui_corpus_drops_heldout_overlap(tmp_path):
   """The build script end to end on a hand-made catalogue: a pair whose English equals a held-out
   source (after normalization) is dropped and counted."""
-  spec = importlib.util.spec_from_file_location(
-    "make_ui_corpus", REPO_ROOT / "scripts" / "make_ui_corpus.py"
-  )
-  make_ui_corpus = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(make_ui_corpus)
   mo = tmp_path / "sc.mo"
   _write_mo(
     mo, {"Numeric": "Nummerisch", "Left margin": "Linker Rand", "Insert rows": "Zeilen einfügen"}
@@ -297,7 +288,7 @@ def test_make_ui_corpus_drops_heldout_overlap(tmp_path):
   corpus.write_tsv_gz(
     heldout, [("numeric", "Numerisch (anders)"), ("Some other sentence.", "Satz.")]
   )
-  pairs, counts = make_ui_corpus.build([mo], (heldout,))
+  pairs, counts = build_ui_corpus.build([mo], (heldout,))
   assert sorted(pairs) == [("Insert rows", "Zeilen einfügen"), ("Left margin", "Linker Rand")]
   assert counts["heldout_overlap"]["source_exact"] == 1 and counts["pairs"] == 2
 

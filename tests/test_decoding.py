@@ -1,4 +1,4 @@
-"""Tests for speculative/decoding.py and drafters.py with tiny decoder-only models (random weights).
+"""Tests for speculative/decode/loops.py and drafters.py with tiny decoder-only models (random weights).
 
 Properties: speculative samples follow the target's exact sequence distribution (enumerated), greedy
 speculative == greedy baseline token for token, draft == target accepts everything, a row decoded in

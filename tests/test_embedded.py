@@ -104,6 +104,7 @@ def test_shipped_weights_are_compact_and_as_recorded(recorded):
     assert dtypes <= {'bfloat16', 'float16', 'int8', 'float32'}, dtypes
 
 
+@pytest.mark.slow
 def test_shipped_pair_translates_as_recorded(recorded):
   now = translate()
   assert len(now['sentences']) == len(recorded['sentences']) == NUM_SENTENCES

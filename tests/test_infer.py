@@ -164,6 +164,7 @@ def test_resume_does_not_redo_finished_examples(setup, monkeypatch):
   assert reference["examples"] == len(SOURCES)
 
 
+@pytest.mark.slow
 def test_killed_job_resumes_without_losing_or_duplicating(setup, tmp_path):
   """SIGKILL the real CLI mid-run; the rerun completes every example exactly once."""
   root, kwargs = setup
@@ -218,7 +219,7 @@ def test_killed_job_resumes_without_losing_or_duplicating(setup, tmp_path):
     assert indices == list(range(len(sources)))
   metrics = json.loads((out / "metrics.json").read_text())
   assert metrics["identical_outputs"] == len(sources)
-  # Byte-identical to an uninterrupted run with the same settings (scripts/kill_soak.py repeats
+  # Byte-identical to an uninterrupted run with the same settings (tests/kill_soak.py repeats
   # this at random kill points).
   fresh = tmp_path / "fresh"
   infer.infer(

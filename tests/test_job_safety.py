@@ -1,9 +1,10 @@
 """Batch jobs never silently lie: every bad input of docs/batch_jobs.md fails with its documented
 error before a model loads; a re-run resumes only outputs of identical settings; one writer per
 output directory; weights are verified; training resumes past a corrupt newest checkpoint; infer and
-train killed (-9) at random moments end byte-identical to uninterrupted runs (scripts/kill_soak.py)."""
+train killed (-9) at random moments end byte-identical to uninterrupted runs (tests/kill_soak.py)."""
 
 import dataclasses
+import json
 import os
 from pathlib import Path
 import re
@@ -315,12 +316,14 @@ def _soak_once(kill_soak, job: str, tmp_path) -> None:
   _check_soak(results, 1)
 
 
+@pytest.mark.slow
 def test_infer_killed_at_a_random_moment_ends_byte_identical(kill_soak, tmp_path):
   """The real CLI, SIGKILLed at a seeded random moment between its first and last predictions,
   resumes to predictions byte-identical to an uninterrupted run's; no temporaries left."""
   _soak_once(kill_soak, "infer", tmp_path)
 
 
+@pytest.mark.slow
 def test_train_killed_at_a_random_moment_ends_byte_identical(kill_soak, tmp_path):
   """`speculative.train`, SIGKILLed at a seeded random moment after its first checkpoint, resumes
   to checkpoints (params and optimizer state), best and exported weights byte-identical to an
@@ -390,6 +393,32 @@ def test_known_bindings_pass_and_missing_gin_file_names_search_path(gin_infer):
   assert gin.query_parameter("infer.gamma") is not None
   with pytest.raises(FileNotFoundError, match="gin file 'configs/nope.gin' not found; searched"):
     gin_utils.parse(["configs/nope.gin"], [])
+
+
+@pytest.mark.slow
+def test_cli_user_errors_are_one_message_and_debug_shows_the_traceback(tmp_path):
+  # A refused resume (outputs of other settings in INFER_OUTPUT_DIR) at the command line: the
+  # message and exit status 2, no traceback; --debug shows the traceback.
+  out = tmp_path / "out"
+  out.mkdir()
+  (out / "manifest.json").write_text(json.dumps({"gamma": 99}))
+  command = [
+    sys.executable,
+    "-m",
+    "speculative.infer",
+    "--gin_file=configs/local/run.gin",
+    f"--gin_bindings=INFER_OUTPUT_DIR = '{out}'",
+    "--gin_bindings=NUM_EXAMPLES = 2",
+  ]
+  env = {k: v for k, v in os.environ.items() if k != "SPECULATIVE_DEBUG"}
+  plain = subprocess.run(command, cwd=REPO, capture_output=True, text=True, env=env, timeout=300)
+  assert plain.returncode == 2, plain.stderr[-2000:]
+  assert "refusing to mix them" in plain.stderr and "gamma: was 99" in plain.stderr
+  assert "Traceback" not in plain.stderr and "In call to configurable" not in plain.stderr
+  debug = subprocess.run(
+    command + ["--debug"], cwd=REPO, capture_output=True, text=True, env=env, timeout=300
+  )
+  assert debug.returncode != 0 and "Traceback" in debug.stderr
 
 
 def test_help_lists_the_run_file_macros():
@@ -464,6 +493,7 @@ def test_train_prunes_the_checkpoints_a_kill_left(tmp_path):
   assert checkpoints.remove_stale_temporaries(tmp_path) == ["checkpoint_1.old-x"]
 
 
+@pytest.mark.slow
 def test_second_trainer_on_one_output_dir_is_refused(kill_soak, tmp_path):
   """Two trainers on one run directory: the second is refused at once, naming the holder's pid,
   before it loads data or compiles (so it cannot prune or overwrite the first one's checkpoints)."""

@@ -1,4 +1,4 @@
-"""Tests of speculative/resources.py (compile counting, peak RSS).
+"""Tests of speculative/jobs/resources.py (compile counting, peak RSS).
 
 .venv/bin/python -m pytest -q -p no:xdist tests/test_resources.py
 """

@@ -1,3 +1,5 @@
+import pytest
+
 """The CPU runtime defaults: the user's XLA_FLAGS win, and the defaults keep the tokens exact."""
 
 import json
@@ -62,6 +64,7 @@ def test_defaults_applied_when_unset():
   assert environ.get('XLA_FLAGS', '') == flags
 
 
+@pytest.mark.slow
 def test_user_flags_reach_xla_and_tokens_stay_exact():
   # A user's XLA_FLAGS reach XLA unchanged (here: two host devices instead of one) and the decode
   # reports them as the user's; under our defaults and under the user's flags the greedy tokens

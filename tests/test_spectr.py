@@ -1,4 +1,4 @@
-"""Tests for speculative/spectr.py: k-Seq is exact (output ~ target p), rho* is valid and minimal,
+"""Tests for speculative/spectr/: k-Seq is exact (output ~ target p), rho* is valid and minimal,
 its acceptance meets the paper's bounds against the OTM-k optimum (LP), and K = 1 is Leviathan.
 
 Notation as in sampling.py: q is the DRAFT distribution, p the TARGET.

@@ -1,4 +1,4 @@
-"""Tests for speculative/spectr_decoding.py and the sequence-level selection in spectr.py.
+"""Tests for speculative/spectr/decoding.py and the sequence-level selection in spectr.py.
 
 Properties: SpecTr samples follow the target's exact sequence distribution (all V^3 continuations
 enumerated, K in {2, 4}, L in {1, 3}); K = 1 is `speculative_decode` token for token (sampled and

@@ -243,6 +243,7 @@ def _lenient(decode):
   return wrong
 
 
+@pytest.mark.slow
 def test_exactness_check_core_without_t5x(monkeypatch):
   """exactness_aux + enforce (what check_exactness runs) on real tiny decodes, eagerly and under
   jit: an exact decode has verdict 0 everywhere; an inexact one raises naming row, position, gap

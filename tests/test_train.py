@@ -57,6 +57,7 @@ def _log(output_dir):
   return [json.loads(line) for line in open(f"{output_dir}/train_log.jsonl")]
 
 
+@pytest.mark.slow
 def test_loss_falls_and_exports(data, tmp_path):
   out = tmp_path / "run"
   train.train(
@@ -75,6 +76,7 @@ def test_loss_falls_and_exports(data, tmp_path):
   checkpoints.validate_params(t5x_params, T5(TINY).param_shapes())
 
 
+@pytest.mark.slow
 def test_resumed_run_equals_uninterrupted(data, tmp_path):
   full, split = tmp_path / "full", tmp_path / "split"
   common = dict(model_config=TINY, num_steps=12, **{**data, "checkpoint_every": 6})
@@ -113,6 +115,7 @@ def test_bad_arguments(data, tmp_path):
     )
 
 
+@pytest.mark.slow
 def test_several_train_files_train_as_one_set(data, tmp_path):
   """`train_tsv` as a list reads the files in order as one set: two halves of a corpus give the
   same run as the whole corpus in one file."""
@@ -130,6 +133,7 @@ def test_several_train_files_train_as_one_set(data, tmp_path):
   jax.tree_util.tree_map(np.testing.assert_array_equal, a, b)
 
 
+@pytest.mark.slow
 def test_init_checkpoint_starts_from_its_weights(data, tmp_path):
   """A run started from another run's checkpoint (fresh optimizer, here Adafactor) begins from those
   weights: at learning rate ~0 its first checkpoint equals them. A checkpoint of another shape is
@@ -174,6 +178,7 @@ def test_init_checkpoint_starts_from_its_weights(data, tmp_path):
     )
 
 
+@pytest.mark.slow
 def test_distillation_step_runs(data, tmp_path):
   teacher_dir = tmp_path / "teacher"
   checkpoints.save_t5x_checkpoint(T5(TINY).init_params(jax.random.PRNGKey(3)), teacher_dir, 0)
@@ -213,6 +218,7 @@ def test_distillation_step_runs(data, tmp_path):
     )
 
 
+@pytest.mark.slow
 def test_fork_continues_a_run_with_its_optimizer_state(data, tmp_path):
   """A run forked from another run's checkpoint_6 (weights, optimizer state, step) and trained to
   step 12 with the same settings equals the uninterrupted run; the source run is not touched. A
@@ -274,6 +280,7 @@ def test_attention_entropy_is_one_for_uniform_and_zero_for_one_hot():
       np.testing.assert_allclose(float(total) / float(count), expected, atol=1e-5, err_msg=kind)
 
 
+@pytest.mark.slow
 def test_evaluation_logs_attention_entropy_and_a_training_subset(data, tmp_path):
   out = tmp_path / "run"
   train.train(model_config=TINY, output_dir=str(out), num_steps=4, **{**data, "eval_every": 4})

@@ -1,5 +1,5 @@
-"""The small-data NMT recipe of speculative/train.py: label smoothing, the schedules, the optimizers,
-held-out exclusion (speculative/overlap.py) and best-validation export."""
+"""The small-data NMT recipe of speculative/train/run.py: label smoothing, the schedules, the optimizers,
+held-out exclusion (speculative/data/overlap.py) and best-validation export."""
 
 import json
 
@@ -11,6 +11,9 @@ from speculative import checkpoints
 from speculative import train
 from speculative.data import overlap
 from speculative.infer import outputs as infer_outputs
+from speculative.train import distill_data
+from speculative.train import draft_agreement
+from speculative.train import learning_curve
 from speculative.train import steps as train_steps
 
 
@@ -145,20 +148,7 @@ def test_constant_schedule_and_adafactor_steps_scale_with_each_parameter():
     train_steps.make_optimizer(1e-2, 1, 10, 0.0, 1.0, "constant", "sgd")
 
 
-def _script(name: str):
-  """A module of scripts/ (not a package), loaded by path."""
-  import importlib.util
-  from pathlib import Path
-
-  path = Path(__file__).resolve().parents[1] / "scripts" / f"{name}.py"
-  spec = importlib.util.spec_from_file_location(name, path)
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module
-
-
 def test_distillation_data_keeps_clean_translations_in_input_order(tmp_path):
-  distill = _script("distill_data")
   prefix = "translate English to German: "
 
   def record(index, source, prediction, eos=True):
@@ -173,7 +163,7 @@ def test_distillation_data_keeps_clean_translations_in_input_order(tmp_path):
     record(3, "Print.", "Drucken Sie", eos=False),  # stopped at the length cap
     record(4, "Undo.", " "),  # empty
   ]
-  pairs, counts = distill.distill_pairs(records, prefix)
+  pairs, counts = distill_data.distill_pairs(records, prefix)
   assert pairs == [("Close it.", "Schließen Sie es."), ("Open the file.", "Öffnen Sie die Datei.")]
   assert counts == {"records": 5, "kept": 2, "looping": 1, "no_eos": 1, "empty": 1}
   bad = tmp_path / "predictions.jsonl"
@@ -187,41 +177,43 @@ def test_distillation_data_keeps_clean_translations_in_input_order(tmp_path):
 
 
 def test_learning_curve_table_and_figure(tmp_path):
-  curve = _script("learning_curve")
   run = tmp_path / "run"
   run.mkdir()
   with pytest.raises(ValueError, match="no evaluations logged yet"):
     (run / "train_log.jsonl").write_text("")
-    curve.read_log(str(run))
+    learning_curve.read_log(str(run))
   with pytest.raises(FileNotFoundError, match="no training log"):
-    curve.read_log(str(tmp_path / "missing"))
+    learning_curve.read_log(str(tmp_path / "missing"))
   old = {"step": 800, "val_nll": 4.5, "val_accuracy": 0.25}  # logged before the entropy metrics
   new = {"step": 400, "val_nll": 5.0, "val_accuracy": 0.2, "train_nll": 4.9}
-  new.update({f"val_attention_entropy_{k}": 0.9 for k in curve.KINDS})
+  new.update({f"val_attention_entropy_{k}": 0.9 for k in learning_curve.KINDS})
   (run / "train_log.jsonl").write_text(json.dumps(old) + "\n" + json.dumps(new) + "\n")
-  rows = curve.read_log(str(run))
+  rows = learning_curve.read_log(str(run))
   assert [r["step"] for r in rows] == [400, 800]  # step order
-  table = curve.markdown_table(rows).splitlines()
+  table = learning_curve.markdown_table(rows).splitlines()
   assert table[2] == "| 400 | 5.000 | 0.200 | 4.900 | 0.90 / 0.90 / 0.90 |"
   assert table[3] == "| 800 | 4.500 | 0.250 | - | - / - / - |"
-  png = tmp_path / "curve.png"
-  curve.plot({"run": rows}, str(png))
+  png = tmp_path / "learning_curve.png"
+  learning_curve.plot({"run": rows}, str(png))
   assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-  assert sorted(p.name for p in tmp_path.iterdir()) == ["curve.png", "run"]  # no temporary left
+  assert sorted(p.name for p in tmp_path.iterdir()) == [
+    "learning_curve.png",
+    "run",
+  ]  # no temporary left
 
 
+@pytest.mark.slow
 def test_draft_agreement_is_exact_on_a_models_own_greedy_output():
   from model_utils import random_params
   from model_utils import tiny_t5_config
 
   from speculative.models import t5 as t5_lib
 
-  agreement = _script("draft_agreement")
   agree = np.array([True, True, False, True, True, True, True, False])
   # gamma 3: blocks [0,1 accepted | 2 corrected], [3,4,5 | 6 bonus], [7 corrected]
-  assert agreement.greedy_target_calls(agree, 3) == 3
-  assert agreement.greedy_target_calls(agree, 1) == 5
-  assert agreement.greedy_target_calls(np.ones(6, bool), 7) == 1
+  assert draft_agreement.greedy_target_calls(agree, 3) == 3
+  assert draft_agreement.greedy_target_calls(agree, 1) == 5
+  assert draft_agreement.greedy_target_calls(np.ones(6, bool), 7) == 1
 
   model = t5_lib.T5(tiny_t5_config(2))
   params = random_params(model, seed=0, logit_scale=4.0)
@@ -234,7 +226,7 @@ def test_draft_agreement_is_exact_on_a_models_own_greedy_output():
       dec_in = jnp.asarray([[0] + tokens], jnp.int32)
       tokens.append(int(jnp.argmax(model.forward(params, enc, dec_in)[0, -1])))
     examples.append((np.asarray(source, np.int32), np.asarray(tokens, np.int32)))
-  own = agreement.agreement(model, params, examples, batch_size=2)
+  own = draft_agreement.agreement(model, params, examples, batch_size=2)
   assert [len(a) for a in own] == [5, 9, 3]
   assert all(a.all() for a in own)
-  assert not np.concatenate(agreement.agreement(model, other, examples)).all()
+  assert not np.concatenate(draft_agreement.agreement(model, other, examples)).all()

@@ -11,7 +11,7 @@ import numpy as np
 
 from speculative.bench import methods
 
-# Targets of the benchmark (issue 4); checked and reported, never asserted in tests.
+# Targets of the benchmark (docs/results.md, "Targets"); checked and reported, never asserted in tests.
 TARGET_EXP_RATIO = 0.9  # batch 1, greedy: measured >= 0.9 x predicted
 TARGET_GREEDY = 1.5  # batch 1, greedy: >= 1.5x over our baseline
 TARGET_GREEDY_STOCK = 2.0  # batch 1, greedy: >= 2x over the stock (T5X or equivalent) baseline

@@ -11,10 +11,9 @@ import jax
 import numpy as np
 
 from speculative import checkpoints
+from speculative.data import tasks
 from speculative.infer import inputs as infer_inputs
 from speculative.models import t5 as t5_lib
-
-EOS_ID = 1
 
 
 def synthetic_examples(
@@ -26,7 +25,9 @@ def synthetic_examples(
   examples = []
   for i in range(num_examples):
     length = int(rng.integers(max(2, inputs_length // 2), inputs_length + 1))
-    tokens = np.concatenate([rng.integers(2, vocab_size, length - 1), [EOS_ID]]).astype(np.int32)
+    tokens = np.concatenate([rng.integers(2, vocab_size, length - 1), [tasks.EOS_ID]]).astype(
+      np.int32
+    )
     examples.append(infer_inputs.Example(i, f"<synthetic {i}>", None, tokens, False))
   return examples
 

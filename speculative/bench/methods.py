@@ -24,8 +24,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from speculative import drafters as drafters_lib
-from speculative.bench import inputs
+from speculative.data import tasks
 from speculative.decode import modes
+from speculative.decode import options as decode_options
 from speculative.infer import inputs as infer_inputs
 from speculative.models import t5 as t5_lib
 
@@ -120,7 +121,6 @@ def is_model_drafter(drafter: Any) -> bool:
 @functools.lru_cache(maxsize=1)
 def train_sequences() -> list[np.ndarray]:
   """The LibreOffice training targets as decoder streams (the embedded pair's training data)."""
-  from speculative.data import tasks
 
   return tasks.target_token_sequences("train")
 
@@ -175,7 +175,7 @@ def decode_outputs(kind: str, result: Any) -> dict[str, np.ndarray]:
   """Host copies: tokens [B, N], lengths [B], and per-row counters."""
   if kind == STOCK_T5X:
     tokens = np.asarray(result)
-    is_eos = tokens == inputs.EOS_ID
+    is_eos = tokens == tasks.EOS_ID
     lengths = np.where(is_eos.any(1), is_eos.argmax(1) + 1, tokens.shape[1])
     tokens = np.where(np.arange(tokens.shape[1])[None] < lengths[:, None], tokens, 0)
     zeros = np.zeros(tokens.shape[0])
@@ -217,8 +217,6 @@ def make_stock_t5x_decode(
   from t5x import decoding as t5x_decoding  # pylint: disable=g-import-not-at-top
   from t5x import models as t5x_models  # pylint: disable=g-import-not-at-top
   from t5x.examples.t5 import network as t5x_network  # pylint: disable=g-import-not-at-top
-
-  from speculative.data import tasks
 
   net_config = t5x_network.T5Config(
     vocab_size=config.vocab_size,
@@ -275,18 +273,23 @@ def make_methods(
   for every drafter (name -> (drafter, params)) x its gammas; stock_t5x_decode, if given, is
   called as stock_t5x_decode(temperature=...) and returns the decode callable."""
 
-  options = dict(
-    max_new_tokens=max_new_tokens,
-    sampling=sampling,
-    sampling_params=sampling_params,
-    eos_id=inputs.EOS_ID,
+  options = decode_options.DecodeOptions(
+    max_new_tokens=max_new_tokens, sampling=sampling, eos_id=tasks.EOS_ID
   )
 
   def autoregressive(model):
-    return modes.decode_fns(model, target_params, **options)[modes.BASELINE]
+    fns = modes.decode_fns(model, target_params, options=options, sampling_params=sampling_params)
+    return fns[modes.BASELINE]
 
   def speculative(drafter, draft_params, gamma):
-    fns = modes.decode_fns(target, target_params, drafter, draft_params, gamma=gamma, **options)
+    fns = modes.decode_fns(
+      target,
+      target_params,
+      drafter,
+      draft_params,
+      options=dataclasses.replace(options, gamma=gamma),
+      sampling_params=sampling_params,
+    )
     return fns[modes.SPECULATIVE]
 
   methods = [

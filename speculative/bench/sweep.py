@@ -140,7 +140,7 @@ def _identical_rows(method: bench_methods.Method, reference: bench_methods.Metho
 def audit_rows(
   method: bench_methods.Method, reference: bench_methods.Method, batches, target, target_params
 ) -> list[dict]:
-  """The divergence audit (speculative/audit.py) of every row whose greedy output differs from the
+  """The divergence audit (speculative/decode/audit.py) of every row whose greedy output differs from the
   reference's: first differing position, float32 top-2 gap, near-tie or mismatch."""
   found = []
   for (chunk, encoder_tokens), out, ref in zip(batches, method.outputs, reference.outputs):

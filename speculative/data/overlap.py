@@ -11,7 +11,7 @@ sparse product.
     kept, report = overlap.drop_overlap(train_pairs, heldout_pairs)
 
 `report` counts exact and near matches per side; training code drops the flagged pairs before it
-tokenizes (speculative/train.py, `exclude_heldout`).
+tokenizes (speculative/train/run.py, `exclude_heldout`).
 """
 
 from __future__ import annotations

@@ -47,6 +47,10 @@ if TYPE_CHECKING:  # imported lazily at run time (TensorFlow is slow to import)
 DATA_DIR = Path(__file__).resolve().parents[2] / "data" / "libreoffice_ende"
 VOCAB_PATH = DATA_DIR / "spm8k.model"
 TRANSLATE_EN_DE_PREFIX = "translate English to German: "
+# The ids every vocabulary of the project shares (T5's SentencePiece conventions): the padding and
+# the end of a sequence.
+PAD_ID = 0
+EOS_ID = 1
 SUMMARIZE_PREFIX = "summarize: "
 T5_PUBLIC_VOCAB_PATH = "gs://t5-data/vocabs/cc_all.32000/sentencepiece.model"
 T5_PUBLIC_VOCAB_EXTRA_IDS = 100
@@ -81,7 +85,7 @@ def load_split(split: str, data_dir: str | Path | None = None) -> list[tuple[str
   """All (en, de) pairs of a split of the LibreOffice corpus, in file order."""
   path = split_path(split, data_dir)
   if not path.exists():
-    raise FileNotFoundError(f"{path} is missing; build it with scripts/make_corpus.py")
+    raise FileNotFoundError(f"{path} is missing; build it with speculative/data/build_corpus.py")
   return corpus.read_tsv_gz(path)
 
 

@@ -5,7 +5,6 @@ decoding are raised after it (`raise_if_invalid`)."""
 from __future__ import annotations
 
 from typing import Any
-from typing import Mapping
 
 import flax.struct
 import jax
@@ -13,6 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from speculative import sampling as sampling_lib
+from speculative.decode import options as decode_options
 from speculative.models import interface
 
 
@@ -27,7 +27,6 @@ class DecodeInputs:
     sampling_params: SamplingParams of [] arrays (temperature f32, top_k i32, top_p f32).
     rng: a typed PRNG key.
     row_ids: [B] int32 RNG row identities.
-    eos_id: the stop token, or None.
   """
 
   prompt_tokens: jax.Array
@@ -36,7 +35,6 @@ class DecodeInputs:
   sampling_params: sampling_lib.SamplingParams
   rng: jax.Array
   row_ids: jax.Array
-  eos_id: int | None = flax.struct.field(pytree_node=False, default=None)
 
 
 def as_key(rng: Any) -> jax.Array:
@@ -49,27 +47,20 @@ def as_key(rng: Any) -> jax.Array:
   return jax.random.wrap_key_data(rng.astype(jnp.uint32))
 
 
-def check_positive_int(name: str, value: Any) -> None:
-  if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < 1:
-    raise ValueError(f'{name} must be an int >= 1, got {value!r}')
-
-
 def prepare_inputs(
   target: interface.CachedLM,
+  options: decode_options.DecodeOptions,
   prompt_tokens,
   prompt_lengths,
   encoder_tokens,
-  max_new_tokens,
-  eos_id,
-  sampling,
   sampling_params,
   rng,
   row_ids,
 ) -> DecodeInputs:
   """Validates and normalizes the inputs shared by every decoder (ValueError naming the first bad
-  one)."""
-  check_positive_int('max_new_tokens', max_new_tokens)
-  sampling_params = _sampling_values(sampling, sampling_params)
+  one); `options` are checked on construction, here only against the target (eos_id < vocab)."""
+  eos_id = options.eos_id
+  sampling_params = _sampling_values(options.sampling, sampling_params)
   if prompt_tokens is None:
     prompt_tokens, prompt_lengths = _start_token_prompt(encoder_tokens, prompt_lengths)
   prompt_tokens = _checked_prompt(prompt_tokens)
@@ -85,7 +76,7 @@ def prepare_inputs(
         f'prompt token ids must be in [0, {vocab}), got range '
         f'[{tokens_np.min()}, {tokens_np.max()}]'
       )
-  if eos_id is not None and (not isinstance(eos_id, (int, np.integer)) or not 0 <= eos_id < vocab):
+  if eos_id is not None and not 0 <= eos_id < vocab:
     raise ValueError(f'eos_id must be None or an int in [0, {vocab}), got {eos_id!r}')
   if row_ids is None:
     row_ids = jnp.arange(batch, dtype=jnp.int32)
@@ -99,44 +90,13 @@ def prepare_inputs(
     sampling_params=sampling_params,
     rng=as_key(rng),
     row_ids=row_ids,
-    eos_id=None if eos_id is None else int(eos_id),
   )
 
 
-# The arguments of the public decode functions that `prepare_inputs` checks, in its order.
-INPUT_ARGS = (
-  'prompt_tokens',
-  'prompt_lengths',
-  'encoder_tokens',
-  'max_new_tokens',
-  'eos_id',
-  'sampling',
-  'sampling_params',
-  'rng',
-  'row_ids',
-)
-
-
-def inputs_of(target: interface.CachedLM, call_args: Mapping[str, Any]) -> DecodeInputs:
-  """`prepare_inputs` on a public decode function's arguments (`call_args`: its `locals()` at the
-  start, which name them as `INPUT_ARGS` does)."""
-  return prepare_inputs(target, *(call_args[name] for name in INPUT_ARGS))
-
-
-def draft_inputs(
-  target: interface.CachedLM, drafter: Any, call_args: Mapping[str, Any]
-) -> tuple[DecodeInputs, jax.Array | None]:
-  """The eager checks of a decode with a drafter: `check_drafter`, `inputs_of`, and the draft's
-  encoder input (`draft_encoder_inputs` of `call_args['draft_encoder_tokens']`)."""
-  check_drafter(drafter, target)
-  inputs = inputs_of(target, call_args)
-  return inputs, draft_encoder_inputs(call_args['draft_encoder_tokens'], inputs.encoder_tokens)
-
-
-def _sampling_values(sampling, sampling_params) -> sampling_lib.SamplingParams:
+def _sampling_values(
+  sampling: sampling_lib.SamplingConfig, sampling_params
+) -> sampling_lib.SamplingParams:
   """The run-time sampling values as [] arrays (default: temperature 1), range-checked."""
-  if not isinstance(sampling, sampling_lib.SamplingConfig):
-    raise ValueError(f'sampling must be a SamplingConfig, got {type(sampling).__name__}')
   if sampling_params is None:
     sampling_params = sampling_lib.SamplingParams.create()
   sampling_params = sampling_lib.SamplingParams(

@@ -31,6 +31,7 @@ import numpy as np
 
 from speculative import sampling as sampling_lib
 from speculative.decode import inputs as decode_inputs
+from speculative.decode import options as decode_options
 from speculative.decode import state as decode_state
 from speculative.drafters import base as drafter_base
 from speculative.models import interface
@@ -46,17 +47,17 @@ __all__ = [
 # --------------------------------------------------------------------------------------------------
 
 
-@functools.partial(jax.jit, static_argnames=('target', 'sampling', 'max_new_tokens', 'lockstep'))
+@functools.partial(jax.jit, static_argnames=('target', 'options', 'lockstep'))
 def _autoregressive_jit(
   target_params,
   inputs: decode_inputs.DecodeInputs,
   *,
-  target,
-  sampling,
-  max_new_tokens,
-  lockstep=False,
+  target: interface.CachedLM,
+  options: decode_options.DecodeOptions,
+  lockstep: bool = False,
 ):
   decode_state.TRACE_COUNTS['autoregressive_decode'] += 1
+  max_new_tokens, sampling = options.max_new_tokens, options.sampling
   # +1: a row that is done still gets (and discards) one token written at its length per step.
   max_length, cache = decode_state.prefill(target, target_params, inputs, max_new_tokens + 1)
   prompt_tokens, prompt_lengths = inputs.prompt_tokens, inputs.prompt_lengths
@@ -84,7 +85,7 @@ def _autoregressive_jit(
       jnp.ones((batch,), jnp.int32),
       prompt_lengths,
       max_new_tokens,
-      inputs.eos_id,
+      options.eos_id,
     )
     metrics = state.metrics.replace(
       target_calls=state.metrics.target_calls + active,
@@ -113,9 +114,8 @@ def _verify(
   width None: one call of the static width gamma+1. Otherwise `width` ([] int32 in [1, gamma+1])
   picks one of gamma+1 compiled calls (lax.switch) that feeds only verify_tokens[:, :width]; the
   logits past `width` are zeros (a uniform p that is never used: the caller guarantees width >
-  num_drafted for every active row) and the cache is written only on the fed positions. Measured
-  with the embedded target (random weights, CPU): the switch costs ~1.5 ms per call (the cache is
-  copied into and out of the conditional), width 2 ~12 ms vs width 9 ~20 ms.
+  num_drafted for every active row) and the cache is written only on the fed positions. What the
+  switch costs: docs/design.md, section 2.
   """
   full = verify_tokens.shape[1]
   if width is None:
@@ -134,14 +134,7 @@ def _verify(
 
 @functools.partial(
   jax.jit,
-  static_argnames=(
-    'target',
-    'drafter',
-    'sampling',
-    'gamma',
-    'max_new_tokens',
-    'adaptive_verify',
-  ),
+  static_argnames=('target', 'drafter', 'options'),
 )
 def _speculative_jit(
   target_params,
@@ -150,14 +143,12 @@ def _speculative_jit(
   draft_encoder_tokens,
   lenience=None,
   *,
-  target,
-  drafter,
-  sampling,
-  gamma,
-  max_new_tokens,
-  adaptive_verify=False,
+  target: interface.CachedLM,
+  drafter: drafter_base.Drafter,
+  options: decode_options.DecodeOptions,
 ):
   decode_state.TRACE_COUNTS['speculative_decode'] += 1
+  max_new_tokens, sampling, gamma = options.max_new_tokens, options.sampling, options.gamma
   max_length, cache = decode_state.prefill(
     target, target_params, inputs, max_new_tokens + gamma + 1
   )
@@ -197,7 +188,7 @@ def _speculative_jit(
     last = decode_state.last_tokens(state.tokens, state.lengths)  # [B]
     verify_tokens = jnp.concatenate([last[:, None], draft_tokens], axis=1)  # [B, gamma+1]
     width = None
-    if adaptive_verify:  # only as wide as the longest proposal of a row that is not done
+    if options.adaptive_verify:  # only as wide as the longest proposal of a row that is not done
       width = 1 + jnp.max(jnp.where(state.done, 0, proposal.num_drafted))
     logits, cache = _verify(
       target, target_params, state.target_cache, verify_tokens, state.lengths - 1, width
@@ -214,7 +205,7 @@ def _speculative_jit(
       sampling_params,
     )
     tokens, lengths, done, active = decode_state.commit_tokens(
-      state, result.tokens, result.num_accepted + 1, prompt_lengths, max_new_tokens, inputs.eos_id
+      state, result.tokens, result.num_accepted + 1, prompt_lengths, max_new_tokens, options.eos_id
     )
     # Only the distributions that can matter: q at drafted positions, p at positions <= num_drafted.
     verified = jnp.arange(gamma + 1)[None, :] <= proposal.num_drafted[:, None]  # [B, gamma+1]
@@ -287,14 +278,13 @@ def autoregressive_decode(
   prompt_tokens: jax.Array | None,
   prompt_lengths: jax.Array | None = None,
   *,
-  max_new_tokens: int,
-  sampling: sampling_lib.SamplingConfig = sampling_lib.SamplingConfig(),
+  options: decode_options.DecodeOptions | None = None,
   sampling_params: sampling_lib.SamplingParams | None = None,
   rng: Any = 0,
-  eos_id: int | None = None,
   encoder_tokens: jax.Array | None = None,
   row_ids: jax.Array | None = None,
   check_finite: bool = True,
+  **option_fields: Any,
 ) -> decode_state.DecodeResult:
   """Baseline: one target `extend` call with T=1 per generated token.
 
@@ -304,10 +294,10 @@ def autoregressive_decode(
     prompt_tokens: [B, P] int32 decoder prompts, left-aligned and right-padded; None for an
       encoder-decoder model (then the decoder start token 0 with length 1).
     prompt_lengths: [B] int32 in [1, P] (default P).
-    max_new_tokens: tokens to generate per row (static).
-    sampling: static SamplingConfig; sampling_params: run-time values (default temperature 1).
+    options: the static DecodeOptions (max_new_tokens, sampling, eos_id), or their fields as
+      keywords (`max_new_tokens=64, sampling=..., eos_id=1`), which replace the given options'.
+    sampling_params: run-time sampling values (default temperature 1).
     rng: int seed or PRNG key.
-    eos_id: stop token (static) or None.
     encoder_tokens: [B, S] int32 for encoder-decoder targets.
     row_ids: [B] int32 RNG row identities (default arange(B)).
     check_finite: raise ValueError after decoding if any distribution was NaN (syncs with the host).
@@ -315,13 +305,15 @@ def autoregressive_decode(
   Returns:
     DecodeResult with tokens [B, max_new_tokens], lengths [B] and metrics (target_calls).
   """
-  inputs = decode_inputs.inputs_of(target, locals())
+  options = decode_options.DecodeOptions.create(options, **option_fields)
+  inputs = decode_inputs.prepare_inputs(
+    target, options, prompt_tokens, prompt_lengths, encoder_tokens, sampling_params, rng, row_ids
+  )
   result = _autoregressive_jit(
     target_params,
     inputs,
     target=target,
-    sampling=sampling,
-    max_new_tokens=int(max_new_tokens),
+    options=options,
     lockstep=_lockstep(target, inputs.prompt_lengths),
   )
   decode_inputs.raise_if_invalid(result, check_finite)
@@ -345,24 +337,24 @@ def speculative_decode(
   prompt_tokens: jax.Array | None,
   prompt_lengths: jax.Array | None = None,
   *,
-  gamma: int,
-  max_new_tokens: int,
-  sampling: sampling_lib.SamplingConfig = sampling_lib.SamplingConfig(),
+  options: decode_options.DecodeOptions | None = None,
   sampling_params: sampling_lib.SamplingParams | None = None,
   rng: Any = 0,
-  eos_id: int | None = None,
   encoder_tokens: jax.Array | None = None,
   draft_encoder_tokens: jax.Array | None = None,
   row_ids: jax.Array | None = None,
   check_finite: bool = True,
   lenience: float | jax.Array | None = None,
-  adaptive_verify: bool = False,
+  **option_fields: Any,
 ) -> decode_state.DecodeResult:
   """Speculative decoding: gamma draft tokens, one target call over gamma+1 positions per step.
 
   Arguments as in `autoregressive_decode`, plus:
     drafter: a Drafter (static), e.g. `ModelDrafter(draft_model)`; draft_params: its parameters.
-    gamma: draft tokens per step (static, >= 1); the maximum when the drafter adapts it.
+    options: as there, with `gamma` (draft tokens per step, >= 1; the maximum when the drafter
+      adapts it) and `adaptive_verify` (True feeds the target only 1 + max_b num_drafted[b]
+      tokens per step: gamma+1 compiled widths in a lax.switch, a longer compile; for drafters
+      whose num_drafted varies, such as adaptive gamma and prompt lookup. False: always gamma+1).
     draft_encoder_tokens: [B, S'] encoder input of an encoder-decoder draft (default
       encoder_tokens).
     lenience: None (default: exact) or a run-time l in (0, 1] (an array: a new value does not
@@ -371,27 +363,24 @@ def speculative_decode(
       r * l * q(x) <= p(x) (no token emitted with probability above p(x)/l); argmax accepts the
       draft token iff p(x) >= l * max p under the target's temperature-1 softmax. Metrics'
       alpha_sum then holds the lenient acceptance probabilities.
-    adaptive_verify: static; True feeds the target only 1 + max_b num_drafted[b] tokens per step
-      (gamma+1 compiled widths in a lax.switch: longer compile), for drafters whose num_drafted
-      varies (adaptive gamma, prompt lookup). False: always gamma+1.
 
   Returns:
     DecodeResult; metrics hold target_calls, drafted, accepted, alpha_sum per row.
   """
-  decode_inputs.check_positive_int('gamma', gamma)
-  inputs, draft_encoder_tokens = decode_inputs.draft_inputs(target, drafter, locals())
+  options = decode_options.DecodeOptions.create(options, **option_fields).speculative()
+  decode_inputs.check_drafter(drafter, target)
+  inputs = decode_inputs.prepare_inputs(
+    target, options, prompt_tokens, prompt_lengths, encoder_tokens, sampling_params, rng, row_ids
+  )
   result = _speculative_jit(
     target_params,
     draft_params,
     inputs,
-    draft_encoder_tokens,
+    decode_inputs.draft_encoder_inputs(draft_encoder_tokens, inputs.encoder_tokens),
     _lenience_value(lenience),
     target=target,
     drafter=drafter,
-    sampling=sampling,
-    gamma=int(gamma),
-    max_new_tokens=int(max_new_tokens),
-    adaptive_verify=bool(adaptive_verify),
+    options=options,
   )
   decode_inputs.raise_if_invalid(result, check_finite)
   return result

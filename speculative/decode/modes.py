@@ -4,8 +4,9 @@ Every job that compares the modes (`speculative.infer`, the benchmark's methods,
 the runtime-settings script) builds them here, so the baseline and the speculative decode of a job
 always share their options:
 
-  fns = modes.decode_fns(target, target_params, drafter, draft_params, gamma=4,
-                         max_new_tokens=64, sampling=sampling, sampling_params=params, eos_id=1)
+  options = DecodeOptions(max_new_tokens=64, sampling=sampling, eos_id=1, gamma=4)
+  fns = modes.decode_fns(target, target_params, drafter, draft_params, options=options,
+                         sampling_params=params)
   result = fns['speculative'](encoder_tokens, rng)  # encoder_tokens [B, S] int32 -> DecodeResult
 """
 
@@ -19,6 +20,7 @@ import jax
 from speculative import drafters
 from speculative import sampling as sampling_lib
 from speculative.decode import loops as decoding
+from speculative.decode import options as decode_options
 from speculative.decode import state as decode_state
 
 BASELINE = 'baseline'
@@ -34,40 +36,39 @@ def decode_fns(
   drafter: Any = None,
   draft_params: Any = None,
   *,
-  gamma: int | None = None,
-  max_new_tokens: int,
-  sampling: sampling_lib.SamplingConfig,
-  sampling_params: sampling_lib.SamplingParams,
-  eos_id: int | None,
+  options: decode_options.DecodeOptions | None = None,
+  sampling_params: sampling_lib.SamplingParams | None = None,
   lenience: float | None = None,
-  adaptive_verify: bool = False,
   check_finite: bool = False,
+  **option_fields: Any,
 ) -> dict[str, DecodeFn]:
   """{mode: fn(encoder_tokens [B, S] int32, rng) -> DecodeResult} for an encoder-decoder target.
 
-  'baseline' is `decoding.autoregressive_decode` of the target; 'speculative' (only when a
-  `drafter` is given, with `gamma`) is `decoding.speculative_decode` with that drafter, `lenience`
-  (None: exact) and `adaptive_verify`. `check_finite=False` leaves the NaN check to the caller
-  (the result's `metrics.invalid`), so a job can name the examples of a bad batch.
+  `options` (DecodeOptions, or its fields as keywords: `gamma=4, max_new_tokens=64, ...`) are the
+  static options of both modes. 'baseline' is `decoding.autoregressive_decode` of the target;
+  'speculative' (only when a `drafter` is given; the options need gamma) is
+  `decoding.speculative_decode` with that drafter and `lenience` (None: exact).
+  `check_finite=False` leaves the NaN check to the caller (the result's `metrics.invalid`), so a
+  job can name the examples of a bad batch.
   """
-  common = dict(
-    max_new_tokens=max_new_tokens,
-    sampling=sampling,
-    sampling_params=sampling_params,
-    eos_id=eos_id,
-    check_finite=check_finite,
-  )
+  options = decode_options.DecodeOptions.create(options, **option_fields)
+  runtime = dict(sampling_params=sampling_params, check_finite=check_finite)
 
   def baseline(encoder_tokens: jax.Array, rng: Any = 0) -> decode_state.DecodeResult:
     return decoding.autoregressive_decode(
-      target, target_params, None, rng=rng, encoder_tokens=encoder_tokens, **common
+      target,
+      target_params,
+      None,
+      options=options,
+      rng=rng,
+      encoder_tokens=encoder_tokens,
+      **runtime,
     )
 
   fns = {BASELINE: baseline}
   if drafter is None:
     return fns
-  if gamma is None:
-    raise ValueError('decode_fns: the speculative mode needs gamma')
+  options = options.speculative()
 
   def speculative(encoder_tokens: jax.Array, rng: Any = 0) -> decode_state.DecodeResult:
     return decoding.speculative_decode(
@@ -76,12 +77,11 @@ def decode_fns(
       drafter,
       draft_params,
       None,
-      gamma=gamma,
+      options=options,
       rng=rng,
       encoder_tokens=encoder_tokens,
       lenience=lenience,
-      adaptive_verify=adaptive_verify,
-      **common,
+      **runtime,
     )
 
   fns[SPECULATIVE] = speculative
@@ -102,15 +102,15 @@ def greedy_model_pair(
   """`decode_fns` of a target and a draft model (`ModelDrafter`) under greedy decoding, the setting
   of the exactness audits and runtime measurements."""
   sampling, sampling_params = sampling_lib.make_sampling(0.0)
+  options = decode_options.DecodeOptions(
+    max_new_tokens=max_new_tokens, sampling=sampling, eos_id=eos_id, gamma=gamma
+  )
   return decode_fns(
     target,
     target_params,
     drafters.ModelDrafter(draft),
     draft_params,
-    gamma=gamma,
-    max_new_tokens=max_new_tokens,
-    sampling=sampling,
+    options=options,
     sampling_params=sampling_params,
-    eos_id=eos_id,
     check_finite=check_finite,
   )

@@ -14,9 +14,8 @@ from typing import Sequence
 
 import numpy as np
 
+from speculative.data import tasks
 from speculative.infer import settings as infer_settings
-
-EOS_ID = 1
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,7 +47,6 @@ def load_inputs(settings: infer_settings.InferSettings) -> JobInputs:
   TFDS tasks) or the input file's (tokenized with `vocabulary_path`). Warns about truncated inputs;
   ValueError if the target's vocabulary is smaller than the inputs'."""
   from speculative.data import metrics
-  from speculative.data import tasks
 
   s = settings
   if s.mixture_or_task_name is not None:
@@ -96,13 +94,15 @@ def truncate(tokens: np.ndarray, inputs_length: int) -> tuple[np.ndarray, bool]:
   whether they were cut."""
   truncated = len(tokens) > inputs_length
   if truncated:
-    tokens = np.concatenate([tokens[: inputs_length - 1], [EOS_ID]])
+    tokens = np.concatenate([tokens[: inputs_length - 1], [tasks.EOS_ID]])
   return np.asarray(tokens, np.int32), truncated
 
 
 def tokenize_inputs(vocabulary, text: str, inputs_length: int) -> tuple[np.ndarray, bool]:
   """`text` encoded with `vocabulary` plus EOS, truncated to `inputs_length`."""
-  return truncate(np.asarray(list(vocabulary.encode(text)) + [EOS_ID], np.int32), inputs_length)
+  return truncate(
+    np.asarray(list(vocabulary.encode(text)) + [tasks.EOS_ID], np.int32), inputs_length
+  )
 
 
 def read_lines(path: str) -> list[str]:
@@ -157,8 +157,6 @@ def examples_from_task(
 ) -> list[Example]:
   """Examples of a registered seqio task (e.g. `libreoffice_ende`), in dataset order."""
   import seqio
-
-  from speculative.data import tasks
 
   tasks.register_tasks()
   task = seqio.get_mixture_or_task(task_name)

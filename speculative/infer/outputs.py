@@ -65,6 +65,7 @@ def build_manifest(
     "gamma": s.gamma,
     **s.decoding_knobs(),
     "seed": s.seed,
+    "decode_path": s.decode_path().name,
   }
 
 

@@ -9,8 +9,8 @@ from typing import Sequence
 
 import jax
 
+from speculative.data import tasks
 from speculative.decode import audit
-from speculative.infer import inputs
 from speculative.infer import settings
 from speculative.jobs import runtime
 
@@ -18,7 +18,7 @@ from speculative.jobs import runtime
 def hit_length_cap(record: dict, max_new_tokens: int) -> bool:
   """The decode stopped at the length cap, not at EOS (a runaway output)."""
   return record["num_tokens"] >= max_new_tokens and (
-    not record["tokens"] or record["tokens"][-1] != inputs.EOS_ID
+    not record["tokens"] or record["tokens"][-1] != tasks.EOS_ID
   )
 
 
@@ -88,6 +88,7 @@ def _header_lines(summary: dict[str, Any]) -> list[str]:
     + f"temperature {summary['temperature']}; "
     f"machine: {summary['machine']}",
     "",
+    f"Decode path: {summary.get('decode_path', 'XLA dot')}",
     "",
   ]
   if summary.get("inputs_truncated"):

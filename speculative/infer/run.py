@@ -93,6 +93,7 @@ def infer(
   top_k: int = 0,
   top_p: float = 1.0,
   seed: int = 0,
+  kernels: str = "auto",
   require_identical: bool = True,
   progress: bool = True,
   overwrite: bool = False,
@@ -111,11 +112,47 @@ def infer(
   `adaptive_verify` narrows the target's verify call to the longest proposal (exact); `lenience`
   < 1 accepts more drafts and CHANGES the output (Appendix A.5; greedy outputs are then not
   required to match the baseline).
+
+  `kernels` ('auto', 'on', 'off'): whether both models' decoder steps run on the CPU kernels
+  (`speculative.kernels.policy`); chosen once for the job and recorded in its manifest.
   """
-  settings = infer_settings.InferSettings(**locals())
-  checks.probe_writable(output_dir)
-  with lock.OutputLock(output_dir):
+  output_lock = lock.OutputLock(output_dir)
+  with checks.user_errors():
+    settings = infer_settings.InferSettings(
+      target_config=target_config,
+      target_checkpoint=target_checkpoint,
+      output_dir=output_dir,
+      task_feature_lengths=task_feature_lengths,
+      mixture_or_task_name=mixture_or_task_name,
+      split=split,
+      input_file=input_file,
+      input_prefix=input_prefix,
+      vocabulary_path=vocabulary_path,
+      num_examples=num_examples,
+      draft_config=draft_config,
+      draft_checkpoint=draft_checkpoint,
+      modes=modes,
+      batch_size=batch_size,
+      gamma=gamma,
+      drafter=drafter,
+      draft_stop_below=draft_stop_below,
+      adaptive_verify=adaptive_verify,
+      lenience=lenience,
+      temperature=temperature,
+      top_k=top_k,
+      top_p=top_p,
+      seed=seed,
+      kernels=kernels,
+      require_identical=require_identical,
+      progress=progress,
+      overwrite=overwrite,
+    )
+    checks.probe_writable(output_dir)
+    output_lock.acquire()
+  try:
     return _run(settings)
+  finally:
+    output_lock.release()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -130,10 +167,11 @@ class _Models:
 
 def _run(settings: infer_settings.InferSettings) -> dict[str, Any]:
   """`infer` after its checks, holding the output directory's lock."""
-  inputs = infer_inputs.load_inputs(settings)
-  outputs.claim_output_dir(
-    settings.output_dir, outputs.build_manifest(settings, inputs), settings.overwrite
-  )
+  with checks.user_errors():  # a bad input file, or outputs of other settings: refused
+    inputs = infer_inputs.load_inputs(settings)
+    outputs.claim_output_dir(
+      settings.output_dir, outputs.build_manifest(settings, inputs), settings.overwrite
+    )
   models = _load_models(settings)
   runs = outputs.resume_runs(settings.output_dir, _decode_fns(settings, models))
   _decode_all(settings, inputs, runs)
@@ -152,6 +190,10 @@ def _load_models(settings: infer_settings.InferSettings) -> _Models:
   draft = drafter = draft_params = None
   if settings.needs_draft_model:
     draft, draft_params = checkpoints.load_model(settings.draft_config, settings.draft_checkpoint)
+  if settings.decode_path().kernels:  # packed once, here; both modes' steps then use the kernels
+    target_params = t5_lib.pack_decode_params(target, target_params)
+    if draft is not None:
+      draft_params = t5_lib.pack_decode_params(draft, draft_params)
   if settings.speculative:
     drafter, draft_params = drafters_lib.build_drafter(
       settings.drafter,
@@ -166,19 +208,14 @@ def _load_models(settings: infer_settings.InferSettings) -> _Models:
 def _decode_fns(settings: infer_settings.InferSettings, models: _Models) -> dict[str, Any]:
   """{mode: fn(encoder_tokens [B, S], rng) -> DecodeResult}, in the order of `settings.modes`."""
   s = settings
-  sampling, sampling_params = s.sampling()
   fns = modes.decode_fns(
     models.target,
     models.target_params,
     models.drafter,
     models.draft_params,
-    gamma=s.gamma,
-    max_new_tokens=s.max_new_tokens,
-    sampling=sampling,
-    sampling_params=sampling_params,
-    eos_id=infer_inputs.EOS_ID,
+    options=s.decode_options(),
+    sampling_params=s.sampling()[1],
     lenience=None if s.exact else s.lenience,
-    adaptive_verify=s.adaptive_verify,
   )
   return {mode: fns[mode] for mode in s.modes}
 
@@ -271,6 +308,7 @@ def _summary(
     "drafter": s.drafter,
     **s.decoding_knobs(),
     "machine": infer_report.machine(),
+    "decode_path": s.decode_path().line,
   }
   for run in runs:
     records = [run.records[i] for i in indices]
@@ -333,7 +371,7 @@ def audit_greedy_divergences(
   runs: Sequence[outputs.ModeRun],
   inputs_length: int,
 ) -> list[audit.Divergence]:
-  """The divergence audit (speculative/audit.py) of the examples whose greedy outputs differ:
+  """The divergence audit (speculative/decode/audit.py) of the examples whose greedy outputs differ:
   first differing position, float32 top-2 gap there, verdict near-tie or mismatch. `Divergence.example`
   is the example's index in the job."""
   if not examples:

@@ -10,7 +10,10 @@ from typing import Any
 from typing import Sequence
 
 from speculative import drafters as drafters_lib
+from speculative import kernels
 from speculative import sampling as sampling_lib
+from speculative.data import tasks
+from speculative.decode import options as decode_options
 from speculative.jobs import checks
 from speculative.models import t5 as t5_lib
 
@@ -52,6 +55,7 @@ class InferSettings:
   top_k: int = 0
   top_p: float = 1.0
   seed: int = 0
+  kernels: str = "auto"
   require_identical: bool = True
   progress: bool = True
   overwrite: bool = False
@@ -98,8 +102,22 @@ class InferSettings:
       "top_p": self.top_p,
     }
 
+  def decode_path(self) -> kernels.policy.Path:
+    """The job's matmul path (the CPU kernels or XLA's dot), chosen once (`kernels.policy`)."""
+    return kernels.policy.choose(self.kernels, self.batch_size)
+
   def sampling(self) -> tuple[sampling_lib.SamplingConfig, sampling_lib.SamplingParams]:
     return sampling_lib.make_sampling(self.temperature, self.top_k, self.top_p)
+
+  def decode_options(self) -> decode_options.DecodeOptions:
+    """The static options of the job's decode loops (both modes)."""
+    return decode_options.DecodeOptions(
+      max_new_tokens=self.max_new_tokens,
+      sampling=self.sampling()[0],
+      eos_id=tasks.EOS_ID,
+      gamma=self.gamma,
+      adaptive_verify=self.adaptive_verify,
+    )
 
 
 def _check_modes(modes: Any) -> None:
@@ -133,6 +151,8 @@ def _check_knobs(s: InferSettings) -> None:
   checks.check_int("seed", s.seed, 0)
   checks.check_int("num_examples (None = all)", s.num_examples, 1, allow_none=True)
   checks.check_choice("drafter", s.drafter, DRAFTERS)
+  checks.check_choice("kernels", s.kernels, kernels.policy.SETTINGS)
+  kernels.policy.choose(s.kernels, s.batch_size)  # 'on' where they are unavailable: refused here
 
 
 def _check_feature_lengths(task_feature_lengths: Any) -> None:

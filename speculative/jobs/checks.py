@@ -3,10 +3,12 @@ an error that names the knob. No gin, no jax.
 
   check_int / check_float / check_choice    type and range of a knob, ValueError naming it
   check_readable / probe_writable            paths: readable inputs, a writable output directory
+  user_errors                                marks the errors of a job's checks as the user's to fix
 """
 
 from __future__ import annotations
 
+import contextlib
 import numbers
 import os
 from typing import Any
@@ -91,3 +93,22 @@ def probe_writable(directory: str) -> None:
     os.remove(probe)
   except OSError as e:
     raise PermissionError(f'output directory {directory} is not writable: {e.strerror or e}') from e
+
+
+@contextlib.contextmanager
+def user_errors():
+  """Marks a ValueError, OSError or RuntimeError raised inside as the user's to fix (a bad setting,
+  path or input file, a refused resume, a locked output directory): the runners' command line
+  (`gin_utils.run_gin_main`) prints its message alone and exits non-zero, without a traceback.
+  The exception itself is re-raised unchanged, so Python callers catch it as before. Wrap a job's
+  checks, which run before any compute, and nothing else."""
+  try:
+    yield
+  except (ValueError, OSError, RuntimeError) as e:
+    e.user_message = str(e)
+    raise
+
+
+def user_message(error: BaseException) -> str | None:
+  """The message of an error raised inside `user_errors` (through gin's wrapping), else None."""
+  return getattr(error, 'user_message', None)

@@ -21,6 +21,7 @@ from typing import Any
 from typing import Callable
 from typing import Sequence
 
+from speculative.jobs import checks
 from speculative.jobs import runtime
 
 # (python module, attribute, gin module): registered as `<gin module>.<attribute>`.
@@ -28,6 +29,9 @@ CONFIGURABLES: list[tuple[str, str, str]] = [
   ('speculative.models.t5', 'T5Config', 't5'),
   ('speculative.models.t5', 'T5', 't5'),
 ]
+
+# Set (to anything non-empty) for the traceback of a user error, as --debug does.
+DEBUG_ENV = 'SPECULATIVE_DEBUG'
 
 _registered: set[tuple[str, str]] = set()
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -244,12 +248,15 @@ def run_gin_main(
   log_level: int = logging.WARNING,
   default_gin_files: Sequence[str] = (),
 ) -> Any:
-  """The runners' command line: `--gin_file` (repeatable), `--gin_bindings`, `--verbose`, then
-  `fn()`.
+  """The runners' command line: `--gin_file` (repeatable), `--gin_bindings`, `--verbose`,
+  `--debug`, then `fn()`.
 
   `fn` is registered with gin as `name` (e.g. `infer`), so the gin files bind `name.arg = ...`.
   `--help` lists the macros (the knobs) of the given gin files, else of `default_gin_files`, with
-  their values. Every binding is checked (`parse`) before `fn` runs.
+  their values. Every binding is checked (`parse`) before `fn` runs. A user error (a bad run file
+  or binding, or one that `fn` raises inside `checks.user_errors`: a refused setting, input file,
+  resume or output lock) prints one `error:` line and exits with status 2; `--debug` (or the
+  environment variable SPECULATIVE_DEBUG) shows its traceback instead.
   """
   import gin  # deferred: only runners need gin
 
@@ -280,12 +287,20 @@ def run_gin_main(
   try:
     parse(args.gin_file, args.gin_bindings)
   except (ValueError, OSError) as e:  # a bad run file or binding: the message, not a traceback
+    if args.debug:
+      raise
     parser.exit(2, f'{parser.prog}: error: {e}\n')
-  return configurable()
+  try:
+    return configurable()
+  except Exception as e:  # pylint: disable=broad-except
+    message = checks.user_message(e)  # a refused setting, path, input file, resume or lock
+    if message is None or args.debug:
+      raise
+    parser.exit(2, f'{parser.prog}: error: {message}\n')
 
 
 def _runner_parser(description: str):
-  """The runners' argparse parser: --help, --gin_file, --gin_bindings, --verbose."""
+  """The runners' argparse parser: --help, --gin_file, --gin_bindings, --verbose, --debug."""
   import argparse
 
   parser = argparse.ArgumentParser(
@@ -308,5 +323,11 @@ def _runner_parser(description: str):
     '--verbose',
     action='store_true',
     help='keep TensorFlow/XLA C++ start-up logging and log at INFO',
+  )
+  parser.add_argument(
+    '--debug',
+    action='store_true',
+    default=bool(os.environ.get(DEBUG_ENV)),
+    help=f'show the traceback of a refused setting, input or resume (or set {DEBUG_ENV}=1)',
   )
   return parser

@@ -52,6 +52,7 @@ import jax.numpy as jnp
 
 from speculative import sampling as sampling_lib
 from speculative.decode import inputs as decode_inputs
+from speculative.decode import options as decode_options
 from speculative.decode import state as decoding_state
 from speculative.drafters import base as drafter_base
 from speculative.models import interface
@@ -141,15 +142,7 @@ def _copy_keys(rng: jax.Array, row_ids: jax.Array, step: jax.Array, num_drafts: 
 
 @functools.partial(
   jax.jit,
-  static_argnames=(
-    'target',
-    'drafter',
-    'sampling',
-    'num_drafts',
-    'draft_length',
-    'max_new_tokens',
-    'num_iters',
-  ),
+  static_argnames=('target', 'drafter', 'options', 'num_drafts', 'num_iters'),
 )
 def _spectr_jit(
   target_params,
@@ -157,16 +150,15 @@ def _spectr_jit(
   inputs: decode_inputs.DecodeInputs,
   draft_encoder_tokens,
   *,
-  target,
-  drafter,
-  sampling,
-  num_drafts,
-  draft_length,
-  max_new_tokens,
-  num_iters,
+  target: interface.CachedLM,
+  drafter: drafter_base.Drafter,
+  options: decode_options.DecodeOptions,
+  num_drafts: int,
+  num_iters: int,
 ):
   decoding_state.TRACE_COUNTS['spectr_decode'] += 1
-  k, length = num_drafts, draft_length
+  k, length = num_drafts, options.gamma
+  max_new_tokens, sampling = options.max_new_tokens, options.sampling
   # Prefill once per original row, then hold K copies.
   max_length, cache = decoding_state.prefill(
     target, target_params, inputs, max_new_tokens + length + 1
@@ -235,7 +227,7 @@ def _spectr_jit(
       selection.num_accepted + 1,
       prompt_lengths,
       max_new_tokens,
-      inputs.eos_id,
+      options.eos_id,
     )
     # Every copy of row b adopts the chosen branch's caches (rows b*K + branch[b]).
     source = jnp.arange(batch, dtype=jnp.int32) * k + selection.branch  # [B]
@@ -274,23 +266,22 @@ def spectr_decode(
   prompt_lengths: jax.Array | None = None,
   *,
   num_drafts: int,
-  draft_length: int,
-  max_new_tokens: int,
-  sampling: sampling_lib.SamplingConfig = sampling_lib.SamplingConfig(),
+  draft_length: int | None = None,
+  options: decode_options.DecodeOptions | None = None,
   sampling_params: sampling_lib.SamplingParams | None = None,
   rng: Any = 0,
-  eos_id: int | None = None,
   encoder_tokens: jax.Array | None = None,
   draft_encoder_tokens: jax.Array | None = None,
   row_ids: jax.Array | None = None,
   num_iters: int = kseq.DEFAULT_BISECTION_ITERS,
   check_finite: bool = True,
+  **option_fields: Any,
 ) -> decoding_state.DecodeResult:
   """SpecTr decoding: K i.i.d. drafts of length L, one target call over K x (L+1) positions a step.
 
   Arguments as in `decoding.speculative_decode` (gamma is `draft_length`), plus:
     num_drafts: K, drafts per row and step (static, >= 1). K = 1 is `speculative_decode`.
-    draft_length: L, tokens per draft (static, >= 1).
+    draft_length: L, tokens per draft (static, >= 1): the options' gamma.
     num_iters: bisection steps for rho* (static).
   The drafter must sample its copies independently given different keys (`ModelDrafter` does; a
   deterministic drafter gives K identical drafts, which is exact but gains nothing), and its state
@@ -299,21 +290,25 @@ def spectr_decode(
   Returns:
     decoding.DecodeResult whose `metrics` is a SpecTrMetrics (per original row).
   """
-  decode_inputs.check_positive_int('num_drafts', num_drafts)
-  decode_inputs.check_positive_int('draft_length', draft_length)
-  decode_inputs.check_positive_int('num_iters', num_iters)
-  inputs, draft_encoder_tokens = decode_inputs.draft_inputs(target, drafter, locals())
+  decode_options.check_positive_int('num_drafts', num_drafts)
+  if draft_length is not None:
+    decode_options.check_positive_int('draft_length', draft_length)
+    option_fields['gamma'] = draft_length
+  decode_options.check_positive_int('num_iters', num_iters)
+  options = decode_options.DecodeOptions.create(options, **option_fields).speculative()
+  decode_inputs.check_drafter(drafter, target)
+  inputs = decode_inputs.prepare_inputs(
+    target, options, prompt_tokens, prompt_lengths, encoder_tokens, sampling_params, rng, row_ids
+  )
   result = _spectr_jit(
     target_params,
     draft_params,
     inputs,
-    draft_encoder_tokens,
+    decode_inputs.draft_encoder_inputs(draft_encoder_tokens, inputs.encoder_tokens),
     target=target,
     drafter=drafter,
-    sampling=sampling,
+    options=options,
     num_drafts=int(num_drafts),
-    draft_length=int(draft_length),
-    max_new_tokens=int(max_new_tokens),
     num_iters=int(num_iters),
   )
   decode_inputs.raise_if_invalid(result, check_finite)

@@ -14,8 +14,6 @@ from speculative.data import corpus
 from speculative.data import tasks
 
 INPUT_PREFIX = tasks.TRANSLATE_EN_DE_PREFIX
-EOS_ID = 1
-PAD_ID = 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -28,8 +26,7 @@ class Bucket:
 
 
 # Bucket lengths (inputs and targets); batch sizes are set from `tokens_per_batch` in `train`.
-# On the LibreOffice training split, 73% of the padded tokens of these eight buckets are real tokens
-# (59% with the four buckets (24, 48, 96, 192) used before 2026-11-23): more text per step at the
+# Eight buckets keep most padded tokens real (docs/training.md, "Recipe"): more text per step at the
 # same step cost, for eight compiled shapes instead of four.
 DEFAULT_BUCKET_LENGTHS = (16, 24, 32, 48, 64, 96, 128, 192)
 
@@ -58,7 +55,7 @@ def tokenize_pairs(
   sources = sp.encode([prefix + s for s, _ in pairs])
   targets = sp.encode([t for _, t in pairs])
   return [
-    (np.array(s + [EOS_ID], np.int32), np.array(t + [EOS_ID], np.int32))
+    (np.array(s + [tasks.EOS_ID], np.int32), np.array(t + [tasks.EOS_ID], np.int32))
     for s, t in zip(sources, targets)
   ]
 
@@ -84,9 +81,9 @@ def make_batch(examples, indices, bucket: Bucket) -> dict[str, np.ndarray]:
   for row, i in enumerate(indices):
     src, trg = examples[i]
     if len(src) > bucket.inputs_length:
-      src = np.concatenate([src[: bucket.inputs_length - 1], [EOS_ID]])
+      src = np.concatenate([src[: bucket.inputs_length - 1], [tasks.EOS_ID]])
     if len(trg) > bucket.targets_length:
-      trg = np.concatenate([trg[: bucket.targets_length - 1], [EOS_ID]])
+      trg = np.concatenate([trg[: bucket.targets_length - 1], [tasks.EOS_ID]])
     enc[row, : len(src)] = src
     tgt[row, : len(trg)] = trg
   # Decoder inputs are the targets shifted right, starting with the decoder start token 0.
@@ -96,7 +93,7 @@ def make_batch(examples, indices, bucket: Bucket) -> dict[str, np.ndarray]:
     "encoder_input_tokens": enc,
     "decoder_input_tokens": dec_in,
     "decoder_target_tokens": tgt,
-    "decoder_loss_weights": (tgt != PAD_ID).astype(np.float32),
+    "decoder_loss_weights": (tgt != tasks.PAD_ID).astype(np.float32),
   }
 
 

@@ -30,6 +30,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from speculative import checkpoints
+from speculative.jobs import checks
 from speculative.jobs import lock
 from speculative.models import t5 as t5_lib
 from speculative.train import checkpoints as train_checkpoints
@@ -79,7 +80,7 @@ def train(
   `export_only`: write `export_path` from the newest checkpoint in `output_dir` without training
   (to ship a model from a run that was stopped before `num_steps`).
   `exclude_heldout`: TSV files (validation, test) whose sentences must not reach training: training
-  pairs that match one of their sides exactly or nearly (speculative/overlap.py) are dropped, and the
+  pairs that match one of their sides exactly or nearly (speculative/data/overlap.py) are dropped, and the
   counts are printed and written to `output_dir/overlap.json`.
   `export_best`: export the parameters with the lowest validation NLL seen (`output_dir/best.msgpack`,
   updated at every evaluation) instead of the last ones.
@@ -95,42 +96,46 @@ def train(
   validation NLL than the ones being exported (e.g. a continuation's early best replacing the
   shipped model) unless this is True.
   """
-  settings = settings_lib.TrainSettings(
-    model_config=model_config,
-    train_tsv=train_tsv,
-    validation_tsv=validation_tsv,
-    spm_model=spm_model,
-    output_dir=output_dir,
-    num_steps=num_steps,
-    learning_rate=learning_rate,
-    warmup_steps=warmup_steps,
-    weight_decay=weight_decay,
-    clip_norm=clip_norm,
-    tokens_per_batch=tokens_per_batch,
-    bucket_lengths=bucket_lengths,
-    checkpoint_every=checkpoint_every,
-    eval_every=eval_every,
-    max_validation_examples=max_validation_examples,
-    seed=seed,
-    teacher_config=teacher_config,
-    teacher_checkpoint=teacher_checkpoint,
-    distill_weight=distill_weight,
-    export_path=export_path,
-    export_dtype=export_dtype,
-    max_steps_this_run=max_steps_this_run,
-    export_only=export_only,
-    schedule=schedule,
-    label_smoothing=label_smoothing,
-    exclude_heldout=exclude_heldout,
-    export_best=export_best,
-    optimizer=optimizer,
-    init_checkpoint=init_checkpoint,
-    fork_checkpoint=fork_checkpoint,
-    export_replaces_better=export_replaces_better,
-  )
-  os.makedirs(settings.output_dir, exist_ok=True)
-  with lock.OutputLock(settings.output_dir):  # one writer per run directory
+  with checks.user_errors():  # bad settings or paths, another run's checkpoints, a second writer
+    settings = settings_lib.TrainSettings(
+      model_config=model_config,
+      train_tsv=train_tsv,
+      validation_tsv=validation_tsv,
+      spm_model=spm_model,
+      output_dir=output_dir,
+      num_steps=num_steps,
+      learning_rate=learning_rate,
+      warmup_steps=warmup_steps,
+      weight_decay=weight_decay,
+      clip_norm=clip_norm,
+      tokens_per_batch=tokens_per_batch,
+      bucket_lengths=bucket_lengths,
+      checkpoint_every=checkpoint_every,
+      eval_every=eval_every,
+      max_validation_examples=max_validation_examples,
+      seed=seed,
+      teacher_config=teacher_config,
+      teacher_checkpoint=teacher_checkpoint,
+      distill_weight=distill_weight,
+      export_path=export_path,
+      export_dtype=export_dtype,
+      max_steps_this_run=max_steps_this_run,
+      export_only=export_only,
+      schedule=schedule,
+      label_smoothing=label_smoothing,
+      exclude_heldout=exclude_heldout,
+      export_best=export_best,
+      optimizer=optimizer,
+      init_checkpoint=init_checkpoint,
+      fork_checkpoint=fork_checkpoint,
+      export_replaces_better=export_replaces_better,
+    )
+    os.makedirs(settings.output_dir, exist_ok=True)
+    output_lock = lock.OutputLock(settings.output_dir).acquire()  # one writer per run directory
+  try:
     return _run(settings)
+  finally:
+    output_lock.release()
 
 
 def _run(s: settings_lib.TrainSettings) -> dict[str, float]:

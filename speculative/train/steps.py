@@ -10,6 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from speculative.data import tasks
 from speculative.models import t5 as t5_lib
 from speculative.train import data as train_data
 
@@ -110,8 +111,8 @@ def attention_entropy_sums(weights: dict, encoder_tokens, decoder_target_tokens)
 
   weights: from `T5.forward_with_attention`; encoder_tokens [B, S], decoder_target_tokens [B, T].
   """
-  enc_real = encoder_tokens != train_data.PAD_ID  # [B, S]
-  dec_real = decoder_target_tokens != train_data.PAD_ID  # [B, T]
+  enc_real = encoder_tokens != tasks.PAD_ID  # [B, S]
+  dec_real = decoder_target_tokens != tasks.PAD_ID  # [B, T]
   n_enc = jnp.sum(enc_real, axis=-1).astype(jnp.float32)  # [B]
   n_causal = jnp.arange(1, decoder_target_tokens.shape[1] + 1, dtype=jnp.float32)  # [T]
   sums = {kind: (jnp.zeros(()), jnp.zeros(())) for kind in ATTENTION_KINDS}

@@ -1,7 +1,7 @@
 """Does a trained target use its source, and does it underfit or overfit? (docs/training.md)
 
 Command (from the repo root; any params file or T5X checkpoint directory of that shape):
-  .venv/bin/python scripts/diagnose_target.py ../runs/embedded_target/best.msgpack \
+  .venv/bin/python experiments/target_diagnosis/diagnose_target.py ../runs/embedded_target/best.msgpack \
       --gin_file configs/train/embedded_target.gin --macro EMBEDDED_TARGET
 
 Prints the token NLL / accuracy (eval mode, unsmoothed) of the first 500 validation pairs with their

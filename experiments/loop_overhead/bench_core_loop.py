@@ -1,7 +1,7 @@
 """Overhead of the speculative decode loop itself, and c / v(T) for the paper's lm1b shapes.
 
 Command (from the repo root):
-  .venv/bin/python scripts/bench_core_loop.py [--gamma 4] [--steps 4 16] [--repeats 9]
+  .venv/bin/python experiments/loop_overhead/bench_core_loop.py [--gamma 4] [--steps 4 16] [--repeats 9]
 
 Models: configs/models/lm1b_target.gin (d=768, 12 layers, ~97M params) and lm1b_draft.gin (d=256,
 2 layers, ~6M), vocab 8192, random weights, float32, batch 1, a 16-token prompt, greedy.
@@ -41,7 +41,7 @@ from speculative import sampling as sampling_lib
 from speculative.bench import noise
 from speculative.decode import loops as decoding
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 PROMPT_LEN = 16
 
 

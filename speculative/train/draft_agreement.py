@@ -2,10 +2,9 @@
 
 Command (from the repo root; the predictions come from a baseline `infer` job of the target on the
 full test split, the command in docs/training.md "What shipped", with INFER_OUTPUT_DIR = <dir>):
-  .venv/bin/python scripts/draft_agreement.py models/embedded/draft.msgpack \
+  .venv/bin/python -m speculative.train.draft_agreement models/embedded/draft.msgpack \
       --predictions <dir>/predictions-baseline.jsonl [--gamma 3 5 7] [--check_target]
-On the shipped pair (2026-11-25): greedy alpha 0.6530 over 40794 positions of 2000 outputs; gamma 3:
-18914 target calls, block efficiency 2.157 (the target's self-check: alpha 1.0000).
+The shipped pair's figures: docs/training.md ("Draft: distilled to the shipped target").
 
 In greedy speculative decoding the draft's proposal at position t is accepted exactly when its
 argmax given the target's prefix y_<t equals y_t, the target's own argmax there. So one batched
@@ -33,9 +32,8 @@ import numpy as np
 
 from speculative import checkpoints
 from speculative.data import tasks
-from speculative.infer.inputs import tokenize_inputs
-from speculative.infer.outputs import load_job_manifest
-from speculative.infer.outputs import load_predictions
+from speculative.infer import inputs
+from speculative.infer import outputs
 from speculative.jobs import gin_utils
 from speculative.models import t5 as t5_lib
 
@@ -89,7 +87,7 @@ def main() -> None:
   parser.add_argument('--check_target', action='store_true')
   args = parser.parse_args()
 
-  manifest = load_job_manifest(args.predictions)
+  manifest = outputs.load_job_manifest(args.predictions)
   target_config = gin_utils.load_macro(args.target_gin_file, 'EMBEDDED_TARGET', t5_lib.T5Config)
   target_sha256 = checkpoints.verify_weights(args.target_checkpoint, target_config)
   if manifest['target_checkpoint_sha256'] != target_sha256 or manifest['temperature'] != 0.0:
@@ -97,11 +95,14 @@ def main() -> None:
       f'{args.predictions}: not greedy outputs of {args.target_checkpoint} (its manifest: target '
       f"sha256 {manifest['target_checkpoint_sha256'][:12]}, temperature {manifest['temperature']})"
     )
-  records = load_predictions(args.predictions)
+  records = outputs.load_predictions(args.predictions)
   vocabulary = tasks.get_vocabulary()
   inputs_length = manifest['task_feature_lengths']['inputs']  # as the job truncated its inputs
   examples = [
-    (tokenize_inputs(vocabulary, r['inputs'], inputs_length)[0], np.asarray(r['tokens'], np.int32))
+    (
+      inputs.tokenize_inputs(vocabulary, r['inputs'], inputs_length)[0],
+      np.asarray(r['tokens'], np.int32),
+    )
     for r in records
   ]
   models = {

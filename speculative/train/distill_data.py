@@ -11,13 +11,13 @@ Commands (from the repo root). First translate the training sources with the tar
       --gin_bindings="infer.modes = ('baseline',)" \
       --gin_bindings="INFER_OUTPUT_DIR = '../runs/distill_translations'"
 then turn its predictions into the draft's training file:
-  python scripts/distill_data.py ../runs/distill_translations/predictions-baseline.jsonl \
+  python -m speculative.train.distill_data ../runs/distill_translations/predictions-baseline.jsonl \
       ../runs/distill_train.tsv.gz
 and train the draft with `--gin_bindings="train.train_tsv = '../runs/distill_train.tsv.gz'"` (keep
 `train.exclude_heldout` on: the held-out check applies to the sources as before).
 
 Prints how many translations it kept and why it dropped the others: outputs that loop
-(`tasks.is_looping`) or stopped at the length cap without EOS teach the draft the target's failures
+(`metrics.is_looping`) or stopped at the length cap without EOS teach the draft the target's failures
 rather than its translations, and empty outputs are not a training pair. The file is written
 atomically (never half-written); a malformed predictions line is an error naming file and line.
 """
@@ -29,9 +29,9 @@ import json
 from typing import Iterable
 
 from speculative.data import corpus
+from speculative.data import metrics
 from speculative.data import tasks
-from speculative.infer.inputs import EOS_ID
-from speculative.infer.outputs import load_predictions
+from speculative.infer import outputs
 
 
 def distill_pairs(records: Iterable[dict], prefix: str) -> tuple[list[tuple[str, str]], dict]:
@@ -44,9 +44,9 @@ def distill_pairs(records: Iterable[dict], prefix: str) -> tuple[list[tuple[str,
     prediction = r["prediction"].strip()
     if not prediction or not source.strip():
       counts["empty"] += 1
-    elif not r["tokens"] or r["tokens"][-1] != EOS_ID:
+    elif not r["tokens"] or r["tokens"][-1] != tasks.EOS_ID:
       counts["no_eos"] += 1
-    elif tasks.is_looping(prediction):
+    elif metrics.is_looping(prediction):
       counts["looping"] += 1
     else:
       kept.append((r["index"], source, prediction))
@@ -60,7 +60,7 @@ def main() -> None:
   parser.add_argument("output", help="training TSV to write (.tsv.gz)")
   parser.add_argument("--prefix", default=tasks.TRANSLATE_EN_DE_PREFIX)
   args = parser.parse_args()
-  pairs, counts = distill_pairs(load_predictions(args.predictions), args.prefix)
+  pairs, counts = distill_pairs(outputs.load_predictions(args.predictions), args.prefix)
   corpus.write_tsv_gz(args.output, pairs)
   print(json.dumps(counts))
 

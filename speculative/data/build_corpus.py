@@ -2,7 +2,7 @@
 
 Command (from the repo root; needs apt and network access to a Debian mirror, ~5 MB, ~30 s):
 
-  .venv/bin/python scripts/make_corpus.py
+  .venv/bin/python -m speculative.data.build_corpus
 
 It runs `apt-get download libreoffice-help-en-us libreoffice-help-de` (and `apt-get update` first if
 that fails), unpacks both with `dpkg -x` into a temporary directory, aligns the help pages with
@@ -36,11 +36,10 @@ import subprocess
 import sys
 import tempfile
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO_ROOT))
+REPO_ROOT = Path(__file__).resolve().parents[2]
 
-from speculative.data import corpus  # noqa: E402  (after the sys.path insert, so the script runs uninstalled)
-from speculative.data import html  # noqa: E402
+from speculative.data import corpus
+from speculative.data import html
 
 PACKAGES = ("libreoffice-help-en-us", "libreoffice-help-de")
 HELP_SUBDIR = Path("usr/share/libreoffice/help")
@@ -74,7 +73,7 @@ README_TEMPLATE = """\
 # LibreOffice help En-De corpus
 
 Human-translated English-German paragraph pairs from the LibreOffice help (MPL-2.0, see `NOTICE`),
-built by `scripts/make_corpus.py` (extraction and alignment: `speculative/corpus.py`).
+built by `speculative/data/build_corpus.py` (extraction and alignment: `speculative/data/corpus.py`).
 
 | split | pairs | unique English sources |
 |---|---|---|
@@ -83,11 +82,11 @@ built by `scripts/make_corpus.py` (extraction and alignment: `speculative/corpus
 Format: `en<TAB>de`, one pair per line, UTF-8, gzip. No English sentence of `test` or `validation`
 occurs in `train` (the split is by a salted SHA-256 of the English source). `stats.json` holds the
 package versions, the options, all counts and the sha256 of each file. The seqio task
-`libreoffice_ende` (`speculative/tasks.py`) reads these files.
+`libreoffice_ende` (`speculative/data/tasks.py`) reads these files.
 
 `spm8k.model` (with `spm8k.vocab` and `spm8k.json`: options, sha256, token lengths) is the shared
 En+De SentencePiece vocabulary (unigram, 8000 pieces, pad=0, eos=1, unk=2, byte fallback), trained on
-`train.tsv.gz` only by `scripts/train_vocab.py`.
+`train.tsv.gz` only by `speculative/data/build_vocab.py`.
 """
 
 

@@ -2,7 +2,7 @@
 dependent 1 MB matvecs (what a decoder does, layer after layer) against one matvec over the same
 bytes, each in a jitted loop, interleaved in one process.
 
-  python scripts/bench_matvec_chain.py [--matrices 64] [--dim 512] [--rounds 7]
+  python experiments/cpu_runtime/bench_matvec_chain.py [--matrices 64] [--dim 512] [--rounds 7]
 
 Prints ms per loop step and GB/s of weights streamed for both, e.g. (2026-11-23, 2-core x86_64,
 load 2.6): chain 4.27 ms/step 15.7 GB/s, one 2.19 ms/step 30.6 GB/s. Findings: docs/cpu_runtime.md.

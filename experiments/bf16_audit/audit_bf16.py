@@ -11,19 +11,19 @@ full forward against float32, in units of the audit's per-logit allowance eps * 
 
 Command (repository root; the issue's full runs, when the CPU is quiet):
 
-  .venv/bin/python scripts/audit_bf16.py --num_examples=500 --batch_size=1
-  .venv/bin/python scripts/audit_bf16.py --num_examples=500 --batch_size=8
+  .venv/bin/python experiments/bf16_audit/audit_bf16.py --num_examples=500 --batch_size=1
+  .venv/bin/python experiments/bf16_audit/audit_bf16.py --num_examples=500 --batch_size=8
 
 Small run (25 minutes for both default variants on a 2-core CPU shared with a training job;
 bfloat16 matmuls are slow on CPUs without native bfloat16, ~100 ms/token there):
 
-  .venv/bin/python scripts/audit_bf16.py --num_examples=30
+  .venv/bin/python experiments/bf16_audit/audit_bf16.py --num_examples=30
 
 Cost of a variant per token (issue: what the float32 logits head costs): `--cost_rounds=N` also
 times each variant's target call (a 1-token step and a (gamma+1)-token verify call, the calls
 decoding makes) in N interleaved rounds and prints its ratio to the first variant, e.g.
 
-  .venv/bin/python scripts/audit_bf16.py --num_examples=8 --batch_size=8 --cost_rounds=7
+  .venv/bin/python experiments/bf16_audit/audit_bf16.py --num_examples=8 --batch_size=8 --cost_rounds=7
 
 Variants (`--variants`, comma-separated): a dtype name, optionally followed by `+f32logits`
 (logits_dtype='float32'), `+f32attn` (float32_attention_logits=True) and/or `+kernels` (both
@@ -49,7 +49,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
 from speculative.bench import noise  # noqa: E402

@@ -1,8 +1,8 @@
 """What one compiled greedy decode step of the embedded target runs: kernels per step by opcode, and
 the cache-sized copies XLA inserted, read from the optimized HLO of the baseline loop.
 
-  python scripts/profile_decode_step.py --batch_size 1
-  python scripts/profile_decode_step.py --batch_size 8
+  python experiments/cpu_runtime/profile_decode_step.py --batch_size 1
+  python experiments/cpu_runtime/profile_decode_step.py --batch_size 8
 
 Prints the while body's instruction counts ('fusion', 'dot', 'copy', ...) and the shapes of its
 copies, e.g. (2026-11-23, jax 0.10.2 CPU) batch 1: 342 fusions, 105 dots, 64 copies of
@@ -18,7 +18,7 @@ from pathlib import Path
 import re
 import sys
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import jax.numpy as jnp  # noqa: E402
 
@@ -28,6 +28,7 @@ from speculative.checkpoints.params_files import load_model  # noqa: E402
 from speculative.decode import batching  # noqa: E402
 from speculative.decode import inputs as decode_inputs
 from speculative.decode import loops as decoding  # noqa: E402
+from speculative.decode import options as decode_options  # noqa: E402
 from speculative.jobs import gin_utils  # noqa: E402
 from speculative.models import t5 as t5_lib  # noqa: E402
 
@@ -49,15 +50,15 @@ def compiled_loop_hlo(batch_size: int, max_new_tokens: int) -> str:
   )
   encoder_tokens = jnp.asarray(batching.pad_batch(examples, batch_size, 64))  # [B, 64]
   config, sampling_params = sampling.make_sampling(0.0)
+  options = decode_options.DecodeOptions(max_new_tokens=max_new_tokens, sampling=config, eos_id=1)
   inputs = decode_inputs.prepare_inputs(
-    target, None, None, encoder_tokens, max_new_tokens, 1, config, sampling_params, 0, None
+    target, options, None, None, encoder_tokens, sampling_params, 0, None
   )
   lowered = decoding._autoregressive_jit.lower(  # pylint: disable=protected-access
     params,
     inputs,
     target=target,
-    sampling=config,
-    max_new_tokens=max_new_tokens,
+    options=options,
     lockstep=decoding._lockstep(target, inputs.prompt_lengths),  # pylint: disable=protected-access
   )
   return lowered.compile().as_text()

@@ -1,7 +1,7 @@
 """Per-token greedy decoding walltime of our T5 (speculative.models.t5) at T5 1.1 shapes.
 
 Command (from the repo root):
-  .venv/bin/python scripts/bench_t5.py [--sizes small base] [--new_tokens 64] [--repeats 3]
+  .venv/bin/python experiments/t5_speed/bench_t5.py [--sizes small base] [--new_tokens 64] [--repeats 3]
 
 Random-init weights (float32; vocab 32128 for the T5 1.1 sizes, 8000 for the embedded candidates of
 docs/training.md: `--sizes emb128x2 emb128x2x1 emb192x2x1 emb256x4 emb384x4 emb512x4x8`), batch 1, a 64-token encoder input, 64 greedy tokens

@@ -1,12 +1,12 @@
 """Builds the LibreOffice UI En-De corpus: the German message catalogues LibreOffice ships, as
-extra training pairs for the embedded target (issue 12). Training-only: it has no splits; the
+extra training pairs for the embedded target. Training-only: it has no splits; the
 help corpus's validation and test splits stay the held-out sets, and every catalogue pair that
-matches one of their sides exactly or nearly (speculative/overlap.py) is dropped here, before the
+matches one of their sides exactly or nearly (speculative/data/overlap.py) is dropped here, before the
 file is written (training drops them again with `train.exclude_heldout`).
 
 Command (from the repo root; needs apt and network access to a Debian mirror, ~1 MB, ~10 s):
 
-  .venv/bin/python scripts/make_ui_corpus.py
+  .venv/bin/python -m speculative.data.build_ui_corpus
 
 It runs `apt-get download libreoffice-l10n-de` (and `apt-get update` first if that fails), unpacks it
 with `dpkg -x` into a temporary directory, reads every catalogue under
@@ -29,17 +29,13 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
-import sys
 import tempfile
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO_ROOT))
-sys.path.insert(0, str(REPO_ROOT / "scripts"))
+REPO_ROOT = Path(__file__).resolve().parents[2]
 
-import make_corpus  # noqa: E402  (the apt download and .deb helpers)
-
-from speculative.data import corpus  # noqa: E402
-from speculative.data import overlap  # noqa: E402
+from speculative.data import build_corpus as make_corpus  # the apt download and .deb helpers
+from speculative.data import corpus
+from speculative.data import overlap
 
 PACKAGES = ("libreoffice-l10n-de",)
 CATALOGUE_SUBDIR = Path("usr/lib/libreoffice/program/resource/de/LC_MESSAGES")
@@ -80,7 +76,7 @@ README_TEMPLATE = """\
 # LibreOffice UI En-De corpus (training only)
 
 {pairs} human-translated English-German pairs of LibreOffice user-interface strings (labels,
-tooltips, extended tips, messages; MPL-2.0, see `NOTICE`), built by `scripts/make_ui_corpus.py`
+tooltips, extended tips, messages; MPL-2.0, see `NOTICE`), built by `speculative/data/build_ui_corpus.py`
 (cleaning: `speculative.data.corpus.clean_ui_pairs`). Extra in-domain training data for the embedded
 target next to `data/libreoffice_ende/train.tsv.gz`; it has no validation or test split, and no
 pair in it matches a side of `data/libreoffice_ende/{{validation,test}}.tsv.gz` exactly or nearly

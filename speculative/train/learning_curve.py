@@ -1,12 +1,12 @@
 """Learning curves of training runs: a markdown table and a PNG from their train_log.jsonl files.
 
 Command (from the repo root; one `label=path` per run, the path a run directory or its log):
-  .venv/bin/python scripts/learning_curve.py \
+  .venv/bin/python -m speculative.train.learning_curve \
       "T5X recipe (Adafactor from scratch)=../runs/embedded_target_t5x_recipe" \
       --png docs/learning_curve.png
 
 Prints, per run, a markdown table with one row per evaluation: step, validation NLL and accuracy,
-the training subset's NLL (eval mode, unsmoothed; runs logged before 2026-11-24 have none) and the
+the training subset's NLL (eval mode, unsmoothed; a run that did not log it has none) and the
 normalized attention entropy (encoder / decoder self / cross; 1 = uniform, 0 = one-hot), then the
 PNG's path. The PNG has validation NLL (solid) and training-subset NLL (dashed) against step, and
 the encoder attention entropy below.

@@ -2,7 +2,7 @@
 
 Command (repository root; run it on a quiet machine, it takes ~3 minutes per round):
 
-  .venv/bin/python scripts/bench_runtime.py [--rounds 3] [--num_examples 8] [--batch_size 1]
+  .venv/bin/python experiments/cpu_runtime/bench_runtime.py [--rounds 3] [--num_examples 8] [--batch_size 1]
 
 XLA flags are fixed when jax starts, so every (setting, round) is a fresh child process that loads
 the embedded pair, decodes the first --num_examples test sentences once untimed (compile), then
@@ -38,7 +38,7 @@ import subprocess
 import sys
 import time
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 SETTINGS = {
   'default': ('', 'float32'),

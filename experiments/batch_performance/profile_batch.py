@@ -1,4 +1,4 @@
-"""`.venv/bin/python scripts/profile_batch.py [--batches 1 8 32]` prints ms per T=1 decode step per variant.
+"""`.venv/bin/python experiments/batch_performance/profile_batch.py [--batches 1 8 32]` prints ms per T=1 decode step per variant.
 
 Where the batch-B time of one cached T=1 decoder step of the embedded target goes (issue 17,
 docs/batch_performance.md). Every variant runs `--steps` chained `T5.extend(T=1)` calls (greedy

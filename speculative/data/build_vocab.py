@@ -1,8 +1,8 @@
 """Trains the shared En+De SentencePiece vocabulary of the LibreOffice corpus and reports token lengths.
 
-Command (from the repo root, after scripts/make_corpus.py; ~1 minute on one core):
+Command (from the repo root, after speculative/data/build_corpus.py; ~1 minute on one core):
 
-  .venv/bin/python scripts/train_vocab.py
+  .venv/bin/python -m speculative.data.build_vocab
 
 Trains a unigram SentencePiece model (8000 pieces, T5 conventions: pad=0, eos=1, unk=2, no bos) on the
 English and German sides of `data/libreoffice_ende/train.tsv.gz` only, and writes
@@ -25,17 +25,15 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
-import sys
 
 import numpy as np
 import sentencepiece as spm
 from sentencepiece import sentencepiece_model_pb2
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO_ROOT))
+REPO_ROOT = Path(__file__).resolve().parents[2]
 
-from speculative.data import corpus  # noqa: E402  (after the sys.path insert, so the script runs uninstalled)
-from speculative.data import tasks  # noqa: E402
+from speculative.data import corpus
+from speculative.data import tasks
 
 TRAINER_OPTIONS = dict(
   model_type="unigram",
