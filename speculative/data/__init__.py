@@ -5,4 +5,5 @@ corpus    the corpus pairs: cleaning, the deterministic split, TSV (.tsv.gz) rea
 tasks     the seqio tasks (`register_tasks`), the vocabulary and the corpus splits
 metrics   BLEU, chrF, ROUGE and the repetition-loop rate of a decoded job
 overlap   train/test overlap checks of a corpus
+summ_corpus  the Debian package descriptions summarization corpus (long description -> synopsis)
 """
