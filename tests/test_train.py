@@ -15,6 +15,7 @@ from speculative.data import corpus
 from speculative.data import tasks
 from speculative.models.t5 import T5
 from speculative.models.t5 import T5Config
+from speculative.train import data as train_data
 from speculative.train import steps as train_steps
 
 TINY = T5Config(
@@ -289,3 +290,53 @@ def test_evaluation_logs_attention_entropy_and_a_training_subset(data, tmp_path)
     assert m[f"{prefix}_nll"] > 0 and 0 <= m[f"{prefix}_accuracy"] <= 1
     for kind in train_steps.ATTENTION_KINDS:
       assert 0.5 < m[f"{prefix}_attention_entropy_{kind}"] <= 1.0  # near uniform at init
+
+
+@pytest.mark.slow
+def test_task_prefixes_and_a_second_validation_set(data, tmp_path):
+  """Multi-task training: each train file gets its own input prefix (the default prefix for every
+  file equals the single-task run), a second validation set is logged under its name, and a prefix
+  list of the wrong length is refused before any compute."""
+  common = dict(model_config=TINY, num_steps=2, **{**data, "checkpoint_every": 2})
+  train.train(output_dir=str(tmp_path / "default"), **common)
+  prefixed = dict(common, input_prefixes=[train_data.INPUT_PREFIX])
+  train.train(output_dir=str(tmp_path / "same"), **prefixed)
+  a = checkpoints.load_t5x_checkpoint(tmp_path / "default" / "checkpoint_2")
+  b = checkpoints.load_t5x_checkpoint(tmp_path / "same" / "checkpoint_2")
+  jax.tree_util.tree_map(np.testing.assert_array_equal, a, b)
+
+  out = tmp_path / "multi"
+  train.train(
+    output_dir=str(out),
+    **{
+      **common,
+      "eval_every": 2,
+      "train_tsv": [data["train_tsv"], data["validation_tsv"]],
+      "input_prefixes": ["translate English to German: ", "summarize: "],
+      "extra_validation": {"summarize": (data["validation_tsv"], "summarize: ")},
+    },
+  )
+  (m,) = _log(out)
+  assert m["val_nll"] > 0 and m["val_summarize_nll"] > 0
+  assert m["val_nll"] != m["val_summarize_nll"]  # same pairs, different prefix
+
+
+def test_a_prefix_list_of_the_wrong_length_is_refused(data, tmp_path):
+  with pytest.raises(ValueError, match="input_prefixes has 2 entries for 1 train_tsv"):
+    train.train(
+      model_config=TINY,
+      num_steps=2,
+      output_dir=str(tmp_path / "bad"),
+      input_prefixes=["a", "b"],
+      **data,
+    )
+
+
+def test_rectangular_buckets_take_the_smallest_fit():
+  buckets = train_data.make_buckets([16, 64, (64, 16)], 256)
+  assert [b.batch_size for b in buckets] == [8, 2, 3]
+  examples = [
+    (np.ones(n), np.ones(m)) for n, m in [(10, 10), (50, 10), (50, 40), (90, 12), (90, 70)]
+  ]
+  # (50, 10) fits (64, 64) and (64, 16): the smaller; (90, 12) fits none: (64, 16) cuts fewest
+  assert train_data.assign_buckets(examples, buckets) == [[0], [2, 4], [1, 3]]

@@ -25,16 +25,27 @@ class Bucket:
   batch_size: int
 
 
-# Bucket lengths (inputs and targets); batch sizes are set from `tokens_per_batch` in `train`.
+# Bucket lengths (square: inputs = targets); batch sizes are set from `tokens_per_batch` in `train`.
 # Eight buckets keep most padded tokens real (docs/training.md, "Recipe"): more text per step at the
 # same step cost, for eight compiled shapes instead of four.
 DEFAULT_BUCKET_LENGTHS = (16, 24, 32, 48, 64, 96, 128, 192)
 
 
-def make_buckets(lengths: Sequence[int], tokens_per_batch: int) -> tuple[Bucket, ...]:
-  """Square (inputs, targets) buckets whose batch size keeps the padded tokens per batch near
-  `tokens_per_batch`."""
-  return tuple(Bucket(n, n, max(1, tokens_per_batch // (2 * n))) for n in lengths)
+def make_buckets(
+  lengths: Sequence[int | Sequence[int]], tokens_per_batch: int
+) -> tuple[Bucket, ...]:
+  """Buckets whose batch size keeps the padded tokens per batch near `tokens_per_batch`. An entry
+  is a length n (a square (n, n) bucket) or an (inputs, targets) pair: summarization's long inputs
+  and short targets fill a square bucket mostly with target padding."""
+  buckets = []
+  for entry in lengths:
+    n_in, n_tgt = (entry, entry) if isinstance(entry, int) else tuple(int(n) for n in entry)
+    if n_in < 2 or n_tgt < 2:
+      raise ValueError(f"bucket lengths must be >= 2, got {entry!r}")
+    buckets.append(Bucket(n_in, n_tgt, max(1, tokens_per_batch // (n_in + n_tgt))))
+  if not buckets:
+    raise ValueError("bucket_lengths must name at least one bucket")
+  return tuple(buckets)
 
 
 def read_tsv(path: str) -> list[tuple[str, str]]:
@@ -48,7 +59,8 @@ def read_tsv(path: str) -> list[tuple[str, str]]:
 def tokenize_pairs(
   pairs: Sequence[tuple[str, str]], spm_model: str, prefix: str = INPUT_PREFIX
 ) -> list[tuple[np.ndarray, np.ndarray]]:
-  """Tokenizes with the SentencePiece model; appends EOS to both sides (T5 convention)."""
+  """Tokenizes with the SentencePiece model, `prefix` (the T5 task prefix) before each input;
+  appends EOS to both sides (T5 convention)."""
   import sentencepiece as spm
 
   sp = spm.SentencePieceProcessor(model_file=spm_model)
@@ -61,16 +73,29 @@ def tokenize_pairs(
 
 
 def assign_buckets(examples, buckets: Sequence[Bucket]) -> list[list[int]]:
-  """Indices of the examples per bucket; examples longer than the largest bucket are truncated."""
+  """Indices of the examples per bucket: the smallest bucket (inputs + targets) that holds both
+  sides, ties to the earlier one. An example that fits none goes to the bucket that truncates the
+  fewest of its tokens (ties to the smaller; for square buckets, the largest one)."""
   per_bucket: list[list[int]] = [[] for _ in buckets]
+  order = sorted(range(len(buckets)), key=lambda b: _area(buckets[b]))
   for i, (src, tgt) in enumerate(examples):
-    for b, bucket in enumerate(buckets):
-      if len(src) <= bucket.inputs_length and len(tgt) <= bucket.targets_length:
+    for b in order:
+      if len(src) <= buckets[b].inputs_length and len(tgt) <= buckets[b].targets_length:
         per_bucket[b].append(i)
         break
     else:
-      per_bucket[-1].append(i)
+      fewest_cut = min(order, key=lambda b: (_cut(buckets[b], src, tgt), _area(buckets[b])))
+      per_bucket[fewest_cut].append(i)
   return per_bucket
+
+
+def _area(bucket: Bucket) -> int:
+  return bucket.inputs_length + bucket.targets_length
+
+
+def _cut(bucket: Bucket, src, tgt) -> int:
+  """Tokens of (src, tgt) that `bucket` truncates."""
+  return max(0, len(src) - bucket.inputs_length) + max(0, len(tgt) - bucket.targets_length)
 
 
 def make_batch(examples, indices, bucket: Bucket) -> dict[str, np.ndarray]:

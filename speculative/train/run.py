@@ -52,7 +52,7 @@ def train(
   weight_decay: float = 0.01,
   clip_norm: float = 1.0,
   tokens_per_batch: int = 3072,
-  bucket_lengths: Sequence[int] = train_data.DEFAULT_BUCKET_LENGTHS,
+  bucket_lengths: Sequence[int | Sequence[int]] = train_data.DEFAULT_BUCKET_LENGTHS,
   checkpoint_every: int = 500,
   eval_every: int = 1000,
   max_validation_examples: int = 500,
@@ -72,6 +72,8 @@ def train(
   init_checkpoint: str | None = None,
   fork_checkpoint: str | None = None,
   export_replaces_better: bool = False,
+  input_prefixes: Sequence[str] | None = None,
+  extra_validation: dict[str, tuple[str, str]] | None = None,
 ) -> dict[str, float]:
   """Trains (or resumes) and returns the last metrics. See the module docstring.
 
@@ -92,6 +94,14 @@ def train(
   written by this trainer) with this run's settings (data, learning rate, dropout): weights,
   optimizer state and step count carry over. The checkpoint is copied into `output_dir`
   (atomically) when that holds none; a run that has one resumes from it instead.
+  `bucket_lengths`: each entry a length n (a square (n, n) bucket) or an (inputs, targets) pair,
+  for summarization's long inputs and short targets (`data.make_buckets`, `data.assign_buckets`).
+  `input_prefixes`: the T5 task prefix of each `train_tsv` file's inputs, in the same order (e.g.
+  'translate English to German: ' and 'summarize: ' for a multi-task model); None (default) puts
+  `data.INPUT_PREFIX` (translation) before every input. `validation_tsv` keeps `data.INPUT_PREFIX`.
+  `extra_validation`: more validation sets, {name: (tsv, input prefix)}, evaluated beside
+  `validation_tsv` (at most `max_validation_examples` each) and logged as `val_<name>_nll` etc.
+  (e.g. a second task's NLL); the best-validation export still follows `val_nll`.
   `export_replaces_better`: the export refuses to overwrite weights whose sidecar records a lower
   validation NLL than the ones being exported (e.g. a continuation's early best replacing the
   shipped model) unless this is True.
@@ -129,6 +139,8 @@ def train(
       init_checkpoint=init_checkpoint,
       fork_checkpoint=fork_checkpoint,
       export_replaces_better=export_replaces_better,
+      input_prefixes=input_prefixes,
+      extra_validation=extra_validation,
     )
     os.makedirs(settings.output_dir, exist_ok=True)
     output_lock = lock.OutputLock(settings.output_dir).acquire()  # one writer per run directory
@@ -141,7 +153,7 @@ def train(
 def _run(s: settings_lib.TrainSettings) -> dict[str, float]:
   """`train` after its checks."""
   buckets = s.buckets()
-  train_examples, val_examples = _load_examples(s)
+  train_examples, val_sets = _load_examples(s)
   logging.info("train examples %d, buckets %s", len(train_examples), buckets)
   model = t5_lib.T5(s.model_config)
   optimizer = steps.make_optimizer(
@@ -188,9 +200,9 @@ def _run(s: settings_lib.TrainSettings) -> dict[str, float]:
     train_step=steps.make_train_step(step_config, optimizer, teacher),
     eval_step=steps.make_eval_step(model),
     teacher_params=teacher_params,
-    val_examples=val_examples,
+    val_sets=val_sets,
     buckets=buckets,
-    train_subset=_train_subset(train_examples, len(val_examples)),
+    train_subset=_train_subset(train_examples, len(val_sets["val"])),
   )
   # The stream is deterministic in (seed, epoch); on resume we skip to roughly the same place.
   stream = train_data.batch_stream(train_examples, buckets, s.seed)
@@ -228,24 +240,43 @@ def _load_float32_params(path: str, model: t5_lib.T5):
   return jax.tree_util.tree_map(jnp.asarray, params)
 
 
-def _load_examples(s: settings_lib.TrainSettings) -> tuple[list, list]:
-  """Tokenized training pairs (held-out overlap dropped, see `exclude_heldout`) and validation
-  pairs."""
-  train_pairs = [pair for path in s.train_files for pair in train_data.read_tsv(path)]
+def _load_examples(s: settings_lib.TrainSettings) -> tuple[list, dict[str, list]]:
+  """Tokenized training pairs (each file with its input prefix; held-out overlap dropped, see
+  `exclude_heldout`) and the validation sets: {"val": validation_tsv, "val_<name>": each of
+  `extra_validation`}."""
+  per_file = [
+    (train_data.read_tsv(path), prefix) for path, prefix in zip(s.train_files, s.train_prefixes)
+  ]
   if s.exclude_heldout:
     from speculative.data import overlap
 
     heldout = [p for path in s.exclude_heldout for p in train_data.read_tsv(path)]
-    train_pairs, report = overlap.drop_overlap(train_pairs, heldout)
+    flat = [(pair, k) for k, (pairs, _) in enumerate(per_file) for pair in pairs]
+    drop, report = overlap.find_overlap([pair for pair, _ in flat], heldout)
+    per_file = [
+      ([pair for (pair, k), dropped in zip(flat, drop) if k == j and not dropped], prefix)
+      for j, (_, prefix) in enumerate(per_file)
+    ]
     os.makedirs(s.output_dir, exist_ok=True)
     checkpoints.write_atomic(
       os.path.join(s.output_dir, "overlap.json"),
       json.dumps(dict(report, heldout_files=list(s.exclude_heldout))).encode(),
     )
     print(f"held-out overlap: {json.dumps(report)}")
-  train_examples = train_data.tokenize_pairs(train_pairs, s.spm_model)
-  validation = train_data.read_tsv(s.validation_tsv)[: s.max_validation_examples]
-  return train_examples, train_data.tokenize_pairs(validation, s.spm_model)
+  train_examples = [
+    example
+    for pairs, prefix in per_file
+    for example in train_data.tokenize_pairs(pairs, s.spm_model, prefix)
+  ]
+  validation = {"val": (s.validation_tsv, train_data.INPUT_PREFIX)}
+  validation.update({f"val_{name}": tuple(v) for name, v in (s.extra_validation or {}).items()})
+  val_sets = {
+    key: train_data.tokenize_pairs(
+      train_data.read_tsv(path)[: s.max_validation_examples], s.spm_model, prefix
+    )
+    for key, (path, prefix) in validation.items()
+  }
+  return train_examples, val_sets
 
 
 def _load_teacher(s: settings_lib.TrainSettings):
@@ -267,7 +298,7 @@ class _TrainLoop:
   train_step: Any
   eval_step: Any
   teacher_params: Any
-  val_examples: list
+  val_sets: dict[str, list]  # {"val": ..., "val_<name>": ...}: metric prefix -> examples
   buckets: tuple[train_data.Bucket, ...]
   train_subset: list = dataclasses.field(default_factory=list)
   running: float | None = None  # running means (dropout on) of the sampled steps' loss, accuracy
@@ -333,7 +364,9 @@ class _TrainLoop:
     """Validation metrics, logged to train_log.jsonl; the params are kept as best.msgpack when
     their validation NLL is the lowest so far."""
     s = self.settings
-    metrics = steps.evaluate(self.eval_step, params, self.val_examples, self.buckets)
+    metrics = {}
+    for prefix, examples in self.val_sets.items():
+      metrics.update(steps.evaluate(self.eval_step, params, examples, self.buckets, prefix))
     if self.train_subset:  # the same training pairs every time, eval mode: under- vs overfitting
       metrics.update(
         steps.evaluate(self.eval_step, params, self.train_subset, self.buckets, "train")
@@ -384,6 +417,7 @@ def _provenance(s: settings_lib.TrainSettings) -> dict:
     "schedule": s.schedule,
     "learning_rate": s.learning_rate,
     "train_tsv": list(s.train_files),
+    **({"input_prefixes": list(s.input_prefixes)} if s.input_prefixes is not None else {}),
     "started_from": started_from,
   }
   if started_from is not None and os.path.isfile(started_from):

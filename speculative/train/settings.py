@@ -29,7 +29,7 @@ class TrainSettings:
   weight_decay: float = 0.01
   clip_norm: float = 1.0
   tokens_per_batch: int = 3072
-  bucket_lengths: Sequence[int] = train_data.DEFAULT_BUCKET_LENGTHS
+  bucket_lengths: Sequence[int | Sequence[int]] = train_data.DEFAULT_BUCKET_LENGTHS
   checkpoint_every: int = 500
   eval_every: int = 1000
   max_validation_examples: int = 500
@@ -49,11 +49,17 @@ class TrainSettings:
   init_checkpoint: str | None = None
   fork_checkpoint: str | None = None
   export_replaces_better: bool = False
+  input_prefixes: Sequence[str] | None = None
+  extra_validation: dict[str, tuple[str, str]] | None = None
 
   def __post_init__(self):
     if not self.train_files:
       raise ValueError("train_tsv names no file")
-    for path in (*self.train_files, self.validation_tsv, *self.exclude_heldout):
+    for name, entry in (self.extra_validation or {}).items():
+      if not (isinstance(entry, (tuple, list)) and len(entry) == 2):
+        raise ValueError(f"extra_validation[{name!r}] must be (tsv, input prefix), got {entry!r}")
+    extra = [path for path, _ in (self.extra_validation or {}).values()]
+    for path in (*self.train_files, self.validation_tsv, *self.exclude_heldout, *extra):
       if not os.path.isfile(path):
         raise FileNotFoundError(f"data file does not exist: {path}")
     if self.starts_from_init_checkpoint and not os.path.exists(self.init_checkpoint):
@@ -72,8 +78,19 @@ class TrainSettings:
       raise ValueError(f"distill_weight must be in [0, 1], got {self.distill_weight}")
     if self.distill_weight > 0 and (self.teacher_config is None or self.teacher_checkpoint is None):
       raise ValueError("distillation needs teacher_config and teacher_checkpoint")
-    if not self.bucket_lengths or list(self.bucket_lengths) != sorted(self.bucket_lengths):
-      raise ValueError(f"bucket_lengths must be non-empty and ascending, got {self.bucket_lengths}")
+    train_data.make_buckets(self.bucket_lengths, self.tokens_per_batch)  # names a bad bucket list
+    if self.input_prefixes is not None and len(self.input_prefixes) != len(self.train_files):
+      raise ValueError(
+        f"input_prefixes has {len(self.input_prefixes)} entries for {len(self.train_files)} "
+        f"train_tsv files; give one prefix per file, in the same order"
+      )
+
+  @property
+  def train_prefixes(self) -> tuple[str, ...]:
+    """The input prefix of each of `train_files` (default: the translation prefix for every one)."""
+    if self.input_prefixes is None:
+      return (train_data.INPUT_PREFIX,) * len(self.train_files)
+    return tuple(self.input_prefixes)
 
   @property
   def train_files(self) -> tuple[str, ...]:
