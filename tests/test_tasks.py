@@ -1,4 +1,4 @@
-"""Tests of speculative/data/tasks.py: the shipped vocabulary, the three seqio tasks and helpers."""
+"""Tests of speculative/data/tasks.py: the shipped vocabulary, the four seqio tasks and helpers."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ seqio = pytest.importorskip("seqio")
 tf = pytest.importorskip("tensorflow")
 import tensorflow_datasets as tfds  # noqa: E402  (seqio depends on it)
 
+from speculative.data import corpus  # noqa: E402
 from speculative.data import tasks  # noqa: E402
 
 ROUND_TRIP_TEXTS = [
@@ -54,7 +55,12 @@ def test_vocabulary_round_trips_text(text):
 
 
 def test_registration_is_lazy_and_idempotent(registered):
-  assert registered == [tasks.LIBREOFFICE_TASK, tasks.WMT_ENDE_TASK, tasks.CNN_DAILYMAIL_TASK]
+  assert registered == [
+    tasks.LIBREOFFICE_TASK,
+    tasks.DEBIAN_SUMMARIZE_TASK,
+    tasks.WMT_ENDE_TASK,
+    tasks.CNN_DAILYMAIL_TASK,
+  ]
   for name in registered:
     assert name in seqio.TaskRegistry.names()
   wmt = seqio.get_mixture_or_task(tasks.WMT_ENDE_TASK)
@@ -86,6 +92,19 @@ def test_libreoffice_task_tokenizes_prefix_and_appends_eos(registered):
     assert inputs[-1] == vocab.eos_id and targets[-1] == vocab.eos_id
     assert vocab.decode(inputs) == tasks.make_inputs(en)
     assert task.postprocess_fn(vocab.decode(targets), example=example) == de
+
+
+def test_summarization_task_reads_the_shipped_corpus(registered):
+  del registered
+  task = seqio.get_mixture_or_task(tasks.DEBIAN_SUMMARIZE_TASK)
+  vocab = tasks.get_vocabulary()
+  assert [fn.__name__ for fn in task.metric_fns] == ["summarization_metrics"]
+  expected = corpus.read_tsv_gz(tasks.SUMMARIZATION_DATA_DIR / "validation.tsv.gz")[:3]
+  dataset = task.get_dataset({"inputs": 512, "targets": 64}, split="validation", shuffle=False)
+  for example, (description, synopsis) in zip(dataset.take(3).as_numpy_iterator(), expected):
+    assert example["inputs_pretokenized"].decode() == tasks.SUMMARIZE_PREFIX + description
+    assert example["targets_pretokenized"].decode() == synopsis
+    assert example["inputs"][-1] == vocab.eos_id and example["targets"][-1] == vocab.eos_id
 
 
 def _run_registered_pipeline(task_name, records):

@@ -109,3 +109,8 @@ def rouge(
     for key in score_keys:
       totals[key] += scores[key].fmeasure
   return {key: 100.0 * total / len(predictions) for key, total in totals.items()}
+
+
+def summarization_metrics(targets: Sequence[str], predictions: Sequence[str]) -> dict[str, float]:
+  """ROUGE-1/2/Lsum and the repetition-loop rate: the quality figures of a summarization job."""
+  return {**rouge(targets, predictions), **loop_rate(targets, predictions)}

@@ -5,6 +5,10 @@
   libreoffice_ende                   the shipped corpus `data/libreoffice_ende/{train,validation,test}.tsv.gz`
                                      (en<TAB>de), inputs "translate English to German: " + en, targets de,
                                      vocabulary `data/libreoffice_ende/spm8k.model` (8000 pieces), BLEU.
+  debian_summarize                   the Debian package descriptions corpus
+                                     `data/debian_descriptions/{train,validation,test}.tsv.gz`
+                                     (description<TAB>synopsis), inputs "summarize: " + description,
+                                     targets synopsis, the same 8k vocabulary, ROUGE + loop rate.
   speculative_wmt_t2t_ende_v003      = t5's `wmt_t2t_ende_v003`: TFDS `wmt_t2t_translate/de-en:1.0.0`,
                                      same prefix, BLEU.
   speculative_cnn_dailymail_v002     = t5's `cnn_dailymail_v002`: TFDS `cnn_dailymail:3.4.0`,
@@ -45,6 +49,7 @@ if TYPE_CHECKING:  # imported lazily at run time (TensorFlow is slow to import)
   import tensorflow as tf
 
 DATA_DIR = Path(__file__).resolve().parents[2] / "data" / "libreoffice_ende"
+SUMMARIZATION_DATA_DIR = DATA_DIR.parent / "debian_descriptions"
 VOCAB_PATH = DATA_DIR / "spm8k.model"
 TRANSLATE_EN_DE_PREFIX = "translate English to German: "
 # The ids every vocabulary of the project shares (T5's SentencePiece conventions): the padding and
@@ -56,6 +61,7 @@ T5_PUBLIC_VOCAB_PATH = "gs://t5-data/vocabs/cc_all.32000/sentencepiece.model"
 T5_PUBLIC_VOCAB_EXTRA_IDS = 100
 
 LIBREOFFICE_TASK = "libreoffice_ende"
+DEBIAN_SUMMARIZE_TASK = "debian_summarize"
 WMT_ENDE_TASK = "speculative_wmt_t2t_ende_v003"
 CNN_DAILYMAIL_TASK = "speculative_cnn_dailymail_v002"
 WMT_ENDE_TFDS = "wmt_t2t_translate/de-en:1.0.0"
@@ -268,6 +274,39 @@ def libreoffice_source(data_dir: str | Path | None = None) -> "seqio.DataSource"
   )
 
 
+def summarization_source(data_dir: str | Path | None = None) -> "seqio.DataSource":
+  """A seqio source of the summarization corpus' splits ({'description', 'synopsis'} records).
+
+  Each split's TSV is read in Python when its dataset is built (`corpus.read_tsv_gz`), so a
+  malformed line fails with one message naming the file and line, before any TensorFlow op."""
+  import seqio  # pylint: disable=g-import-not-at-top
+
+  data_dir = Path(data_dir or SUMMARIZATION_DATA_DIR)
+
+  def dataset_fn(split: str, shuffle_files: bool, seed: int | None = None) -> "tf.data.Dataset":
+    del shuffle_files, seed  # one file per split, read in file order
+    import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
+    path = split_path(split, data_dir)
+    if not path.exists():
+      raise FileNotFoundError(
+        f"{path} is missing; build it with python -m speculative.data.summ_corpus"
+      )
+    pairs = corpus.read_tsv_gz(path)
+    if not pairs:
+      raise ValueError(f"{path}: no examples")
+    return tf.data.Dataset.from_tensor_slices(
+      {"description": [d for d, _ in pairs], "synopsis": [s for _, s in pairs]}
+    )
+
+  return seqio.FunctionDataSource(dataset_fn, splits=SPLITS)
+
+
+def summarization_text_preprocessors() -> list[Any]:
+  """{'description', 'synopsis'} -> {'inputs': "summarize: " + description, 'targets': synopsis}."""
+  return [functools.partial(summarize, article_key="description", summary_key="synopsis")]
+
+
 def _as_vocabulary(
   vocabulary: "str | Path | seqio.Vocabulary",
   extra_ids: int,
@@ -302,7 +341,7 @@ def register_tasks(
   tfds_extra_ids: int = T5_PUBLIC_VOCAB_EXTRA_IDS,
   data_dir: str | Path | None = None,
 ) -> list[str]:
-  """Registers the three tasks (replacing earlier registrations of the same names); returns the names.
+  """Registers the four tasks (replacing earlier registrations of the same names); returns the names.
 
   Args:
     vocabulary: vocabulary of `libreoffice_ende` (default: the shipped spm8k.model, no extra ids).
@@ -310,6 +349,8 @@ def register_tasks(
       or a `seqio.Vocabulary`. Default: the public T5 vocabulary.
     tfds_extra_ids: extra ids when `tfds_vocabulary` is a path (T5 uses 100).
     data_dir: directory of the LibreOffice split files (default: data/libreoffice_ende).
+
+  `debian_summarize` reads `SUMMARIZATION_DATA_DIR` (data/debian_descriptions) with `vocabulary`.
   """
   import seqio  # pylint: disable=g-import-not-at-top
 
@@ -322,10 +363,17 @@ def register_tasks(
     local_vocabulary,
     metrics.translation_metrics,
   )
+  _add_task(
+    DEBIAN_SUMMARIZE_TASK,
+    summarization_source(SUMMARIZATION_DATA_DIR),
+    summarization_text_preprocessors(),
+    local_vocabulary,
+    metrics.summarization_metrics,
+  )
   wmt_source = seqio.TfdsDataSource(tfds_name=WMT_ENDE_TFDS)
   _add_task(WMT_ENDE_TASK, wmt_source, wmt_ende_text_preprocessors(), tfds_vocab, metrics.bleu)
   cnn_source = seqio.TfdsDataSource(tfds_name=CNN_DAILYMAIL_TFDS)
   _add_task(
     CNN_DAILYMAIL_TASK, cnn_source, cnn_dailymail_text_preprocessors(), tfds_vocab, metrics.rouge
   )
-  return [LIBREOFFICE_TASK, WMT_ENDE_TASK, CNN_DAILYMAIL_TASK]
+  return [LIBREOFFICE_TASK, DEBIAN_SUMMARIZE_TASK, WMT_ENDE_TASK, CNN_DAILYMAIL_TASK]

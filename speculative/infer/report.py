@@ -112,13 +112,29 @@ def _header_lines(summary: dict[str, Any]) -> list[str]:
   return lines
 
 
+# The quality columns of the mode table: ROUGE for a summarization job (its metrics carry
+# 'rouge1'), BLEU and chrF otherwise; (header, metrics key).
+TRANSLATION_COLUMNS = (("BLEU", "bleu"), ("chrF", "chrf"))
+SUMMARIZATION_COLUMNS = (("ROUGE-1", "rouge1"), ("ROUGE-2", "rouge2"), ("ROUGE-Lsum", "rougeLsum"))
+
+
+def _quality_columns(summary: dict[str, Any]) -> tuple[tuple[str, str], ...]:
+  modes = [summary[mode] for mode in settings.MODES if mode in summary]
+  if any("rouge1" in m for m in modes):
+    return SUMMARIZATION_COLUMNS
+  return TRANSLATION_COLUMNS
+
+
 def _mode_table(summary: dict[str, Any]) -> list[str]:
   """One row of totals per mode."""
+  quality = _quality_columns(summary)
   lines = [
-    "| mode | BLEU | chrF | loop % | length cap % | tokens | target calls | "
+    "| mode | "
+    + "".join(f"{header} | " for header, _ in quality)
+    + "loop % | length cap % | tokens | target calls | "
     "block efficiency | alpha | acceptance | decode s | sentences/s | tokens/s | "
     "compile s |",
-    "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    "|---|" + "---|" * (len(quality) + 11),
   ]
   for mode in settings.MODES:
     if mode not in summary:
@@ -126,8 +142,9 @@ def _mode_table(summary: dict[str, Any]) -> list[str]:
     m = summary[mode]
     fmt = lambda k, f="{:.3f}": f.format(m[k]) if m.get(k) is not None else "-"  # noqa: E731
     lines.append(
-      f"| {mode} | {fmt('bleu', '{:.2f}')} | {fmt('chrf', '{:.2f}')} | "
-      f"{fmt('loop_pct', '{:.1f}')} | {fmt('cap_pct', '{:.1f}')} | "
+      f"| {mode} | "
+      + "".join(f"{fmt(key, '{:.2f}')} | " for _, key in quality)
+      + f"{fmt('loop_pct', '{:.1f}')} | {fmt('cap_pct', '{:.1f}')} | "
       f"{m['generated_tokens']} | "
       f"{m['target_calls']} | {m['block_efficiency']:.3f} | {fmt('alpha')} | "
       f"{fmt('acceptance_rate')} | {m['decode_s']:.2f} | "
