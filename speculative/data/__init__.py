@@ -6,4 +6,5 @@ tasks     the seqio tasks (`register_tasks`), the vocabulary and the corpus spli
 metrics   BLEU, chrF, ROUGE and the repetition-loop rate of a decoded job
 overlap   train/test overlap checks of a corpus
 summ_corpus  the Debian package descriptions summarization corpus (long description -> synopsis)
+summ_baselines  its two ROUGE references: the first sentence, TF-IDF retrieval
 """
