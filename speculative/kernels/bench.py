@@ -1,15 +1,12 @@
-"""Microbenchmarks of the kernels against XLA's dot and the memory/compute roofline.
+"""Microbenchmark of the packed matmul against XLA's dot and the memory/compute roofline.
 
-  .venv/bin/python -m speculative.kernels.bench stack [--d 768 --mlp 3072 --layers 16]
-  .venv/bin/python -m speculative.kernels.bench model [--shape shipped|random140m]
+  .venv/bin/python -m speculative.kernels.bench [--d 768 --mlp 3072 --layers 16 --rounds 7]
 
-`stack`: `layers` MLP blocks ([d, mlp] then [mlp, d], float32) as a decode step streams them.
-`model`: the T5 decoder step itself (`T5.extend` over T tokens at batch 1, 10 chained steps per
-timed call, cache of 128): the shipped target, or a random-init 139.7M shape (d 768, 12 heads,
-6+6 layers, mlp 3072) whose weights are several times the last-level cache.
-Each is jitted once per path and row count T; the rounds interleave the paths so that machine noise
-hits all alike. Prints t(1) per path, v(T) = t(T) / t(1), the weight bandwidth at T=1 and the
-compute floor (T rows x 2 x params / FMA peak), with the load average before and after.
+`layers` MLP blocks ([d, mlp] then [mlp, d], float32) as a decode step streams them, jitted once
+per path (XLA f32, kernel with f32 / bf16 storage) and row count T; the rounds interleave the paths
+so that machine noise hits all alike. Prints t(1) per path, v(T) = t(T) / t(1), the weight
+bandwidth at T=1 and the compute floor (T rows x 2 x params / FMA peak), with the load average
+before and after. The whole T5 decoder step on the kernels: `python -m speculative.bench.decode_step`.
 """
 
 from __future__ import annotations
@@ -23,7 +20,6 @@ import jax.numpy as jnp
 import numpy as np
 
 from speculative import kernels
-from speculative.kernels import library
 
 
 def _stack_fn(path: str, n_layers: int, d: int, mlp: int):
@@ -41,7 +37,7 @@ def _stack_fn(path: str, n_layers: int, d: int, mlp: int):
   return jax.jit(step)
 
 
-def _time_interleaved(fns: dict, args: dict, rows, rounds: int) -> dict:
+def time_interleaved(fns: dict, args: dict, rows, rounds: int) -> dict:
   """Median seconds per (path, T) over `rounds` rounds that interleave every (path, T)."""
   for key, fn in fns.items():
     jax.block_until_ready(fn(*args[key]))  # compile + warm
@@ -55,7 +51,7 @@ def _time_interleaved(fns: dict, args: dict, rows, rounds: int) -> dict:
   return {key: float(np.median(v)) for key, v in times.items()}
 
 
-def _print_table(med: dict, paths, rows, bytes_per_path: dict, params: int, peak_gflops: float):
+def print_table(med: dict, paths, rows, bytes_per_path: dict, params: int, peak_gflops: float):
   print('| path | t(1) ms | ' + ' | '.join(f'v({t})' for t in rows[1:]) + ' | GB/s at T=1 |')
   print('|---|---|' + '---|' * (len(rows) - 1) + '---|')
   for p in paths:
@@ -71,88 +67,8 @@ def _print_table(med: dict, paths, rows, bytes_per_path: dict, params: int, peak
     )
 
 
-def _load() -> str:
+def load_average() -> str:
   return ' '.join(f'{x:.2f}' for x in os.getloadavg())
-
-
-def run_model(shape: str, rows, rounds: int, peak_gflops: float, steps: int = 10):
-  """t(1) and v(T) of the T5 decoder step per path (XLA f32, kernels with f32 / bf16 weights)."""
-  from flax import traverse_util
-
-  from speculative.models import t5 as t5_lib
-
-  if shape == 'shipped':
-    from speculative import checkpoints
-
-    config = t5_lib.T5Config(
-      vocab_size=8000,
-      emb_dim=256,
-      num_heads=4,
-      num_encoder_layers=4,
-      num_decoder_layers=4,
-      head_dim=64,
-      mlp_dim=1024,
-    )
-    model, params = checkpoints.load_model(config, 'models/embedded/target.msgpack')
-  else:
-    config = t5_lib.T5Config(
-      vocab_size=8000,
-      emb_dim=768,
-      num_heads=12,
-      num_encoder_layers=6,
-      num_decoder_layers=6,
-      head_dim=64,
-      mlp_dim=3072,
-    )
-    model = t5_lib.T5(config)
-    # bfloat16-valued weights, so that the bf16-stored packing is exact (timing does not depend
-    # on the values).
-    params = jax.tree_util.tree_map(
-      lambda x: x.astype(jnp.bfloat16).astype(jnp.float32), model.init_params(jax.random.PRNGKey(0))
-    )
-  flat = traverse_util.flatten_dict(params['decoder'], sep='/')
-  step_params = sum(int(np.prod(v.shape)) for k, v in flat.items() if k.endswith('kernel'))
-  variants = {
-    'xla_f32': params,
-    'kernels_f32': t5_lib.pack_decode_params(model, params, 'float32'),
-    'kernels_bf16': t5_lib.pack_decode_params(model, params, 'bfloat16'),
-  }
-  rng = np.random.default_rng(0)
-  encoder = jnp.asarray(rng.integers(2, 8000, (1, 40)), jnp.int32)
-  tokens = jnp.asarray(rng.integers(2, 8000, (1, max(rows))), jnp.int32)
-  fns, args = {}, {}
-  for name, p in variants.items():
-    cache = model.init_cache(p, 1, 128, encoder)
-    for t in rows:
-
-      def chained(p, cache, t=t):
-        def body(i, carry):
-          cache, acc = carry
-          logits, cache = model.extend(p, cache, tokens[:, :t], jnp.asarray([0], jnp.int32) + i * t)
-          return cache, acc + logits[0, -1, :8]  # the logits are used: nothing is dead code
-
-        _, acc = jax.lax.fori_loop(0, steps, body, (cache, jnp.zeros(8)))
-        return acc
-
-      fns[(name, t)] = jax.jit(chained)
-      args[(name, t)] = (p, cache)
-  before = _load()
-  med = {k: v / steps for k, v in _time_interleaved(fns, args, rows, rounds).items()}
-  print(
-    f'model: {shape}, {step_params / 1e6:.1f}M decode-step weights '
-    f'({step_params * 4 / 1e6:.0f} MB f32); batch 1, {steps} chained steps per call, {rounds} '
-    f'interleaved rounds, median; load average {before} -> {_load()}; {library.status()}'
-  )
-  bytes_ = {
-    'xla_f32': step_params * 4,
-    'kernels_f32': step_params * 4,
-    'kernels_bf16': step_params * 2,
-  }
-  _print_table(med, list(variants), rows, bytes_, step_params, peak_gflops)
-  ratio = med[('kernels_f32', 1)] / med[('xla_f32', 1)]
-  ratio_bf16 = med[('kernels_bf16', 1)] / med[('xla_f32', 1)]
-  print(f't(1) kernels_f32 / xla_f32 = {ratio:.3f}; kernels_bf16 / xla_f32 = {ratio_bf16:.3f}')
-  return med
 
 
 def run(d: int, mlp: int, layers: int, rows: tuple[int, ...], rounds: int, peak_gflops: float):
@@ -206,8 +122,6 @@ def run(d: int, mlp: int, layers: int, rows: tuple[int, ...], rounds: int, peak_
 
 def main() -> None:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument('what', choices=('stack', 'model'))
-  parser.add_argument('--shape', choices=('shipped', 'random140m'), default='shipped')
   parser.add_argument('--d', type=int, default=768)
   parser.add_argument('--mlp', type=int, default=3072)
   parser.add_argument('--layers', type=int, default=16)
@@ -222,10 +136,7 @@ def main() -> None:
   rows = tuple(int(r) for r in args.rows.split(','))
   if rows[0] != 1:
     raise SystemExit('error: --rows must start with 1 (v(T) is relative to t(1))')
-  if args.what == 'model':
-    run_model(args.shape, rows, args.rounds, args.peak_gflops)
-  else:
-    run(args.d, args.mlp, args.layers, rows, args.rounds, args.peak_gflops)
+  run(args.d, args.mlp, args.layers, rows, args.rounds, args.peak_gflops)
 
 
 if __name__ == '__main__':

@@ -1,0 +1,119 @@
+"""The T5 decoder step on the CPU kernels against XLA's dot: t(1) and v(T) at batch 1.
+
+  .venv/bin/python -m speculative.bench.decode_step [--shape shipped|random140m] [--rows 1,2,4,8]
+
+`T5.extend` over T tokens, 10 chained steps per timed call (the logits feed the result, so nothing
+is dead code), a cache of 128 positions, three paths: XLA's dot on float32 weights, and the kernels
+with float32 and with bfloat16 weight storage (`t5.pack_decode_params`). Shapes: the shipped 13.5M
+target, or a random-init 139.7M shape (d 768, 12 heads, 6+6 layers, mlp 3072) whose decode-step
+weights are several times the last-level cache (its weights are rounded to bfloat16 values, so the
+bfloat16 storage is exact; timing does not depend on the values). Each (path, T) is jitted once and
+the rounds interleave them; prints the table of `kernels.bench` with the load average.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from flax import traverse_util
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from speculative import checkpoints
+from speculative import kernels
+from speculative.kernels import bench as kernel_bench
+from speculative.models import t5 as t5_lib
+
+
+def run_model(shape: str, rows, rounds: int, peak_gflops: float, steps: int = 10):
+  """t(1) and v(T) of the T5 decoder step per path (XLA f32, kernels with f32 / bf16 weights)."""
+  if shape == 'shipped':
+    config = t5_lib.T5Config(
+      vocab_size=8000,
+      emb_dim=256,
+      num_heads=4,
+      num_encoder_layers=4,
+      num_decoder_layers=4,
+      head_dim=64,
+      mlp_dim=1024,
+    )
+    model, params = checkpoints.load_model(config, 'models/embedded/target.msgpack')
+  else:
+    config = t5_lib.T5Config(
+      vocab_size=8000,
+      emb_dim=768,
+      num_heads=12,
+      num_encoder_layers=6,
+      num_decoder_layers=6,
+      head_dim=64,
+      mlp_dim=3072,
+    )
+    model = t5_lib.T5(config)
+    # bfloat16-valued weights, so that the bf16-stored packing is exact (timing does not depend
+    # on the values).
+    params = jax.tree_util.tree_map(
+      lambda x: x.astype(jnp.bfloat16).astype(jnp.float32), model.init_params(jax.random.PRNGKey(0))
+    )
+  flat = traverse_util.flatten_dict(params['decoder'], sep='/')
+  step_params = sum(int(np.prod(v.shape)) for k, v in flat.items() if k.endswith('kernel'))
+  variants = {
+    'xla_f32': params,
+    'kernels_f32': t5_lib.pack_decode_params(model, params, 'float32'),
+    'kernels_bf16': t5_lib.pack_decode_params(model, params, 'bfloat16'),
+  }
+  rng = np.random.default_rng(0)
+  encoder = jnp.asarray(rng.integers(2, 8000, (1, 40)), jnp.int32)
+  tokens = jnp.asarray(rng.integers(2, 8000, (1, max(rows))), jnp.int32)
+  fns, args = {}, {}
+  for name, p in variants.items():
+    cache = model.init_cache(p, 1, 128, encoder)
+    for t in rows:
+
+      def chained(p, cache, t=t):
+        def body(i, carry):
+          cache, acc = carry
+          logits, cache = model.extend(p, cache, tokens[:, :t], jnp.asarray([0], jnp.int32) + i * t)
+          return cache, acc + logits[0, -1, :8]  # the logits are used: nothing is dead code
+
+        _, acc = jax.lax.fori_loop(0, steps, body, (cache, jnp.zeros(8)))
+        return acc
+
+      fns[(name, t)] = jax.jit(chained)
+      args[(name, t)] = (p, cache)
+  before = kernel_bench.load_average()
+  med = {k: v / steps for k, v in kernel_bench.time_interleaved(fns, args, rows, rounds).items()}
+  print(
+    f'model: {shape}, {step_params / 1e6:.1f}M decode-step weights '
+    f'({step_params * 4 / 1e6:.0f} MB f32); batch 1, {steps} chained steps per call, {rounds} '
+    f'interleaved rounds, median; load average {before} -> {kernel_bench.load_average()}; {kernels.status()}'
+  )
+  bytes_ = {
+    'xla_f32': step_params * 4,
+    'kernels_f32': step_params * 4,
+    'kernels_bf16': step_params * 2,
+  }
+  kernel_bench.print_table(med, list(variants), rows, bytes_, step_params, peak_gflops)
+  ratio = med[('kernels_f32', 1)] / med[('xla_f32', 1)]
+  ratio_bf16 = med[('kernels_bf16', 1)] / med[('xla_f32', 1)]
+  print(f't(1) kernels_f32 / xla_f32 = {ratio:.3f}; kernels_bf16 / xla_f32 = {ratio_bf16:.3f}')
+  return med
+
+
+def main() -> None:
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument('--shape', choices=('shipped', 'random140m'), default='shipped')
+  parser.add_argument('--rows', type=str, default='1,2,3,4,5,8')
+  parser.add_argument('--rounds', type=int, default=7)
+  parser.add_argument('--peak_gflops', type=float, default=190.0)
+  args = parser.parse_args()
+  if not kernels.available():
+    raise SystemExit(f'error: {kernels.status()}')
+  rows = tuple(int(r) for r in args.rows.split(','))
+  if rows[0] != 1:
+    raise SystemExit('error: --rows must start with 1 (v(T) is relative to t(1))')
+  run_model(args.shape, rows, args.rounds, args.peak_gflops)
+
+
+if __name__ == '__main__':
+  main()
