@@ -342,6 +342,7 @@ def test_environment_switch_turns_the_kernels_off():
   assert out.stdout.strip() == 'kernels off (SPECULATIVE_KERNELS=0); XLA path'
 
 
+@pytest.mark.slow
 def test_a_job_records_its_path_and_refuses_to_resume_on_the_other(tmp_path):
   from model_utils import save_tiny_pair
 
