@@ -169,6 +169,7 @@ def _padded(sequences, width):
   return jnp.asarray(tokens), jnp.asarray([len(s) for s in sequences], jnp.int32)
 
 
+@pytest.mark.slow
 def test_audit_arrays_under_jit_agree_with_audit_divergences():
   """The traceable array form gives the host audit's verdicts, positions, tokens, gaps and bounds,
   with and without a shared prompt before the generated tokens."""
@@ -242,6 +243,7 @@ def _decode_both(model, params, drafter, draft_params, lenience=None):
   return as_lists(base), as_lists(spec)
 
 
+@pytest.mark.slow
 def test_inexact_acceptance_rule_is_flagged_as_mismatch():
   """lenience 1e-3 accepts any draft token within log(1000) of the top logit: not exact."""
   model, params = T5(TINY), _params(seed=1)
@@ -272,6 +274,7 @@ def test_logits_dtype_config():
     T5Config(logits_dtype='bfloat16')
 
 
+@pytest.mark.slow
 def test_float32_logits_head_default_unchanged_and_applied_in_every_path():
   params = _params()
   encoder = jnp.asarray(ENCODER)
@@ -301,6 +304,7 @@ def test_float32_logits_head_default_unchanged_and_applied_in_every_path():
     np.testing.assert_allclose(other, bf16_head[0], atol=0.1 * np.abs(bf16_head[0]).max())
 
 
+@pytest.mark.slow
 def test_float32_logits_head_greedy_decode_equals_full_forward_argmax():
   model = T5(dataclasses.replace(TINY, logits_dtype='float32'))
   params = _params(seed=3)

@@ -47,6 +47,7 @@ def _tree_equal(a, b):
   )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('batch', [1, 8])
 def test_lockstep_extend_equals_ragged(setup, batch):
   model, params, encoder_tokens = setup
@@ -78,6 +79,7 @@ def test_lockstep_extend_equals_ragged(setup, batch):
     assert bool(_tree_equal(lock_cache, cache)) == (start >= MAX_LENGTH), (num_new, start)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('batch', [1, 8])
 def test_lockstep_greedy_loop_equals_ragged(setup, batch):
   """Chained T=1 steps (the baseline's loop) decode the same tokens on both paths."""
@@ -105,6 +107,7 @@ def test_lockstep_greedy_loop_equals_ragged(setup, batch):
   assert len(np.unique(ragged)) > 1  # not a degenerate constant output
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('batch', [1, 8])
 def test_autoregressive_decode_equals_ragged_greedy(setup, batch):
   """`autoregressive_decode` (whichever path it takes) == a plain ragged-`extend` greedy loop."""

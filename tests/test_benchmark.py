@@ -125,6 +125,7 @@ def run(tmp_path_factory):
   return report, out
 
 
+@pytest.mark.slow
 def test_files_written_and_json_matches(run):
   report, out = run
   for name in ("results.json", "results.md", "speedup_vs_gamma.png", "alpha.png"):
@@ -148,6 +149,7 @@ def test_files_written_and_json_matches(run):
   assert any("RANDOM-INIT" in w for w in report["warnings"])
 
 
+@pytest.mark.slow
 def test_cost_model_consistent(run):
   report, _ = run
   cm = report["costs"]["1"]
@@ -194,6 +196,7 @@ def test_cost_model_consistent(run):
   assert cm["target_step_s_after"] > 0  # re-timed after the sweep (load drift check)
 
 
+@pytest.mark.slow
 def test_rows_consistent_with_formulas(run):
   report, _ = run
   assert [(g["group"]["batch_size"], g["group"]["temperature"]) for g in report["groups"]] == [
@@ -273,6 +276,7 @@ def test_rows_consistent_with_formulas(run):
       assert baselines["stock_equivalent"]["identical_to_baseline"] == NUM_EXAMPLES
 
 
+@pytest.mark.slow
 def test_self_drafting_accepts_everything(run):
   report, _ = run
   for group in report["groups"]:  # q == p: every draft is accepted, at any temperature
@@ -286,6 +290,7 @@ def test_self_drafting_accepts_everything(run):
     assert row["expected_tokens"] == pytest.approx(GAMMA + 1)
 
 
+@pytest.mark.slow
 def test_choices_and_targets_structure(run):
   report, _ = run
   assert {(c["temperature"], c["drafter"]) for c in report["choices"]} == {
@@ -395,6 +400,7 @@ def test_gin_configs_parse():
     os.chdir(cwd)
 
 
+@pytest.mark.slow
 def test_render_from_saved_json_reproduces_the_page(run, tmp_path):
   report, out = run
   rendered = report_lib.render(str(out / "results.json"), str(tmp_path))
@@ -483,6 +489,7 @@ def test_profile_refuses_a_negative_overhead():
   assert noisy["overhead_s"] is None and noisy["overhead_refused"] == "v(2): spread 0.90 > 0.25"
 
 
+@pytest.mark.slow
 def test_refused_predictions_read_too_noisy_everywhere(run, tmp_path):
   report, _ = run
   noisy = json.loads(json.dumps(report))
@@ -536,6 +543,7 @@ def test_gamma_policy_falls_back_on_measurements_only_when_every_gamma_was_slowe
   assert target[1] == 1.0 and "every measured γ was slower" in target[3]
 
 
+@pytest.mark.slow
 def test_roofline_counts_the_weights_a_decode_step_reads(run):
   shapes = T5(TARGET).param_shapes()
   kernels = roofline.decode_step_kernels(shapes, logits_via_embedding=False)
@@ -568,6 +576,7 @@ def test_batches_pad_like_t5x():
     batching.pad_batch(examples, 2, 6)
 
 
+@pytest.mark.slow
 def test_greedy_rows_that_differ_are_audited():
   """A speculative method whose row 0 emits a token no rounding explains (float32 model) gets
   an audit verdict 'mismatch'; identical rows are not audited."""
@@ -619,6 +628,7 @@ def test_greedy_rows_that_differ_are_audited():
   assert "divergences" not in untouched
 
 
+@pytest.mark.slow
 def test_whole_job_row_and_resources_per_group(run):
   """The whole-job row decodes every input at the best batch size with baseline, stock and the
   fastest speculative method; every group reports its compiles (none in the timed calls: one

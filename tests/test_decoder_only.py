@@ -37,6 +37,7 @@ def _pick_lm1b_models(target=gin.REQUIRED, draft=gin.REQUIRED):
   return target, draft
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('name', sorted(VARIANTS))
 def test_cached_chunks_equal_full_forward(name):
   model = DecoderOnlyLM(VARIANTS[name])

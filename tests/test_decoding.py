@@ -106,6 +106,7 @@ def test_greedy_baseline_is_argmax_of_full_forward(greedy_baseline):
   assert lengths.min() < 10 < lengths.max() + 1  # both stopping rules occur
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('gamma', range(1, 9))
 def test_greedy_speculative_equals_baseline_batch_100(greedy_baseline, gamma):
   result = decoding.speculative_decode(
@@ -206,6 +207,7 @@ class _PartialDrafter:
     return proposal.replace(tokens=filler, num_drafted=num_drafted), state
 
 
+@pytest.mark.slow
 def test_greedy_exact_with_fewer_drafted_tokens(greedy_baseline):
   drafter = _PartialDrafter(drafters.ModelDrafter(DRAFT))
   result = decoding.speculative_decode(
@@ -231,6 +233,7 @@ def test_greedy_exact_with_fewer_drafted_tokens(greedy_baseline):
 # --------------------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('temperature', [0.0, 1.0])
 def test_draft_equal_to_target_accepts_everything(temperature):
   gamma = 3
@@ -254,6 +257,7 @@ def _eos_candidate(tokens, lengths, gamma):
   raise AssertionError('no usable EOS candidate')
 
 
+@pytest.mark.slow
 def test_eos_inside_an_accepted_block(greedy_baseline):
   gamma = 4
   row, j, eos = _eos_candidate(
@@ -285,6 +289,7 @@ def test_eos_inside_an_accepted_block(greedy_baseline):
     assert (eos not in toks[:-1]) and (toks[-1] == eos or len(toks) == 12)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('max_new', [1, 7])
 def test_max_new_tokens_not_a_multiple_of_the_block(greedy_baseline, max_new):
   gamma = 3
@@ -395,6 +400,7 @@ def _exact_sequence_distribution(values):
   return model_utils.sequence_probs(probs, continuations)  # [V^3], index = base-V number
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('gamma', SEQ_GAMMAS)
 @pytest.mark.parametrize('setting', sorted(SEQ_SETTINGS))
 def test_sequence_distribution_matches_target(setting, gamma):

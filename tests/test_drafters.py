@@ -181,6 +181,7 @@ def test_unigram_and_bigram_estimates():
     drafters.estimate_bigram([], 6)
 
 
+@pytest.mark.slow
 def test_ngram_q_is_the_table_under_the_target_standardization():
   tokens = jnp.zeros((2, 8), jnp.int32).at[:, 0].set(jnp.array([4, 7]))
   lengths = jnp.array([1, 1], jnp.int32)
@@ -317,6 +318,7 @@ def test_prompt_lookup_proposal_and_fallback():
     drafters.PromptLookupDrafter(V, ())
 
 
+@pytest.mark.slow
 def test_draft_cache_stays_in_sync_when_fed_copied_tokens():
   """After a step in which the draft model was fed copied (forced) tokens -- all rows forced (one
   wide call) or some rows (the per-token loop) -- and a prefix of them was committed, its next
@@ -419,6 +421,7 @@ def test_adaptive_gamma_rule_maximizes_the_predicted_improvement():
     drafters.ModelDrafter(DRAFT, stop_below=1.5)
 
 
+@pytest.mark.slow
 def test_confidence_stop_rule_drafts_until_an_unsure_token():
   drafter = drafters.ModelDrafter(DRAFT, stop_below=0.35)
   width, gamma = 12, 5
@@ -495,6 +498,7 @@ def exact_distribution():
   return model_utils.sequence_probs(probs, continuations)  # [V^3], index = base-V number
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('name', list(DRAFTERS))
 def test_every_drafter_is_exact(name, greedy_baseline, exact_distribution):
   drafter, draft_params, options = DRAFTERS[name]

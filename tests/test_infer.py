@@ -102,6 +102,7 @@ def test_length_sorted_batches_keep_input_order_and_outputs(setup):
   assert "chrF" in report and "sentences/s" in report and "source:" in report
 
 
+@pytest.mark.slow
 def test_adaptive_gamma_stays_exact_and_lenience_is_marked_approximate(setup):
   root, kwargs = setup
   adaptive = infer.infer(
@@ -118,6 +119,7 @@ def test_adaptive_gamma_stays_exact_and_lenience_is_marked_approximate(setup):
     infer.infer(output_dir=str(root / "bad"), lenience=0.0, **kwargs)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("drafter", ["prompt_lookup", "prompt_lookup+model"])
 def test_copy_drafters_stay_exact(setup, drafter):
   root, kwargs = setup

@@ -218,6 +218,7 @@ def test_bom_is_not_text(setup):
   assert [e.input_tokens.tolist() for e in a] == [e.input_tokens.tolist() for e in b]
 
 
+@pytest.mark.slow
 def test_changed_settings_are_refused_before_loading(setup, tmp_path, monkeypatch):
   root, kwargs = setup
   out = str(tmp_path / "out")
@@ -421,6 +422,7 @@ def test_cli_user_errors_are_one_message_and_debug_shows_the_traceback(tmp_path)
   assert debug.returncode != 0 and "Traceback" in debug.stderr
 
 
+@pytest.mark.slow
 def test_help_lists_the_run_file_macros():
   out = subprocess.run(
     [sys.executable, "-m", "speculative.infer", "--help"],

@@ -215,6 +215,7 @@ def _alpha(result):
   return metrics.alpha_sum.sum() / metrics.drafted.sum()
 
 
+@pytest.mark.slow
 def test_decode_with_lenience_one_is_exact_and_new_values_do_not_recompile():
   for temperature in (0.0, 1.0):
     exact = _decode(temperature, None)
@@ -234,6 +235,7 @@ def test_decode_with_lenience_one_is_exact_and_new_values_do_not_recompile():
   assert dict(decode_state.TRACE_COUNTS) == counts
 
 
+@pytest.mark.slow
 def test_greedy_lenience_guarantee_and_alpha_grows_as_l_shrinks():
   baseline = decoding.autoregressive_decode(
     TARGET,
@@ -272,6 +274,7 @@ def test_greedy_lenience_guarantee_and_alpha_grows_as_l_shrinks():
   assert alphas[0] < alphas[1] <= alphas[2], alphas
 
 
+@pytest.mark.slow
 def test_first_emitted_token_in_the_loop_follows_the_lenient_distribution():
   """gamma=1, one new token: P(first token) = lenient_output_distribution(p_1, q_1, l)."""
   num, lenience = 40_000, 0.3

@@ -75,6 +75,7 @@ def _simulate(key, q, p, k, n):
   return counts, jnp.sum(index >= 0), prob[0], jnp.max(index)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("k", SAMPLED_K)
 def test_output_is_distributed_as_target(k):
   for case, (q, p) in enumerate(PAIRS.values()):

@@ -137,6 +137,7 @@ def _assert_same(expected, actual, label):
 # --------------------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
   'values',
   [dict(temperature=1.0), dict(temperature=0.0), dict(temperature=0.8, top_k=5)],
@@ -152,6 +153,7 @@ def test_k1_equals_speculative_decode_token_for_token(values):
     np.testing.assert_array_equal(expected.metrics.drafted, actual.metrics.drafted)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('k', [2, 4])
 def test_greedy_spectr_equals_greedy_baseline(greedy_baseline, k):
   result = _spectr(k, dict(temperature=0.0))
@@ -207,6 +209,7 @@ def test_acceptance_with_k_drafts_beats_one_draft_and_matches_the_counts():
 # --------------------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_draft_equal_to_target_and_max_length(greedy_baseline):
   """Draft == target: every draft accepted, block efficiency L+1 except in the last block (cut by
   EOS or max_new_tokens, which is not a multiple of L+1); tokens equal the baseline, truncated."""
@@ -276,6 +279,7 @@ class _AgreementCheckingLM:
     return jnp.where(agree[:, None, None], logits, jnp.nan), new_cache
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('values', [dict(temperature=1.0), dict(temperature=0.0)])
 def test_all_copies_agree_on_every_cache_entry_that_is_read(values):
   """Target verify calls and the drafter's catch-up calls (T=2) check that the K copies of a row
@@ -302,6 +306,7 @@ def test_all_copies_agree_on_every_cache_entry_that_is_read(values):
   assert metrics.target_calls.sum() > 2 * 32 and 0 < metrics.accepted.sum()
 
 
+@pytest.mark.slow
 def test_row_in_batch_equals_row_alone_and_no_recompilation():
   batch = _spectr(4, dict(temperature=1.0), rng=3)
   counts = dict(decode_state.TRACE_COUNTS)
@@ -329,6 +334,7 @@ def test_row_in_batch_equals_row_alone_and_no_recompilation():
     np.testing.assert_allclose(alone.metrics.alpha_sum[0], batch.metrics.alpha_sum[row], rtol=1e-5)
 
 
+@pytest.mark.slow
 def test_t5_encoder_decoder_greedy_identity():
   """A tiny T5 pair (the draft: the target's weights plus noise, so drafts are partly accepted):
   greedy SpecTr == greedy baseline; sampling runs (its exactness is the decoder-only test's job)."""
@@ -459,6 +465,7 @@ def _exact_sequence_distribution(values):
   return model_utils.sequence_probs(probs, continuations)  # [V^3], index = base-V number
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('k, length', SEQ_CASES)
 def test_sequence_distribution_matches_target(k, length):
   values = _values(1.0)

@@ -148,6 +148,7 @@ def _extend_fn(model):
   return jax.jit(model.extend)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('cache_cross_kv', [True, False])
 @pytest.mark.parametrize('chunk', [1, 3])
 def test_chunked_extend_equals_forward(small_setup, cache_cross_kv, chunk):
@@ -232,6 +233,7 @@ def test_forward_with_attention_equals_forward(small_setup):
       assert np.triu(w[0, 0], k=1).max() < 1e-6  # causal
 
 
+@pytest.mark.slow
 def test_dropout_only_with_rng(small_setup):
   params, encoder_tokens, stream, full = small_setup
   noisy = T5(T5Config(**{**SMALL.__dict__, 'dropout_rate': 0.3}))
@@ -460,6 +462,7 @@ _SHARDING_SCRIPT = textwrap.dedent('''
 ''')
 
 
+@pytest.mark.slow
 def test_sharded_equals_single_device():
   env = dict(os.environ)
   flags = env.get('XLA_FLAGS', '') + ' --xla_force_host_platform_device_count=4'

@@ -43,6 +43,7 @@ def baseline_tokens():
   return np.asarray(result.tokens)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('gamma', range(1, 9))
 def test_greedy_speculative_equals_baseline(baseline_tokens, gamma):
   for rows in (slice(0, 8), slice(3, 4)):  # batch 8 and batch 1
@@ -85,6 +86,7 @@ def _exact_distribution(values):
   return model_utils.sequence_probs(probs, continuations)  # [V^3], index = base-V number
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('gamma', (1, 3))
 @pytest.mark.parametrize(
   'setting', ({'temperature': 1.0}, {'temperature': 0.8, 'top_k': 4}), ids=('t1.0', 't0.8-topk4')

@@ -197,6 +197,7 @@ def tiny_draft_checkpoint(tmp_path_factory):
   return path, params
 
 
+@pytest.mark.slow
 def test_add_draft_checkpoint_grafts_draft_into_restored_state(tiny_draft_checkpoint):
   path, params = tiny_draft_checkpoint
   shapes = jax.eval_shape(lambda: params)

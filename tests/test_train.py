@@ -257,6 +257,7 @@ def test_fork_continues_a_run_with_its_optimizer_state(data, tmp_path):
   assert checkpoints.checkpoint_steps(tmp_path / "fork") == [6, 12]
 
 
+@pytest.mark.slow
 def test_attention_entropy_is_one_for_uniform_and_zero_for_one_hot():
   """Normalized by log(number of keys a row may attend to): real keys (encoder, cross) or the
   causal prefix (decoder self-attention); padded query rows and single-key rows are left out."""
