@@ -62,9 +62,9 @@ GAMMA = 2
 MAX_NEW_TOKENS = 8
 
 
-def _self_drafter(ctx: methods.DrafterContext):
+def _self_drafter(options: drafters_lib.DrafterOptions):
   """The target drafting for itself: greedy alpha must be exactly 1."""
-  return drafters_lib.ModelDrafter(ctx.target), ctx.target_params
+  return drafters_lib.ModelDrafter(options.target_model), options.target_params
 
 
 @dataclasses.dataclass(frozen=True)
@@ -88,14 +88,14 @@ class RepeatLastDrafter:
     return drafters_lib.DraftProposal(tokens=draft, probs=probs, num_drafted=num), state
 
 
-def _repeat_last_drafter(ctx: methods.DrafterContext):
-  return RepeatLastDrafter(ctx.vocab_size), None
+def _repeat_last_drafter(options: drafters_lib.DrafterOptions):
+  return RepeatLastDrafter(options.vocab_size), None
 
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
-  methods.register_drafter("self", _self_drafter)
-  methods.register_drafter("repeat_last", _repeat_last_drafter)
+  drafters_lib.register_drafter("self", _self_drafter)
+  drafters_lib.register_drafter("repeat_last", _repeat_last_drafter)
   out = tmp_path_factory.mktemp("bench")
   examples = inputs.synthetic_examples(NUM_EXAMPLES, inputs_length=10, vocab_size=VOCAB, seed=3)
   report = benchmark.benchmark(
@@ -360,7 +360,7 @@ def test_bad_options_raise_before_any_work(tmp_path):
   with pytest.raises(FileNotFoundError, match="target checkpoint does not exist"):
     benchmark.benchmark(**{**kwargs, "target_checkpoint": str(tmp_path / "missing.msgpack")})
   with pytest.raises(ValueError, match="cannot import"):
-    methods.resolve_drafter("no_such_module_xyz:factory")
+    drafters_lib.registry.spec("no_such_module_xyz:factory")
 
 
 def test_gin_configs_parse():

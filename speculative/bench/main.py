@@ -64,7 +64,6 @@ def _models(
   allow_random_init: bool,
   seed: int,
   drafters: Sequence[str],
-  examples,
   warnings: list[str],
   kernels_setting: str = "auto",
 ) -> dict[str, Any]:
@@ -89,16 +88,14 @@ def _models(
       )
   if "random init" in target_desc or "random init" in descriptions.get("draft", ""):
     warnings.append("RANDOM-INIT weights: α and speedups do not describe trained models.")
-  ctx = methods_lib.DrafterContext(
+  built = methods_lib.build_drafters(
+    drafters,
     target=target,
     target_params=target_params,
     draft=draft,
     draft_params=draft_params,
-    vocab_size=target.vocab_size,
-    examples=examples,
-    train_sequences=methods_lib.train_sequences,
+    warnings=warnings,
   )
-  built = methods_lib.build_drafters(drafters, ctx, warnings)
   models = {
     "target": target,
     "target_params": target_params,
@@ -367,7 +364,6 @@ def _run(s: settings.BenchmarkSettings) -> dict[str, Any]:
     allow_random_init=s.allow_random_init,
     seed=s.seed,
     drafters=s.drafters,
-    examples=examples,
     warnings=warnings,
     kernels_setting=s.kernels,
   )

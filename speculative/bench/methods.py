@@ -1,10 +1,12 @@
 """What the benchmark compares: drafters (built by name) and the decoding methods of a group.
 
-Drafters are named in the benchmark's `drafters` option: 'model' (the draft model,
-`ModelDrafter`), 'unigram' / 'bigram' (tables estimated on the training targets), 'prompt_lookup'
-(copying), 'prompt_lookup+model' (copying, else the draft model), any name added with
-`register_drafter`, or 'package.module:factory' for a factory defined elsewhere. A factory receives
-a `DrafterContext` and returns (drafter, draft_params).
+Drafters are named in the benchmark's `drafters` option by their names in the one drafter registry
+(`speculative.drafters.registry`): 'model' (the draft model, `ModelDrafter`), 'unigram' / 'bigram'
+(tables estimated on the training targets), 'prompt_lookup' (copying), 'prompt_lookup+model'
+(copying, else the draft model), any name added with `drafters.register_drafter`, or
+'package.module:build' for a build function defined elsewhere: it receives the registry's
+`DrafterOptions` (the target and draft models and params, the vocabulary size, the training
+sequences) and returns (drafter, draft_params).
 """
 
 from __future__ import annotations
@@ -27,7 +29,6 @@ from speculative import drafters as drafters_lib
 from speculative.data import tasks
 from speculative.decode import modes
 from speculative.decode import options as decode_options
-from speculative.infer import inputs as infer_inputs
 from speculative.models import t5 as t5_lib
 
 BASELINE = "baseline"
@@ -37,81 +38,8 @@ SPECULATIVE = "speculative"
 
 
 # ----------------------------------------------------------------------------------------------
-# Drafters (a registry, so n-gram / prompt-lookup drafters plug in by name).
+# Drafters: built by name through the one drafter registry (speculative.drafters).
 # ----------------------------------------------------------------------------------------------
-
-
-@dataclasses.dataclass(frozen=True)
-class DrafterContext:
-  """What a drafter factory may use.
-
-  Attributes:
-    target: the target model; target_params: its params.
-    draft: the draft model (None if no draft config was given); draft_params: its params.
-    vocab_size: the shared vocabulary size.
-    examples: the benchmark inputs (infer_inputs.Example).
-    train_sequences: callable returning the training corpus as decoder streams (token id arrays
-      [0, ..., 1]), lazily and cached: what n-gram tables are estimated from.
-  """
-
-  target: Any
-  target_params: Any
-  draft: Any
-  draft_params: Any
-  vocab_size: int
-  examples: Sequence[infer_inputs.Example]
-  train_sequences: Callable[[], Sequence[np.ndarray]]
-
-
-DrafterFactory = Callable[[DrafterContext], tuple[Any, Any]]
-
-
-def _registry_factory(name: str) -> DrafterFactory:
-  """A factory that builds drafter `name` through the one drafter registry (speculative.drafters)."""
-
-  def factory(ctx: DrafterContext) -> tuple[Any, Any]:
-    if drafters_lib.needs_draft_model(name) and ctx.draft is None:
-      raise ValueError(f"drafter {name!r} needs draft_config (and a draft checkpoint)")
-    return drafters_lib.build_drafter(
-      name,
-      vocab_size=ctx.vocab_size,
-      draft_model=ctx.draft,
-      draft_params=ctx.draft_params,
-      train_sequences=ctx.train_sequences,
-    )
-
-  return factory
-
-
-# The registry's drafters, plus any registered here for the benchmark only (`register_drafter`).
-DRAFTER_FACTORIES: dict[str, DrafterFactory] = {
-  name: _registry_factory(name) for name in drafters_lib.DRAFTERS
-}
-
-
-def register_drafter(name: str, factory: DrafterFactory) -> None:
-  """Makes `name` usable in the `drafters` option; factory(ctx) -> (drafter, draft_params)."""
-  if not name or ":" in name:
-    raise ValueError(f"drafter names must be non-empty and contain no ':'; got {name!r}")
-  DRAFTER_FACTORIES[name] = factory
-
-
-def resolve_drafter(name: str) -> DrafterFactory:
-  """A registered name, or 'package.module:factory'."""
-  if name in DRAFTER_FACTORIES:
-    return DRAFTER_FACTORIES[name]
-  if ":" in name:
-    module_name, _, attribute = name.partition(":")
-    try:
-      module = importlib.import_module(module_name)
-    except ImportError as e:
-      raise ValueError(f"drafter {name!r}: cannot import {module_name!r} ({e})") from e
-    if not hasattr(module, attribute):
-      raise ValueError(f"drafter {name!r}: {module_name} has no attribute {attribute!r}")
-    return getattr(module, attribute)
-  raise ValueError(
-    f"unknown drafter {name!r}; known: {sorted(DRAFTER_FACTORIES)} (or 'package.module:factory')"
-  )
 
 
 def is_model_drafter(drafter: Any) -> bool:
@@ -126,15 +54,29 @@ def train_sequences() -> list[np.ndarray]:
 
 
 def build_drafters(
-  names: Sequence[str], ctx: DrafterContext, warnings: list[str]
+  names: Sequence[str],
+  *,
+  target: Any,
+  target_params: Any,
+  draft: Any,
+  draft_params: Any,
+  warnings: list[str],
 ) -> dict[str, tuple[Any, Any]]:
-  """{name: (drafter, params)} for the drafter `names` (the first, primary one must build; a
-  secondary one that cannot is skipped with a warning appended to `warnings`)."""
-  factories = {name: resolve_drafter(name) for name in names}
+  """{name: (drafter, params)} for the drafter `names` (registry names or 'package.module:build';
+  the first, primary one must build; a secondary one that cannot is skipped with a warning
+  appended to `warnings`)."""
   built = {}
-  for name, factory in factories.items():
+  for name in names:
     try:
-      drafter, params = factory(ctx)
+      drafter, params = drafters_lib.build_drafter(
+        name,
+        vocab_size=target.vocab_size,
+        draft_model=draft,
+        draft_params=draft_params,
+        train_sequences=train_sequences,
+        target_model=target,
+        target_params=target_params,
+      )
     except Exception as e:  # pylint: disable=broad-except
       if name == names[0]:
         raise
@@ -142,9 +84,9 @@ def build_drafters(
       warnings.append(f"drafter {name!r} skipped: {type(e).__name__}: {e}")
       logging.warning("drafter %r skipped: %s", name, e)
       continue
-    if drafter.vocab_size != ctx.vocab_size:
+    if drafter.vocab_size != target.vocab_size:
       raise ValueError(
-        f"drafter {name!r} vocab_size {drafter.vocab_size} != target {ctx.vocab_size}"
+        f"drafter {name!r} vocab_size {drafter.vocab_size} != target {target.vocab_size}"
       )
     built[name] = (drafter, params)
   return built

@@ -11,6 +11,7 @@ import numpy as np
 
 from speculative import kernels
 from speculative.bench import methods as methods_lib
+from speculative.drafters import registry as drafter_registry
 from speculative.infer import inputs as infer_inputs
 from speculative.models import t5 as t5_lib
 
@@ -26,7 +27,7 @@ class BenchmarkSettings:
     num_examples: how many inputs; skip_truncated: skip inputs longer than inputs_length.
     inputs_length: encoder length every batch is padded to; max_new_tokens: decode length cap.
     batch_sizes, temperatures: the groups; gammas: a list, or {batch size: list}.
-    drafters: drafter names (see `methods.resolve_drafter`); the first is the primary one
+    drafters: drafter names (`drafters.registry.spec`); the first is the primary one
       (targets, policy).
     drafter_gammas: optional {drafter: gammas} overriding `gammas` for that drafter, again a list
       or {batch size: list}; an empty list skips the drafter at that batch size.
@@ -146,6 +147,6 @@ def check_options(
   if not drafters:
     raise ValueError("drafters is empty")
   for name in drafters:
-    methods_lib.resolve_drafter(name)
+    drafter_registry.spec(name)
   if cost_position < 1 or cost_position >= max_new_tokens:
     raise ValueError(f"cost_position must be in [1, max_new_tokens); got {cost_position}")

@@ -11,7 +11,8 @@ One module per concept:
                  `estimate_unigram` / `estimate_bigram` on token ids of a corpus.
   prompt_lookup  PromptLookupDrafter(...): copies the continuation of the latest n-gram match in the
                  decoder stream or the encoder input (paper Sec. 3.6), with an optional fallback.
-  registry       name -> drafter: `build_drafter`, `DRAFTERS`, `needs_draft_model`.
+  registry       name -> drafter: `build_drafter`, `DRAFTERS`, `needs_draft_model`,
+                 `register_drafter` (the one registry: infer, the benchmark, the adapter).
 
 The names below are re-exported so `from speculative import drafters; drafters.ModelDrafter` works.
 """
@@ -30,10 +31,12 @@ from speculative.drafters.prompt_lookup import DEFAULT_NGRAM_SIZES
 from speculative.drafters.prompt_lookup import PromptLookupDrafter
 from speculative.drafters.prompt_lookup import PromptLookupState
 from speculative.drafters.registry import DRAFTERS
+from speculative.drafters.registry import DrafterOptions
 from speculative.drafters.registry import DrafterSpec
 from speculative.drafters.registry import build_drafter
 from speculative.drafters.registry import needs_corpus
 from speculative.drafters.registry import needs_draft_model
+from speculative.drafters.registry import register_drafter
 from speculative.drafters.tables import BigramDrafter
 from speculative.drafters.tables import UnigramDrafter
 from speculative.drafters.tables import bigram_log_probs
@@ -49,6 +52,7 @@ __all__ = [
   'DraftProposal',
   'DraftState',
   'Drafter',
+  'DrafterOptions',
   'DrafterSpec',
   'GuidedDrafter',
   'ModelDrafter',
@@ -63,5 +67,6 @@ __all__ = [
   'libreoffice_target_sequences',
   'needs_corpus',
   'needs_draft_model',
+  'register_drafter',
   'write_rows',
 ]

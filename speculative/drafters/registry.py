@@ -15,6 +15,7 @@ Names (`DRAFTERS`):
 from __future__ import annotations
 
 import dataclasses
+import importlib
 from typing import Any
 from typing import Callable
 from typing import Sequence
@@ -43,6 +44,8 @@ class DrafterOptions:
       when needed).
     stop_below: `ModelDrafter.stop_below` (0 = fixed gamma).
     ngram_sizes: `PromptLookupDrafter.ngram_sizes`.
+    target_model / target_params: the target and its params, for a drafter that drafts with the
+      target itself (a registered test or benchmark drafter; the built-in ones do not use them).
   """
 
   vocab_size: int
@@ -51,6 +54,8 @@ class DrafterOptions:
   train_sequences: TokenSequences | Callable[[], TokenSequences] | None = None
   stop_below: float = 0.0
   ngram_sizes: tuple[int, ...] = prompt_lookup.DEFAULT_NGRAM_SIZES
+  target_model: Any = None
+  target_params: Any = None
 
   def sequences(self) -> TokenSequences:
     if self.train_sequences is None:
@@ -123,11 +128,37 @@ DRAFTERS: dict[str, DrafterSpec] = {
 }
 
 
+def register_drafter(
+  name: str,
+  build: Callable[[DrafterOptions], tuple[base.Drafter, Any]],
+  description: str = '',
+  needs_draft_model: bool = False,
+  needs_corpus: bool = False,
+) -> None:
+  """Makes `name` a drafter name everywhere drafters are built by name (the benchmark's `drafters`
+  option, `build_drafter`); build(options: DrafterOptions) -> (drafter, params)."""
+  if not name or ':' in name:
+    raise ValueError(f"drafter names must be non-empty and contain no ':'; got {name!r}")
+  DRAFTERS[name] = DrafterSpec(description or name, needs_draft_model, needs_corpus, build)
+
+
 def spec(name: str) -> DrafterSpec:
-  """The registered DrafterSpec of `name` (ValueError for an unknown name)."""
-  if name not in DRAFTERS:
-    raise ValueError(f'unknown drafter {name!r}; known: {sorted(DRAFTERS)}')
-  return DRAFTERS[name]
+  """The DrafterSpec of a registered `name`, or of 'package.module:build' (a build function
+  defined elsewhere, taking DrafterOptions); ValueError for an unknown name."""
+  if name in DRAFTERS:
+    return DRAFTERS[name]
+  if ':' in name:
+    module_name, _, attribute = name.partition(':')
+    try:
+      module = importlib.import_module(module_name)
+    except ImportError as e:
+      raise ValueError(f'drafter {name!r}: cannot import {module_name!r} ({e})') from e
+    if not hasattr(module, attribute):
+      raise ValueError(f'drafter {name!r}: {module_name} has no attribute {attribute!r}')
+    return DrafterSpec(name, False, False, getattr(module, attribute))
+  raise ValueError(
+    f"unknown drafter {name!r}; known: {sorted(DRAFTERS)} (or 'package.module:build')"
+  )
 
 
 def needs_draft_model(name: str) -> bool:
@@ -147,6 +178,8 @@ def build_drafter(
   train_sequences: TokenSequences | Callable[[], TokenSequences] | None = None,
   stop_below: float = 0.0,
   ngram_sizes: tuple[int, ...] = prompt_lookup.DEFAULT_NGRAM_SIZES,
+  target_model: Any = None,
+  target_params: Any = None,
 ) -> tuple[base.Drafter, Any]:
   """(drafter, its params) for a registered name; see `DrafterOptions` for the options."""
   drafter_spec = spec(name)
@@ -167,5 +200,7 @@ def build_drafter(
     train_sequences=train_sequences,
     stop_below=stop_below,
     ngram_sizes=tuple(ngram_sizes),
+    target_model=target_model,
+    target_params=target_params,
   )
   return drafter_spec.build(options)
