@@ -94,11 +94,23 @@ def _repeat_last_drafter(options: drafters_lib.DrafterOptions):
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
+  # Two test drafters in the one drafter registry, for this run only (the registry is global: other
+  # tests iterate over it).
+  registered = dict(drafters_lib.DRAFTERS)
   drafters_lib.register_drafter("self", _self_drafter)
   drafters_lib.register_drafter("repeat_last", _repeat_last_drafter)
   out = tmp_path_factory.mktemp("bench")
   examples = inputs.synthetic_examples(NUM_EXAMPLES, inputs_length=10, vocab_size=VOCAB, seed=3)
-  report = benchmark.benchmark(
+  try:
+    report = _run_benchmark(examples, out)
+  finally:
+    drafters_lib.DRAFTERS.clear()
+    drafters_lib.DRAFTERS.update(registered)
+  return report, out
+
+
+def _run_benchmark(examples, out):
+  return benchmark.benchmark(
     target_config=TARGET,
     target_checkpoint=None,
     draft_config=DRAFT,
@@ -122,7 +134,6 @@ def run(tmp_path_factory):
     stock_t5x="off",  # the tests below list the methods; the same set with t5x importable
     whole_job_examples=NUM_EXAMPLES,
   )
-  return report, out
 
 
 @pytest.mark.slow
