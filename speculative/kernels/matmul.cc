@@ -163,48 +163,46 @@ __attribute__((target("avx2,fma"))) void tile_avx2(const Problem& p, int64_t r0,
     }
 }
 
-// Rows in tiles of up to R (a remainder tile of 1..R-1 rows), blocks in tiles of G (then single
-// blocks). Tiling only groups independent FMA chains; it never changes any element's order.
-template <int R, int G, void (*Tile)(const Problem&, int64_t, int64_t), typename Rest>
-void run_tiles(const Problem& p, int64_t b0, int64_t b1, Rest rest) {
+// Rows in tiles of up to 8 (AVX-512) or 6 (AVX2): a verify call of gamma + 1 <= 8 tokens reads each
+// weight once. Each row tile takes as many blocks at once as the registers hold accumulators for
+// (AVX-512: 4 blocks up to 4 rows, 2 blocks for 5-8 rows; AVX2: 2 blocks up to 2 rows, else 1), the
+// blocks left over one at a time. Tiling only groups independent FMA chains; it never changes any
+// element's order.
+template <int R, bool BF16>
+__attribute__((target("avx512f"))) void rows_avx512(const Problem& p, int64_t r, int64_t b0,
+                                                   int64_t b1) {
+  constexpr int G = R <= 4 ? 4 : 2;  // R x G accumulators of the 32 zmm registers
   int64_t b = b0;
-  for (; b + G <= b1; b += G) {
-    int64_t r = 0;
-    for (; r + R <= p.m; r += R) Tile(p, r, b);
-    rest(p, r, b, G);
-  }
-  for (; b < b1; ++b) rest(p, 0, b, 1);
+  for (; b + G <= b1; b += G) tile_avx512<R, G, BF16>(p, r, b);
+  for (; b < b1; ++b) tile_avx512<R, 1, BF16>(p, r, b);
 }
-
-#define SPEC_ROW_REST(TILE, R_MAX, BF16)                                          \
-  [](const Problem& p, int64_t r, int64_t b, int g) {                             \
-    for (; r < p.m;) {                                                            \
-      const int64_t left = p.m - r;                                               \
-      if (g == 1) {                                                               \
-        if (left >= R_MAX) { TILE<R_MAX, 1, BF16>(p, r, b); r += R_MAX; }         \
-        else if (left >= 2) { TILE<2, 1, BF16>(p, r, b); r += 2; }                \
-        else { TILE<1, 1, BF16>(p, r, b); r += 1; }                               \
-      } else {                                                                    \
-        if (left >= 2) { TILE<2, GROUP, BF16>(p, r, b); r += 2; }                 \
-        else { TILE<1, GROUP, BF16>(p, r, b); r += 1; }                           \
-      }                                                                           \
-    }                                                                             \
-  }
 
 template <bool BF16>
 __attribute__((target("avx512f"))) void blocks_avx512(const Problem& p, int64_t b0, int64_t b1) {
-  constexpr int GROUP = 4;
-  run_tiles<4, GROUP, tile_avx512<4, GROUP, BF16>>(p, b0, b1,
-                                                    SPEC_ROW_REST(tile_avx512, 4, BF16));
+  using Rows = void (*)(const Problem&, int64_t, int64_t, int64_t);
+  static constexpr Rows kRows[] = {rows_avx512<1, BF16>, rows_avx512<2, BF16>,
+                                   rows_avx512<3, BF16>, rows_avx512<4, BF16>,
+                                   rows_avx512<5, BF16>, rows_avx512<6, BF16>,
+                                   rows_avx512<7, BF16>, rows_avx512<8, BF16>};
+  for (int64_t r = 0; r < p.m; r += 8) kRows[std::min<int64_t>(8, p.m - r) - 1](p, r, b0, b1);
+}
+
+template <int R, bool BF16>
+__attribute__((target("avx2,fma"))) void rows_avx2(const Problem& p, int64_t r, int64_t b0,
+                                                  int64_t b1) {
+  constexpr int G = R <= 2 ? 2 : 1;  // 2 R G accumulators + 2 G weights of the 16 ymm registers
+  int64_t b = b0;
+  for (; b + G <= b1; b += G) tile_avx2<R, G, BF16>(p, r, b);
+  for (; b < b1; ++b) tile_avx2<R, 1, BF16>(p, r, b);
 }
 
 template <bool BF16>
 __attribute__((target("avx2,fma"))) void blocks_avx2(const Problem& p, int64_t b0, int64_t b1) {
-  constexpr int GROUP = 2;
-  run_tiles<2, GROUP, tile_avx2<2, GROUP, BF16>>(p, b0, b1, SPEC_ROW_REST(tile_avx2, 2, BF16));
+  using Rows = void (*)(const Problem&, int64_t, int64_t, int64_t);
+  static constexpr Rows kRows[] = {rows_avx2<1, BF16>, rows_avx2<2, BF16>, rows_avx2<3, BF16>,
+                                   rows_avx2<4, BF16>, rows_avx2<5, BF16>, rows_avx2<6, BF16>};
+  for (int64_t r = 0; r < p.m; r += 6) kRows[std::min<int64_t>(6, p.m - r) - 1](p, r, b0, b1);
 }
-
-#undef SPEC_ROW_REST
 
 using BlocksFn = void (*)(const Problem&, int64_t, int64_t);
 
