@@ -103,16 +103,9 @@ def run_model(shape: str, rows, rounds: int, peak_gflops: float, steps: int = 10
 def main() -> None:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument('--shape', choices=('shipped', 'random140m'), default='shipped')
-  parser.add_argument('--rows', type=str, default='1,2,3,4,5,8')
-  parser.add_argument('--rounds', type=int, default=7)
-  parser.add_argument('--peak_gflops', type=float, default=190.0)
+  kernel_bench.add_timing_args(parser)
   args = parser.parse_args()
-  if not kernels.available():
-    raise SystemExit(f'error: {kernels.status()}')
-  rows = tuple(int(r) for r in args.rows.split(','))
-  if rows[0] != 1:
-    raise SystemExit('error: --rows must start with 1 (v(T) is relative to t(1))')
-  run_model(args.shape, rows, args.rounds, args.peak_gflops)
+  run_model(args.shape, kernel_bench.timing_rows(args), args.rounds, args.peak_gflops)
 
 
 if __name__ == '__main__':

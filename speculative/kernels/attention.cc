@@ -49,13 +49,6 @@ using V = spec::V16Portable;
 #include "attention_impl.inc"
 }  // namespace portable
 
-int64_t BestIsa() {
-  __builtin_cpu_init();
-  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl")) return 3;
-  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return 2;
-  return 1;
-}
-
 ffi::Error DecodeAttention(Rank4 q, Rank4 k, Rank4 v, Rank4 bias, ffi::Result<Rank4> out,
                            int64_t isa) {
   const auto qd = q.dimensions(), kd = k.dimensions(), vd = v.dimensions(), bd = bias.dimensions();
@@ -71,8 +64,8 @@ ffi::Error DecodeAttention(Rank4 q, Rank4 k, Rank4 v, Rank4 bias, ffi::Result<Ra
   d.bias_t = bd[2] == 1 ? 0 : d.k;
   d.bias_h = bd[1] == 1 ? 0 : bd[2] * d.k;
   d.bias_b = bd[0] == 1 ? 0 : bd[1] * bd[2] * d.k;
-  if (isa == 0) isa = BestIsa();
-  if (isa > BestIsa())
+  if (isa == 0) isa = spec::best_isa();
+  if (isa > spec::best_isa())
     return ffi::Error::InvalidArgument(
         "decode_attention: this CPU does not support the ISA asked for");
   std::vector<float> scores(d.t * d.k);

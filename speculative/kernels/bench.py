@@ -85,39 +85,41 @@ def run(d: int, mlp: int, layers: int, rows: tuple[int, ...], rounds: int, peak_
       kernels.pack(np.asarray(w.astype(jnp.bfloat16), np.float32), 'bfloat16') for w in dense
     ],
   }
-  fns = {p: _stack_fn('xla' if p == 'xla' else 'kernel', layers, d, mlp) for p in weights}
-  inputs = {t: jnp.asarray(rng.standard_normal((1, t, d), np.float32)) for t in rows}
-  times = {(p, t): [] for p in weights for t in rows}
+  fns, args = {}, {}
   for p in weights:
+    fn = _stack_fn('xla' if p == 'xla' else 'kernel', layers, d, mlp)
     for t in rows:
-      fns[p](inputs[t], weights[p]).block_until_ready()  # compile + warm
-  for _ in range(rounds):
-    for t in rows:
-      for p in weights:
-        start = time.perf_counter()
-        fns[p](inputs[t], weights[p]).block_until_ready()
-        times[(p, t)].append(time.perf_counter() - start)
-  med = {key: float(np.median(v)) for key, v in times.items()}
-  load = os.getloadavg()
+      fns[(p, t)] = fn
+      args[(p, t)] = (jnp.asarray(rng.standard_normal((1, t, d), np.float32)), weights[p])
+  before = load_average()
+  med = time_interleaved(fns, args, rows, rounds)
   print(
     f'stack: {layers} x ([{d} x {mlp}] + [{mlp} x {d}]) float32 = {params / 1e6:.1f}M params, '
     f'{params * 4 / 1e6:.0f} MB f32; {rounds} interleaved rounds, median; '
-    f'load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}; {kernels.status()}'
+    f'load average {before} -> {load_average()}; {kernels.status()}'
   )
-  print('| path | t(1) ms | ' + ' | '.join(f'v({t})' for t in rows[1:]) + ' | GB/s at T=1 |')
-  print('|---|---|' + '---|' * (len(rows) - 1) + '---|')
-  for p in weights:
-    t1 = med[(p, 1)]
-    bytes_ = params * (2 if p == 'kernel_bf16' else 4)
-    cells = ' | '.join(f'{med[(p, t)] / t1:.2f}' for t in rows[1:])
-    print(f'| {p} | {t1 * 1e3:.2f} | {cells} | {bytes_ / t1 / 1e9:.1f} |')
-  for t in rows[1:]:
-    floor = t * 2 * params / (peak_gflops * 1e9)
-    print(
-      f'compute floor at T={t}: {floor * 1e3:.2f} ms = {floor / med[("kernel_f32", 1)]:.2f} '
-      f'kernel t(1) (peak {peak_gflops:.0f} GFLOP/s)'
-    )
+  bytes_ = {'xla': params * 4, 'kernel_f32': params * 4, 'kernel_bf16': params * 2}
+  print_table(med, list(weights), rows, bytes_, params, peak_gflops)
   return med
+
+
+def add_timing_args(parser: argparse.ArgumentParser) -> None:
+  """--rows, --rounds and --peak_gflops (this module's and `speculative.bench.decode_step`'s)."""
+  parser.add_argument('--rows', type=str, default='1,2,3,4,5,8', help='row counts T, from 1')
+  parser.add_argument('--rounds', type=int, default=7)
+  parser.add_argument(
+    '--peak_gflops', type=float, default=190.0, help='f32 FMA peak of the cores used (2 cores)'
+  )
+
+
+def timing_rows(args: argparse.Namespace) -> tuple[int, ...]:
+  """The row counts of --rows; exits with one line where the kernels or the rows are unusable."""
+  if not kernels.available():
+    raise SystemExit(f'error: {kernels.status()}')
+  rows = tuple(int(r) for r in args.rows.split(','))
+  if rows[0] != 1:
+    raise SystemExit('error: --rows must start with 1 (v(T) is relative to t(1))')
+  return rows
 
 
 def main() -> None:
@@ -125,17 +127,9 @@ def main() -> None:
   parser.add_argument('--d', type=int, default=768)
   parser.add_argument('--mlp', type=int, default=3072)
   parser.add_argument('--layers', type=int, default=16)
-  parser.add_argument('--rows', type=str, default='1,2,3,4,5,8')
-  parser.add_argument('--rounds', type=int, default=7)
-  parser.add_argument(
-    '--peak_gflops', type=float, default=190.0, help='f32 FMA peak of the cores used (2 cores)'
-  )
+  add_timing_args(parser)
   args = parser.parse_args()
-  if not kernels.available():
-    raise SystemExit(f'error: {kernels.status()}')
-  rows = tuple(int(r) for r in args.rows.split(','))
-  if rows[0] != 1:
-    raise SystemExit('error: --rows must start with 1 (v(T) is relative to t(1))')
+  rows = timing_rows(args)
   run(args.d, args.mlp, args.layers, rows, args.rounds, args.peak_gflops)
 
 

@@ -38,21 +38,14 @@ using V = spec::V16Portable;
 #include "rms_norm_impl.inc"
 }  // namespace portable
 
-int64_t BestIsa() {
-  __builtin_cpu_init();
-  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl")) return 3;
-  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return 2;
-  return 1;
-}
-
 ffi::Error RmsNorm(ffi::Buffer<ffi::F32> x, Rank1 scale, ffi::Result<ffi::Buffer<ffi::F32>> y,
                    float eps, int64_t isa) {
   const auto xd = x.dimensions();
   if (xd.size() < 1 || xd.back() != scale.dimensions()[0])
     return ffi::Error::InvalidArgument("rms_norm: x must be [..., d] and scale [d]");
   const int64_t d = xd.back();
-  if (isa == 0) isa = BestIsa();
-  if (isa > BestIsa())
+  if (isa == 0) isa = spec::best_isa();
+  if (isa > spec::best_isa())
     return ffi::Error::InvalidArgument("rms_norm: this CPU does not support the ISA asked for");
   if (d == 0) return ffi::Error::Success();
   auto* body = isa == 3 ? avx512::rms_norm_body

@@ -17,6 +17,14 @@
 
 namespace spec {
 
+// The best path this CPU runs: 3 AVX-512 (F + VL), 2 AVX2 + FMA, 1 portable.
+inline int64_t best_isa() {
+  __builtin_cpu_init();
+  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl")) return 3;
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return 2;
+  return 1;
+}
+
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512vl,avx2,fma")
 struct V16Avx512 {
