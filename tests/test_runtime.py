@@ -46,7 +46,7 @@ def _decode(env_flags):
     env['XLA_FLAGS'] = env_flags
   code = _DECODE.format(repo=str(REPO), tests=str(REPO / 'tests'))
   out = subprocess.run(
-    [sys.executable, '-c', code], env=env, capture_output=True, text=True, check=True, timeout=300
+    [sys.executable, '-c', code], env=env, capture_output=True, text=True, check=True, timeout=900
   )
   return json.loads(out.stdout.strip().splitlines()[-1])
 
