@@ -50,14 +50,21 @@ def check_packed(packed: jax.Array, in_features: int, out_features: int, name: s
     )
 
 
-def matmul(x: jax.Array, packed: jax.Array, out_features: int, isa: str = 'auto') -> jax.Array:
+def matmul(
+  x: jax.Array,
+  packed: jax.Array,
+  out_features: int,
+  isa: str = 'auto',
+  name: str = 'packed weight',
+) -> jax.Array:
   """x [..., K] times the packed [K, N] weight: [..., N] float32 (x is read as float32).
 
   Every ISA path ('portable', 'avx2', 'avx512'; 'auto' = the best this host runs) gives the same
-  bits, and a row's result does not depend on the other rows.
+  bits, and a row's result does not depend on the other rows. A packed weight that does not fit
+  is refused with an error naming it (`name`, e.g. the parameter's path).
   """
   library.require()
-  check_packed(packed, x.shape[-1], out_features, 'packed weight')
+  check_packed(packed, x.shape[-1], out_features, name)
   out = jax.ShapeDtypeStruct(x.shape[:-1] + (out_features,), jnp.float32)
   call = jax.ffi.ffi_call('speculative_packed_matmul', out, vmap_method='expand_dims')
   return call(

@@ -130,7 +130,7 @@ def packed_storage(model: 'T5', params: Params) -> str:
   model computes and halves the bytes a step reads), else 'float32'."""
   flat = traverse_util.flatten_dict(params['decoder'], sep='/')
   for path, value in flat.items():
-    if path.endswith('kernel') and path != 'relpos_bias/rel_embedding':
+    if path.endswith('kernel'):
       value = jnp.asarray(value, jnp.float32)
       if not bool(jnp.array_equal(value.astype(jnp.bfloat16).astype(jnp.float32), value)):
         return 'float32'

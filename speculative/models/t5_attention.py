@@ -136,8 +136,8 @@ class MultiHeadDotProductAttention(nn.Module):
       return (self.project_query(inputs), *self.project_key_value(inputs))
     joined = self.num_heads * self.head_dim
     packed = self.get_variable(PACKED, 'qkv')  # [ceil(3 H dh / 16), d, 16]
-    kernels.check_packed(packed, inputs.shape[-1], 3 * joined, '/'.join(self.scope.path) + '/qkv')
-    qkv = kernels.matmul(inputs, packed, 3 * joined).astype(self.dtype)  # [B, T, 3 H dh]
+    name = '/'.join(self.scope.path) + '/qkv'
+    qkv = kernels.matmul(inputs, packed, 3 * joined, name=name).astype(self.dtype)  # [B, T, 3 H dh]
     return tuple(self._split_heads(qkv[..., i * joined : (i + 1) * joined]) for i in range(3))
 
   def project_key_value(self, inputs_kv: Array) -> tuple[Array, Array]:

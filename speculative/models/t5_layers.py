@@ -55,8 +55,8 @@ class DenseGeneral(nn.Module):
     )
     if self.has_variable(PACKED, 'kernel'):
       packed = self.get_variable(PACKED, 'kernel')  # [ceil(features/16), in, 16]
-      kernels.check_packed(packed, inputs.shape[-1], self.features, '/'.join(self.scope.path))
-      return kernels.matmul(inputs, packed, self.features).astype(self.dtype)
+      name = '/'.join(self.scope.path)
+      return kernels.matmul(inputs, packed, self.features, name=name).astype(self.dtype)
     kernel = jnp.asarray(kernel, self.dtype)
     return lax.dot_general(inputs, kernel, (((inputs.ndim - 1,), (0,)), ((), ())))
 
@@ -124,8 +124,8 @@ class MlpBlock(nn.Module):
     if self.has_variable(PACKED, 'wi_fused'):  # the job packed wi_0, wi_1, ... side by side
       packed = self.get_variable(PACKED, 'wi_fused')  # [ceil(n * f / 16), d, 16]
       name = '/'.join(self.scope.path) + '/wi_fused'
-      kernels.check_packed(packed, inputs.shape[-1], n * self.intermediate_dim, name)
-      joined = kernels.matmul(inputs, packed, n * self.intermediate_dim).astype(self.dtype)
+      joined = kernels.matmul(inputs, packed, n * self.intermediate_dim, name=name)
+      joined = joined.astype(self.dtype)
       f = self.intermediate_dim
       parts = [joined[..., i * f : (i + 1) * f] for i in range(n)]  # each [B, T, f]
     else:
