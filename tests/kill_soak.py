@@ -42,7 +42,7 @@ checkpoints with their optimizer states and metadata, `best.msgpack`, the export
 their `.json` sidecars) except `train_log.jsonl` and `best.json`, which hold wall times and running
 averages. Both fail if any `*.tmp-*` or `checkpoint_<n>.old-*` is left in the output directory.
 Exits non-zero with `FAILED: <why>` at the first mismatch, temporary or failed run (its log is
-`<workdir>/trial_<i>.log`). The test suite runs short versions (tests/test_job_safety.py).
+`<workdir>/trial_<i>.log`). The test suite runs short versions (tests/jobs/test_job_safety.py).
 """
 
 from __future__ import annotations

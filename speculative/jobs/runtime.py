@@ -8,7 +8,7 @@ before any jax computation. A user who set `XLA_FLAGS` keeps exactly their flags
 `DEFAULT_CPU_XLA_FLAGS` holds the settings that made our decoding faster on the project's CPU
 machines in paired, interleaved measurements (`experiments/cpu_runtime/bench_runtime.py`; figures and the settings
 that did not help are in docs/cpu_runtime.md). Every candidate there is exact
-(token-identical to the float32 default, checked by the script and by tests/test_runtime.py).
+(token-identical to the float32 default, checked by the script and by tests/jobs/test_runtime.py).
 """
 
 from __future__ import annotations

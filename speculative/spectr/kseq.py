@@ -34,7 +34,7 @@ found by bisection (`rho_star`). At rho* the acceptance equals sum_x min(rho* q(
 sum_x min(q(x), p(x)), the single-draft (Leviathan) acceptance. K = 1 gives g = 1, rho* = 1, and
 k-Seq is exactly Leviathan's rule. (Derived here from the algorithm's definition; it agrees with
 the paper's residual, its Eq. for q_res, and is checked analytically and by sampling in
-tests/test_spectr.py.)
+tests/spectr/test_spectr.py.)
 
 Numerics: g(beta) is evaluated as the polynomial sum_{j<K} (1 - beta)^j (no division by beta, exact
 as beta -> 0 where g -> K); the acceptance test is the division-free  u rho q(X_i) <= p(X_i); the

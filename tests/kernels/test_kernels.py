@@ -29,7 +29,7 @@ from speculative.models import t5 as t5_lib
 
 pytestmark = pytest.mark.skipif(not kernels.available(), reason=kernels.status())
 
-FIXTURE = Path(__file__).resolve().parent / 'fixtures' / 't5x_tiny'
+FIXTURE = Path(__file__).resolve().parents[1] / 'fixtures' / 't5x_tiny'
 ISAS = ('portable', 'avx2', 'avx512')
 
 

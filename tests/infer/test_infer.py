@@ -22,7 +22,7 @@ from speculative.infer import outputs as infer_outputs
 from speculative.infer import report as infer_report
 from speculative.infer import settings as infer_settings
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 SOURCES = [
   "Click OK.",
   "Open the file menu and choose Save.",

@@ -1,6 +1,6 @@
 """Tests of the walltime benchmark (speculative/bench/main.py, speculative/bench/).
 
-  .venv/bin/python -m pytest -q -p no:xdist tests/test_benchmark.py
+  .venv/bin/python -m pytest -q -p no:xdist tests/bench/test_benchmark.py
 
 One small sweep (batch 1, temperatures 0 and 1, gamma 2; two drafters: the target drafting for
 itself through `ModelDrafter`, and a model-free drafter) runs once per module; the tests check the
@@ -37,7 +37,7 @@ from speculative.decode import batching
 from speculative.models.t5 import T5
 from speculative.models.t5 import T5Config
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 VOCAB = 64
 TARGET = T5Config(
   vocab_size=VOCAB,

@@ -22,7 +22,7 @@ import pytest
 from speculative import checkpoints
 from speculative.checkpoints import CheckpointError
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 FIXTURE = REPO / 'tests' / 'fixtures' / 't5x_tiny'  # written by stock T5X (its README.md)
 
 

@@ -26,7 +26,7 @@ from speculative.jobs import gin_utils
 from speculative.jobs import lock
 from speculative.models.t5 import T5
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 SOURCES = ["Click OK.", "Open the file menu.", "Hello", "Select a cell range."]
 
 

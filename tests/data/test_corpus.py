@@ -14,7 +14,7 @@ from speculative.data import build_ui_corpus
 from speculative.data import corpus
 from speculative.data import html
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+REPO_ROOT = Path(__file__).resolve().parents[2]
 FIXTURE_HELP = REPO_ROOT / "tests" / "fixtures" / "help"
 DATA_DIR = REPO_ROOT / "data" / "libreoffice_ende"
 # Every 100th pair of the reference extraction libreoffice_help_en_de.tsv.gz (53621 pairs, 35916

@@ -15,7 +15,7 @@ import pytest
 from speculative import infer
 from speculative.data import tasks
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 ROWS = [
   ("A tool to convert images between formats. It reads PNG and writes JPEG.", "image converter"),
   ("Library for parsing configuration files, with bindings for Python.", "config parser library"),

@@ -1,6 +1,6 @@
 """Tests of speculative/jobs/resources.py (compile counting, peak RSS).
 
-.venv/bin/python -m pytest -q -p no:xdist tests/test_resources.py
+.venv/bin/python -m pytest -q -p no:xdist tests/jobs/test_resources.py
 """
 
 from __future__ import annotations

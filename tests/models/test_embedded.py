@@ -3,7 +3,7 @@
 The expected outputs live in tests/fixtures/embedded_translation.json together with the SHA-256 of
 the weight files they were recorded with. After retraining and re-exporting the pair, re-record
 them (and review the diff) with
-  .venv/bin/python tests/test_embedded.py --record
+  .venv/bin/python tests/models/test_embedded.py --record
 """
 
 import hashlib
@@ -25,7 +25,7 @@ from speculative.decode import loops as decoding
 from speculative.jobs import gin_utils
 from speculative.models import t5 as t5_lib
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 FIXTURE = REPO / 'tests' / 'fixtures' / 'embedded_translation.json'
 WEIGHTS = {
   'target': REPO / 'models/embedded/target.msgpack',
@@ -88,7 +88,7 @@ def translate() -> dict:
 @pytest.fixture(scope='module')
 def recorded():
   if not FIXTURE.exists():
-    pytest.fail(f'{FIXTURE} is missing; record it with: python tests/test_embedded.py --record')
+    pytest.fail(f'{FIXTURE} is missing; record it with: python tests/models/test_embedded.py --record')
   return json.loads(FIXTURE.read_text())
 
 
@@ -97,7 +97,7 @@ def test_shipped_weights_are_compact_and_as_recorded(recorded):
   for name, path in WEIGHTS.items():
     assert _sha256(path) == recorded['weights_sha256'][name], (
       f'{path} changed since the expected translations were recorded; re-record them with '
-      '`python tests/test_embedded.py --record` and review the diff'
+      '`python tests/models/test_embedded.py --record` and review the diff'
     )
     stored = checkpoints.load_params(str(path), dtype=None)
     dtypes = {str(x.dtype) for x in jax.tree_util.tree_leaves(stored)}
@@ -120,7 +120,7 @@ def test_shipped_pair_translates_as_recorded(recorded):
 
 if __name__ == '__main__':
   if sys.argv[1:] != ['--record']:
-    sys.exit('usage: python tests/test_embedded.py --record')
+    sys.exit('usage: python tests/models/test_embedded.py --record')
   result = translate()
   text = json.dumps(result, indent=1, ensure_ascii=False) + '\n'
   checkpoints.write_atomic(FIXTURE, text.encode())

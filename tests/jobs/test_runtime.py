@@ -10,7 +10,7 @@ import sys
 
 from speculative.jobs import runtime
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 # A tiny random target decoded greedily and speculatively (its own copy as the draft); prints the
 # tokens as JSON. Runs in a fresh process because XLA reads XLA_FLAGS once, at backend start.

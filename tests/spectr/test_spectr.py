@@ -3,7 +3,7 @@ its acceptance meets the paper's bounds against the OTM-k optimum (LP), and K = 
 
 Notation as in sampling.py: q is the DRAFT distribution, p the TARGET.
 
-Run (repository root): .venv/bin/python -m pytest -q -p no:xdist tests/test_spectr.py
+Run (repository root): .venv/bin/python -m pytest -q -p no:xdist tests/spectr/test_spectr.py
 """
 
 from __future__ import annotations

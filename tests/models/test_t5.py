@@ -30,7 +30,7 @@ from speculative.models.t5 import T5
 from speculative.models.t5 import T5Config
 from speculative.models.t5 import shift_right
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 FIXTURE = REPO / 'tests' / 'fixtures' / 't5x_tiny'  # written by stock T5X (its README.md)
 
 # A small random model for the structural tests: odd sizes so no dimension is accidentally equal.

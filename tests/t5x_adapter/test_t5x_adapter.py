@@ -8,7 +8,7 @@ source trees on PYTHONPATH, docs/design.md section 5) the adapter is checked aga
 greedy decodes on the tiny fixture (tests/fixtures/t5x_tiny), `check_exactness`, and `python -m t5x.infer`
 writing predictions through it under T5X's partitioner (4 host devices, 2-way model parallel).
 
-  python -m pytest -q -p no:xdist tests/test_t5x_adapter.py
+  python -m pytest -q -p no:xdist tests/t5x_adapter/test_t5x_adapter.py
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from speculative.models import t5 as t5_lib
 from speculative.t5x_adapter import exactness
 from speculative.t5x_adapter import options
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 FIXTURE = REPO / 'tests' / 'fixtures' / 't5x_tiny'  # written by stock T5X (its README.md)
 TINY = t5_lib.T5Config(
   vocab_size=32128,
@@ -234,7 +234,7 @@ def test_add_draft_checkpoint_errors(tiny_draft_checkpoint, tmp_path):
 
 
 def _lenient(decode):
-  """A deliberately inexact speculative decode (the test double of tests/test_audit.py): lenience
+  """A deliberately inexact speculative decode (the test double of tests/decode/test_audit.py): lenience
   1e-3 accepts any draft token within log(1000) of the target's top logit."""
 
   def wrong(*args, **kwargs):

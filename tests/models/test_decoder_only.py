@@ -12,7 +12,7 @@ import pytest
 from speculative.models.decoder_only import DecoderOnlyConfig
 from speculative.models.decoder_only import DecoderOnlyLM
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 VARIANTS = {
   'rotary_rmsnorm_untied': DecoderOnlyConfig(

@@ -7,7 +7,7 @@ acceptance with K drafts is never below one draft's at the same conditionals, th
 acceptance count matches the computed acceptance probabilities, and block efficiency grows with K;
 EOS and max-length edges; a row in a batch equals the row alone; no recompilation for new values.
 
-Run (repository root): .venv/bin/python -m pytest -q -p no:xdist tests/test_spectr_decoding.py
+Run (repository root): .venv/bin/python -m pytest -q -p no:xdist tests/spectr/test_spectr_decoding.py
 """
 
 import dataclasses

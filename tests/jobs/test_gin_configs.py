@@ -6,7 +6,7 @@
 Each experiment file is checked against paper Table 2 (Leviathan et al. 2023): its bindings (draft
 size, gamma, temperature, T5-XXL target, batch 1) and the alpha / speedup its header documents.
 
-  python -m pytest -q -p no:xdist tests/test_gin_configs.py
+  python -m pytest -q -p no:xdist tests/jobs/test_gin_configs.py
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from speculative import infer as infer_lib
 from speculative.jobs import gin_utils
 from speculative.t5x_adapter import options
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 CONFIGS = REPO / 'configs'
 XXL = options.T5_1_1_SIZES['xxl']
 
