@@ -1,8 +1,11 @@
 """The package layout's promises (docs/design.md, section 1): a few modules beside the packages,
 and the flat module paths of earlier versions still importing, from Python and from a gin file."""
 
+import ast
 import importlib
 from pathlib import Path
+import subprocess
+import sys
 
 import gin
 import pytest
@@ -49,3 +52,58 @@ def test_a_gin_file_importing_an_old_module_path_still_parses(tmp_path):
     )
   finally:
     gin.clear_config()
+
+
+MAX_MODULE_LINES = 650
+
+
+def test_no_module_of_the_package_or_scripts_is_over_650_lines():
+  long = {}
+  for path in [*(REPO / 'speculative').rglob('*.py'), *(REPO / 'scripts').glob('*.py')]:
+    lines = len(path.read_text(encoding='utf-8').splitlines())
+    if lines > MAX_MODULE_LINES:
+      long[str(path.relative_to(REPO))] = lines
+  assert not long, long
+
+
+def test_test_folders_mirror_the_packages():
+  folders = {p.name for p in (REPO / 'tests').iterdir() if p.is_dir() and p.name != 'fixtures'}
+  folders.discard('__pycache__')
+  packages = {p.parent.name for p in (REPO / 'speculative').glob('*/__init__.py')}
+  assert folders <= packages, folders - packages
+
+
+def test_tests_import_nothing_from_scripts_or_experiments():
+  """No import of a module there, and no sys.path entry or file-location import pointing there."""
+  outside = {p.stem for folder in ('scripts', 'experiments') for p in (REPO / folder).rglob('*.py')}
+  offenders = []
+  for path in (REPO / 'tests').rglob('*.py'):
+    source = path.read_text(encoding='utf-8')
+    for node in ast.walk(ast.parse(source)):
+      if isinstance(node, ast.Import):
+        names = [alias.name for alias in node.names]
+      elif isinstance(node, ast.ImportFrom):
+        names = [node.module or '']
+      elif isinstance(node, ast.Call) and ast.unparse(node.func).endswith(
+        ('sys.path.insert', 'sys.path.append', 'spec_from_file_location')
+      ):
+        text = ast.unparse(node)
+        names = ['scripts'] if 'scripts' in text or 'experiments' in text else []
+      else:
+        continue
+      for name in names:
+        top = name.split('.')[0]
+        if top in ('scripts', 'experiments') or top in outside:
+          offenders.append(f'{path.relative_to(REPO)}:{node.lineno} {name}')
+  assert not offenders, offenders
+
+
+def test_the_packages_import_graph_has_no_cycle():
+  result = subprocess.run(
+    [sys.executable, str(REPO / 'scripts' / 'import_graph.py')],
+    capture_output=True,
+    text=True,
+    check=False,
+  )
+  assert result.returncode == 0, result.stdout + result.stderr
+  assert result.stdout.rstrip().endswith(', 0 cycles')

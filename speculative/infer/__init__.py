@@ -8,6 +8,7 @@ The job's parts, one module each:
   inputs    task or file examples
   outputs   the manifest, predictions and timings, and the resume of an interrupted job
   report    the summary and report.md
+  compare   two greedy jobs of one target row by row, every divergence audited
 """
 
 from speculative.infer.run import infer

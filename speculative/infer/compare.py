@@ -2,7 +2,7 @@
 
 Command (from the repo root; each predictions file from a baseline-only `infer` job of the same
 target on the same inputs, e.g. one with KERNELS = 'on' and one with KERNELS = 'off'):
-  .venv/bin/python scripts/compare_predictions.py A/predictions-baseline.jsonl \
+  .venv/bin/python -m speculative.infer.compare A/predictions-baseline.jsonl \
       B/predictions-baseline.jsonl [--target_gin_file ... --target_checkpoint ...]
 
 Both jobs must be greedy decodes of the same target weights (their manifests' sha256) over the same
@@ -17,29 +17,33 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from typing import Sequence
 
 import numpy as np
 
 from speculative import checkpoints
 from speculative.data import tasks
 from speculative.decode import audit
-from speculative.infer.inputs import tokenize_inputs
-from speculative.infer.outputs import load_job_manifest
-from speculative.infer.outputs import load_predictions
+from speculative.infer import inputs as infer_inputs
+from speculative.infer import outputs as infer_outputs
 from speculative.jobs import gin_utils
 from speculative.models import t5 as t5_lib
 
 
-def main() -> None:
+def main(argv: Sequence[str] | None = None) -> None:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument('a', help='predictions-*.jsonl of the first job')
   parser.add_argument('b', help='predictions-*.jsonl of the second job')
   parser.add_argument('--target_gin_file', default='configs/models/embedded_target.gin')
   parser.add_argument('--macro', default='EMBEDDED_TARGET')
   parser.add_argument('--target_checkpoint', default='models/embedded/target.msgpack')
-  args = parser.parse_args()
+  args = parser.parse_args(argv)
 
-  manifests = [load_job_manifest(path) for path in (args.a, args.b)]
+  try:  # a missing file or a malformed record is one line, like every bad input
+    manifests = [infer_outputs.load_job_manifest(path) for path in (args.a, args.b)]
+    a, b = infer_outputs.load_predictions(args.a), infer_outputs.load_predictions(args.b)
+  except (ValueError, OSError) as e:
+    sys.exit(f'error: {e}')
   for key in ('target_checkpoint_sha256', 'inputs_sha256', 'temperature'):
     if manifests[0][key] != manifests[1][key]:
       sys.exit(f'error: the jobs differ in {key}: {manifests[0][key]!r} vs {manifests[1][key]!r}')
@@ -51,7 +55,6 @@ def main() -> None:
     != manifests[0]['target_checkpoint_sha256']
   ):
     sys.exit(f'error: {args.target_checkpoint} is not the target the jobs decoded with')
-  a, b = load_predictions(args.a), load_predictions(args.b)
   if [r['index'] for r in a] != [r['index'] for r in b]:
     sys.exit('error: the two files hold different examples')
   differ = [i for i, (x, y) in enumerate(zip(a, b)) if x['tokens'] != y['tokens']]
@@ -67,7 +70,7 @@ def main() -> None:
   length = manifests[0]['task_feature_lengths']['inputs']
   encoder = np.zeros((len(differ), length), np.int32)
   for row, i in enumerate(differ):
-    ids = tokenize_inputs(vocabulary, a[i]['inputs'], length)[0]
+    ids = infer_inputs.tokenize_inputs(vocabulary, a[i]['inputs'], length)[0]
     encoder[row, : len(ids)] = ids
   divergences = audit.audit_divergences(
     model, params, encoder, [a[i]['tokens'] for i in differ], [b[i]['tokens'] for i in differ]
