@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import itertools
 import json
 import logging
 import os
@@ -16,6 +17,7 @@ import numpy as np
 
 from speculative.data import tasks
 from speculative.infer import settings as infer_settings
+from speculative.jobs import gin_utils
 
 
 @dataclasses.dataclass(frozen=True)
@@ -160,11 +162,20 @@ def examples_from_task(
 
   tasks.register_tasks()
   task = seqio.get_mixture_or_task(task_name)
-  dataset = task.get_dataset(sequence_length=None, split=split, shuffle=False, use_cached=False)
+  # Read once, in order: no in-memory cache (a cache that `take` stops reading early is discarded,
+  # with a warning).
+  dataset = task.get_dataset(
+    sequence_length=None, split=split, shuffle=False, use_cached=False, try_in_mem_cache=False
+  )
   if num_examples is not None:
     dataset = dataset.take(num_examples)
+  records = dataset.as_numpy_iterator()
+  # The first record builds the tokenizer ops, whose SentencePiece copy logs an INFO line per
+  # model with identity normalization (ours) to stderr, with no switch of its own.
+  with gin_utils.muted_stderr():
+    first = next(records, None)
   examples = []
-  for record in dataset.as_numpy_iterator():  # seqio appended EOS
+  for record in itertools.chain([first] if first is not None else [], records):  # seqio's EOS
     tokens, truncated = truncate(np.asarray(record["inputs"], np.int32), inputs_length)
     if len(tokens) == 0:
       raise ValueError(f"{task_name}/{split} example {len(examples)} has empty inputs")

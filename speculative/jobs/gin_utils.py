@@ -8,6 +8,7 @@ can say `t5_1_1_small/t5.T5Config.emb_dim = 512`. Add new configurables by appen
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import importlib
 import importlib.util
@@ -90,16 +91,24 @@ def quiet_native_logs(verbose: bool = False) -> None:
     os.environ.setdefault(key, value)
   if 'tensorflow' in sys.modules or importlib.util.find_spec('tensorflow') is None:
     return
+  with muted_stderr():
+    import tensorflow  # pylint: disable=g-import-not-at-top
+
+    # Initialise TF's devices now, muted: on a CPU machine its CUDA probe logs an E-level
+    # "failed call to cuInit" line at the first op otherwise. seqio's pipelines run on CPU.
+    tensorflow.config.set_visible_devices([], 'GPU')
+
+
+@contextlib.contextmanager
+def muted_stderr():
+  """Points file descriptor 2 at /dev/null inside, for native libraries that log there with no
+  switch of their own; Python exceptions still propagate (and print once it is restored)."""
   sys.stderr.flush()
   saved = os.dup(2)
   try:
     with open(os.devnull, 'w') as devnull:
       os.dup2(devnull.fileno(), 2)
-      import tensorflow  # pylint: disable=g-import-not-at-top
-
-      # Initialise TF's devices now, muted: on a CPU machine its CUDA probe logs an E-level
-      # "failed call to cuInit" line at the first op otherwise. seqio's pipelines run on CPU.
-      tensorflow.config.set_visible_devices([], 'GPU')
+      yield
   finally:
     os.dup2(saved, 2)
     os.close(saved)

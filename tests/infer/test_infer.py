@@ -281,3 +281,20 @@ def test_greedy_divergence_is_audited_and_a_real_mismatch_fails(setup, monkeypat
   assert metrics["audit"]["mismatch"] >= 1
   first = metrics["divergences"][0]
   assert first["position"] == 0 and first["verdict"] == "mismatch" and first["dtype"] == "float32"
+
+
+def test_reading_a_seqio_task_prints_nothing_to_stderr():
+  """No SentencePiece INFO line from TF's tokenizer ops and no partially-read-cache warning: a job
+  shows its progress bar and report only (with stderr muted only around the first record)."""
+  code = (
+    "from speculative.jobs import gin_utils; gin_utils.quiet_native_logs();"
+    "from speculative.infer import inputs;"
+    "examples = inputs.examples_from_task('libreoffice_ende', 'test', 64, 3);"
+    "print(len(examples), examples[2].inputs)"
+  )
+  out = subprocess.run(
+    [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=300
+  )
+  assert out.returncode == 0, out.stderr[-2000:]
+  assert out.stdout.startswith("3 translate English to German: ")
+  assert not out.stderr.strip(), out.stderr[-2000:]
