@@ -2,8 +2,8 @@
 
 Why the draft lives in the parameter tree. T5X jit-compiles `predict_batch_with_aux(params, batch,
 rng)` under its partitioner; anything the model closes over instead of receiving as an argument is
-embedded in the compiled program as a constant (measured here: a closed-over 4 MB array makes a
-8.4M-character HLO module). A T5-large draft (3 GB) cannot travel that way. So
+embedded in the compiled program as a constant, so the program grows with the weights (docs/design.md,
+section 5). A T5-large draft (3 GB) cannot travel that way. So
 `SpeculativeEncoderDecoderModel` declares the draft parameters as part of its parameter tree, under
 the top-level key `'draft'` (next to T5X's `token_embedder`, `encoder`, `decoder`), with T5X logical
 axis names; T5X then shards, places and passes them exactly like the target's.
