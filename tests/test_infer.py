@@ -1,7 +1,6 @@
 """The batch job: predictions, greedy identity, metrics, resuming after a kill, bad input."""
 
 import dataclasses
-import inspect
 import json
 import os
 from pathlib import Path
@@ -282,9 +281,3 @@ def test_greedy_divergence_is_audited_and_a_real_mismatch_fails(setup, monkeypat
   assert metrics["audit"]["mismatch"] >= 1
   first = metrics["divergences"][0]
   assert first["position"] == 0 and first["verdict"] == "mismatch" and first["dtype"] == "float32"
-
-
-def test_infer_arguments_are_the_settings_fields():
-  # `infer` hands its keyword arguments to InferSettings by name.
-  arguments = list(inspect.signature(infer.infer).parameters)
-  assert arguments == [f.name for f in dataclasses.fields(infer_settings.InferSettings)]

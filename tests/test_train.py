@@ -2,7 +2,6 @@
 
 import dataclasses
 import gzip
-import inspect
 import json
 import shutil
 
@@ -17,7 +16,6 @@ from speculative.data import tasks
 from speculative.models.t5 import T5
 from speculative.models.t5 import T5Config
 from speculative.train import data as train_data
-from speculative.train import settings as train_settings
 from speculative.train import steps as train_steps
 
 TINY = T5Config(
@@ -343,9 +341,3 @@ def test_rectangular_buckets_take_the_smallest_fit():
   ]
   # (50, 10) fits (64, 64) and (64, 16): the smaller; (90, 12) fits none: (64, 16) cuts fewest
   assert train_data.assign_buckets(examples, buckets) == [[0], [2, 4], [1, 3]]
-
-
-def test_train_arguments_are_the_settings_fields():
-  # `train` hands its keyword arguments to TrainSettings by name.
-  arguments = list(inspect.signature(train.train).parameters)
-  assert arguments == [f.name for f in dataclasses.fields(train_settings.TrainSettings)]

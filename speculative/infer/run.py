@@ -116,10 +116,37 @@ def infer(
   `kernels` ('auto', 'on', 'off'): whether both models' decoder steps run on the CPU kernels
   (`speculative.kernels.policy`); chosen once for the job and recorded in its manifest.
   """
-  arguments = dict(locals())  # the keyword arguments: InferSettings' fields, by name
   output_lock = lock.OutputLock(output_dir)
   with checks.user_errors():
-    settings = infer_settings.InferSettings(**arguments)
+    settings = infer_settings.InferSettings(
+      target_config=target_config,
+      target_checkpoint=target_checkpoint,
+      output_dir=output_dir,
+      task_feature_lengths=task_feature_lengths,
+      mixture_or_task_name=mixture_or_task_name,
+      split=split,
+      input_file=input_file,
+      input_prefix=input_prefix,
+      vocabulary_path=vocabulary_path,
+      num_examples=num_examples,
+      draft_config=draft_config,
+      draft_checkpoint=draft_checkpoint,
+      modes=modes,
+      batch_size=batch_size,
+      gamma=gamma,
+      drafter=drafter,
+      draft_stop_below=draft_stop_below,
+      adaptive_verify=adaptive_verify,
+      lenience=lenience,
+      temperature=temperature,
+      top_k=top_k,
+      top_p=top_p,
+      seed=seed,
+      kernels=kernels,
+      require_identical=require_identical,
+      progress=progress,
+      overwrite=overwrite,
+    )
     checks.probe_writable(output_dir)
     output_lock.acquire()
   try:

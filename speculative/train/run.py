@@ -106,9 +106,42 @@ def train(
   validation NLL than the ones being exported (e.g. a continuation's early best replacing the
   shipped model) unless this is True.
   """
-  arguments = dict(locals())  # the keyword arguments: TrainSettings' fields, by name
   with checks.user_errors():  # bad settings or paths, another run's checkpoints, a second writer
-    settings = settings_lib.TrainSettings(**arguments)
+    settings = settings_lib.TrainSettings(
+      model_config=model_config,
+      train_tsv=train_tsv,
+      validation_tsv=validation_tsv,
+      spm_model=spm_model,
+      output_dir=output_dir,
+      num_steps=num_steps,
+      learning_rate=learning_rate,
+      warmup_steps=warmup_steps,
+      weight_decay=weight_decay,
+      clip_norm=clip_norm,
+      tokens_per_batch=tokens_per_batch,
+      bucket_lengths=bucket_lengths,
+      checkpoint_every=checkpoint_every,
+      eval_every=eval_every,
+      max_validation_examples=max_validation_examples,
+      seed=seed,
+      teacher_config=teacher_config,
+      teacher_checkpoint=teacher_checkpoint,
+      distill_weight=distill_weight,
+      export_path=export_path,
+      export_dtype=export_dtype,
+      max_steps_this_run=max_steps_this_run,
+      export_only=export_only,
+      schedule=schedule,
+      label_smoothing=label_smoothing,
+      exclude_heldout=exclude_heldout,
+      export_best=export_best,
+      optimizer=optimizer,
+      init_checkpoint=init_checkpoint,
+      fork_checkpoint=fork_checkpoint,
+      export_replaces_better=export_replaces_better,
+      input_prefixes=input_prefixes,
+      extra_validation=extra_validation,
+    )
     os.makedirs(settings.output_dir, exist_ok=True)
     output_lock = lock.OutputLock(settings.output_dir).acquire()  # one writer per run directory
   try:
