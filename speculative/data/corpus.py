@@ -24,11 +24,14 @@ import io
 import os
 from pathlib import Path
 import re
+from typing import Callable
 from typing import Iterable
 from typing import Iterator
 from typing import Sequence
+from typing import TypeVar
 
 Pair = tuple[str, str]
+Row = TypeVar("Row")
 
 DEFAULT_SPLIT_SALT = "libreoffice_ende/v1"
 SPLITS = ("train", "validation", "test")
@@ -113,8 +116,8 @@ def clean_ui_pairs(pairs: Iterable[Pair]) -> tuple[list[Pair], dict[str, int]]:
   return cleaned, counts
 
 
-def _source_rank(source: str, salt: str) -> bytes:
-  return hashlib.sha256((salt + "\x00" + source).encode("utf-8")).digest()
+def _group_rank(key: str, salt: str) -> bytes:
+  return hashlib.sha256((salt + "\x00" + key).encode("utf-8")).digest()
 
 
 def split_pairs(
@@ -128,31 +131,49 @@ def split_pairs(
   Within a split, pairs keep their input order. Raises ValueError when the corpus is too small to leave
   a non-empty train split.
   """
+  return split_groups(pairs, lambda pair: pair[0], test_size, validation_size, salt)
+
+
+def split_groups(
+  rows: Sequence[Row],
+  group_of: Callable[[Row], str],
+  test_size: int,
+  validation_size: int,
+  salt: str,
+) -> dict[str, list[Row]]:
+  """Splits rows into train/validation/test with each group (the rows of one `group_of(row)` key)
+  whole in one split: the groups, in the order of their salted sha256, fill test until it holds
+  `test_size` rows, then validation until `validation_size`; the rest is train.
+
+  Within a split, rows keep their input order. Raises ValueError when a size is < 1 or the corpus is
+  too small to leave a non-empty train split.
+  """
   if test_size < 1 or validation_size < 1:
     raise ValueError(
       f"test_size and validation_size must be >= 1, got {test_size}, {validation_size}"
     )
-  pairs_per_source: dict[str, int] = {}
-  for source, _ in pairs:
-    pairs_per_source[source] = pairs_per_source.get(source, 0) + 1
-  ranked_sources = sorted(pairs_per_source, key=lambda source: _source_rank(source, salt))
-  split_of_source: dict[str, str] = {}
+  keys = [group_of(row) for row in rows]
+  rows_per_group: dict[str, int] = {}
+  for key in keys:
+    rows_per_group[key] = rows_per_group.get(key, 0) + 1
+  ranked = sorted(rows_per_group, key=lambda key: _group_rank(key, salt))
+  split_of_group: dict[str, str] = {}
   filled = {"test": 0, "validation": 0}
   targets = (("test", test_size), ("validation", validation_size))
   stage = 0
-  for source in ranked_sources:
+  for key in ranked:
     while stage < len(targets) and filled[targets[stage][0]] >= targets[stage][1]:
       stage += 1
     name = targets[stage][0] if stage < len(targets) else "train"
-    split_of_source[source] = name
+    split_of_group[key] = name
     if name != "train":
-      filled[name] += pairs_per_source[source]
-  splits: dict[str, list[Pair]] = {name: [] for name in SPLITS}
-  for pair in pairs:
-    splits[split_of_source[pair[0]]].append(pair)
+      filled[name] += rows_per_group[key]
+  splits: dict[str, list[Row]] = {name: [] for name in SPLITS}
+  for key, row in zip(keys, rows):
+    splits[split_of_group[key]].append(row)
   if not splits["train"] or filled["validation"] < validation_size:
     raise ValueError(
-      f"corpus too small to split: {len(pairs)} pairs for test_size={test_size}, "
+      f"corpus too small to split: {len(rows)} pairs for test_size={test_size}, "
       f"validation_size={validation_size} and a non-empty train split"
     )
   return splits

@@ -38,7 +38,6 @@ stats.json) and the options. Standard library plus `speculative.data.overlap` (n
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import os
 from pathlib import Path
@@ -142,29 +141,9 @@ def split_pairs(
   salt: str = DEFAULT_SPLIT_SALT,
 ) -> dict[str, list[tuple[str, str, str]]]:
   """train/validation/test by salted hash of the family key (see the module docstring)."""
-  groups: dict[str, list[int]] = {}
-  for i, (_, description, _) in enumerate(rows):
-    groups.setdefault(_family_key(description), []).append(i)
-  ranked = sorted(groups, key=lambda k: hashlib.sha256((salt + "\x00" + k).encode()).digest())
-  split_of_row = ["train"] * len(rows)
-  filled = {"test": 0, "validation": 0}
-  targets = (("test", test_size), ("validation", validation_size))
-  stage = 0
-  for key in ranked:
-    while stage < len(targets) and filled[targets[stage][0]] >= targets[stage][1]:
-      stage += 1
-    if stage == len(targets):
-      break
-    name = targets[stage][0]
-    for i in groups[key]:
-      split_of_row[i] = name
-    filled[name] += len(groups[key])
-  splits: dict[str, list[tuple[str, str, str]]] = {name: [] for name in SPLITS}
-  for i, row in enumerate(rows):
-    splits[split_of_row[i]].append(row)
-  if not splits["train"] or filled["validation"] < validation_size:
-    raise ValueError(f"corpus too small to split: {len(rows)} pairs")
-  return splits
+  return corpus.split_groups(
+    rows, lambda row: _family_key(row[1]), test_size, validation_size, salt
+  )
 
 
 def token_lengths(texts: Sequence[str], spm_model: str) -> list[int]:

@@ -27,6 +27,8 @@ class DecodeInputs:
     sampling_params: SamplingParams of [] arrays (temperature f32, top_k i32, top_p f32).
     rng: a typed PRNG key.
     row_ids: [B] int32 RNG row identities.
+    draft_encoder_tokens: [B, S'] int32 encoder input of an encoder-decoder draft (by default the
+      target's `encoder_tokens`), or None (no encoder input, or no drafter).
   """
 
   prompt_tokens: jax.Array
@@ -35,6 +37,26 @@ class DecodeInputs:
   sampling_params: sampling_lib.SamplingParams
   rng: jax.Array
   row_ids: jax.Array
+  draft_encoder_tokens: jax.Array | None = None
+
+  def with_drafter(
+    self, target: interface.CachedLM, drafter: Any, draft_encoder_tokens=None
+  ) -> 'DecodeInputs':
+    """These inputs for a drafted decode: checks that `drafter` proposes over the target's
+    vocabulary (ValueError if not) and sets the draft's encoder input (`draft_encoder_tokens`,
+    default the target's `encoder_tokens`)."""
+    if drafter.vocab_size != target.vocab_size:
+      raise ValueError(
+        f'draft and target vocabularies differ: draft vocab_size '
+        f'{drafter.vocab_size} != target vocab_size {target.vocab_size}'
+      )
+    if draft_encoder_tokens is None:
+      draft_encoder_tokens = self.encoder_tokens
+    elif self.encoder_tokens is None:
+      raise ValueError('draft_encoder_tokens given without encoder_tokens for the target')
+    else:
+      draft_encoder_tokens = jnp.asarray(draft_encoder_tokens).astype(jnp.int32)
+    return self.replace(draft_encoder_tokens=draft_encoder_tokens)
 
 
 def as_key(rng: Any) -> jax.Array:
@@ -165,24 +187,6 @@ def _checked_encoder_tokens(encoder_tokens, batch: int) -> jax.Array | None:
   if encoder_tokens.shape[1] < 1:
     raise ValueError('empty input: encoder_tokens has length 0')
   return encoder_tokens
-
-
-def check_drafter(drafter: Any, target: interface.CachedLM) -> None:
-  """The drafter proposes over the target's vocabulary (ValueError if not)."""
-  if drafter.vocab_size != target.vocab_size:
-    raise ValueError(
-      f'draft and target vocabularies differ: draft vocab_size '
-      f'{drafter.vocab_size} != target vocab_size {target.vocab_size}'
-    )
-
-
-def draft_encoder_inputs(draft_encoder_tokens, encoder_tokens) -> jax.Array | None:
-  """The encoder input of an encoder-decoder draft: its own, or the target's (the default)."""
-  if draft_encoder_tokens is None:
-    return encoder_tokens
-  if encoder_tokens is None:
-    raise ValueError('draft_encoder_tokens given without encoder_tokens for the target')
-  return jnp.asarray(draft_encoder_tokens).astype(jnp.int32)
 
 
 def raise_if_invalid(result: Any, check_finite: bool) -> None:

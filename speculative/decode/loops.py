@@ -58,14 +58,9 @@ def _autoregressive_jit(
 ):
   decode_state.TRACE_COUNTS['autoregressive_decode'] += 1
   max_new_tokens, sampling = options.max_new_tokens, options.sampling
-  # +1: a row that is done still gets (and discards) one token written at its length per step.
-  max_length, cache = decode_state.prefill(target, target_params, inputs, max_new_tokens + 1)
-  prompt_tokens, prompt_lengths = inputs.prompt_tokens, inputs.prompt_lengths
-  sampling_params, rng, row_ids = inputs.sampling_params, inputs.rng, inputs.row_ids
-  batch = prompt_tokens.shape[0]
-  state = decode_state.initial_state(
-    prompt_tokens, prompt_lengths, max_length, cache, None, decode_state.DecodeMetrics.zeros(batch)
-  )
+  prompt_lengths, sampling_params = inputs.prompt_lengths, inputs.sampling_params
+  batch = prompt_lengths.shape[0]
+  state = decode_state.start(target, target_params, inputs, options, decode_state.DecodeMetrics)
 
   def body(state: decode_state.DecodeState) -> decode_state.DecodeState:
     last = decode_state.last_tokens(state.tokens, state.lengths)  # [B]
@@ -77,7 +72,7 @@ def _autoregressive_jit(
     )  # [B, 1, V]
     probs = sampling_lib.probs_from_logits(logits[:, 0], sampling, sampling_params)  # [B, V]
     token = sampling_lib.sample_rows(
-      decode_state.row_keys(rng, row_ids, state.step, 0), probs, sampling.greedy
+      decode_state.row_keys(inputs.rng, inputs.row_ids, state.step, 0), probs, sampling.greedy
     )  # [B]
     tokens, lengths, done, active = decode_state.commit_tokens(
       state,
@@ -140,7 +135,6 @@ def _speculative_jit(
   target_params,
   draft_params,
   inputs: decode_inputs.DecodeInputs,
-  draft_encoder_tokens,
   lenience=None,
   *,
   target: interface.CachedLM,
@@ -148,55 +142,35 @@ def _speculative_jit(
   options: decode_options.DecodeOptions,
 ):
   decode_state.TRACE_COUNTS['speculative_decode'] += 1
-  max_new_tokens, sampling, gamma = options.max_new_tokens, options.sampling, options.gamma
-  max_length, cache = decode_state.prefill(
-    target, target_params, inputs, max_new_tokens + gamma + 1
-  )
-  prompt_tokens, prompt_lengths = inputs.prompt_tokens, inputs.prompt_lengths
-  sampling_params, rng, row_ids = inputs.sampling_params, inputs.rng, inputs.row_ids
-  batch = prompt_tokens.shape[0]
-  draft_state = drafter.init(
-    draft_params, prompt_tokens, prompt_lengths, max_length, draft_encoder_tokens
-  )
-  state = decode_state.initial_state(
-    prompt_tokens,
-    prompt_lengths,
-    max_length,
-    cache,
-    draft_state,
-    decode_state.DecodeMetrics.zeros(batch),
+  max_new_tokens, sampling = options.max_new_tokens, options.sampling
+  prompt_lengths, sampling_params = inputs.prompt_lengths, inputs.sampling_params
+  rng, row_ids = inputs.rng, inputs.row_ids
+  state = decode_state.start(
+    target, target_params, inputs, options, decode_state.DecodeMetrics, drafter, draft_params
   )
 
   def body(state: decode_state.DecodeState) -> decode_state.DecodeState:
-    proposal, draft_state = drafter.propose(
+    drafts = decode_state.propose(
+      drafter,
       draft_params,
+      options,
+      sampling_params,
       state.draft_state,
       state.tokens,
       state.lengths,
-      gamma,
       decode_state.row_keys(rng, row_ids, state.step, 0),
-      sampling,
-      sampling_params,
     )
-    assert proposal.tokens.shape == (batch, gamma), proposal.tokens.shape
-    assert proposal.probs.shape == (batch, gamma, target.vocab_size), proposal.probs.shape
-    drafted = jnp.arange(gamma)[None, :] < proposal.num_drafted[:, None]  # [B, gamma]
-    # Filler past num_drafted becomes token 0: any id is fine for exactness (p at a position only
-    # conditions on earlier tokens), but an out-of-range id could make NaN keys/values in the cache.
-    draft_tokens = jnp.where(drafted, proposal.tokens, 0)  # [B, gamma]
-    # One verify call over [last committed token, x_1..x_gamma] at start = lengths-1.
-    last = decode_state.last_tokens(state.tokens, state.lengths)  # [B]
-    verify_tokens = jnp.concatenate([last[:, None], draft_tokens], axis=1)  # [B, gamma+1]
+    proposal = drafts.proposal
     width = None
     if options.adaptive_verify:  # only as wide as the longest proposal of a row that is not done
       width = 1 + jnp.max(jnp.where(state.done, 0, proposal.num_drafted))
     logits, cache = _verify(
-      target, target_params, state.target_cache, verify_tokens, state.lengths - 1, width
+      target, target_params, state.target_cache, drafts.verify_tokens, state.lengths - 1, width
     )  # [B, gamma+1, V]
     target_probs = sampling_lib.probs_from_logits(logits, sampling, sampling_params)
     result = _accept(
       logits,
-      draft_tokens,
+      drafts.tokens,
       proposal,
       target_probs,
       decode_state.row_keys(rng, row_ids, state.step, 1),
@@ -207,19 +181,14 @@ def _speculative_jit(
     tokens, lengths, done, active = decode_state.commit_tokens(
       state, result.tokens, result.num_accepted + 1, prompt_lengths, max_new_tokens, options.eos_id
     )
-    # Only the distributions that can matter: q at drafted positions, p at positions <= num_drafted.
-    verified = jnp.arange(gamma + 1)[None, :] <= proposal.num_drafted[:, None]  # [B, gamma+1]
-    invalid = decode_state.has_nan(
-      jnp.where(verified[..., None], target_probs, 0.0)
-    ) | decode_state.has_nan(jnp.where(drafted[..., None], proposal.probs, 0.0))
     metrics = decode_state.DecodeMetrics(
       target_calls=state.metrics.target_calls + active,
       drafted=state.metrics.drafted + jnp.where(active, proposal.num_drafted, 0),
       accepted=state.metrics.accepted + jnp.where(active, result.num_accepted, 0),
       alpha_sum=state.metrics.alpha_sum + jnp.where(active, result.min_mass.sum(axis=1), 0.0),
-      invalid=state.metrics.invalid | (active & invalid),
+      invalid=state.metrics.invalid | (active & drafts.invalid(target_probs)),
     )
-    return state.advance(tokens, lengths, done, cache, draft_state, metrics)
+    return state.advance(tokens, lengths, done, cache, drafts.draft_state, metrics)
 
   return decode_state.run_loop(body, state, prompt_lengths, max_new_tokens)
 
@@ -368,15 +337,13 @@ def speculative_decode(
     DecodeResult; metrics hold target_calls, drafted, accepted, alpha_sum per row.
   """
   options = decode_options.DecodeOptions.create(options, **option_fields).speculative()
-  decode_inputs.check_drafter(drafter, target)
   inputs = decode_inputs.prepare_inputs(
     target, options, prompt_tokens, prompt_lengths, encoder_tokens, sampling_params, rng, row_ids
-  )
+  ).with_drafter(target, drafter, draft_encoder_tokens)
   result = _speculative_jit(
     target_params,
     draft_params,
     inputs,
-    decode_inputs.draft_encoder_inputs(draft_encoder_tokens, inputs.encoder_tokens),
     _lenience_value(lenience),
     target=target,
     drafter=drafter,

@@ -27,6 +27,8 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 
+from speculative import sampling as sampling_lib
+from speculative.decode import options as decode_options
 from speculative.drafters import base as drafter_base
 from speculative.models import interface
 
@@ -117,41 +119,102 @@ def row_keys(rng: jax.Array, row_ids: jax.Array, step: jax.Array, use: int) -> j
   return jax.vmap(one)(row_ids)
 
 
-def prefill(
-  target: interface.CachedLM, target_params: Any, inputs: Any, extra_length: int
-) -> tuple[int, Any]:
-  """(max_length, cache) of a decode of `inputs` (a `DecodeInputs`): the token buffer's length,
-  prompt_len + extra_length, and the target's cache with that many positions, correct on
-  [0, lengths-1) of every row.
+def start(
+  target: interface.CachedLM,
+  target_params: Any,
+  inputs: Any,
+  options: decode_options.DecodeOptions,
+  metrics_type: Any,
+  drafter: drafter_base.Drafter | None = None,
+  draft_params: Any = None,
+) -> DecodeState:
+  """The loop state before the first step of a decode of `inputs` (a `DecodeInputs`).
 
-  Entries past a row's length are stale and overwritten before anything attends to them.
+  The token buffer holds the prompts in L_max = prompt_len + max_new_tokens + 1 positions, + gamma
+  with a drafter (a row that is done still gets, and discards, one token written at its length per
+  step; a verify call writes gamma+1), no row done. The target's cache has L_max positions and is
+  prefilled on the prompts: correct on [0, lengths-1) of every row (entries past a row's length are
+  stale and overwritten before anything attends to them). The drafter's state (None without a
+  drafter) is `drafter.init` over the same prompts; the metrics are `metrics_type.zeros(batch)`.
   """
-  prompt_tokens = inputs.prompt_tokens
+  prompt_tokens, prompt_lengths = inputs.prompt_tokens, inputs.prompt_lengths
   batch, prompt_len = prompt_tokens.shape
-  max_length = prompt_len + extra_length
+  max_length = prompt_len + options.max_new_tokens + 1 + (0 if drafter is None else options.gamma)
   cache = target.init_cache(target_params, batch, max_length, inputs.encoder_tokens)
   _, cache = target.extend(target_params, cache, prompt_tokens, jnp.zeros((batch,), jnp.int32))
-  return max_length, cache
-
-
-def initial_state(
-  prompt_tokens: jax.Array,
-  prompt_lengths: jax.Array,
-  max_length: int,
-  target_cache: Any,
-  draft_state: Any,
-  metrics: Any,
-) -> DecodeState:
-  """The loop state before the first step: the prompts in an L_max buffer, no row done."""
+  draft_state = None
+  if drafter is not None:
+    draft_state = drafter.init(
+      draft_params, prompt_tokens, prompt_lengths, max_length, inputs.draft_encoder_tokens
+    )
   return DecodeState(
     step=jnp.zeros((), jnp.int32),
     tokens=init_buffer(prompt_tokens, max_length),
     lengths=prompt_lengths,
-    done=jnp.zeros((prompt_tokens.shape[0],), bool),
-    target_cache=target_cache,
+    done=jnp.zeros((batch,), bool),
+    target_cache=cache,
     draft_state=draft_state,
-    metrics=metrics,
+    metrics=metrics_type.zeros(batch),
   )
+
+
+@flax.struct.dataclass
+class Drafts:
+  """One step's drafts over R rows (B; K*B in spectr_decode), as the verify call takes them.
+
+  Attributes:
+    proposal: the drafter's DraftProposal (tokens [R, gamma], probs [R, gamma, V], num_drafted).
+    draft_state: the drafter's state after proposing.
+    drafted: [R, gamma] bool, the positions below num_drafted.
+    tokens: [R, gamma] int32, the proposal's tokens with the filler past num_drafted set to 0: any
+      id is fine for exactness (p at a position only conditions on earlier tokens), but an
+      out-of-range id could make NaN keys/values in the cache.
+    verify_tokens: [R, gamma+1] int32, [last committed token, x_1..x_gamma], for one verify call
+      at start = lengths-1.
+  """
+
+  proposal: drafter_base.DraftProposal
+  draft_state: Any
+  drafted: jax.Array
+  tokens: jax.Array
+  verify_tokens: jax.Array
+
+  def masked_probs(self) -> jax.Array:
+    """[R, gamma, V]: q at the drafted positions, 0 past them."""
+    return jnp.where(self.drafted[..., None], self.proposal.probs, 0.0)
+
+  def invalid(self, target_probs: jax.Array) -> jax.Array:
+    """[R] bool: NaN in a distribution that can matter, q at drafted positions or p (the verify
+    call's, [R, gamma+1, V]) at positions <= num_drafted."""
+    gamma = self.tokens.shape[1]
+    verified = jnp.arange(gamma + 1)[None, :] <= self.proposal.num_drafted[:, None]  # [R, gamma+1]
+    return has_nan(jnp.where(verified[..., None], target_probs, 0.0)) | has_nan(self.masked_probs())
+
+
+def propose(
+  drafter: drafter_base.Drafter,
+  draft_params: Any,
+  options: decode_options.DecodeOptions,
+  sampling_params: sampling_lib.SamplingParams,
+  draft_state: Any,
+  tokens: jax.Array,
+  lengths: jax.Array,
+  keys: jax.Array,
+) -> Drafts:
+  """One `drafter.propose` of options.gamma tokens (under options.sampling) after the committed rows
+  `tokens` [R, L_max] / `lengths` [R] with `keys` [R], and the verify call's tokens."""
+  gamma = options.gamma
+  proposal, draft_state = drafter.propose(
+    draft_params, draft_state, tokens, lengths, gamma, keys, options.sampling, sampling_params
+  )
+  rows = tokens.shape[0]
+  assert proposal.tokens.shape == (rows, gamma), proposal.tokens.shape
+  assert proposal.probs.shape == (rows, gamma, drafter.vocab_size), proposal.probs.shape
+  drafted = jnp.arange(gamma)[None, :] < proposal.num_drafted[:, None]  # [R, gamma]
+  draft_tokens = jnp.where(drafted, proposal.tokens, 0)  # [R, gamma]
+  last = last_tokens(tokens, lengths)  # [R]
+  verify_tokens = jnp.concatenate([last[:, None], draft_tokens], axis=1)  # [R, gamma+1]
+  return Drafts(proposal, draft_state, drafted, draft_tokens, verify_tokens)
 
 
 def run_loop(body, state: DecodeState, prompt_lengths: jax.Array, max_new_tokens: int):

@@ -28,26 +28,8 @@ struct Dims {
   int64_t bias_b, bias_h, bias_t;  // bias strides (0 on broadcast dims)
 };
 
-#pragma GCC push_options
-#pragma GCC target("avx512f,avx512vl,avx2,fma")
-namespace avx512 {
-using V = spec::V16Avx512;
-#include "attention_impl.inc"
-}  // namespace avx512
-#pragma GCC pop_options
-
-#pragma GCC push_options
-#pragma GCC target("avx2,fma")
-namespace avx2 {
-using V = spec::V16Avx2;
-#include "attention_impl.inc"
-}  // namespace avx2
-#pragma GCC pop_options
-
-namespace portable {
-using V = spec::V16Portable;
-#include "attention_impl.inc"
-}  // namespace portable
+#define SPEC_KERNEL_BODY "attention_impl.inc"
+#include "per_isa.inc"
 
 ffi::Error DecodeAttention(Rank4 q, Rank4 k, Rank4 v, Rank4 bias, ffi::Result<Rank4> out,
                            int64_t isa) {

@@ -24,7 +24,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 SOURCES = tuple(os.path.join(HERE, f) for f in ('matmul.cc', 'attention.cc', 'rms_norm.cc'))
 HEADERS = tuple(
   os.path.join(HERE, f)
-  for f in ('vec16.h', 'vec16_ops.inc', 'attention_impl.inc', 'rms_norm_impl.inc')
+  for f in ('vec16.h', 'vec16_ops.inc', 'per_isa.inc', 'attention_impl.inc', 'rms_norm_impl.inc')
 )
 LIBRARY = os.path.join(HERE, '_kernels.so')
 FLAGS = ('-O3', '-std=c++17', '-shared', '-fPIC', '-ffp-contract=off', '-fno-fast-math')

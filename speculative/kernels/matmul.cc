@@ -30,6 +30,7 @@
 #include <cstring>
 #include <memory>
 #include <thread>
+#include <utility>
 
 #include "xla/ffi/api/ffi.h"
 
@@ -167,41 +168,47 @@ __attribute__((target("avx2,fma"))) void tile_avx2(const Problem& p, int64_t r0,
 // weight once. Each row tile takes as many blocks at once as the registers hold accumulators for
 // (AVX-512: 4 blocks up to 4 rows, 2 blocks for 5-8 rows; AVX2: 2 blocks up to 2 rows, else 1), the
 // blocks left over one at a time. Tiling only groups independent FMA chains; it never changes any
-// element's order.
-template <int R, bool BF16>
-__attribute__((target("avx512f"))) void rows_avx512(const Problem& p, int64_t r, int64_t b0,
-                                                   int64_t b1) {
-  constexpr int G = R <= 4 ? 4 : 2;  // R x G accumulators of the 32 zmm registers
+// element's order. An ISA's tiling is a struct: its row tile, its blocks per tile and its tile.
+struct Avx512 {
+  static constexpr int kRows = 8;
+  static constexpr int groups(int rows) { return rows <= 4 ? 4 : 2; }  // of the 32 zmm registers
+  template <int R, int G, bool BF16>
+  __attribute__((target("avx512f"))) static void tile(const Problem& p, int64_t r, int64_t b) {
+    tile_avx512<R, G, BF16>(p, r, b);
+  }
+};
+
+struct Avx2 {
+  static constexpr int kRows = 6;
+  // 2 R G accumulators + 2 G weights of the 16 ymm registers
+  static constexpr int groups(int rows) { return rows <= 2 ? 2 : 1; }
+  template <int R, int G, bool BF16>
+  __attribute__((target("avx2,fma"))) static void tile(const Problem& p, int64_t r, int64_t b) {
+    tile_avx2<R, G, BF16>(p, r, b);
+  }
+};
+
+// Rows r..r+R-1 over blocks [b0, b1).
+template <class Isa, int R, bool BF16>
+void tile_rows(const Problem& p, int64_t r, int64_t b0, int64_t b1) {
+  constexpr int G = Isa::groups(R);
   int64_t b = b0;
-  for (; b + G <= b1; b += G) tile_avx512<R, G, BF16>(p, r, b);
-  for (; b < b1; ++b) tile_avx512<R, 1, BF16>(p, r, b);
+  for (; b + G <= b1; b += G) Isa::template tile<R, G, BF16>(p, r, b);
+  for (; b < b1; ++b) Isa::template tile<R, 1, BF16>(p, r, b);
 }
 
-template <bool BF16>
-__attribute__((target("avx512f"))) void blocks_avx512(const Problem& p, int64_t b0, int64_t b1) {
+// All rows over blocks [b0, b1), in row tiles of Isa::kRows (kRows[i] takes i + 1 rows).
+template <class Isa, bool BF16, int... I>
+void tile_blocks(const Problem& p, int64_t b0, int64_t b1, std::integer_sequence<int, I...>) {
   using Rows = void (*)(const Problem&, int64_t, int64_t, int64_t);
-  static constexpr Rows kRows[] = {rows_avx512<1, BF16>, rows_avx512<2, BF16>,
-                                   rows_avx512<3, BF16>, rows_avx512<4, BF16>,
-                                   rows_avx512<5, BF16>, rows_avx512<6, BF16>,
-                                   rows_avx512<7, BF16>, rows_avx512<8, BF16>};
-  for (int64_t r = 0; r < p.m; r += 8) kRows[std::min<int64_t>(8, p.m - r) - 1](p, r, b0, b1);
+  static constexpr Rows kRows[] = {tile_rows<Isa, I + 1, BF16>...};
+  for (int64_t r = 0; r < p.m; r += Isa::kRows)
+    kRows[std::min<int64_t>(Isa::kRows, p.m - r) - 1](p, r, b0, b1);
 }
 
-template <int R, bool BF16>
-__attribute__((target("avx2,fma"))) void rows_avx2(const Problem& p, int64_t r, int64_t b0,
-                                                  int64_t b1) {
-  constexpr int G = R <= 2 ? 2 : 1;  // 2 R G accumulators + 2 G weights of the 16 ymm registers
-  int64_t b = b0;
-  for (; b + G <= b1; b += G) tile_avx2<R, G, BF16>(p, r, b);
-  for (; b < b1; ++b) tile_avx2<R, 1, BF16>(p, r, b);
-}
-
-template <bool BF16>
-__attribute__((target("avx2,fma"))) void blocks_avx2(const Problem& p, int64_t b0, int64_t b1) {
-  using Rows = void (*)(const Problem&, int64_t, int64_t, int64_t);
-  static constexpr Rows kRows[] = {rows_avx2<1, BF16>, rows_avx2<2, BF16>, rows_avx2<3, BF16>,
-                                   rows_avx2<4, BF16>, rows_avx2<5, BF16>, rows_avx2<6, BF16>};
-  for (int64_t r = 0; r < p.m; r += 6) kRows[std::min<int64_t>(6, p.m - r) - 1](p, r, b0, b1);
+template <class Isa, bool BF16>
+void blocks_tiled(const Problem& p, int64_t b0, int64_t b1) {
+  tile_blocks<Isa, BF16>(p, b0, b1, std::make_integer_sequence<int, Isa::kRows>());
 }
 
 using BlocksFn = void (*)(const Problem&, int64_t, int64_t);
@@ -217,9 +224,9 @@ struct Path {
 Path select(int64_t isa, bool bf16) {
   switch (isa) {
     case kAvx512:
-      return {bf16 ? blocks_avx512<true> : blocks_avx512<false>, 4};
+      return {bf16 ? blocks_tiled<Avx512, true> : blocks_tiled<Avx512, false>, Avx512::groups(1)};
     case kAvx2:
-      return {bf16 ? blocks_avx2<true> : blocks_avx2<false>, 2};
+      return {bf16 ? blocks_tiled<Avx2, true> : blocks_tiled<Avx2, false>, Avx2::groups(1)};
     default:
       return {bf16 ? blocks_portable<true> : blocks_portable<false>, 1};
   }

@@ -17,26 +17,8 @@ using Rank1 = ffi::Buffer<ffi::F32, 1>;  // an alias: the handler macro below sp
 
 namespace {
 
-#pragma GCC push_options
-#pragma GCC target("avx512f,avx512vl,avx2,fma")
-namespace avx512 {
-using V = spec::V16Avx512;
-#include "rms_norm_impl.inc"
-}  // namespace avx512
-#pragma GCC pop_options
-
-#pragma GCC push_options
-#pragma GCC target("avx2,fma")
-namespace avx2 {
-using V = spec::V16Avx2;
-#include "rms_norm_impl.inc"
-}  // namespace avx2
-#pragma GCC pop_options
-
-namespace portable {
-using V = spec::V16Portable;
-#include "rms_norm_impl.inc"
-}  // namespace portable
+#define SPEC_KERNEL_BODY "rms_norm_impl.inc"
+#include "per_isa.inc"
 
 ffi::Error RmsNorm(ffi::Buffer<ffi::F32> x, Rank1 scale, ffi::Result<ffi::Buffer<ffi::F32>> y,
                    float eps, int64_t isa) {

@@ -24,6 +24,8 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from speculative.models import interface
+
 Params = Any
 # One (keys, values) pair per layer, each [B, max_length, heads, head_dim] float32.
 Cache = tuple[tuple[jax.Array, jax.Array], ...]
@@ -226,18 +228,11 @@ class DecoderOnlyTransformer(nn.Module):
 
 
 @dataclasses.dataclass(frozen=True)
-class DecoderOnlyLM:
+class DecoderOnlyLM(interface.ModuleLM):
   """CachedLM wrapper (frozen, hashable: a valid jit static argument)."""
 
   config: DecoderOnlyConfig
-
-  @property
-  def vocab_size(self) -> int:
-    return self.config.vocab_size
-
-  @property
-  def module(self) -> DecoderOnlyTransformer:
-    return DecoderOnlyTransformer(self.config)
+  module_type = DecoderOnlyTransformer
 
   def init_params(self, rng: jax.Array) -> Params:
     tokens = jnp.zeros((1, 1), jnp.int32)

@@ -24,6 +24,7 @@ Cache contract (all implementations):
 from __future__ import annotations
 
 from typing import Any
+from typing import ClassVar
 from typing import Protocol
 
 import jax
@@ -65,3 +66,20 @@ class CachedLM(Protocol):
       cache: the updated cache.
     """
     ...
+
+
+class ModuleLM:
+  """Base of the CachedLM wrappers around one flax module built from a `config` (a frozen
+  dataclass field of the subclass) that has `vocab_size`; the subclass names the module's class in
+  `module_type`."""
+
+  module_type: ClassVar[type]
+
+  @property
+  def vocab_size(self) -> int:
+    return self.config.vocab_size
+
+  @property
+  def module(self) -> Any:
+    """The model's flax module (unbound)."""
+    return self.module_type(self.config)

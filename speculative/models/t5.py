@@ -46,6 +46,7 @@ import jax.numpy as jnp
 from speculative import kernels
 
 # T5Config (gin: `t5.T5Config`) and the parts are re-exported from here.
+from speculative.models import interface
 from speculative.models import t5_layers
 from speculative.models.t5_attention import relative_position_bucket  # noqa: F401
 from speculative.models.t5_config import T5Config
@@ -204,7 +205,7 @@ def _variables(params: Params, use_kernels: bool = True) -> dict[str, Params]:
 
 
 @dataclasses.dataclass(frozen=True)
-class T5:
+class T5(interface.ModuleLM):
   """T5 v1.1 as a `CachedLM` (static config only; hashable, usable as a jit static argument).
 
   Attributes:
@@ -224,14 +225,7 @@ class T5:
   # `extend` accepts a scalar `start` (all rows at one position), used by the baseline loop when
   # its rows advance together (`decoding.autoregressive_decode`); not a dataclass field.
   lockstep_extend = True
-
-  @property
-  def vocab_size(self) -> int:
-    return self.config.vocab_size
-
-  @property
-  def module(self) -> Transformer:
-    return Transformer(self.config)
+  module_type = Transformer
 
   # -- parameters -----------------------------------------------------------------------------
   def _init_boxed(self, rng: Array):

@@ -44,13 +44,18 @@ def _mlp(cfg: T5Config) -> MlpBlock:
   )
 
 
-def _relpos(cfg: T5Config) -> RelativePositionBiases:
-  return RelativePositionBiases(
-    num_buckets=cfg.relative_attention_num_buckets,
-    max_distance=cfg.relative_attention_max_distance,
-    num_heads=cfg.num_heads,
-    dtype=jnp.dtype(cfg.dtype),
-  )
+def _norm(cfg: T5Config) -> LayerNorm:
+  return LayerNorm(dtype=jnp.dtype(cfg.dtype))
+
+
+def _residual(layer: nn.Module, y: Array, x: Array, deterministic: bool) -> Array:
+  """A sublayer's output `y` after dropout, plus the sublayer's input `x`."""
+  return dropout(layer, layer.config.dropout_rate, y, deterministic) + x
+
+
+def _mlp_sublayer(layer: nn.Module, x: Array, deterministic: bool) -> Array:
+  """The layer's last sublayer: pre-norm gated MLP (`pre_mlp_layer_norm`, `mlp`) + residual."""
+  return _residual(layer, layer.mlp(layer.pre_mlp_layer_norm(x), deterministic), x, deterministic)
 
 
 class EncoderLayer(nn.Module):
@@ -60,19 +65,13 @@ class EncoderLayer(nn.Module):
 
   def setup(self):
     cfg = self.config
-    dtype = jnp.dtype(cfg.dtype)
-    self.pre_attention_layer_norm = LayerNorm(dtype=dtype)
-    self.attention = _attention(cfg)
-    self.pre_mlp_layer_norm = LayerNorm(dtype=dtype)
-    self.mlp = _mlp(cfg)
+    self.pre_attention_layer_norm, self.attention = _norm(cfg), _attention(cfg)
+    self.pre_mlp_layer_norm, self.mlp = _norm(cfg), _mlp(cfg)
 
   def __call__(self, inputs: Array, bias: Array, deterministic: bool) -> Array:
-    cfg = self.config
     x = self.pre_attention_layer_norm(inputs)
-    x = self.attention(x, x, bias, deterministic)
-    x = dropout(self, cfg.dropout_rate, x, deterministic) + inputs
-    y = self.mlp(self.pre_mlp_layer_norm(x), deterministic)
-    return dropout(self, cfg.dropout_rate, y, deterministic) + x
+    x = _residual(self, self.attention(x, x, bias, deterministic), inputs, deterministic)
+    return _mlp_sublayer(self, x, deterministic)
 
 
 class DecoderLayer(nn.Module):
@@ -82,13 +81,10 @@ class DecoderLayer(nn.Module):
 
   def setup(self):
     cfg = self.config
-    dtype = jnp.dtype(cfg.dtype)
-    self.pre_self_attention_layer_norm = LayerNorm(dtype=dtype)
-    self.self_attention = _attention(cfg)
-    self.pre_cross_attention_layer_norm = LayerNorm(dtype=dtype)
+    self.pre_self_attention_layer_norm, self.self_attention = _norm(cfg), _attention(cfg)
+    self.pre_cross_attention_layer_norm = _norm(cfg)
     self.encoder_decoder_attention = _attention(cfg)
-    self.pre_mlp_layer_norm = LayerNorm(dtype=dtype)
-    self.mlp = _mlp(cfg)
+    self.pre_mlp_layer_norm, self.mlp = _norm(cfg), _mlp(cfg)
 
   def cross_key_value(self, encoded: Array) -> tuple[Array, Array]:
     """Cross-attention keys/values of the encoder output, each heads-first [B, H, dh, S]."""
@@ -125,7 +121,6 @@ class DecoderLayer(nn.Module):
     Returns:
       ([B, T, d] outputs, updated (key, value) cache or None).
     """
-    cfg = self.config
     x = self.pre_self_attention_layer_norm(inputs)
     query, key, value = self.self_attention.project_qkv(x)  # each [B, T, H, dh]
     new_cache = None
@@ -136,7 +131,7 @@ class DecoderLayer(nn.Module):
     x = self.self_attention.attend(
       query, key, value, self_bias, deterministic, heads_first=self_kv_cache is not None
     )
-    x = dropout(self, cfg.dropout_rate, x, deterministic) + inputs
+    x = _residual(self, x, inputs, deterministic)
 
     y = self.pre_cross_attention_layer_norm(x)
     if cross_kv is None:
@@ -149,53 +144,63 @@ class DecoderLayer(nn.Module):
       deterministic,
       heads_first=True,
     )
-    y = dropout(self, cfg.dropout_rate, y, deterministic) + x
-
-    z = self.mlp(self.pre_mlp_layer_norm(y), deterministic)
-    z = dropout(self, cfg.dropout_rate, z, deterministic) + y
-    return z, new_cache
+    y = _residual(self, y, x, deterministic)
+    return _mlp_sublayer(self, y, deterministic), new_cache
 
 
-class Encoder(nn.Module):
-  """Embedding (shared) -> encoder layers -> final RMS norm."""
+class _Stack(nn.Module):
+  """What the encoder and the decoder share: the shared embedding in front of a stack of layers,
+  with one relative-position bias module (`relpos_bias`) for all of them."""
 
   config: T5Config
   shared_embedding: nn.Module
 
-  def setup(self):
+  def _setup_layers(self, layer_type: type[nn.Module], num_layers: int) -> None:
+    """Called from `setup`: `relpos_bias` and `layers` (layers_0, layers_1, ...)."""
     cfg = self.config
-    self.relpos_bias = _relpos(cfg)
-    self.layers = [EncoderLayer(cfg) for i in range(cfg.num_encoder_layers)]
-    self.encoder_norm = LayerNorm(dtype=jnp.dtype(cfg.dtype))
+    self.relpos_bias = RelativePositionBiases(
+      num_buckets=cfg.relative_attention_num_buckets,
+      max_distance=cfg.relative_attention_max_distance,
+      num_heads=cfg.num_heads,
+      dtype=jnp.dtype(cfg.dtype),
+    )
+    self.layers = [layer_type(cfg) for _ in range(num_layers)]
+
+  def _embed(self, tokens: Array, deterministic: bool) -> Array:
+    """[B, T] token ids -> [B, T, d] in the compute dtype, after dropout (none if deterministic)."""
+    cfg = self.config
+    x = self.shared_embedding(tokens.astype(jnp.int32))
+    return dropout(self, cfg.dropout_rate, x, deterministic).astype(jnp.dtype(cfg.dtype))
+
+
+class Encoder(_Stack):
+  """Embedding (shared) -> encoder layers -> final RMS norm."""
+
+  def setup(self):
+    self._setup_layers(EncoderLayer, self.config.num_encoder_layers)
+    self.encoder_norm = _norm(self.config)
 
   def __call__(self, encoder_tokens: Array, deterministic: bool) -> Array:
     cfg = self.config
-    dtype = jnp.dtype(cfg.dtype)
     assert encoder_tokens.ndim == 2, encoder_tokens.shape  # [B, S]
-    length = encoder_tokens.shape[1]
     valid = encoder_tokens > 0  # [B, S]
     mask = valid[:, None, :, None] & valid[:, None, None, :]  # [B, 1, S, S]
-    positions = jnp.arange(length, dtype=jnp.int32)
+    positions = jnp.arange(encoder_tokens.shape[1], dtype=jnp.int32)
     relpos = self.relpos_bias(positions, positions, True)[None]  # [1, H, S, S]
-    bias = mask_to_bias(mask, dtype) + relpos  # [B, H, S, S]
-    x = self.shared_embedding(encoder_tokens.astype(jnp.int32))  # [B, S, d]
-    x = dropout(self, cfg.dropout_rate, x, deterministic).astype(dtype)
+    bias = mask_to_bias(mask, jnp.dtype(cfg.dtype)) + relpos  # [B, H, S, S]
+    x = self._embed(encoder_tokens, deterministic)  # [B, S, d]
     for layer in self.layers:
       x = layer(x, bias, deterministic)
     x = self.encoder_norm(x)
     return dropout(self, cfg.dropout_rate, x, deterministic, broadcast=False)  # [B, S, d]
 
 
-class Decoder(nn.Module):
+class Decoder(_Stack):
   """Embedding (shared) -> decoder layers -> final RMS norm -> float32 logits."""
-
-  config: T5Config
-  shared_embedding: nn.Module
 
   def setup(self):
     cfg = self.config
-    self.relpos_bias = _relpos(cfg)
-    self.layers = [DecoderLayer(cfg) for i in range(cfg.num_decoder_layers)]
+    self._setup_layers(DecoderLayer, cfg.num_decoder_layers)
     # The logits head's dtype (T5Config.logits_dtype); shared by `__call__` and `extend`.
     self.decoder_norm = LayerNorm(dtype=jnp.dtype(cfg.logits_dtype or cfg.dtype))
     if not cfg.logits_via_embedding:
@@ -241,8 +246,7 @@ class Decoder(nn.Module):
     cross_mask = query_valid[:, None, :, None] & (encoder_tokens > 0)[:, None, None, :]
     cross_bias = mask_to_bias(cross_mask, dtype)  # [B, 1, T, S]
 
-    y = self.shared_embedding(decoder_input_tokens.astype(jnp.int32))  # [B, T, d]
-    y = dropout(self, cfg.dropout_rate, y, deterministic).astype(dtype)
+    y = self._embed(decoder_input_tokens, deterministic)  # [B, T, d]
     for layer in self.layers:
       y, _ = layer(y, self_bias, cross_bias, deterministic, encoded=encoded)
     return self._logits(y, deterministic)
@@ -274,7 +278,7 @@ class Decoder(nn.Module):
       self_bias = self_bias[None]  # [1, H, T, K]
     cross_bias = mask_to_bias(encoder_mask[:, None, None, :], dtype)  # [B, 1, 1, S]
 
-    y = self.shared_embedding(tokens.astype(jnp.int32)).astype(dtype)  # [B, T, d]
+    y = self._embed(tokens, True)  # [B, T, d]
     new_self_kv = []
     for i, layer in enumerate(self.layers):
       y, layer_cache = layer(

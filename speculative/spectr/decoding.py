@@ -148,7 +148,6 @@ def _spectr_jit(
   target_params,
   draft_params,
   inputs: decode_inputs.DecodeInputs,
-  draft_encoder_tokens,
   *,
   target: interface.CachedLM,
   drafter: drafter_base.Drafter,
@@ -159,52 +158,38 @@ def _spectr_jit(
   decoding_state.TRACE_COUNTS['spectr_decode'] += 1
   k, length = num_drafts, options.gamma
   max_new_tokens, sampling = options.max_new_tokens, options.sampling
+  prompt_lengths, sampling_params = inputs.prompt_lengths, inputs.sampling_params
+  rng, row_ids = inputs.rng, inputs.row_ids
+  batch, vocab = prompt_lengths.shape[0], target.vocab_size
   # Prefill once per original row, then hold K copies.
-  max_length, cache = decoding_state.prefill(
-    target, target_params, inputs, max_new_tokens + length + 1
+  state = decoding_state.start(
+    target, target_params, inputs, options, SpecTrMetrics, drafter, draft_params
   )
-  prompt_tokens, prompt_lengths = inputs.prompt_tokens, inputs.prompt_lengths
-  sampling_params, rng, row_ids = inputs.sampling_params, inputs.rng, inputs.row_ids
-  batch = prompt_tokens.shape[0]
-  expanded = batch * k
-  vocab = target.vocab_size
-  draft_state = drafter.init(
-    draft_params, prompt_tokens, prompt_lengths, max_length, draft_encoder_tokens
-  )
-  state = decoding_state.initial_state(
-    prompt_tokens,
-    prompt_lengths,
-    max_length,
-    _repeat_rows(cache, k, batch, 'target cache'),
-    _repeat_rows(draft_state, k, batch, 'draft state'),
-    SpecTrMetrics.zeros(batch),
+  state = state.replace(
+    target_cache=_repeat_rows(state.target_cache, k, batch, 'target cache'),
+    draft_state=_repeat_rows(state.draft_state, k, batch, 'draft state'),
   )
 
   def body(state: decoding_state.DecodeState) -> decoding_state.DecodeState:
     tokens_k = jnp.repeat(state.tokens, k, axis=0)  # [K*B, L_max]
     lengths_k = jnp.repeat(state.lengths, k, axis=0)  # [K*B]
-    proposal, draft_state = drafter.propose(
+    # Every row's K drafts; one verify call over all of them at start = length-1.
+    drafts = decoding_state.propose(
+      drafter,
       draft_params,
+      options,
+      sampling_params,
       state.draft_state,
       tokens_k,
       lengths_k,
-      length,
       _copy_keys(rng, row_ids, state.step, k),
-      sampling,
-      sampling_params,
     )
-    assert proposal.tokens.shape == (expanded, length), proposal.tokens.shape
-    assert proposal.probs.shape == (expanded, length, vocab), proposal.probs.shape
-    drafted = jnp.arange(length)[None, :] < proposal.num_drafted[:, None]  # [K*B, L]
-    draft_tokens = jnp.where(drafted, proposal.tokens, 0)  # [K*B, L] (filler -> 0, as decoding)
-    # One verify call over all K drafts: [last committed token, x^j_1..x^j_L] at start = length-1.
-    last = decoding_state.last_tokens(tokens_k, lengths_k)  # [K*B]
-    verify_tokens = jnp.concatenate([last[:, None], draft_tokens], axis=1)  # [K*B, L+1]
+    proposal, draft_tokens = drafts.proposal, drafts.tokens  # [K*B, L]
     logits, cache = target.extend(
-      target_params, state.target_cache, verify_tokens, lengths_k - 1
+      target_params, state.target_cache, drafts.verify_tokens, lengths_k - 1
     )  # [K*B, L+1, V]
     target_probs = sampling_lib.probs_from_logits(logits, sampling, sampling_params)
-    draft_probs = jnp.where(drafted[..., None], proposal.probs, 0.0)  # [K*B, L, V]
+    draft_probs = drafts.masked_probs()  # [K*B, L, V]
 
     select_keys = decoding_state.row_keys(rng, row_ids, state.step, _USE_SELECT)  # [B]
     uniform_keys = jax.vmap(lambda key: jax.random.fold_in(key, 0))(select_keys)
@@ -233,14 +218,10 @@ def _spectr_jit(
     source = jnp.arange(batch, dtype=jnp.int32) * k + selection.branch  # [B]
     index = jnp.repeat(source, k, axis=0)  # [K*B]
     cache = _adopt_rows(cache, state.target_cache, index)
-    draft_state = _adopt_rows(draft_state, state.draft_state, index)
+    draft_state = _adopt_rows(drafts.draft_state, state.draft_state, index)
 
     num_drafted = proposal.num_drafted.reshape(batch, k)
-    verified = jnp.arange(length + 1)[None, :] <= proposal.num_drafted[:, None]  # [K*B, L+1]
-    invalid_k = decoding_state.has_nan(
-      jnp.where(verified[..., None], target_probs, 0.0)
-    ) | decoding_state.has_nan(draft_probs)  # [K*B]
-    invalid = jnp.any(invalid_k.reshape(batch, k), axis=1)  # [B]
+    invalid = jnp.any(drafts.invalid(target_probs).reshape(batch, k), axis=1)  # [B]
     metrics = state.metrics
     metrics = SpecTrMetrics(
       target_calls=metrics.target_calls + active,
@@ -296,15 +277,13 @@ def spectr_decode(
     option_fields['gamma'] = draft_length
   decode_options.check_positive_int('num_iters', num_iters)
   options = decode_options.DecodeOptions.create(options, **option_fields).speculative()
-  decode_inputs.check_drafter(drafter, target)
   inputs = decode_inputs.prepare_inputs(
     target, options, prompt_tokens, prompt_lengths, encoder_tokens, sampling_params, rng, row_ids
-  )
+  ).with_drafter(target, drafter, draft_encoder_tokens)
   result = _spectr_jit(
     target_params,
     draft_params,
     inputs,
-    decode_inputs.draft_encoder_inputs(draft_encoder_tokens, inputs.encoder_tokens),
     target=target,
     drafter=drafter,
     options=options,
