@@ -88,7 +88,9 @@ def translate() -> dict:
 @pytest.fixture(scope='module')
 def recorded():
   if not FIXTURE.exists():
-    pytest.fail(f'{FIXTURE} is missing; record it with: python tests/models/test_embedded.py --record')
+    pytest.fail(
+      f'{FIXTURE} is missing; record it with: python tests/models/test_embedded.py --record'
+    )
   return json.loads(FIXTURE.read_text())
 
 
