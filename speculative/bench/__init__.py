@@ -6,11 +6,20 @@ inputs         benchmark inputs (a seqio task, a TSV file or synthetic tokens) a
 methods        drafter construction and the decoding methods compared
 noise          the noise verdict of a measured estimate (median, spread, refusal)
 timing         timers of jitted model calls, timed in interleaved rounds
-costs          the cost model t(T), c, v(T) (re-exports noise and timing; shared with scripts/)
+costs          the cost model t(T), c, v(T) (re-exports noise and timing)
 sweep          timing every method of a (batch size, temperature) group; rows and profiles
 conclude       the gamma policy, the targets check and the explanations of missed targets
 cells          Markdown cells and tables of the results page
 cost_sections  the page's cost model, noise, profile and roofline sections
 report         the Markdown results page, the included pages, results.json
 plots          speedup_vs_gamma.png and alpha.png
+decode_step    the T5 decoder step on the CPU kernels against XLA's dot (python -m ...decode_step)
+
+The benchmark's own pages, included into the results page (python -m speculative.bench.<page>):
+pages              what they share: the pair's options and loading, the record, batch-1 timing
+drafters_page      docs/drafters/: alpha per drafter (Table 3), lenience (Table 5), adaptive gamma
+drafters_walltime  its walltime part: adaptive vs fixed gamma at batch 1, with c and v(T)
+drafters_tables    its Markdown
+spectr_page        docs/spectr/: SpecTr's K drafts vs speculative decoding vs the baseline
+spectr_tables      its Markdown
 """

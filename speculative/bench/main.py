@@ -69,33 +69,16 @@ def _models(
 ) -> dict[str, Any]:
   """The target, its stock-equivalent twin, the draft model and the drafters (same weights for
   every method)."""
-  target, target_params, target_desc = inputs_lib.build_model(
-    target_config, target_checkpoint, allow_random_init=allow_random_init, seed=seed, what="target"
+  target, target_params, draft, draft_params, descriptions = inputs_lib.build_pair(
+    (target_config, target_checkpoint),
+    (draft_config, draft_checkpoint),
+    allow_random_init=allow_random_init,
+    seed=seed,
   )
-  descriptions = {"target": target_desc}
-  draft = draft_params = None
-  if draft_config is not None:
-    draft, draft_params, descriptions["draft"] = inputs_lib.build_model(
-      draft_config,
-      draft_checkpoint,
-      allow_random_init=allow_random_init,
-      seed=seed + 1,
-      what="draft",
-    )
-    if draft.vocab_size != target.vocab_size:
-      raise ValueError(
-        f"draft and target vocabularies differ: {draft.vocab_size} != {target.vocab_size}"
-      )
-  if "random init" in target_desc or "random init" in descriptions.get("draft", ""):
+  if "random init" in descriptions["target"] or "random init" in descriptions.get("draft", ""):
     warnings.append("RANDOM-INIT weights: α and speedups do not describe trained models.")
-  built = methods_lib.build_drafters(
-    drafters,
-    target=target,
-    target_params=target_params,
-    draft=draft,
-    draft_params=draft_params,
-    warnings=warnings,
-  )
+  pair = dict(target=target, target_params=target_params, draft=draft, draft_params=draft_params)
+  built = methods_lib.build_drafters(drafters, warnings=warnings, **pair)
   models = {
     "target": target,
     "target_params": target_params,
@@ -352,7 +335,7 @@ def _run(s: settings.BenchmarkSettings) -> dict[str, Any]:
   t_start = time.perf_counter()
   report_log = log
   log = lambda msg: report_log(f"[{time.perf_counter() - t_start:6.0f}s] {msg}")  # noqa: E731
-  examples, source, task_label = inputs_lib.settings_inputs(
+  examples, source, task_label = inputs_lib.benchmark_inputs(
     s, num_examples=s.num_examples, skip_truncated=s.skip_truncated
   )
   log(f"inputs: {source}")

@@ -61,10 +61,12 @@ def build_drafters(
   draft: Any,
   draft_params: Any,
   warnings: list[str],
+  **options: Any,
 ) -> dict[str, tuple[Any, Any]]:
   """{name: (drafter, params)} for the drafter `names` (registry names or 'package.module:build';
   the first, primary one must build; a secondary one that cannot is skipped with a warning
-  appended to `warnings`)."""
+  appended to `warnings`). `options` go to the registry as they are (e.g. ngram_sizes,
+  stop_below)."""
   built = {}
   for name in names:
     try:
@@ -76,6 +78,7 @@ def build_drafters(
         train_sequences=train_sequences,
         target_model=target,
         target_params=target_params,
+        **options,
       )
     except Exception as e:  # pylint: disable=broad-except
       if name == names[0]:
@@ -114,7 +117,7 @@ class Method:
 
 
 def decode_outputs(kind: str, result: Any) -> dict[str, np.ndarray]:
-  """Host copies: tokens [B, N], lengths [B], and per-row counters."""
+  """Host copies: tokens [B, N], lengths [B], and the per-row counters of the result's metrics."""
   if kind == STOCK_T5X:
     tokens = np.asarray(result)
     is_eos = tokens == tasks.EOS_ID
@@ -130,16 +133,11 @@ def decode_outputs(kind: str, result: Any) -> dict[str, np.ndarray]:
       "alpha_sum": zeros,
       "invalid": zeros.astype(bool),
     }
-  metrics = result.metrics
-  return {
-    "tokens": np.asarray(result.tokens),
-    "lengths": np.asarray(result.lengths),
-    "target_calls": np.asarray(metrics.target_calls),
-    "drafted": np.asarray(metrics.drafted),
-    "accepted": np.asarray(metrics.accepted),
-    "alpha_sum": np.asarray(metrics.alpha_sum),
-    "invalid": np.asarray(metrics.invalid),
+  # Every counter of the result's metrics (a SpecTr decode adds selections and single_alpha_sum).
+  metrics = {
+    f.name: np.asarray(getattr(result.metrics, f.name)) for f in dataclasses.fields(result.metrics)
   }
+  return {"tokens": np.asarray(result.tokens), "lengths": np.asarray(result.lengths), **metrics}
 
 
 def t5x_available() -> bool:

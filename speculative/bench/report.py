@@ -310,11 +310,14 @@ def _plots_section(report: dict[str, Any]) -> list[str]:
   return lines
 
 
-# Pages written by the other measurement scripts into subfolders of the output dir; the results
-# page includes them (each keeps its own command, date and machine line).
+# Pages written by bench/spectr_page.py and bench/drafters_page.py into subfolders of the output
+# dir; the results page includes them (each keeps its own command, date and machine line).
 RELATED_PAGES = (
-  ("spectr/results.md", "SpecTr: K drafts (scripts/bench_spectr.py)"),
-  ("drafters/drafters.md", "Draft sources, lenience, adaptive gamma (scripts/bench_drafters.py)"),
+  ("spectr/results.md", "SpecTr: K drafts (python -m speculative.bench.spectr_page)"),
+  (
+    "drafters/drafters.md",
+    "Draft sources, lenience, adaptive gamma (python -m speculative.bench.drafters_page)",
+  ),
 )
 
 
