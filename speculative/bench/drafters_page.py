@@ -55,13 +55,24 @@ from speculative.decode import modes
 DRAFTER_NAMES = ('model', 'unigram', 'bigram', 'prompt_lookup', 'prompt_lookup+model')
 PARTS = ('alpha', 'lenience', 'walltime')
 MODULE = 'speculative.bench.drafters_page'
+# The options recorded as they are in the report's setup (the tables name them).
+SETUP_OPTIONS = (
+  'split',
+  'inputs_length',
+  'max_new_tokens',
+  'gamma',
+  'batch_size',
+  'repeats',
+  'seed',
+)
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
   parser = argparse.ArgumentParser(
     description=__doc__.split('\n\n')[0], formatter_class=argparse.RawDescriptionHelpFormatter
   )
-  pages.add_pair_args(parser, num_examples=100, output_dir='outputs/bench_drafters')
+  quick = 'smoke run: 8 sentences, gammas 2,4, max_gamma 4, one threshold, 3 walltime sentences'
+  pages.add_pair_args(parser, num_examples=100, output_dir='outputs/bench_drafters', quick=quick)
   parser.add_argument('--gamma', type=int, default=4, help='gamma of the alpha tables')
   parser.add_argument('--batch_size', type=int, default=10, help='batch of the alpha tables')
   parser.add_argument('--drafters', default=','.join(DRAFTER_NAMES))
@@ -75,12 +86,6 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
   )
   parser.add_argument('--walltime_temperature', type=float, default=0.0)
   parser.add_argument('--skip', default='', help=f'comma list of parts to skip: {",".join(PARTS)}')
-  parser.add_argument(
-    '--quick',
-    action='store_true',
-    help='smoke run: 8 sentences, gammas 2,4, max_gamma 4, one threshold, '
-    '3 walltime sentences, 1 repeat',
-  )
   args = parser.parse_args(argv)
   if args.quick:
     args.num_examples, args.batch_size, args.walltime_examples = 8, 4, 3
@@ -228,16 +233,10 @@ def setup_record(args, argv, pair: pages.Pair, num_examples: int, skipped: int) 
     draft_name=pair.names['draft'],
     target_checkpoint=pair.descriptions['target'],
     draft_checkpoint=pair.descriptions['draft'],
-    split=args.split,
     num_examples=num_examples,
     skipped_long_inputs=skipped,
-    inputs_length=args.inputs_length,
-    max_new_tokens=args.max_new_tokens,
-    gamma=args.gamma,
-    batch_size=args.batch_size,
     lenience=pages.values(args.lenience, float),
-    repeats=args.repeats,
-    seed=args.seed,
+    **{name: getattr(args, name) for name in SETUP_OPTIONS},
   )
 
 

@@ -80,21 +80,9 @@ def methods(pair: pages.Pair, costs: dict[str, Any], args: argparse.Namespace) -
     kind = methods_lib.BASELINE if drafter is None else methods_lib.SPECULATIVE
     return methods_lib.Method(name, kind, fns[mode], gamma=gamma, drafter_obj=info)
 
-  def model_drafter(stop_below: float = 0.0):
-    built = methods_lib.build_drafters(
-      ['model'],
-      target=pair.target,
-      target_params=pair.target_params,
-      draft=pair.draft,
-      draft_params=pair.draft_params,
-      warnings=[],
-      stop_below=stop_below,
-    )
-    return built['model'][0]
-
   out = [method('baseline', dict(kind='baseline'))]
   for gamma in pages.values(args.gammas, int):
-    out.append(method(f'fixed gamma={gamma}', dict(kind='fixed'), model_drafter(), gamma))
+    out.append(method(f'fixed gamma={gamma}', dict(kind='fixed'), pages.model_drafter(pair), gamma))
   max_gamma = args.max_gamma
   for threshold in pages.values(args.stop_below, float):
     for adaptive in (False, True):
@@ -102,9 +90,11 @@ def methods(pair: pages.Pair, costs: dict[str, Any], args: argparse.Namespace) -
       name = f'stop_below={threshold}, max gamma={max_gamma}' + (
         ', adaptive verify' if adaptive else ''
       )
-      out.append(method(name, info, model_drafter(threshold), max_gamma, adaptive))
+      out.append(
+        method(name, info, pages.model_drafter(pair, stop_below=threshold), max_gamma, adaptive)
+      )
   rule = drafters_lib.AdaptiveGammaDrafter(
-    model_drafter(),
+    pages.model_drafter(pair),
     draft_cost=round(costs['c'], 4),
     verify_costs=tuple(round(costs['v'][t], 3) for t in range(1, max_gamma + 2)),
   )

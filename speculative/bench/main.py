@@ -53,6 +53,15 @@ from speculative.models import t5 as t5_lib
 
 DEFAULT_QUICK_GIN = "configs/benchmark/quick.gin"
 DRIFT_WARNING = 0.15  # relative change of t(1) between before and after the sweep
+# The settings every group of the sweep takes as they are (sweep.GroupSettings fields).
+GROUP_OPTIONS = (
+  "inputs_length",
+  "max_new_tokens",
+  "repeats",
+  "seed",
+  "cost_repeats",
+  "cost_min_seconds",
+)
 
 
 def _models(
@@ -414,14 +423,9 @@ def _measure(
     stock_t5x_decode=stock_t5x_decode,
     warnings=warnings,
     kernels_setting=s.kernels,
-    inputs_length=s.inputs_length,
-    max_new_tokens=s.max_new_tokens,
-    repeats=s.repeats,
-    seed=s.seed,
-    cost_repeats=s.cost_repeats,
-    cost_min_seconds=s.cost_min_seconds,
     position=position,
     log=log,
+    **{name: getattr(s, name) for name in GROUP_OPTIONS},
   )
   warnings += _drift_warnings(costs, step_timers, s.cost_repeats, s.cost_min_seconds)
   whole_job = None

@@ -32,10 +32,13 @@ from speculative.jobs import gin_utils
 from speculative.models import t5 as t5_lib
 
 
-def add_pair_args(parser: argparse.ArgumentParser, *, num_examples: int, output_dir: str) -> None:
+def add_pair_args(
+  parser: argparse.ArgumentParser, *, num_examples: int, output_dir: str, quick: str
+) -> None:
   """The options every page has: the two models (gin file, macro, weights), the inputs (the first
   `--num_examples` sentences of a LibreOffice En-De split that fit `--inputs_length`), the decode
-  length, the timing repeats, the seed and the output folder."""
+  length, the timing repeats, the seed, the output folder, and `--quick` (its help: `quick`; one
+  repeat)."""
   for role in ('target', 'draft'):
     parser.add_argument(f'--{role}_gin', default=f'configs/models/embedded_{role}.gin')
     parser.add_argument(f'--{role}_macro', default=f'EMBEDDED_{role.upper()}')
@@ -52,6 +55,7 @@ def add_pair_args(parser: argparse.ArgumentParser, *, num_examples: int, output_
   parser.add_argument('--repeats', type=int, default=3)
   parser.add_argument('--seed', type=int, default=0)
   parser.add_argument('--output_dir', default=output_dir)
+  parser.add_argument('--quick', action='store_true', help=f'{quick}; 1 repeat')
 
 
 def values(text: str, kind: type) -> list[Any]:
@@ -96,6 +100,21 @@ def load_pair(args: argparse.Namespace) -> Pair:
     for role, params in (('target', target_params), ('draft', draft_params))
   }
   return Pair(target, target_params, draft, draft_params, descriptions, names)
+
+
+def model_drafter(pair: Pair, **options: Any) -> Any:
+  """The registry's 'model' drafter on the pair's draft model (`options`, e.g. stop_below, go to
+  the registry)."""
+  built = methods_lib.build_drafters(
+    ['model'],
+    target=pair.target,
+    target_params=pair.target_params,
+    draft=pair.draft,
+    draft_params=pair.draft_params,
+    warnings=[],
+    **options,
+  )
+  return built['model'][0]
 
 
 def load_examples(args: argparse.Namespace) -> tuple[list[infer_inputs.Example], int]:

@@ -61,16 +61,14 @@ COST_POSITION = 16  # decoder position of the timed calls (mid-sentence)
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
   parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
-  pages.add_pair_args(parser, num_examples=20, output_dir='outputs/bench_spectr')
+  quick = (
+    'smoke run: 4 inputs, 16 new tokens, K 1 2, L 4, random init if a checkpoint is missing, '
+    'output in outputs/bench_spectr_quick'
+  )
+  pages.add_pair_args(parser, num_examples=20, output_dir='outputs/bench_spectr', quick=quick)
   parser.add_argument('--ks', type=int, nargs='+', default=[1, 2, 4, 8])
   parser.add_argument('--ls', type=int, nargs='+', default=[4, 8])
   parser.add_argument('--cost_repeats', type=int, default=5)
-  parser.add_argument(
-    '--quick',
-    action='store_true',
-    help='smoke run: 4 inputs, 16 new tokens, K 1 2, L 4, 1 repeat, random init '
-    'if a checkpoint is missing, output in outputs/bench_spectr_quick',
-  )
   args = parser.parse_args(argv)
   if args.quick:
     args.num_examples, args.max_new_tokens, args.ks, args.ls = 4, 16, [1, 2], [4]
@@ -157,14 +155,7 @@ def _add_costs_at_k(costs: dict[str, Any], cm: dict[str, Any], k: int, ls) -> fl
 def make_methods(pair: pages.Pair, args) -> list[methods_lib.Method]:
   """baseline, speculative L per L, spectr K L per (K, L); `drafter_obj` holds (K, L)."""
   sampling, sampling_params = sampling_lib.make_sampling(temperature=1.0)
-  drafter = methods_lib.build_drafters(
-    ['model'],
-    target=pair.target,
-    target_params=pair.target_params,
-    draft=pair.draft,
-    draft_params=pair.draft_params,
-    warnings=[],
-  )['model'][0]
+  drafter = pages.model_drafter(pair)
   common = dict(max_new_tokens=args.max_new_tokens, sampling=sampling, eos_id=tasks.EOS_ID)
   fns = modes.decode_fns(pair.target, pair.target_params, sampling_params=sampling_params, **common)
   methods = [methods_lib.Method('baseline', methods_lib.BASELINE, fns[modes.BASELINE])]
