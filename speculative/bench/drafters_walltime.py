@@ -24,7 +24,6 @@ from speculative.bench import methods as methods_lib
 from speculative.bench import pages
 from speculative.data import tasks
 from speculative.decode import batching
-from speculative.decode import modes
 
 COST_POSITION = 16  # decoder position at which c and v(T) are measured (mid-sentence)
 
@@ -67,18 +66,9 @@ def methods(pair: pages.Pair, costs: dict[str, Any], args: argparse.Namespace) -
   )
 
   def method(name, info, drafter=None, gamma=None, adaptive_verify=False):
-    mode = modes.BASELINE if drafter is None else modes.SPECULATIVE
-    fns = modes.decode_fns(
-      pair.target,
-      pair.target_params,
-      drafter,
-      pair.draft_params,
-      gamma=gamma,
-      adaptive_verify=adaptive_verify,
-      **options,
-    )
+    decode = pages.decode_fn(pair, drafter, gamma=gamma, adaptive_verify=adaptive_verify, **options)
     kind = methods_lib.BASELINE if drafter is None else methods_lib.SPECULATIVE
-    return methods_lib.Method(name, kind, fns[mode], gamma=gamma, drafter_obj=info)
+    return methods_lib.Method(name, kind, decode, gamma=gamma, drafter_obj=info)
 
   out = [method('baseline', dict(kind='baseline'))]
   for gamma in pages.values(args.gammas, int):

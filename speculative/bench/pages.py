@@ -27,6 +27,7 @@ from speculative.bench import methods as methods_lib
 from speculative.bench import sweep
 from speculative.checkpoints import files
 from speculative.decode import batching
+from speculative.decode import modes
 from speculative.infer import inputs as infer_inputs
 from speculative.jobs import gin_utils
 from speculative.models import t5 as t5_lib
@@ -115,6 +116,14 @@ def model_drafter(pair: Pair, **options: Any) -> Any:
     **options,
   )
   return built['model'][0]
+
+
+def decode_fn(pair: Pair, drafter: Any = None, **options: Any) -> Callable[..., Any]:
+  """fn(encoder_tokens [B, S], rng) -> DecodeResult (modes.decode_fns): the target's baseline
+  without a drafter, else speculative decoding with `drafter` on the pair's draft params;
+  `options` are DecodeOptions fields, sampling_params and lenience."""
+  fns = modes.decode_fns(pair.target, pair.target_params, drafter, pair.draft_params, **options)
+  return fns[modes.BASELINE if drafter is None else modes.SPECULATIVE]
 
 
 def load_examples(args: argparse.Namespace) -> tuple[list[infer_inputs.Example], int]:

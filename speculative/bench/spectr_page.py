@@ -48,7 +48,6 @@ from speculative.bench import sweep
 from speculative.bench import timing
 from speculative.data import tasks
 from speculative.decode import batching
-from speculative.decode import modes
 from speculative.spectr import decoding as spectr_decoding
 
 MODULE = 'speculative.bench.spectr_page'
@@ -157,8 +156,8 @@ def make_methods(pair: pages.Pair, args) -> list[methods_lib.Method]:
   sampling, sampling_params = sampling_lib.make_sampling(temperature=1.0)
   drafter = pages.model_drafter(pair)
   common = dict(max_new_tokens=args.max_new_tokens, sampling=sampling, eos_id=tasks.EOS_ID)
-  fns = modes.decode_fns(pair.target, pair.target_params, sampling_params=sampling_params, **common)
-  methods = [methods_lib.Method('baseline', methods_lib.BASELINE, fns[modes.BASELINE])]
+  baseline = pages.decode_fn(pair, sampling_params=sampling_params, **common)
+  methods = [methods_lib.Method('baseline', methods_lib.BASELINE, baseline)]
 
   def spectr(k, length):
     return lambda encoder_tokens, rng: spectr_decoding.spectr_decode(
@@ -176,15 +175,9 @@ def make_methods(pair: pages.Pair, args) -> list[methods_lib.Method]:
     )
 
   for length in args.ls:
-    speculative = modes.decode_fns(
-      pair.target,
-      pair.target_params,
-      drafter,
-      pair.draft_params,
-      sampling_params=sampling_params,
-      gamma=length,
-      **common,
-    )[modes.SPECULATIVE]
+    speculative = pages.decode_fn(
+      pair, drafter, sampling_params=sampling_params, gamma=length, **common
+    )
     name = f'speculative L={length}'
     methods.append(methods_lib.Method(name, methods_lib.SPECULATIVE, speculative, gamma=length))
     for k in args.ks:
