@@ -64,39 +64,28 @@ GROUP_OPTIONS = (
 )
 
 
-def _models(
-  *,
-  target_config,
-  target_checkpoint,
-  draft_config,
-  draft_checkpoint,
-  allow_random_init: bool,
-  seed: int,
-  drafters: Sequence[str],
-  warnings: list[str],
-  kernels_setting: str = "auto",
-) -> dict[str, Any]:
-  """The target, its stock-equivalent twin, the draft model and the drafters (same weights for
-  every method)."""
+def _models(s: settings.BenchmarkSettings, warnings: list[str]) -> dict[str, Any]:
+  """The target, its stock-equivalent twin, the draft model and the drafters of `s` (same weights
+  for every method)."""
   target, target_params, draft, draft_params, descriptions = inputs_lib.build_pair(
-    (target_config, target_checkpoint),
-    (draft_config, draft_checkpoint),
-    allow_random_init=allow_random_init,
-    seed=seed,
+    (s.target_config, s.target_checkpoint),
+    (s.draft_config, s.draft_checkpoint),
+    allow_random_init=s.allow_random_init,
+    seed=s.seed,
   )
   if "random init" in descriptions["target"] or "random init" in descriptions.get("draft", ""):
     warnings.append("RANDOM-INIT weights: α and speedups do not describe trained models.")
   pair = dict(target=target, target_params=target_params, draft=draft, draft_params=draft_params)
-  built = methods_lib.build_drafters(drafters, warnings=warnings, **pair)
+  built = methods_lib.build_drafters(s.drafters, warnings=warnings, **pair)
   models = {
     "target": target,
     "target_params": target_params,
     # T5X's decoding structure on XLA's dot, whatever our own path: the stock reference stays stock.
-    "stock_target": t5_lib.T5(target_config, cache_cross_kv=False, use_kernels=False),
+    "stock_target": t5_lib.T5(s.target_config, cache_cross_kv=False, use_kernels=False),
     "drafters": built,
     "descriptions": descriptions,
   }
-  if kernels.available() and kernels_setting != "off":  # packed once, used where a batch picks them
+  if kernels.available() and s.kernels != "off":  # packed once, used where a batch picks them
     models["packed"] = paths.pack_models(target, target_params, draft, draft_params, built)
   return models
 
@@ -348,17 +337,7 @@ def _run(s: settings.BenchmarkSettings) -> dict[str, Any]:
     s, num_examples=s.num_examples, skip_truncated=s.skip_truncated
   )
   log(f"inputs: {source}")
-  models = _models(
-    target_config=s.target_config,
-    target_checkpoint=s.target_checkpoint,
-    draft_config=s.draft_config,
-    draft_checkpoint=s.draft_checkpoint,
-    allow_random_init=s.allow_random_init,
-    seed=s.seed,
-    drafters=s.drafters,
-    warnings=warnings,
-    kernels_setting=s.kernels,
-  )
+  models = _models(s, warnings)
   log(
     f"target: {models['descriptions']['target']}; draft: {models['descriptions'].get('draft', '-')}"
   )
