@@ -293,18 +293,7 @@ def run_group(g: GroupSettings) -> dict[str, Any]:
 
 def _group_methods(g: GroupSettings, sampling, sampling_params) -> list[bench_methods.Method]:
   """The group's methods (methods_lib.make_methods), kept to `g.only` where given."""
-  methods = methods_lib.make_methods(
-    target=g.target,
-    target_params=g.target_params,
-    stock_target=g.stock_target,
-    drafters=g.drafters,
-    gammas=g.gammas,
-    max_new_tokens=g.max_new_tokens,
-    sampling=sampling,
-    sampling_params=sampling_params,
-    stock_t5x_decode=g.stock_t5x_decode,
-    temperature=g.temperature,
-  )
+  methods = methods_lib.make_methods(g, sampling, sampling_params)
   if g.only is None:
     return methods
   unknown = set(g.only) - {m.name for m in methods}
