@@ -40,13 +40,7 @@ def compiled_loop_hlo(batch_size: int, max_new_tokens: int) -> str:
   )
   target, params = load_model(config, 'models/embedded/target.msgpack')
   examples, _ = inputs_lib.load_examples(
-    task='libreoffice_ende',
-    split='test',
-    input_file=None,
-    input_prefix='',
-    inputs_length=64,
-    num_examples=batch_size,
-    skip_truncated=True,
+    inputs_lib.InputSource(), num_examples=batch_size, skip_truncated=True
   )
   encoder_tokens = jnp.asarray(batching.pad_batch(examples, batch_size, 64))  # [B, 64]
   config, sampling_params = sampling.make_sampling(0.0)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import math
 from typing import Any
+from typing import Callable
+from typing import Iterable
 from typing import Sequence
 
 import numpy as np
@@ -41,6 +43,43 @@ def table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
   lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
   lines += ["| " + " | ".join(str(c) for c in r) + " |" for r in rows]
   return "\n".join(lines)
+
+
+# A table column: its header and the function that turns a record (a row of the report) into the
+# column's cell.
+Column = tuple[str, Callable[[Any], Any]]
+
+
+def column(header: str, key: str, *args: Any, refused: bool = False, **kwargs: Any) -> Column:
+  """The column showing fmt(record[key], *args, **kwargs); with `refused`, refusable(record, ...):
+  TOO_NOISY where the record's costs were refused."""
+  if refused:
+    return header, lambda record: refusable(record, record[key], *args, **kwargs)
+  return header, lambda record: fmt(record[key], *args, **kwargs)
+
+
+def columns_table(columns: Sequence[Column], records: Iterable[Any]) -> str:
+  """The table with one row per record, its cells from the columns' functions."""
+  return table(
+    [header for header, _ in columns], [[cell(r) for _, cell in columns] for r in records]
+  )
+
+
+def section(title: str, *paragraphs: str) -> list[str]:
+  """A section: its heading and its paragraphs (text or tables), each followed by a blank line."""
+  lines = [f"## {title}", ""]
+  for paragraph in paragraphs:
+    lines += [paragraph, ""]
+  return lines
+
+
+# Columns that several tables of the results page show, under the same header.
+BATCH = column("batch", "batch_size")
+TEMP = column("TEMP", "temperature", 0)
+TOKENS_PER_S = column("tokens/s", "tokens_per_s", 1)
+MS_PER_TOKEN = column("ms/token", "ms_per_token")
+COMPILE_S = column("compile s", "compile_s", 1)
+IDENTICAL = ("identical", lambda record: fmt(record.get("identical_to_baseline")))
 
 
 def loads(values: Sequence[float]) -> str:

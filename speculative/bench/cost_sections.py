@@ -12,14 +12,12 @@ from speculative.bench import conclude
 
 def cost_section(report: dict[str, Any]) -> list[str]:
   """The measured cost model, with its noise."""
-  lines = [
-    "## Cost model (measured)",
-    "",
+  lines = cells.section(
+    "Cost model (measured)",
     "Per-call times of warm jitted `extend` calls on a realistic cache (encoder run on the "
     "real inputs, decoder cache prefilled to a mid-sentence position), median of repeats. "
     "c = draft step / target step; v(T) = target T-token call / target 1-token call.",
-    "",
-  ]
+  )
   lines += [_target_cost_table(report), ""] + _path_lines(report) + _hoisting_lines(report)
   draft_rows = _draft_cost_rows(report)
   if draft_rows:
@@ -164,11 +162,31 @@ def _noise_lines(report: dict[str, Any]) -> list[str]:
   ]
 
 
+# The profile table: a row's time per loop step split into its parts (a record is the row's
+# profile with the row's batch size, temperature and name).
+_PROFILE_COLUMNS = [
+  cells.BATCH,
+  cells.TEMP,
+  cells.column("method", "name"),
+  cells.column("step ms", "step_s", scale=1e3),
+  ("draft ms", lambda p: cells.fmt(p.get("draft_s", 0.0), scale=1e3)),
+  ("verify/target ms", lambda p: cells.fmt(p.get("verify_s", p.get("target_step_s")), scale=1e3)),
+  cells.column("overhead ms", "overhead_s", scale=1e3, refused=True),
+  cells.column("overhead %", "overhead_fraction", 0, "%", scale=100, refused=True),
+  cells.column("prefill ms", "prefill_s_per_decode", scale=1e3),
+  cells.column("prefill % of walltime", "prefill_fraction", 0, "%", scale=100),
+]
+
+
 def profile_section(report: dict[str, Any]) -> list[str]:
   """Time per loop step, split."""
-  lines = [
-    "## Profile (time per loop step)",
-    "",
+  profiles = [
+    dict(r["profile"], batch_size=r["batch_size"], temperature=r["temperature"], name=r["name"])
+    for r in cells.rows_of(report, "baselines", "speculative")
+    if r.get("profile")
+  ]
+  return cells.section(
+    "Profile (time per loop step)",
     "step = (decode walltime - prefill) / loop steps (a loop step is one target call; at "
     "batch > 1 the loop runs until the slowest row is done). draft = the draft model's calls "
     "of a step (a 2-token catch-up call + gamma-1 one-token calls) or a drafter's propose "
@@ -176,46 +194,8 @@ def profile_section(report: dict[str, Any]) -> list[str]:
     "rest (sampling and acceptance over the vocabulary, the draft loop's control flow, "
     "bookkeeping). A negative overhead is impossible (the calls were timed under another load "
     f"than the decode), so it is reported as \"{conclude.TOO_NOISY}\" too.",
-    "",
-  ]
-  rows = []
-  for r in cells.rows_of(report, "baselines", "speculative"):
-    p = r.get("profile")
-    if not p:
-      continue
-    rows.append(
-      [
-        r["batch_size"],
-        cells.fmt(r["temperature"], 0),
-        r["name"],
-        cells.fmt(p["step_s"], scale=1e3),
-        cells.fmt(p.get("draft_s", 0.0), scale=1e3),
-        cells.fmt(p.get("verify_s", p.get("target_step_s")), scale=1e3),
-        cells.refusable(p, p["overhead_s"], scale=1e3),
-        cells.refusable(p, p["overhead_fraction"], 0, "%", scale=100),
-        cells.fmt(p["prefill_s_per_decode"], scale=1e3),
-        cells.fmt(p["prefill_fraction"], 0, "%", scale=100),
-      ]
-    )
-  lines += [
-    cells.table(
-      [
-        "batch",
-        "TEMP",
-        "method",
-        "step ms",
-        "draft ms",
-        "verify/target ms",
-        "overhead ms",
-        "overhead %",
-        "prefill ms",
-        "prefill % of walltime",
-      ],
-      rows,
-    ),
-    "",
-  ]
-  return lines
+    cells.columns_table(_PROFILE_COLUMNS, profiles),
+  )
 
 
 def _overhead_range(rows: Sequence[dict[str, Any]]) -> str:
@@ -236,15 +216,13 @@ def roofline_section(report: dict[str, Any]) -> list[str]:
   rows, v_rows = _roofline_rows(report)
   if not rows:
     return []
-  return [
-    "## Roofline",
-    "",
+  return cells.section(
+    "Roofline",
     "A decode step reads at least the decoder's weights (the cached cross-attention K/V "
     "projections excluded); at the stream bandwidth of a bare jitted matvec over as many "
     "bytes, that takes the floor below. baseline ms/token = the baseline's greedy decode "
     "step (profile) / batch; loop overhead = (decode walltime - prefill - the model calls of "
     "the cost model) / (decode walltime - prefill), greedy, as in the profile.",
-    "",
     cells.table(
       [
         "batch",
@@ -258,14 +236,11 @@ def roofline_section(report: dict[str, Any]) -> list[str]:
       ],
       rows,
     ),
-    "",
     "v(T) of the target beside v(T) of a bare jitted stack of its decoder matmuls at the "
     "same B x T rows (no attention, norms or cache): where they differ, the gap is in "
     "what the model adds around the matmuls.",
-    "",
     cells.table(["batch", "T", "target v(T)", "bare matmul v(T)", "bare verdict"], v_rows),
-    "",
-  ]
+  )
 
 
 def _roofline_rows(report: dict[str, Any]) -> tuple[list[list[Any]], list[list[Any]]]:

@@ -21,7 +21,6 @@ from typing import Any
 from typing import Mapping
 from typing import Sequence
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -351,18 +350,8 @@ def measure_propose(
   state = drafter.init(
     draft_params, tokens[:, :position], lengths, max_length, jnp.asarray(encoder_tokens)
   )
-  rng = jax.random.key(0)  # typed keys, as the decode loop passes them
-  timer = lambda n: timing.repeat_propose(  # noqa: E731
-    draft_params,
-    state,
-    tokens,
-    lengths,
-    rng,
-    sampling_params,
-    jnp.asarray(n, jnp.int32),
-    drafter=drafter,
-    gamma=gamma,
-    sampling=sampling,
+  timer = timing.propose_timer(
+    drafter, draft_params, state, tokens, lengths, sampling_params, gamma=gamma, sampling=sampling
   )
   rounds, whole = timing.time_rounds(
     {"propose": timer, "target_1": target_step},

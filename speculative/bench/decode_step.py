@@ -14,6 +14,7 @@ the rounds interleave them; prints the table of `kernels.bench` with the load av
 from __future__ import annotations
 
 import argparse
+import dataclasses
 
 from flax import traverse_util
 import jax
@@ -22,33 +23,22 @@ import numpy as np
 
 from speculative import checkpoints
 from speculative import kernels
+from speculative.jobs import gin_utils
 from speculative.kernels import bench as kernel_bench
 from speculative.models import t5 as t5_lib
 
 
 def run_model(shape: str, rows, rounds: int, peak_gflops: float, steps: int = 10):
   """t(1) and v(T) of the T5 decoder step per path (XLA f32, kernels with f32 / bf16 weights)."""
+  # The shipped target's shape; the random one is wider (d 768, 12 heads, mlp 3072) and deeper.
+  config = gin_utils.load_macro(
+    'configs/models/embedded_target.gin', 'EMBEDDED_TARGET', t5_lib.T5Config
+  )
   if shape == 'shipped':
-    config = t5_lib.T5Config(
-      vocab_size=8000,
-      emb_dim=256,
-      num_heads=4,
-      num_encoder_layers=4,
-      num_decoder_layers=4,
-      head_dim=64,
-      mlp_dim=1024,
-    )
     model, params = checkpoints.load_model(config, 'models/embedded/target.msgpack')
   else:
-    config = t5_lib.T5Config(
-      vocab_size=8000,
-      emb_dim=768,
-      num_heads=12,
-      num_encoder_layers=6,
-      num_decoder_layers=6,
-      head_dim=64,
-      mlp_dim=3072,
-    )
+    config = dataclasses.replace(config, emb_dim=768, num_heads=12, mlp_dim=3072)
+    config = dataclasses.replace(config, num_encoder_layers=6, num_decoder_layers=6)
     model = t5_lib.T5(config)
     # bfloat16-valued weights, so that the bf16-stored packing is exact (timing does not depend
     # on the values).

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 from typing import Any
@@ -32,29 +33,53 @@ def synthetic_examples(
   return examples
 
 
+@dataclasses.dataclass(frozen=True)
+class InputSource:
+  """Where benchmark inputs come from: a seqio task and split, or a file (a prefix before each
+  line), encoded to at most `inputs_length` tokens; `examples`, if given, are used instead.
+  `BenchmarkSettings` has the same fields, so either describes a source."""
+
+  task: str | None = tasks.LIBREOFFICE_TASK
+  split: str = "test"
+  input_file: str | None = None
+  input_prefix: str = ""
+  inputs_length: int = 64
+  examples: Sequence[infer_inputs.Example] | None = None
+
+
+def split_file(split: str, inputs_length: int) -> InputSource:
+  """A split of the LibreOffice En-De corpus read from its TSV file (no seqio pipeline), with the
+  task's input prefix."""
+  return InputSource(
+    task=None,
+    split=split,
+    input_file=str(tasks.split_path(split)),
+    input_prefix=tasks.TRANSLATE_EN_DE_PREFIX,
+    inputs_length=inputs_length,
+  )
+
+
 def load_examples(
-  *,
-  task: str | None,
-  split: str,
-  input_file: str | None,
-  input_prefix: str,
-  inputs_length: int,
-  num_examples: int,
-  skip_truncated: bool,
+  source: InputSource, *, num_examples: int, skip_truncated: bool
 ) -> tuple[list[infer_inputs.Example], int]:
-  """The first `num_examples` inputs (skipping those longer than inputs_length if asked).
+  """The first `num_examples` inputs of `source` (an InputSource or a BenchmarkSettings), skipping
+  those longer than its inputs_length if asked.
 
   Returns (examples, number skipped)."""
-  if (task is None) == (input_file is None):
+  if (source.task is None) == (source.input_file is None):
     raise ValueError("give exactly one of task and input_file")
   limit = None if skip_truncated else num_examples
-  if task is not None:
-    examples = infer_inputs.examples_from_task(task, split, inputs_length, limit)
+  if source.task is not None:
+    examples = infer_inputs.examples_from_task(
+      source.task, source.split, source.inputs_length, limit
+    )
   else:
-    from speculative.data import tasks
-
     examples = infer_inputs.examples_from_file(
-      input_file, tasks.get_vocabulary(), inputs_length, input_prefix, limit
+      source.input_file,
+      tasks.get_vocabulary(),
+      source.inputs_length,
+      source.input_prefix,
+      limit,
     )
   skipped = 0
   if skip_truncated:
@@ -69,6 +94,11 @@ def load_examples(
   if not examples:
     raise ValueError("no benchmark inputs")
   return examples, skipped
+
+
+def num_params(params: Any) -> int:
+  """The number of parameters of a parameter tree."""
+  return int(sum(np.prod(x.shape) for x in jax.tree_util.tree_leaves(params)))
 
 
 def build_model(
@@ -91,63 +121,61 @@ def build_model(
       f"{what} checkpoint does not exist: {checkpoint!r} (set "
       "allow_random_init=True, e.g. --quick, to time random weights)"
     )
-  n_params = int(sum(np.prod(x.shape) for x in jax.tree_util.tree_leaves(params)))
-  return model, params, f"{source}, {n_params / 1e6:.1f}M params"
+  return model, params, f"{source}, {num_params(params) / 1e6:.1f}M params"
+
+
+def build_pair(
+  target: tuple[t5_lib.T5Config, str | None],
+  draft: tuple[t5_lib.T5Config, str | None] | None,
+  *,
+  allow_random_init: bool,
+  seed: int,
+) -> tuple[t5_lib.T5, Any, t5_lib.T5 | None, Any, dict[str, str]]:
+  """(target, target params, draft, draft params, descriptions) from (config, checkpoint) pairs
+  (`build_model`; the draft is None without a draft config, and takes seed + 1); ValueError if
+  the two vocabularies differ."""
+  target_model, target_params, target_desc = build_model(
+    *target, allow_random_init=allow_random_init, seed=seed, what="target"
+  )
+  descriptions = {"target": target_desc}
+  if draft is None or draft[0] is None:
+    return target_model, target_params, None, None, descriptions
+  draft_model, draft_params, descriptions["draft"] = build_model(
+    *draft, allow_random_init=allow_random_init, seed=seed + 1, what="draft"
+  )
+  if draft_model.vocab_size != target_model.vocab_size:
+    raise ValueError(
+      f"draft and target vocabularies differ: {draft_model.vocab_size} != {target_model.vocab_size}"
+    )
+  return target_model, target_params, draft_model, draft_params, descriptions
 
 
 def benchmark_inputs(
-  *,
-  examples: Sequence[infer_inputs.Example] | None,
-  task: str | None,
-  split: str,
-  input_file: str | None,
-  input_prefix: str,
-  inputs_length: int,
-  num_examples: int,
-  skip_truncated: bool,
+  source: InputSource, *, num_examples: int, skip_truncated: bool
 ) -> tuple[list[infer_inputs.Example], str, str]:
-  """(examples, a description of their source, the task label of the tables): the given
-  `examples`, else those of the task or file; every one must fit inputs_length."""
-  if examples is None:
+  """(examples, a description of their source, the task label of the tables): `source.examples`
+  if given, else those of its task or file (`load_examples`); every one must fit inputs_length.
+  `source` is an InputSource or a BenchmarkSettings."""
+  task, input_file, inputs_length = source.task, source.input_file, source.inputs_length
+  if source.examples is None:
     examples, skipped = load_examples(
-      task=task,
-      split=split,
-      input_file=input_file,
-      input_prefix=input_prefix,
-      inputs_length=inputs_length,
-      num_examples=num_examples,
-      skip_truncated=skip_truncated,
+      source, num_examples=num_examples, skip_truncated=skip_truncated
     )
-    source = (
-      f"the first {len(examples)} examples of `{task}` / {split}"
+    described = (
+      f"the first {len(examples)} examples of `{task}` / {source.split}"
       if task
       else f"the first {len(examples)} lines of `{input_file}`"
     )
     if skipped:
-      source += f" ({skipped} longer than {inputs_length} tokens skipped)"
+      described += f" ({skipped} longer than {inputs_length} tokens skipped)"
     task_label = task or os.path.basename(input_file)
   else:
-    examples = list(examples)[:num_examples]
-    source = f"{len(examples)} given examples ({examples[0].inputs.split()[0]}...)"
+    examples = list(source.examples)[:num_examples]
+    described = f"{len(examples)} given examples ({examples[0].inputs.split()[0]}...)"
     task_label = "given inputs"
   for e in examples:
     if len(e.input_tokens) > inputs_length:
       raise ValueError(
         f"example {e.index} has {len(e.input_tokens)} input tokens > inputs_length={inputs_length}"
       )
-  return examples, source, task_label
-
-
-def settings_inputs(s, *, num_examples: int, skip_truncated: bool):
-  """`benchmark_inputs` from a BenchmarkSettings' input options (its examples, task/split or
-  file, inputs_length), with this `num_examples` and `skip_truncated`."""
-  return benchmark_inputs(
-    examples=s.examples,
-    task=s.task,
-    split=s.split,
-    input_file=s.input_file,
-    input_prefix=s.input_prefix,
-    inputs_length=s.inputs_length,
-    num_examples=num_examples,
-    skip_truncated=skip_truncated,
-  )
+  return examples, described, task_label

@@ -53,58 +53,39 @@ from speculative.models import t5 as t5_lib
 
 DEFAULT_QUICK_GIN = "configs/benchmark/quick.gin"
 DRIFT_WARNING = 0.15  # relative change of t(1) between before and after the sweep
+# The settings every group of the sweep takes as they are (sweep.GroupSettings fields).
+GROUP_OPTIONS = (
+  "inputs_length",
+  "max_new_tokens",
+  "repeats",
+  "seed",
+  "cost_repeats",
+  "cost_min_seconds",
+)
 
 
-def _models(
-  *,
-  target_config,
-  target_checkpoint,
-  draft_config,
-  draft_checkpoint,
-  allow_random_init: bool,
-  seed: int,
-  drafters: Sequence[str],
-  warnings: list[str],
-  kernels_setting: str = "auto",
-) -> dict[str, Any]:
-  """The target, its stock-equivalent twin, the draft model and the drafters (same weights for
-  every method)."""
-  target, target_params, target_desc = inputs_lib.build_model(
-    target_config, target_checkpoint, allow_random_init=allow_random_init, seed=seed, what="target"
+def _models(s: settings.BenchmarkSettings, warnings: list[str]) -> dict[str, Any]:
+  """The target, its stock-equivalent twin, the draft model and the drafters of `s` (same weights
+  for every method)."""
+  target, target_params, draft, draft_params, descriptions = inputs_lib.build_pair(
+    (s.target_config, s.target_checkpoint),
+    (s.draft_config, s.draft_checkpoint),
+    allow_random_init=s.allow_random_init,
+    seed=s.seed,
   )
-  descriptions = {"target": target_desc}
-  draft = draft_params = None
-  if draft_config is not None:
-    draft, draft_params, descriptions["draft"] = inputs_lib.build_model(
-      draft_config,
-      draft_checkpoint,
-      allow_random_init=allow_random_init,
-      seed=seed + 1,
-      what="draft",
-    )
-    if draft.vocab_size != target.vocab_size:
-      raise ValueError(
-        f"draft and target vocabularies differ: {draft.vocab_size} != {target.vocab_size}"
-      )
-  if "random init" in target_desc or "random init" in descriptions.get("draft", ""):
+  if "random init" in descriptions["target"] or "random init" in descriptions.get("draft", ""):
     warnings.append("RANDOM-INIT weights: α and speedups do not describe trained models.")
-  built = methods_lib.build_drafters(
-    drafters,
-    target=target,
-    target_params=target_params,
-    draft=draft,
-    draft_params=draft_params,
-    warnings=warnings,
-  )
+  pair = dict(target=target, target_params=target_params, draft=draft, draft_params=draft_params)
+  built = methods_lib.build_drafters(s.drafters, warnings=warnings, **pair)
   models = {
     "target": target,
     "target_params": target_params,
     # T5X's decoding structure on XLA's dot, whatever our own path: the stock reference stays stock.
-    "stock_target": t5_lib.T5(target_config, cache_cross_kv=False, use_kernels=False),
+    "stock_target": t5_lib.T5(s.target_config, cache_cross_kv=False, use_kernels=False),
     "drafters": built,
     "descriptions": descriptions,
   }
-  if kernels.available() and kernels_setting != "off":  # packed once, used where a batch picks them
+  if kernels.available() and s.kernels != "off":  # packed once, used where a batch picks them
     models["packed"] = paths.pack_models(target, target_params, draft, draft_params, built)
   return models
 
@@ -352,21 +333,11 @@ def _run(s: settings.BenchmarkSettings) -> dict[str, Any]:
   t_start = time.perf_counter()
   report_log = log
   log = lambda msg: report_log(f"[{time.perf_counter() - t_start:6.0f}s] {msg}")  # noqa: E731
-  examples, source, task_label = inputs_lib.settings_inputs(
+  examples, source, task_label = inputs_lib.benchmark_inputs(
     s, num_examples=s.num_examples, skip_truncated=s.skip_truncated
   )
   log(f"inputs: {source}")
-  models = _models(
-    target_config=s.target_config,
-    target_checkpoint=s.target_checkpoint,
-    draft_config=s.draft_config,
-    draft_checkpoint=s.draft_checkpoint,
-    allow_random_init=s.allow_random_init,
-    seed=s.seed,
-    drafters=s.drafters,
-    warnings=warnings,
-    kernels_setting=s.kernels,
-  )
+  models = _models(s, warnings)
   log(
     f"target: {models['descriptions']['target']}; draft: {models['descriptions'].get('draft', '-')}"
   )
@@ -431,14 +402,9 @@ def _measure(
     stock_t5x_decode=stock_t5x_decode,
     warnings=warnings,
     kernels_setting=s.kernels,
-    inputs_length=s.inputs_length,
-    max_new_tokens=s.max_new_tokens,
-    repeats=s.repeats,
-    seed=s.seed,
-    cost_repeats=s.cost_repeats,
-    cost_min_seconds=s.cost_min_seconds,
     position=position,
     log=log,
+    **{name: getattr(s, name) for name in GROUP_OPTIONS},
   )
   warnings += _drift_warnings(costs, step_timers, s.cost_repeats, s.cost_min_seconds)
   whole_job = None

@@ -18,7 +18,6 @@ import importlib.util
 import logging
 from typing import Any
 from typing import Callable
-from typing import Mapping
 from typing import Sequence
 
 import jax
@@ -61,10 +60,12 @@ def build_drafters(
   draft: Any,
   draft_params: Any,
   warnings: list[str],
+  **options: Any,
 ) -> dict[str, tuple[Any, Any]]:
   """{name: (drafter, params)} for the drafter `names` (registry names or 'package.module:build';
   the first, primary one must build; a secondary one that cannot is skipped with a warning
-  appended to `warnings`)."""
+  appended to `warnings`). `options` go to the registry as they are (e.g. ngram_sizes,
+  stop_below)."""
   built = {}
   for name in names:
     try:
@@ -76,6 +77,7 @@ def build_drafters(
         train_sequences=train_sequences,
         target_model=target,
         target_params=target_params,
+        **options,
       )
     except Exception as e:  # pylint: disable=broad-except
       if name == names[0]:
@@ -114,7 +116,7 @@ class Method:
 
 
 def decode_outputs(kind: str, result: Any) -> dict[str, np.ndarray]:
-  """Host copies: tokens [B, N], lengths [B], and per-row counters."""
+  """Host copies: tokens [B, N], lengths [B], and the per-row counters of the result's metrics."""
   if kind == STOCK_T5X:
     tokens = np.asarray(result)
     is_eos = tokens == tasks.EOS_ID
@@ -130,20 +132,28 @@ def decode_outputs(kind: str, result: Any) -> dict[str, np.ndarray]:
       "alpha_sum": zeros,
       "invalid": zeros.astype(bool),
     }
-  metrics = result.metrics
-  return {
-    "tokens": np.asarray(result.tokens),
-    "lengths": np.asarray(result.lengths),
-    "target_calls": np.asarray(metrics.target_calls),
-    "drafted": np.asarray(metrics.drafted),
-    "accepted": np.asarray(metrics.accepted),
-    "alpha_sum": np.asarray(metrics.alpha_sum),
-    "invalid": np.asarray(metrics.invalid),
+  # Every counter of the result's metrics (a SpecTr decode adds selections and single_alpha_sum).
+  metrics = {
+    f.name: np.asarray(getattr(result.metrics, f.name)) for f in dataclasses.fields(result.metrics)
   }
+  return {"tokens": np.asarray(result.tokens), "lengths": np.asarray(result.lengths), **metrics}
 
 
 def t5x_available() -> bool:
   return importlib.util.find_spec("t5x") is not None
+
+
+# The fields of our T5Config that T5X's `network.T5Config` takes as they are (same names).
+_T5X_NETWORK_FIELDS = (
+  "vocab_size",
+  "emb_dim",
+  "num_heads",
+  "num_encoder_layers",
+  "num_decoder_layers",
+  "head_dim",
+  "mlp_dim",
+  "logits_via_embedding",
+)
 
 
 def make_stock_t5x_decode(
@@ -161,17 +171,10 @@ def make_stock_t5x_decode(
   from t5x.examples.t5 import network as t5x_network  # pylint: disable=g-import-not-at-top
 
   net_config = t5x_network.T5Config(
-    vocab_size=config.vocab_size,
+    **{name: getattr(config, name) for name in _T5X_NETWORK_FIELDS},
     dtype=jnp.dtype(config.dtype),
-    emb_dim=config.emb_dim,
-    num_heads=config.num_heads,
-    num_encoder_layers=config.num_encoder_layers,
-    num_decoder_layers=config.num_decoder_layers,
-    head_dim=config.head_dim,
-    mlp_dim=config.mlp_dim,
     mlp_activations=tuple(config.mlp_activations),
     dropout_rate=0.0,
-    logits_via_embedding=config.logits_via_embedding,
     float32_attention_logits=getattr(config, "float32_attention_logits", False),
   )
   vocabulary = tasks.get_vocabulary()
@@ -198,25 +201,15 @@ def make_stock_t5x_decode(
   return lambda encoder_tokens, rng: predict(params, encoder_tokens, rng)
 
 
-def make_methods(
-  *,
-  target,
-  target_params,
-  stock_target,
-  drafters: Mapping[str, Any],
-  gammas: Mapping[str, Sequence[int]],
-  max_new_tokens: int,
-  sampling,
-  sampling_params,
-  stock_t5x_decode: Callable | None,
-  temperature: float,
-) -> list[Method]:
-  """The methods of one group: baseline, stock_equivalent, stock_t5x (if given) and speculative
-  for every drafter (name -> (drafter, params)) x its gammas; stock_t5x_decode, if given, is
-  called as stock_t5x_decode(temperature=...) and returns the decode callable."""
-
+def make_methods(group: Any, sampling, sampling_params) -> list[Method]:
+  """The methods of one group (a sweep.GroupSettings: its target, target_params, stock_target,
+  drafters, gammas, max_new_tokens, stock_t5x_decode and temperature): baseline,
+  stock_equivalent, stock_t5x (if group.stock_t5x_decode is given) and speculative for every
+  drafter (name -> (drafter, params)) x its gammas; stock_t5x_decode is called as
+  stock_t5x_decode(temperature=...) and returns the decode callable."""
+  target, target_params = group.target, group.target_params
   options = decode_options.DecodeOptions(
-    max_new_tokens=max_new_tokens, sampling=sampling, eos_id=tasks.EOS_ID
+    max_new_tokens=group.max_new_tokens, sampling=sampling, eos_id=tasks.EOS_ID
   )
 
   def autoregressive(model):
@@ -236,12 +229,13 @@ def make_methods(
 
   methods = [
     Method(BASELINE, BASELINE, autoregressive(target)),
-    Method(STOCK_EQUIVALENT, STOCK_EQUIVALENT, autoregressive(stock_target)),
+    Method(STOCK_EQUIVALENT, STOCK_EQUIVALENT, autoregressive(group.stock_target)),
   ]
-  if stock_t5x_decode is not None:
-    methods.append(Method(STOCK_T5X, STOCK_T5X, stock_t5x_decode(temperature=temperature)))
-  for drafter_name, (drafter, draft_params) in drafters.items():
-    for gamma in gammas.get(drafter_name, ()):
+  if group.stock_t5x_decode is not None:
+    stock_t5x = group.stock_t5x_decode(temperature=group.temperature)
+    methods.append(Method(STOCK_T5X, STOCK_T5X, stock_t5x))
+  for drafter_name, (drafter, draft_params) in group.drafters.items():
+    for gamma in group.gammas.get(drafter_name, ()):
       methods.append(
         Method(
           f"{drafter_name}/gamma={gamma}",

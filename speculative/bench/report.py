@@ -49,9 +49,8 @@ def format_report(report: dict[str, Any]) -> str:
 def _machine_section(report: dict[str, Any]) -> list[str]:
   """The machine and its load."""
   machine = report["machine"]
-  lines = [
-    "## Machine",
-    "",
+  lines = cells.section(
+    "Machine",
     f"{machine['cpu']}; {machine['usable_cores']} usable of {machine['cpu_count']} CPU "
     f"cores; {cells.fmt(machine['memory_gib'], 1)} GiB RAM; {machine['platform']}; "
     f"Python {machine['python']}, jax {machine['jax']} (backend: {machine['backend']}). "
@@ -59,12 +58,10 @@ def _machine_section(report: dict[str, Any]) -> list[str]:
     f"{cells.loads(machine.get('load_average_end', []))}"
     " (a load above the core count means other processes shared the CPU and timings are "
     "noisy).",
-    "",
     "Runtime settings in force (the same for every method, stock T5X included): "
     + (runtime.describe(machine["runtime"]) if "runtime" in machine else "not recorded")
     + ".",
-    "",
-  ]
+  )
   warn = [w for w in report.get("warnings", [])]
   if warn:
     lines += ["**Warnings:** " + " ".join(warn), ""]
@@ -74,9 +71,7 @@ def _machine_section(report: dict[str, Any]) -> list[str]:
 def _setup_section(report: dict[str, Any]) -> list[str]:
   """What was compared and how."""
   cfg = report["config"]
-  lines = [
-    "## Setup",
-    "",
+  bullets = [
     f"- Target: `{cfg['target_name']}` ({report['models']['target']}). "
     f"Draft: `{cfg['draft_name']}` ({report['models'].get('draft', '-')}).",
     f"- Inputs: {report['inputs']}, padded to {cfg['inputs_length']} tokens; at most "
@@ -100,183 +95,122 @@ def _setup_section(report: dict[str, Any]) -> list[str]:
     "- EXP (predicted) = E[#tokens] / (gamma c + v(gamma+1)) with E[#tokens] = "
     "(1 - alpha^(gamma+1)) / (1 - alpha) (Eq. 1, Thm 3.8 with the measured verify cost), "
     "alpha = mean over drafted positions of sum_x min(p, q); EMP = measured.",
-    "",
   ]
-  return lines
+  return cells.section("Setup", "\n".join(bullets))
+
+
+_DRAFTER = cells.column("M_q", "drafter")
+_GAMMA = cells.column("γ", "gamma")
+_EMP = cells.column("EMP", "measured_speedup", 2, "X")
+# A speculative method as the paper's tables name it: drafter, temperature, batch size, gamma.
+_METHOD_COLUMNS = [_DRAFTER, cells.TEMP, cells.column("BATCH", "batch_size"), _GAMMA]
+# The columns of the speedup table after its TASK column (the paper's Table 2).
+_SPEEDUP_COLUMNS = _METHOD_COLUMNS + [
+  cells.column("α", "alpha_used"),
+  cells.column("SPEED", "measured_speedup", 2, "X"),
+  cells.column("SPEED per token", "speedup_per_token", 2, "X"),
+  cells.column("SPEED vs stock", "speedup_vs_stock", 2, "X"),
+]
 
 
 def _speedup_section(report: dict[str, Any]) -> list[str]:
   """Speedups in the layout of the paper's Table 2."""
   cfg = report["config"]
-  lines = ["## Speedup (layout of the paper's Table 2)", ""]
-  rows = []
-  for r in cells.rows_of(report, "speculative"):
-    rows.append(
-      [
-        cfg["task_label"],
-        r["drafter"],
-        cells.fmt(r["temperature"], 0),
-        r["batch_size"],
-        r["gamma"],
-        cells.fmt(r["alpha_used"]),
-        cells.fmt(r["measured_speedup"], 2, "X"),
-        cells.fmt(r["speedup_per_token"], 2, "X"),
-        cells.fmt(r["speedup_vs_stock"], 2, "X"),
-      ]
-    )
-  lines += [
-    cells.table(
-      ["TASK", "M_q", "TEMP", "BATCH", "γ", "α", "SPEED", "SPEED per token", "SPEED vs stock"], rows
-    ),
-    "",
+  task = ("TASK", lambda r: cfg["task_label"])
+  return cells.section(
+    "Speedup (layout of the paper's Table 2)",
+    cells.columns_table([task] + _SPEEDUP_COLUMNS, cells.rows_of(report, "speculative")),
     "SPEED = baseline walltime / speculative walltime (our own baseline); SPEED per "
     "token = ratio of ms per generated token (differs from SPEED under sampling, where "
     "output lengths differ by chance); SPEED vs stock is over "
     + ("stock T5X." if cfg["stock_t5x"] else "the stock-T5X-equivalent loop."),
-    "",
-  ]
-  return lines
+  )
+
+
+# The predicted-vs-measured table (the paper's Table 4, with our diagnostics).
+_PREDICTED_COLUMNS = _METHOD_COLUMNS + [
+  cells.column("α", "alpha_used", 3),
+  cells.column("drafted/call", "drafted_per_call"),
+  cells.column("accept rate", "acceptance_rate", 3),
+  cells.column("block eff.", "block_efficiency"),
+  cells.column("E[#tokens]", "expected_tokens"),
+  cells.column("c", "c", 3),
+  cells.column("v(γ+1)", "v"),
+  cells.column("EXP", "predicted_speedup", 2, "X", refused=True),
+  _EMP,
+  cells.column("EMP/EXP", "measured_over_predicted", refused=True),
+  cells.TOKENS_PER_S,
+  cells.COMPILE_S,
+  cells.IDENTICAL,
+]
 
 
 def _predicted_section(report: dict[str, Any]) -> list[str]:
   """Predicted vs measured, in the layout of the paper's Table 4."""
-  lines = ["## Predicted vs measured (layout of the paper's Table 4)", ""]
-  rows = []
-  for r in cells.rows_of(report, "speculative"):
-    rows.append(
-      [
-        r["drafter"],
-        cells.fmt(r["temperature"], 0),
-        r["batch_size"],
-        r["gamma"],
-        cells.fmt(r["alpha_used"], 3),
-        cells.fmt(r["drafted_per_call"]),
-        cells.fmt(r["acceptance_rate"], 3),
-        cells.fmt(r["block_efficiency"]),
-        cells.fmt(r["expected_tokens"]),
-        cells.fmt(r["c"], 3),
-        cells.fmt(r["v"]),
-        cells.refusable(r, r["predicted_speedup"], 2, "X"),
-        cells.fmt(r["measured_speedup"], 2, "X"),
-        cells.refusable(r, r["measured_over_predicted"]),
-        cells.fmt(r["tokens_per_s"], 1),
-        cells.fmt(r["compile_s"], 1),
-        cells.fmt(r.get("identical_to_baseline")),
-      ]
-    )
-  lines += [
-    cells.table(
-      [
-        "M_q",
-        "TEMP",
-        "BATCH",
-        "γ",
-        "α",
-        "drafted/call",
-        "accept rate",
-        "block eff.",
-        "E[#tokens]",
-        "c",
-        "v(γ+1)",
-        "EXP",
-        "EMP",
-        "EMP/EXP",
-        "tokens/s",
-        "compile s",
-        "identical",
-      ],
-      rows,
-    ),
-    "",
+  return cells.section(
+    "Predicted vs measured (layout of the paper's Table 4)",
+    cells.columns_table(_PREDICTED_COLUMNS, cells.rows_of(report, "speculative")),
     "accept rate = accepted / drafted (counts drafts after a rejection as not accepted, "
     "so it is below α for γ > 1); block eff. = generated tokens / target calls; "
     "identical = rows token-identical to the baseline (greedy only); drafted/call < γ "
     "for a drafter that sometimes proposes fewer tokens (prompt lookup without a match), "
     "where EXP, which assumes γ drafts per call, is optimistic.",
-    "",
-  ]
-  return lines
+  )
+
+
+_BASELINE_COLUMNS = [
+  cells.BATCH,
+  cells.TEMP,
+  cells.column("method", "name"),
+  cells.column("walltime s", "walltime_s", 3),
+  cells.column("tokens", "generated_tokens"),
+  cells.TOKENS_PER_S,
+  cells.MS_PER_TOKEN,
+  cells.column("vs baseline", "speedup_vs_baseline", 2, "X"),
+  cells.COMPILE_S,
+  cells.IDENTICAL,
+]
 
 
 def _baselines_section(report: dict[str, Any]) -> list[str]:
   """The non-speculative methods."""
-  lines = ["## Baselines", ""]
-  rows = []
-  for r in cells.rows_of(report, "baselines"):
-    rows.append(
-      [
-        r["batch_size"],
-        cells.fmt(r["temperature"], 0),
-        r["name"],
-        cells.fmt(r["walltime_s"], 3),
-        r["generated_tokens"],
-        cells.fmt(r["tokens_per_s"], 1),
-        cells.fmt(r["ms_per_token"]),
-        cells.fmt(r["speedup_vs_baseline"], 2, "X"),
-        cells.fmt(r["compile_s"], 1),
-        cells.fmt(r.get("identical_to_baseline")),
-      ]
-    )
-  lines += [
-    cells.table(
-      [
-        "batch",
-        "TEMP",
-        "method",
-        "walltime s",
-        "tokens",
-        "tokens/s",
-        "ms/token",
-        "vs baseline",
-        "compile s",
-        "identical",
-      ],
-      rows,
-    ),
-    "",
-  ]
-  return lines
+  return cells.section(
+    "Baselines", cells.columns_table(_BASELINE_COLUMNS, cells.rows_of(report, "baselines"))
+  )
+
+
+# The gamma policy's decision per (batch size, temperature, drafter).
+_CHOICE_COLUMNS = [
+  cells.BATCH,
+  cells.TEMP,
+  _DRAFTER,
+  cells.column("decision", "decision"),
+  _GAMMA,
+  cells.column("EXP", "predicted_speedup", 2, "X"),
+  _EMP,
+  cells.column("best measured γ", "best_measured_gamma"),
+  cells.column("its EMP", "best_measured_speedup", 2, "X"),
+]
 
 
 def _choice_section(report: dict[str, Any]) -> list[str]:
   """The gamma policy."""
-  lines = [
-    "## gamma choice",
-    "",
+  policy = (
     f"Policy: among the measured gammas, the one with the best predicted speedup (EXP); if "
     f"that is below {report['config']['fallback_threshold']:.2f}X, plain decoding. Where "
     "every prediction was refused as too noisy: plain decoding if every measured gamma was "
     f"slower than the baseline (\"{conclude.MEASURED_FALLBACK}\"), else no decision. The best "
     "measured gamma is shown for comparison (picking it is optimistic: it is the maximum "
-    "of noisy measurements).",
-    "",
-  ]
-  rows = [
-    [
-      c["batch_size"],
-      cells.fmt(c["temperature"], 0),
-      c["drafter"],
-      c["decision"],
-      cells.fmt(c["gamma"]),
-      cells.fmt(c["predicted_speedup"], 2, "X"),
-      cells.fmt(c["measured_speedup"], 2, "X"),
-      cells.fmt(c["best_measured_gamma"]),
-      cells.fmt(c["best_measured_speedup"], 2, "X"),
-    ]
-    for c in report["choices"]
-  ]
-  lines += [
-    cells.table(
-      ["batch", "TEMP", "M_q", "decision", "γ", "EXP", "EMP", "best measured γ", "its EMP"], rows
-    ),
-    "",
-  ]
-  return lines
+    "of noisy measurements)."
+  )
+  return cells.section(
+    "gamma choice", policy, cells.columns_table(_CHOICE_COLUMNS, report["choices"])
+  )
 
 
 def _targets_section(report: dict[str, Any]) -> list[str]:
   """The targets check and the explanations of missed ones."""
-  lines = ["## Targets", ""]
+  lines = cells.section("Targets")
   rows = [
     [
       t["target"],
@@ -304,17 +238,20 @@ def _targets_section(report: dict[str, Any]) -> list[str]:
 
 def _plots_section(report: dict[str, Any]) -> list[str]:
   """The plots written."""
-  lines = ["## Plots", ""]
+  lines = cells.section("Plots")
   for name, caption in report.get("plots", {}).items():
     lines += [f"![{caption}]({name})", "", f"*{caption}*", ""]
   return lines
 
 
-# Pages written by the other measurement scripts into subfolders of the output dir; the results
-# page includes them (each keeps its own command, date and machine line).
+# Pages written by bench/spectr_page.py and bench/drafters_page.py into subfolders of the output
+# dir; the results page includes them (each keeps its own command, date and machine line).
 RELATED_PAGES = (
-  ("spectr/results.md", "SpecTr: K drafts (scripts/bench_spectr.py)"),
-  ("drafters/drafters.md", "Draft sources, lenience, adaptive gamma (scripts/bench_drafters.py)"),
+  ("spectr/results.md", "SpecTr: K drafts (python -m speculative.bench.spectr_page)"),
+  (
+    "drafters/drafters.md",
+    "Draft sources, lenience, adaptive gamma (python -m speculative.bench.drafters_page)",
+  ),
 )
 
 

@@ -86,18 +86,7 @@ class BenchmarkSettings:
   verbose: bool = True
 
   def __post_init__(self):
-    check_options(
-      repeats=self.repeats,
-      num_examples=self.num_examples,
-      inputs_length=self.inputs_length,
-      max_new_tokens=self.max_new_tokens,
-      cost_repeats=self.cost_repeats,
-      batch_sizes=self.batch_sizes,
-      temperatures=self.temperatures,
-      stock_t5x=self.stock_t5x,
-      drafters=self.drafters,
-      cost_position=self.cost_position,
-    )
+    check_options(self)
     for batch_size in self.batch_sizes:  # 'on' where the kernels are unavailable: refused here
       kernels.policy.choose(self.kernels, int(batch_size))
     if not isinstance(self.whole_job_examples, (int, np.integer)) or self.whole_job_examples < 0:
@@ -113,40 +102,23 @@ class BenchmarkSettings:
     return self.stock_t5x == "on" or (self.stock_t5x == "auto" and methods_lib.t5x_available())
 
 
-def check_options(
-  *,
-  repeats,
-  num_examples,
-  inputs_length,
-  max_new_tokens,
-  cost_repeats,
-  batch_sizes,
-  temperatures,
-  stock_t5x,
-  drafters,
-  cost_position,
-) -> None:
-  """Raises ValueError on a bad option, before any work."""
-  for name, value in (
-    ("repeats", repeats),
-    ("num_examples", num_examples),
-    ("inputs_length", inputs_length),
-    ("max_new_tokens", max_new_tokens),
-    ("cost_repeats", cost_repeats),
-  ):
+def check_options(s: BenchmarkSettings) -> None:
+  """Raises ValueError on a bad option of `s`, before any work."""
+  for name in ("repeats", "num_examples", "inputs_length", "max_new_tokens", "cost_repeats"):
+    value = getattr(s, name)
     if not isinstance(value, (int, np.integer)) or value < 1:
       raise ValueError(f"{name} must be an integer >= 1; got {value!r}")
-  if not batch_sizes or any(int(b) < 1 for b in batch_sizes):
-    raise ValueError(f"batch_sizes must be integers >= 1; got {batch_sizes!r}")
-  if not temperatures or any(float(t) < 0 for t in temperatures):
-    raise ValueError(f"temperatures must be >= 0; got {temperatures!r}")
-  if stock_t5x not in ("auto", "on", "off"):
-    raise ValueError(f"stock_t5x must be 'auto', 'on' or 'off'; got {stock_t5x!r}")
-  if stock_t5x == "on" and not methods_lib.t5x_available():
+  if not s.batch_sizes or any(int(b) < 1 for b in s.batch_sizes):
+    raise ValueError(f"batch_sizes must be integers >= 1; got {s.batch_sizes!r}")
+  if not s.temperatures or any(float(t) < 0 for t in s.temperatures):
+    raise ValueError(f"temperatures must be >= 0; got {s.temperatures!r}")
+  if s.stock_t5x not in ("auto", "on", "off"):
+    raise ValueError(f"stock_t5x must be 'auto', 'on' or 'off'; got {s.stock_t5x!r}")
+  if s.stock_t5x == "on" and not methods_lib.t5x_available():
     raise ValueError("stock_t5x='on' but t5x is not importable (pip install t5x, or use 'auto')")
-  if not drafters:
+  if not s.drafters:
     raise ValueError("drafters is empty")
-  for name in drafters:
+  for name in s.drafters:
     drafter_registry.spec(name)
-  if cost_position < 1 or cost_position >= max_new_tokens:
-    raise ValueError(f"cost_position must be in [1, max_new_tokens); got {cost_position}")
+  if s.cost_position < 1 or s.cost_position >= s.max_new_tokens:
+    raise ValueError(f"cost_position must be in [1, max_new_tokens); got {s.cost_position}")

@@ -77,7 +77,7 @@ def gamma_plan(
   return plan
 
 
-def _sum_rows(method: bench_methods.Method, batches, key: str) -> float:
+def sum_rows(method: bench_methods.Method, batches, key: str) -> float:
   """Sum of a per-row counter over the real (non-padding) rows of every input batch."""
   total = 0.0
   for (chunk, _), out in zip(batches, method.outputs):
@@ -85,11 +85,11 @@ def _sum_rows(method: bench_methods.Method, batches, key: str) -> float:
   return total
 
 
-def _method_row(method: bench_methods.Method, batches, group: dict[str, Any]) -> dict[str, Any]:
+def method_row(method: bench_methods.Method, batches, group: dict[str, Any]) -> dict[str, Any]:
   """Walltime, tokens and counters of one method in one group."""
   medians = [float(statistics.median(t)) for t in method.times]
   walltime = float(sum(medians))
-  tokens = _sum_rows(method, batches, "lengths")
+  tokens = sum_rows(method, batches, "lengths")
   steps = float(sum(int(np.max(out["target_calls"])) for out in method.outputs))
   row = {
     "name": method.name,
@@ -112,23 +112,23 @@ def _method_row(method: bench_methods.Method, batches, group: dict[str, Any]) ->
     "generated_tokens": int(tokens),
     "tokens_per_s": tokens / walltime if walltime > 0 else float("nan"),
     "ms_per_token": 1e3 * walltime / tokens if tokens else float("nan"),
-    "target_calls": int(_sum_rows(method, batches, "target_calls")),
+    "target_calls": int(sum_rows(method, batches, "target_calls")),
     "loop_steps": int(steps),
   }
   if method.kind == bench_methods.SPECULATIVE:
-    row["drafted_tokens"] = int(_sum_rows(method, batches, "drafted"))
+    row["drafted_tokens"] = int(sum_rows(method, batches, "drafted"))
     # gamma for a drafter that always drafts gamma tokens; less for prompt lookup without a match
     # (EXP assumes gamma drafted tokens per call, so it overestimates such drafters).
     row["drafted_per_call"] = row["drafted_tokens"] / max(row["target_calls"], 1)
-    row["accepted_tokens"] = int(_sum_rows(method, batches, "accepted"))
-    alpha_sum = _sum_rows(method, batches, "alpha_sum")
+    row["accepted_tokens"] = int(sum_rows(method, batches, "accepted"))
+    alpha_sum = sum_rows(method, batches, "alpha_sum")
     row["alpha"] = (
       min(1.0, max(0.0, alpha_sum / row["drafted_tokens"])) if row["drafted_tokens"] else None
     )
   return row
 
 
-def _identical_rows(method: bench_methods.Method, reference: bench_methods.Method, batches) -> int:
+def identical_rows(method: bench_methods.Method, reference: bench_methods.Method, batches) -> int:
   same = 0
   for (chunk, _), out, ref in zip(batches, method.outputs, reference.outputs):
     for r in range(len(chunk)):
@@ -265,7 +265,7 @@ def run_group(g: GroupSettings) -> dict[str, Any]:
   group["peak_rss_mib"] = rss.mib
   group["peak_rss_reset"] = rss.reset
 
-  rows = {m.name: _method_row(m, batches, group) for m in methods}
+  rows = {m.name: method_row(m, batches, group) for m in methods}
   baselines = _baseline_rows(methods, rows, batches, g.costs, greedy=g.temperature == 0)
   speculative_rows = _speculative_rows(
     methods,
@@ -293,18 +293,7 @@ def run_group(g: GroupSettings) -> dict[str, Any]:
 
 def _group_methods(g: GroupSettings, sampling, sampling_params) -> list[bench_methods.Method]:
   """The group's methods (methods_lib.make_methods), kept to `g.only` where given."""
-  methods = methods_lib.make_methods(
-    target=g.target,
-    target_params=g.target_params,
-    stock_target=g.stock_target,
-    drafters=g.drafters,
-    gammas=g.gammas,
-    max_new_tokens=g.max_new_tokens,
-    sampling=sampling,
-    sampling_params=sampling_params,
-    stock_t5x_decode=g.stock_t5x_decode,
-    temperature=g.temperature,
-  )
+  methods = methods_lib.make_methods(g, sampling, sampling_params)
   if g.only is None:
     return methods
   unknown = set(g.only) - {m.name for m in methods}
@@ -369,7 +358,7 @@ def _baseline_rows(
     row = rows[method.name]
     row["speedup_vs_baseline"] = base_row["walltime_s"] / row["walltime_s"]
     if greedy:
-      row["identical_to_baseline"] = _identical_rows(method, methods[0], batches)
+      row["identical_to_baseline"] = identical_rows(method, methods[0], batches)
     if method.kind in step_costs:
       step, prefill, noise_name = step_costs[method.kind]
       row["profile"] = profile(
@@ -494,7 +483,7 @@ def _speculative_row(
     None if row["predicted_speedup"] is None else row["measured_speedup"] / row["predicted_speedup"]
   )
   if temperature == 0:
-    row["identical_to_baseline"] = _identical_rows(method, reference, batches)
+    row["identical_to_baseline"] = identical_rows(method, reference, batches)
   overhead_refused = noise.refusal(
     costs.get("noise"), [noise.TARGET_STEP, noise.v_key(gamma + 1), draft["c_noise"]]
   )

@@ -191,3 +191,15 @@ def repeat_propose(
 
   state, _, acc = jax.lax.fori_loop(0, num_calls, body, (state, tokens, jnp.zeros((), jnp.float32)))
   return acc, state
+
+
+def propose_timer(
+  drafter, draft_params, state, tokens, lengths, sampling_params, *, gamma: int, sampling
+) -> Timer:
+  """fn(n): n chained `drafter.propose(gamma)` calls from the drafter's `state` at `lengths`
+  (repeat_propose, its static arguments bound once)."""
+  propose = functools.partial(repeat_propose, drafter=drafter, gamma=gamma, sampling=sampling)
+  rng = jax.random.key(0)  # typed keys, as the decode loop passes them
+  return lambda n: propose(
+    draft_params, state, tokens, lengths, rng, sampling_params, jnp.asarray(n, jnp.int32)
+  )

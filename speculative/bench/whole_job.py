@@ -98,7 +98,7 @@ def run(
 def _job_inputs(s) -> tuple[list[Any], str]:
   """(examples, their description): the first `whole_job_examples` inputs of the benchmark's
   source, those longer than inputs_length truncated rather than skipped."""
-  examples, source, _ = inputs_lib.settings_inputs(
+  examples, source, _ = inputs_lib.benchmark_inputs(
     s, num_examples=s.whole_job_examples, skip_truncated=False
   )
   return examples, source

@@ -1,0 +1,117 @@
+"""Tests of the benchmark's own pages: the drafters page (speculative/bench/drafters_page.py) and
+the SpecTr page (speculative/bench/spectr_page.py), run end to end on tiny random-init models, and
+their Markdown from a saved report."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from speculative.bench import drafters_page
+from speculative.bench import drafters_tables
+from speculative.bench import pages
+from speculative.bench import report as report_lib
+from speculative.bench import spectr_page
+from speculative.bench import spectr_tables
+
+TINY_GIN = """
+TINY_TARGET = @tiny_target/t5.T5Config()
+TINY_DRAFT = @tiny_draft/t5.T5Config()
+tiny_target/t5.T5Config:
+  vocab_size = 8000
+  emb_dim = 16
+  num_heads = 2
+  num_encoder_layers = 1
+  num_decoder_layers = 2
+  head_dim = 8
+  mlp_dim = 32
+tiny_draft/t5.T5Config:
+  vocab_size = 8000
+  emb_dim = 8
+  num_heads = 2
+  num_encoder_layers = 1
+  num_decoder_layers = 1
+  head_dim = 4
+  mlp_dim = 16
+"""
+
+
+def _tiny_pair_args(tmp_path) -> list[str]:
+  """Options naming a tiny random-init pair (checkpoints that do not exist) and an output dir."""
+  gin_file = tmp_path / 'tiny.gin'
+  gin_file.write_text(TINY_GIN)
+  args = ['--allow_random_init', '--output_dir', str(tmp_path / 'out')]
+  for role in ('target', 'draft'):
+    args += [f'--{role}_gin', str(gin_file), f'--{role}_macro', f'TINY_{role.upper()}']
+    args += [f'--{role}_checkpoint', str(tmp_path / f'missing_{role}.msgpack')]
+  return args
+
+
+def test_pages_share_the_pair_options():
+  drafters_args = drafters_page.parse_args(['--quick'])
+  spectr_args = spectr_page.parse_args(['--quick'])
+  for args in (drafters_args, spectr_args):
+    assert args.target_gin == 'configs/models/embedded_target.gin'
+    assert args.draft_checkpoint == 'models/embedded/draft.msgpack'
+  assert (drafters_args.num_examples, drafters_args.repeats, drafters_args.gammas) == (8, 1, '2,4')
+  assert (spectr_args.ks, spectr_args.ls, spectr_args.allow_random_init) == ([1, 2], [4], True)
+  with pytest.raises(SystemExit):
+    spectr_page.parse_args(['--ks', '2', '4'])  # K=1 is the reference
+  with pytest.raises(SystemExit):
+    drafters_page.parse_args(['--skip', 'alpha,tables'])
+
+
+def test_a_missing_checkpoint_is_an_error_without_allow_random_init(tmp_path):
+  args = [a for a in _tiny_pair_args(tmp_path) if a != '--allow_random_init']
+  with pytest.raises(FileNotFoundError):
+    pages.load_pair(drafters_page.parse_args(args))
+
+
+def test_the_results_page_names_the_pages_modules():
+  titles = dict(report_lib.RELATED_PAGES)
+  assert 'speculative.bench.spectr_page' in titles['spectr/results.md']
+  assert 'speculative.bench.drafters_page' in titles['drafters/drafters.md']
+
+
+@pytest.mark.slow
+def test_drafters_page_quick_run_writes_its_tables(tmp_path):
+  argv = ['--quick', '--drafters', 'model,prompt_lookup', '--lenience', '1,0.5']
+  argv += ['--stop_below', '0.5', '--gammas', '2'] + _tiny_pair_args(tmp_path)
+  report = drafters_page.main(argv)
+  out = tmp_path / 'out'
+  saved = json.loads((out / 'drafters.json').read_text())
+  assert saved['setup']['command'].startswith('python -m speculative.bench.drafters_page --quick')
+  assert [(r['drafter'], r['temperature']) for r in saved['alpha']] == [
+    ('model', 0.0),
+    ('model', 1.0),
+    ('prompt_lookup', 0.0),
+    ('prompt_lookup', 1.0),
+  ]
+  for row in saved['alpha']:
+    assert 0.0 <= row['alpha'] <= 1.0 and row['tokens_per_call'] >= 1.0
+  assert [r['lenience'] for r in saved['lenience']['0.0']] == [1.0, 0.5]
+  methods = [r['method'] for r in saved['walltime']['rows']]
+  assert methods[0] == 'baseline' and 'fixed gamma=2' in methods
+  assert methods[-1] == 'acceptance rule, max gamma=4, adaptive verify'
+  assert saved['walltime']['rows'][0]['speedup'] == pytest.approx(1.0)
+  text = (out / 'drafters.md').read_text()
+  assert text == drafters_tables.markdown(report)
+  assert '### Alpha per drafter' in text and '### Walltime: adaptive vs fixed gamma' in text
+
+
+@pytest.mark.slow
+def test_spectr_page_quick_run_matches_speculative_at_one_draft(tmp_path):
+  report = spectr_page.main(['--quick'] + _tiny_pair_args(tmp_path))
+  out = tmp_path / 'out'
+  saved = json.loads((out / 'results.json').read_text())
+  assert saved['command'].startswith('python -m speculative.bench.spectr_page --quick')
+  rows = {r['method']: r for r in saved['rows']}
+  assert list(rows) == ['baseline', 'speculative L=4', 'spectr K=1 L=4', 'spectr K=2 L=4']
+  assert rows['spectr K=1 L=4']['identical_to_speculative'] is True
+  assert rows['spectr K=1 L=4']['generated_tokens'] == rows['speculative L=4']['generated_tokens']
+  assert rows['spectr K=2 L=4']['spectr_table4'] is None and 'v' in rows['spectr K=2 L=4']
+  assert set(saved['costs']['c']) == {'1', '2'}
+  text = (out / 'results.md').read_text()
+  assert text == spectr_tables.format_report(report)
+  assert 'L=4: yes' in text
