@@ -48,6 +48,7 @@ from speculative.bench import timing
 from speculative.bench import whole_job as whole_job_lib
 from speculative.decode import batching
 from speculative.infer import inputs as infer_inputs
+from speculative.jobs import checks
 from speculative.jobs import runtime
 from speculative.models import t5 as t5_lib
 
@@ -280,9 +281,10 @@ def benchmark(
   verbose: bool = True,
 ) -> dict[str, Any]:
   """Runs the sweep; returns the report dict (also written to output_dir, unless None). The
-  arguments are `BenchmarkSettings`' (documented there); they are checked before any work."""
-  return _run(
-    settings.BenchmarkSettings(
+  arguments are `BenchmarkSettings`' (documented there); they are checked before any work, and a
+  bad one is the user's to fix (one line at the command line)."""
+  with checks.user_errors():
+    checked = settings.BenchmarkSettings(
       target_config=target_config,
       target_checkpoint=target_checkpoint,
       draft_config=draft_config,
@@ -321,7 +323,7 @@ def benchmark(
       whole_job_examples=whole_job_examples,
       verbose=verbose,
     )
-  )
+  return _run(checked)
 
 
 def _run(s: settings.BenchmarkSettings) -> dict[str, Any]:
@@ -487,6 +489,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     help="no timing: re-render results.md and the plots from a saved "
     "results.json (into its directory)",
   )
+  gin_utils.add_debug_flag(parser)
   args = parser.parse_args(argv)
   runtime.apply_cpu_defaults()  # before jax starts a backend; the user's XLA_FLAGS win
   logging.basicConfig(level=logging.WARNING)
@@ -502,8 +505,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     importlib.import_module("t5x.models")
   configurable = gin.external_configurable(benchmark, "benchmark")
   gin_files = list(args.gin_file) + ([DEFAULT_QUICK_GIN] if args.quick else [])
-  gin.parse_config_files_and_bindings(gin_files, args.gin_bindings)
-  configurable()
+  gin_utils.parse_and_call(parser, configurable, gin_files, args.gin_bindings, args.debug)
 
 
 if __name__ == "__main__":

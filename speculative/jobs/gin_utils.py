@@ -293,17 +293,26 @@ def run_gin_main(
       '--gin_file is required (e.g. --gin_file=configs/local/run.gin); '
       '--help lists the macros of a run file'
     )
+  return parse_and_call(parser, configurable, args.gin_file, args.gin_bindings, args.debug)
+
+
+def parse_and_call(
+  parser, configurable: Callable[[], Any], gin_files: Sequence[str], bindings: Sequence[str], debug
+) -> Any:
+  """Parses the run files and bindings (`parse`), then calls `configurable`. A user error (a bad
+  run file or binding, or one raised inside `checks.user_errors`) exits with status 2 and one
+  `error:` line from `parser`, unless `debug`, which lets its traceback through."""
   try:
-    parse(args.gin_file, args.gin_bindings)
+    parse(gin_files, bindings)
   except (ValueError, OSError) as e:  # a bad run file or binding: the message, not a traceback
-    if args.debug:
+    if debug:
       raise
     parser.exit(2, f'{parser.prog}: error: {e}\n')
   try:
     return configurable()
   except Exception as e:  # pylint: disable=broad-except
     message = checks.user_message(e)  # a refused setting, path, input file, resume or lock
-    if message is None or args.debug:
+    if message is None or debug:
       raise
     parser.exit(2, f'{parser.prog}: error: {message}\n')
 
@@ -333,10 +342,15 @@ def _runner_parser(description: str):
     action='store_true',
     help='keep TensorFlow/XLA C++ start-up logging and log at INFO',
   )
+  add_debug_flag(parser)
+  return parser
+
+
+def add_debug_flag(parser) -> None:
+  """`--debug` (default: the environment variable SPECULATIVE_DEBUG): tracebacks of user errors."""
   parser.add_argument(
     '--debug',
     action='store_true',
     default=bool(os.environ.get(DEBUG_ENV)),
     help=f'show the traceback of a refused setting, input or resume (or set {DEBUG_ENV}=1)',
   )
-  return parser

@@ -663,3 +663,18 @@ def test_whole_job_row_and_resources_per_group(run):
     assert g["group"]["peak_rss_mib"] is None or g["group"]["peak_rss_mib"] > 0
   page = (out / "results.md").read_text()
   assert "## Whole job" in page and "## Resources per group" in page
+
+
+def test_a_bad_setting_on_the_command_line_is_one_line(capsys):
+  argv = [
+    "--gin_file=configs/benchmark/embedded.gin",
+    "--gin_bindings=benchmark.batch_sizes = (0,)",
+  ]
+  with pytest.raises(SystemExit) as exit_info:
+    bench_main.main(argv)
+  assert exit_info.value.code == 2
+  err = capsys.readouterr().err
+  assert err.strip().endswith("error: batch_sizes must be integers >= 1; got (0,)")
+  assert "Traceback" not in err and len(err.strip().splitlines()) == 1
+  with pytest.raises(ValueError, match="batch_sizes"):
+    bench_main.main(argv + ["--debug"])
