@@ -13,11 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from speculative import kernels
-from speculative.models.t5_layers import PACKED
-from speculative.models.t5_layers import DenseGeneral
-from speculative.models.t5_layers import attention_kernel_init
-from speculative.models.t5_layers import logical_param
-from speculative.models.t5_layers import relpos_init
+from speculative.models import t5_layers
 
 Array = jax.Array
 
@@ -83,10 +79,10 @@ class RelativePositionBiases(nn.Module):
 
     Returns [..., H, Tq, Tk] (leading dims of `query_positions` kept).
     """
-    rel_embedding = logical_param(
+    rel_embedding = t5_layers.logical_param(
       self,
       'rel_embedding',
-      relpos_init,
+      t5_layers.relpos_init,
       (self.num_heads, self.num_buckets),
       ('heads', 'relpos_buckets'),
     )
@@ -115,12 +111,18 @@ class MultiHeadDotProductAttention(nn.Module):
   def setup(self):
     depth_scaling = jnp.sqrt(self.head_dim).astype(self.dtype)
     # T5 does not scale logits by 1/sqrt(head_dim) at run time; it is folded into the query init.
-    query_init = lambda *args: attention_kernel_init(*args) / depth_scaling
+    query_init = lambda *args: t5_layers.attention_kernel_init(*args) / depth_scaling
     joined = self.num_heads * self.head_dim
-    self.query = DenseGeneral(joined, ('embed', 'joined_kv'), query_init, self.dtype)
-    self.key = DenseGeneral(joined, ('embed', 'joined_kv'), attention_kernel_init, self.dtype)
-    self.value = DenseGeneral(joined, ('embed', 'joined_kv'), attention_kernel_init, self.dtype)
-    self.out = DenseGeneral(self.emb_dim, ('joined_kv', 'embed'), attention_kernel_init, self.dtype)
+    self.query = t5_layers.DenseGeneral(joined, ('embed', 'joined_kv'), query_init, self.dtype)
+    self.key = t5_layers.DenseGeneral(
+      joined, ('embed', 'joined_kv'), t5_layers.attention_kernel_init, self.dtype
+    )
+    self.value = t5_layers.DenseGeneral(
+      joined, ('embed', 'joined_kv'), t5_layers.attention_kernel_init, self.dtype
+    )
+    self.out = t5_layers.DenseGeneral(
+      self.emb_dim, ('joined_kv', 'embed'), t5_layers.attention_kernel_init, self.dtype
+    )
 
   def _split_heads(self, x: Array) -> Array:
     return x.reshape(x.shape[:-1] + (self.num_heads, self.head_dim))  # [B, T, H, dh]
@@ -132,10 +134,10 @@ class MultiHeadDotProductAttention(nn.Module):
     """Query, key and value of self-attention, each [B, T, H, dh]. Where the job packed the three
     kernels side by side ('packed' 'qkv', [d, 3 H dh]) they are one kernel call: the same columns,
     so the same bits, as three calls."""
-    if not self.has_variable(PACKED, 'qkv'):
+    if not self.has_variable(t5_layers.PACKED, 'qkv'):
       return (self.project_query(inputs), *self.project_key_value(inputs))
     joined = self.num_heads * self.head_dim
-    packed = self.get_variable(PACKED, 'qkv')  # [ceil(3 H dh / 16), d, 16]
+    packed = self.get_variable(t5_layers.PACKED, 'qkv')  # [ceil(3 H dh / 16), d, 16]
     name = '/'.join(self.scope.path) + '/qkv'
     qkv = kernels.matmul(inputs, packed, 3 * joined, name=name).astype(self.dtype)  # [B, T, 3 H dh]
     return tuple(self._split_heads(qkv[..., i * joined : (i + 1) * joined]) for i in range(3))
@@ -161,7 +163,7 @@ class MultiHeadDotProductAttention(nn.Module):
     the same products are read in place instead of from a transposed copy of the whole cache at
     every step, with bit-identical results (docs/batch_performance.md).
     """
-    if heads_first and deterministic and self.out.has_variable(PACKED, 'kernel'):
+    if heads_first and deterministic and self.out.has_variable(t5_layers.PACKED, 'kernel'):
       # The job packed this decoder for the kernels: attention over the cache row by row, so a
       # T-token verify gives each row the bits of T one-token steps (`kernels.decode_attention`).
       x = kernels.decode_attention(query, key, value, bias).astype(self.dtype)  # [B, Tq, H, dh]

@@ -7,24 +7,16 @@ from flax import linen as nn
 import jax
 import jax.numpy as jnp
 
-from speculative.models.t5_attention import MultiHeadDotProductAttention
-from speculative.models.t5_attention import RelativePositionBiases
-from speculative.models.t5_attention import mask_to_bias
-from speculative.models.t5_attention import write_rows
-from speculative.models.t5_config import T5Config
-from speculative.models.t5_layers import DenseGeneral
-from speculative.models.t5_layers import Embed
-from speculative.models.t5_layers import LayerNorm
-from speculative.models.t5_layers import MlpBlock
-from speculative.models.t5_layers import dropout
-from speculative.models.t5_layers import mlp_kernel_init
+from speculative.models import t5_attention
+from speculative.models import t5_config
+from speculative.models import t5_layers
 
 Array = jax.Array
 
 
-def _attention(cfg: T5Config) -> MultiHeadDotProductAttention:
+def _attention(cfg: t5_config.T5Config) -> t5_attention.MultiHeadDotProductAttention:
   # Modules built in `setup` are named by the attribute they are assigned to.
-  return MultiHeadDotProductAttention(
+  return t5_attention.MultiHeadDotProductAttention(
     num_heads=cfg.num_heads,
     head_dim=cfg.head_dim,
     emb_dim=cfg.emb_dim,
@@ -34,8 +26,8 @@ def _attention(cfg: T5Config) -> MultiHeadDotProductAttention:
   )
 
 
-def _mlp(cfg: T5Config) -> MlpBlock:
-  return MlpBlock(
+def _mlp(cfg: t5_config.T5Config) -> t5_layers.MlpBlock:
+  return t5_layers.MlpBlock(
     intermediate_dim=cfg.mlp_dim,
     emb_dim=cfg.emb_dim,
     activations=cfg.mlp_activations,
@@ -44,13 +36,13 @@ def _mlp(cfg: T5Config) -> MlpBlock:
   )
 
 
-def _norm(cfg: T5Config) -> LayerNorm:
-  return LayerNorm(dtype=jnp.dtype(cfg.dtype))
+def _norm(cfg: t5_config.T5Config) -> t5_layers.LayerNorm:
+  return t5_layers.LayerNorm(dtype=jnp.dtype(cfg.dtype))
 
 
 def _residual(layer: nn.Module, y: Array, x: Array, deterministic: bool) -> Array:
   """A sublayer's output `y` after dropout, plus the sublayer's input `x`."""
-  return dropout(layer, layer.config.dropout_rate, y, deterministic) + x
+  return t5_layers.dropout(layer, layer.config.dropout_rate, y, deterministic) + x
 
 
 def _mlp_sublayer(layer: nn.Module, x: Array, deterministic: bool) -> Array:
@@ -61,7 +53,7 @@ def _mlp_sublayer(layer: nn.Module, x: Array, deterministic: bool) -> Array:
 class EncoderLayer(nn.Module):
   """Pre-norm self-attention + gated MLP block."""
 
-  config: T5Config
+  config: t5_config.T5Config
 
   def setup(self):
     cfg = self.config
@@ -77,7 +69,7 @@ class EncoderLayer(nn.Module):
 class DecoderLayer(nn.Module):
   """Pre-norm causal self-attention, cross-attention and gated MLP block."""
 
-  config: T5Config
+  config: t5_config.T5Config
 
   def setup(self):
     cfg = self.config
@@ -110,13 +102,13 @@ class DecoderLayer(nn.Module):
       self_bias: [B|1, H, T, K] mask + relative-position bias of the self-attention (K = T without
         a cache, K = cache length with one).
       cross_bias: [B, 1, T|1, S] mask bias of the cross-attention.
-      deterministic: no dropout if True.
+      deterministic: no t5_layers.dropout if True.
       encoded: [B, S, d] encoder output (used when `cross_kv` is None).
       cross_kv: precomputed cross-attention (key, value), each [B, H, dh, S].
       self_kv_cache: (key, value) caches, each [B, H, dh, K]; the new keys/values are written at
         `write_positions` and attention runs over the whole cache.
       write_positions: [B, T] int32 cache positions of the T new tokens, or [T] when all rows
-        write at the same positions (see `write_rows`).
+        write at the same positions (see `t5_attention.write_rows`).
 
     Returns:
       ([B, T, d] outputs, updated (key, value) cache or None).
@@ -125,8 +117,8 @@ class DecoderLayer(nn.Module):
     query, key, value = self.self_attention.project_qkv(x)  # each [B, T, H, dh]
     new_cache = None
     if self_kv_cache is not None:
-      key = write_rows(self_kv_cache[0], key, write_positions)  # [B, H, dh, K]
-      value = write_rows(self_kv_cache[1], value, write_positions)
+      key = t5_attention.write_rows(self_kv_cache[0], key, write_positions)  # [B, H, dh, K]
+      value = t5_attention.write_rows(self_kv_cache[1], value, write_positions)
       new_cache = (key, value)
     x = self.self_attention.attend(
       query, key, value, self_bias, deterministic, heads_first=self_kv_cache is not None
@@ -152,13 +144,13 @@ class _Stack(nn.Module):
   """What the encoder and the decoder share: the shared embedding in front of a stack of layers,
   with one relative-position bias module (`relpos_bias`) for all of them."""
 
-  config: T5Config
+  config: t5_config.T5Config
   shared_embedding: nn.Module
 
   def _setup_layers(self, layer_type: type[nn.Module], num_layers: int) -> None:
     """Called from `setup`: `relpos_bias` and `layers` (layers_0, layers_1, ...)."""
     cfg = self.config
-    self.relpos_bias = RelativePositionBiases(
+    self.relpos_bias = t5_attention.RelativePositionBiases(
       num_buckets=cfg.relative_attention_num_buckets,
       max_distance=cfg.relative_attention_max_distance,
       num_heads=cfg.num_heads,
@@ -170,7 +162,7 @@ class _Stack(nn.Module):
     """[B, T] token ids -> [B, T, d] in the compute dtype, after dropout (none if deterministic)."""
     cfg = self.config
     x = self.shared_embedding(tokens.astype(jnp.int32))
-    return dropout(self, cfg.dropout_rate, x, deterministic).astype(jnp.dtype(cfg.dtype))
+    return t5_layers.dropout(self, cfg.dropout_rate, x, deterministic).astype(jnp.dtype(cfg.dtype))
 
 
 class Encoder(_Stack):
@@ -187,12 +179,12 @@ class Encoder(_Stack):
     mask = valid[:, None, :, None] & valid[:, None, None, :]  # [B, 1, S, S]
     positions = jnp.arange(encoder_tokens.shape[1], dtype=jnp.int32)
     relpos = self.relpos_bias(positions, positions, True)[None]  # [1, H, S, S]
-    bias = mask_to_bias(mask, jnp.dtype(cfg.dtype)) + relpos  # [B, H, S, S]
+    bias = t5_attention.mask_to_bias(mask, jnp.dtype(cfg.dtype)) + relpos  # [B, H, S, S]
     x = self._embed(encoder_tokens, deterministic)  # [B, S, d]
     for layer in self.layers:
       x = layer(x, bias, deterministic)
     x = self.encoder_norm(x)
-    return dropout(self, cfg.dropout_rate, x, deterministic, broadcast=False)  # [B, S, d]
+    return t5_layers.dropout(self, cfg.dropout_rate, x, deterministic, broadcast=False)  # [B, S, d]
 
 
 class Decoder(_Stack):
@@ -202,10 +194,10 @@ class Decoder(_Stack):
     cfg = self.config
     self._setup_layers(DecoderLayer, cfg.num_decoder_layers)
     # The logits head's dtype (T5Config.logits_dtype); shared by `__call__` and `extend`.
-    self.decoder_norm = LayerNorm(dtype=jnp.dtype(cfg.logits_dtype or cfg.dtype))
+    self.decoder_norm = t5_layers.LayerNorm(dtype=jnp.dtype(cfg.logits_dtype or cfg.dtype))
     if not cfg.logits_via_embedding:
-      self.logits_dense = DenseGeneral(
-        cfg.vocab_size, ('embed', 'vocab'), mlp_kernel_init, jnp.float32
+      self.logits_dense = t5_layers.DenseGeneral(
+        cfg.vocab_size, ('embed', 'vocab'), t5_layers.mlp_kernel_init, jnp.float32
       )
 
   def cross_key_values(self, encoded: Array) -> tuple[tuple[Array, Array], ...]:
@@ -215,7 +207,7 @@ class Decoder(_Stack):
   def _logits(self, y: Array, deterministic: bool) -> Array:
     cfg = self.config
     y = self.decoder_norm(y)
-    y = dropout(self, cfg.dropout_rate, y, deterministic)
+    y = t5_layers.dropout(self, cfg.dropout_rate, y, deterministic)
     if cfg.logits_via_embedding:
       return self.shared_embedding.attend(y) / jnp.sqrt(y.shape[-1])
     return self.logits_dense(y)  # [B, T, V] float32
@@ -242,9 +234,9 @@ class Decoder(_Stack):
       query_valid = decoder_target_tokens > 0
       self_mask = self_mask & query_valid[:, None, :, None] & query_valid[:, None, None, :]
     relpos = self.relpos_bias(positions, positions, False)[None]  # [1, H, T, T]
-    self_bias = mask_to_bias(self_mask, dtype) + relpos  # [B|1, H, T, T]
+    self_bias = t5_attention.mask_to_bias(self_mask, dtype) + relpos  # [B|1, H, T, T]
     cross_mask = query_valid[:, None, :, None] & (encoder_tokens > 0)[:, None, None, :]
-    cross_bias = mask_to_bias(cross_mask, dtype)  # [B, 1, T, S]
+    cross_bias = t5_attention.mask_to_bias(cross_mask, dtype)  # [B, 1, T, S]
 
     y = self._embed(decoder_input_tokens, deterministic)  # [B, T, d]
     for layer in self.layers:
@@ -267,16 +259,18 @@ class Decoder(_Stack):
     cache_length = self_kv[0][0].shape[3]  # [B, H, dh, K]
     # start [B]: per-row positions (ragged). start []: every row at the same position (lockstep);
     # the bias below is then shared by all rows ([1, H, T, K]) and the layers write the cache with
-    # one dynamic_update_slice instead of a per-row scatter (`write_rows`).
+    # one dynamic_update_slice instead of a per-row scatter (`t5_attention.write_rows`).
     query_positions = start[..., None] + jnp.arange(num_new, dtype=jnp.int32)  # [B|-, T]
     key_positions = jnp.arange(cache_length, dtype=jnp.int32)  # [K]
     # A query at position j sees cache positions 0..j of its own row; later entries are stale.
     self_mask = key_positions <= query_positions[..., None]  # [B|-, T, K]
     relpos = self.relpos_bias(query_positions, key_positions, False)  # [B|-, H, T, K]
-    self_bias = mask_to_bias(self_mask[..., None, :, :], dtype) + relpos  # [B|-, H, T, K]
+    self_bias = (
+      t5_attention.mask_to_bias(self_mask[..., None, :, :], dtype) + relpos
+    )  # [B|-, H, T, K]
     if start.ndim == 0:
       self_bias = self_bias[None]  # [1, H, T, K]
-    cross_bias = mask_to_bias(encoder_mask[:, None, None, :], dtype)  # [B, 1, 1, S]
+    cross_bias = t5_attention.mask_to_bias(encoder_mask[:, None, None, :], dtype)  # [B, 1, 1, S]
 
     y = self._embed(tokens, True)  # [B, T, d]
     new_self_kv = []
@@ -298,11 +292,11 @@ class Decoder(_Stack):
 class Transformer(nn.Module):
   """The T5 encoder-decoder (T5X `network.Transformer` parameter tree)."""
 
-  config: T5Config
+  config: t5_config.T5Config
 
   def setup(self):
     cfg = self.config
-    self.token_embedder = Embed(
+    self.token_embedder = t5_layers.Embed(
       num_embeddings=cfg.vocab_size, features=cfg.emb_dim, dtype=jnp.dtype(cfg.dtype)
     )
     self.encoder = Encoder(cfg, shared_embedding=self.token_embedder)
