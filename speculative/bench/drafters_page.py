@@ -244,8 +244,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
   """Runs the parts not in --skip; writes drafters.json and drafters.md; returns the report."""
   args = parse_args(argv)
   skip = set(pages.values(args.skip, str))
-  pair = pages.load_pair(args)
-  examples, skipped = pages.load_examples(args)
+  pair, examples, skipped = pages.load_pair_and_examples(args)
   report: dict[str, Any] = dict(setup=setup_record(args, argv, pair, len(examples), skipped))
   if 'alpha' not in skip:
     report['alpha'] = alpha_part(pair, examples, args)
@@ -263,4 +262,4 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
 
 
 if __name__ == '__main__':
-  main(sys.argv[1:])
+  pages.command_line(main, sys.argv[1:])

@@ -29,6 +29,7 @@ from speculative.checkpoints import files
 from speculative.decode import batching
 from speculative.decode import modes
 from speculative.infer import inputs as infer_inputs
+from speculative.jobs import checks
 from speculative.jobs import gin_utils
 from speculative.models import t5 as t5_lib
 
@@ -57,6 +58,7 @@ def add_pair_args(
   parser.add_argument('--seed', type=int, default=0)
   parser.add_argument('--output_dir', default=output_dir)
   parser.add_argument('--quick', action='store_true', help=f'{quick}; 1 repeat')
+  gin_utils.add_debug_flag(parser)
 
 
 def values(text: str, kind: type) -> list[Any]:
@@ -124,6 +126,32 @@ def decode_fn(pair: Pair, drafter: Any = None, **options: Any) -> Callable[..., 
   `options` are DecodeOptions fields, sampling_params and lenience."""
   fns = modes.decode_fns(pair.target, pair.target_params, drafter, pair.draft_params, **options)
   return fns[modes.BASELINE if drafter is None else modes.SPECULATIVE]
+
+
+def load_pair_and_examples(
+  args: argparse.Namespace,
+) -> tuple[Pair, list[infer_inputs.Example], int]:
+  """(`load_pair`, then `load_examples`): a bad gin file or macro, a missing checkpoint or no
+  inputs is the user's to fix (one line at the command line, `command_line`)."""
+  with checks.user_errors():
+    pair = load_pair(args)
+    examples, skipped = load_examples(args)
+  return pair, examples, skipped
+
+
+def command_line(main: Callable[[Sequence[str]], Any], argv: Sequence[str]) -> None:
+  """Runs a page's `main(argv)`; a user error (raised inside `checks.user_errors`) prints one
+  `error:` line and exits with status 2, unless --debug (or SPECULATIVE_DEBUG) lets its traceback
+  through. TensorFlow's and XLA's start-up log lines are silenced as the runners' are."""
+  gin_utils.quiet_native_logs()
+  try:
+    main(argv)
+  except Exception as e:  # pylint: disable=broad-except
+    message = checks.user_message(e)
+    if message is None or '--debug' in argv or os.environ.get(gin_utils.DEBUG_ENV):
+      raise
+    print(f'error: {message}', file=sys.stderr)
+    sys.exit(2)
 
 
 def load_examples(args: argparse.Namespace) -> tuple[list[infer_inputs.Example], int]:

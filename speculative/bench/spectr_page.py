@@ -260,8 +260,7 @@ def _add_prediction(row: dict[str, Any], costs: dict[str, Any]) -> None:
 def run(args: argparse.Namespace, argv: Sequence[str] | None = None) -> dict[str, Any]:
   """Times every method, measures the cost model on the first input; returns the report."""
   started = pages.record(MODULE, argv)
-  pair = pages.load_pair(args)
-  examples, _ = pages.load_examples(args)
+  pair, examples, _ = pages.load_pair_and_examples(args)
   print(
     f'target: {pair.descriptions["target"]}\ndraft: {pair.descriptions["draft"]}\n'
     f'inputs: {len(examples)} {args.split} sentences',
@@ -316,4 +315,4 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
 
 
 if __name__ == '__main__':
-  main(sys.argv[1:])
+  pages.command_line(main, sys.argv[1:])

@@ -115,3 +115,15 @@ def test_spectr_page_quick_run_matches_speculative_at_one_draft(tmp_path):
   text = (out / 'results.md').read_text()
   assert text == spectr_tables.format_report(report)
   assert 'L=4: yes' in text
+
+
+def test_a_missing_checkpoint_on_the_command_line_is_one_line(tmp_path, capsys):
+  argv = ['--target_checkpoint', str(tmp_path / 'missing.msgpack'), '--output_dir', str(tmp_path)]
+  with pytest.raises(SystemExit) as exit_info:
+    pages.command_line(drafters_page.main, argv)
+  assert exit_info.value.code == 2
+  err = capsys.readouterr().err.strip()
+  assert err.startswith('error: target checkpoint does not exist') and len(err.splitlines()) == 1
+  with pytest.raises(FileNotFoundError):
+    pages.command_line(drafters_page.main, argv + ['--debug'])
+  assert not list(tmp_path.iterdir())  # nothing written
