@@ -47,7 +47,6 @@ from speculative.bench import sweep
 from speculative.bench import timing
 from speculative.bench import whole_job as whole_job_lib
 from speculative.decode import batching
-from speculative.infer import inputs as infer_inputs
 from speculative.jobs import checks
 from speculative.jobs import runtime
 from speculative.models import t5 as t5_lib
@@ -240,90 +239,12 @@ def _sweep(
   return groups
 
 
-def benchmark(
-  *,
-  target_config: t5_lib.T5Config,
-  target_checkpoint: str | None,
-  draft_config: t5_lib.T5Config | None = None,
-  draft_checkpoint: str | None = None,
-  target_name: str = "target",
-  draft_name: str = "draft",
-  task: str | None = "libreoffice_ende",
-  split: str = "test",
-  input_file: str | None = None,
-  input_prefix: str = "",
-  examples: Sequence[infer_inputs.Example] | None = None,
-  num_examples: int = 40,
-  skip_truncated: bool = True,
-  inputs_length: int = 64,
-  max_new_tokens: int = 64,
-  batch_sizes: Sequence[int] = (1, 8),
-  temperatures: Sequence[float] = (0.0, 1.0),
-  gammas: Sequence[int] | Mapping[Any, Sequence[int]] = (1, 2, 3, 4, 5, 6, 7),
-  drafters: Sequence[str] = ("model",),
-  drafter_gammas: Mapping[str, Any] | None = None,
-  repeats: int = 3,
-  cost_repeats: int = 5,
-  cost_min_seconds: float = 0.2,
-  cost_position: int = 16,
-  stock_t5x: str = "auto",
-  kernels: str = "auto",
-  fallback_threshold: float = 1.0,
-  allow_random_init: bool = False,
-  seed: int = 0,
-  output_dir: str | None = "docs",
-  title: str = "Results: speculative decoding walltime on this machine",
-  command: str = "python -m speculative.benchmark --gin_file=configs/benchmark/embedded.gin",
-  plots: bool = True,
-  roofline_section: bool = True,
-  stock_hlo_check: bool = True,
-  whole_job_examples: int = 0,
-  verbose: bool = True,
-) -> dict[str, Any]:
+@checks.settings_entry(settings.BenchmarkSettings)
+def benchmark(s: settings.BenchmarkSettings) -> dict[str, Any]:
   """Runs the sweep; returns the report dict (also written to output_dir, unless None). The
   arguments are `BenchmarkSettings`' (documented there); they are checked before any work, and a
   bad one is the user's to fix (one line at the command line)."""
-  with checks.user_errors():
-    checked = settings.BenchmarkSettings(
-      target_config=target_config,
-      target_checkpoint=target_checkpoint,
-      draft_config=draft_config,
-      draft_checkpoint=draft_checkpoint,
-      target_name=target_name,
-      draft_name=draft_name,
-      task=task,
-      split=split,
-      input_file=input_file,
-      input_prefix=input_prefix,
-      examples=examples,
-      num_examples=num_examples,
-      skip_truncated=skip_truncated,
-      inputs_length=inputs_length,
-      max_new_tokens=max_new_tokens,
-      batch_sizes=batch_sizes,
-      temperatures=temperatures,
-      gammas=gammas,
-      drafters=drafters,
-      drafter_gammas=drafter_gammas,
-      repeats=repeats,
-      cost_repeats=cost_repeats,
-      cost_min_seconds=cost_min_seconds,
-      cost_position=cost_position,
-      stock_t5x=stock_t5x,
-      kernels=kernels,
-      fallback_threshold=fallback_threshold,
-      allow_random_init=allow_random_init,
-      seed=seed,
-      output_dir=output_dir,
-      title=title,
-      command=command,
-      plots=plots,
-      roofline_section=roofline_section,
-      stock_hlo_check=stock_hlo_check,
-      whole_job_examples=whole_job_examples,
-      verbose=verbose,
-    )
-  return _run(checked)
+  return _run(s)
 
 
 def _run(s: settings.BenchmarkSettings) -> dict[str, Any]:

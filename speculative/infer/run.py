@@ -68,37 +68,10 @@ __all__ = [
 ]
 
 
-def infer(
-  *,
-  target_config: t5_lib.T5Config,
-  target_checkpoint: str,
-  output_dir: str,
-  task_feature_lengths: dict[str, int],
-  mixture_or_task_name: str | None = None,
-  split: str = "test",
-  input_file: str | None = None,
-  input_prefix: str = "",
-  vocabulary_path: str | None = None,
-  num_examples: int | None = None,
-  draft_config: t5_lib.T5Config | None = None,
-  draft_checkpoint: str | None = None,
-  modes: Sequence[str] = infer_settings.MODES,
-  batch_size: int = 1,
-  gamma: int = 4,
-  drafter: str = "model",
-  draft_stop_below: float = 0.0,
-  adaptive_verify: bool = False,
-  lenience: float = 1.0,
-  temperature: float = 0.0,
-  top_k: int = 0,
-  top_p: float = 1.0,
-  seed: int = 0,
-  kernels: str = "auto",
-  require_identical: bool = True,
-  progress: bool = True,
-  overwrite: bool = False,
-) -> dict[str, Any]:
-  """Runs the job; returns the metrics dict also written to `output_dir/metrics.json`.
+@checks.settings_entry(infer_settings.InferSettings)
+def infer(settings: infer_settings.InferSettings) -> dict[str, Any]:
+  """Runs the job; returns the metrics dict also written to `output_dir/metrics.json`. Called with
+  `InferSettings`' fields as keyword arguments (`checks.settings_entry`; gin: `infer.*`).
 
   Before anything is loaded, every knob's type and range (`InferSettings`), every path and the
   output directory's writability are checked; then the output directory is locked (one writer) and
@@ -116,38 +89,9 @@ def infer(
   `kernels` ('auto', 'on', 'off'): whether both models' decoder steps run on the CPU kernels
   (`speculative.kernels.policy`); chosen once for the job and recorded in its manifest.
   """
-  output_lock = lock.OutputLock(output_dir)
+  output_lock = lock.OutputLock(settings.output_dir)
   with checks.user_errors():
-    settings = infer_settings.InferSettings(
-      target_config=target_config,
-      target_checkpoint=target_checkpoint,
-      output_dir=output_dir,
-      task_feature_lengths=task_feature_lengths,
-      mixture_or_task_name=mixture_or_task_name,
-      split=split,
-      input_file=input_file,
-      input_prefix=input_prefix,
-      vocabulary_path=vocabulary_path,
-      num_examples=num_examples,
-      draft_config=draft_config,
-      draft_checkpoint=draft_checkpoint,
-      modes=modes,
-      batch_size=batch_size,
-      gamma=gamma,
-      drafter=drafter,
-      draft_stop_below=draft_stop_below,
-      adaptive_verify=adaptive_verify,
-      lenience=lenience,
-      temperature=temperature,
-      top_k=top_k,
-      top_p=top_p,
-      seed=seed,
-      kernels=kernels,
-      require_identical=require_identical,
-      progress=progress,
-      overwrite=overwrite,
-    )
-    checks.probe_writable(output_dir)
+    checks.probe_writable(settings.output_dir)
     output_lock.acquire()
   try:
     return _run(settings)

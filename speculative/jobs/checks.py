@@ -4,14 +4,19 @@ an error that names the knob. No gin, no jax.
   check_int / check_float / check_choice    type and range of a knob, ValueError naming it
   check_readable / probe_writable            paths: readable inputs, a writable output directory
   user_errors                                marks the errors of a job's checks as the user's to fix
+  settings_entry                             a runner whose keyword arguments are its settings' fields
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import functools
+import inspect
 import numbers
 import os
 from typing import Any
+from typing import Callable
 from typing import Sequence
 
 
@@ -112,3 +117,37 @@ def user_errors():
 def user_message(error: BaseException) -> str | None:
   """The message of an error raised inside `user_errors` (through gin's wrapping), else None."""
   return getattr(error, 'user_message', None)
+
+
+def settings_entry(settings_type: type) -> Callable[[Callable[[Any], Any]], Callable[..., Any]]:
+  """Decorator: `run(settings)` becomes the runner `entry(**fields)`, whose keyword-only arguments
+  are the fields of the dataclass `settings_type` (names, defaults and annotations), so gin binds
+  and checks them by name (`infer.batch_size = 8`) and `help()` lists them, each written once, in
+  the dataclass. The entry builds `settings_type(**arguments)` inside `user_errors` (its checks run
+  before any compute), then returns `run(settings)`."""
+
+  def parameter(field: dataclasses.Field) -> inspect.Parameter:
+    default = field.default
+    if field.default_factory is not dataclasses.MISSING:
+      default = field.default_factory()
+    if default is dataclasses.MISSING:
+      default = inspect.Parameter.empty
+    return inspect.Parameter(
+      field.name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=field.type
+    )
+
+  def decorate(run: Callable[[Any], Any]) -> Callable[..., Any]:
+    @functools.wraps(run)
+    def entry(**arguments: Any) -> Any:
+      with user_errors():
+        settings = settings_type(**arguments)
+      return run(settings)
+
+    del entry.__wrapped__  # gin reads the parameters of the innermost function: these, not run's
+    returns = inspect.signature(run).return_annotation
+    entry.__signature__ = inspect.Signature(
+      [parameter(f) for f in dataclasses.fields(settings_type)], return_annotation=returns
+    )
+    return entry
+
+  return decorate

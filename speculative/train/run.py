@@ -39,43 +39,10 @@ from speculative.train import settings as settings_lib
 from speculative.train import steps
 
 
-def train(
-  *,
-  model_config: t5_lib.T5Config,
-  train_tsv: str | Sequence[str],
-  validation_tsv: str,
-  spm_model: str,
-  output_dir: str,
-  num_steps: int,
-  learning_rate: float = 1e-3,
-  warmup_steps: int = 500,
-  weight_decay: float = 0.01,
-  clip_norm: float = 1.0,
-  tokens_per_batch: int = 3072,
-  bucket_lengths: Sequence[int | Sequence[int]] = train_data.DEFAULT_BUCKET_LENGTHS,
-  checkpoint_every: int = 500,
-  eval_every: int = 1000,
-  max_validation_examples: int = 500,
-  seed: int = 0,
-  teacher_config: t5_lib.T5Config | None = None,
-  teacher_checkpoint: str | None = None,
-  distill_weight: float = 0.0,
-  export_path: str | None = None,
-  export_dtype: str = "bfloat16",
-  max_steps_this_run: int | None = None,
-  export_only: bool = False,
-  schedule: str = "cosine",
-  label_smoothing: float = 0.0,
-  exclude_heldout: Sequence[str] = (),
-  export_best: bool = False,
-  optimizer: str = "adamw",
-  init_checkpoint: str | None = None,
-  fork_checkpoint: str | None = None,
-  export_replaces_better: bool = False,
-  input_prefixes: Sequence[str] | None = None,
-  extra_validation: dict[str, tuple[str, str]] | None = None,
-) -> dict[str, float]:
-  """Trains (or resumes) and returns the last metrics. See the module docstring.
+@checks.settings_entry(settings_lib.TrainSettings)
+def train(settings: settings_lib.TrainSettings) -> dict[str, float]:
+  """Trains (or resumes) and returns the last metrics. See the module docstring. Called with
+  `TrainSettings`' fields as keyword arguments (`checks.settings_entry`; gin: `train.*`).
 
   `train_tsv`: one TSV file or several (e.g. the help corpus and the UI catalogue corpus), read in
   the order given and trained on as one set.
@@ -106,42 +73,7 @@ def train(
   validation NLL than the ones being exported (e.g. a continuation's early best replacing the
   shipped model) unless this is True.
   """
-  with checks.user_errors():  # bad settings or paths, another run's checkpoints, a second writer
-    settings = settings_lib.TrainSettings(
-      model_config=model_config,
-      train_tsv=train_tsv,
-      validation_tsv=validation_tsv,
-      spm_model=spm_model,
-      output_dir=output_dir,
-      num_steps=num_steps,
-      learning_rate=learning_rate,
-      warmup_steps=warmup_steps,
-      weight_decay=weight_decay,
-      clip_norm=clip_norm,
-      tokens_per_batch=tokens_per_batch,
-      bucket_lengths=bucket_lengths,
-      checkpoint_every=checkpoint_every,
-      eval_every=eval_every,
-      max_validation_examples=max_validation_examples,
-      seed=seed,
-      teacher_config=teacher_config,
-      teacher_checkpoint=teacher_checkpoint,
-      distill_weight=distill_weight,
-      export_path=export_path,
-      export_dtype=export_dtype,
-      max_steps_this_run=max_steps_this_run,
-      export_only=export_only,
-      schedule=schedule,
-      label_smoothing=label_smoothing,
-      exclude_heldout=exclude_heldout,
-      export_best=export_best,
-      optimizer=optimizer,
-      init_checkpoint=init_checkpoint,
-      fork_checkpoint=fork_checkpoint,
-      export_replaces_better=export_replaces_better,
-      input_prefixes=input_prefixes,
-      extra_validation=extra_validation,
-    )
+  with checks.user_errors():  # bad paths, another run's checkpoints, a second writer
     os.makedirs(settings.output_dir, exist_ok=True)
     output_lock = lock.OutputLock(settings.output_dir).acquire()  # one writer per run directory
   try:
