@@ -144,14 +144,8 @@ def command_line(main: Callable[[Sequence[str]], Any], argv: Sequence[str]) -> N
   `error:` line and exits with status 2, unless --debug (or SPECULATIVE_DEBUG) lets its traceback
   through. TensorFlow's and XLA's start-up log lines are silenced as the runners' are."""
   gin_utils.quiet_native_logs()
-  try:
-    main(argv)
-  except Exception as e:  # pylint: disable=broad-except
-    message = checks.user_message(e)
-    if message is None or '--debug' in argv or os.environ.get(gin_utils.DEBUG_ENV):
-      raise
-    print(f'error: {message}', file=sys.stderr)
-    sys.exit(2)
+  debug = '--debug' in argv or bool(os.environ.get(gin_utils.DEBUG_ENV))
+  gin_utils.call_with_user_errors(lambda: main(argv), 'error: ', debug)
 
 
 def load_examples(args: argparse.Namespace) -> tuple[list[infer_inputs.Example], int]:

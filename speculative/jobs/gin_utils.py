@@ -308,13 +308,21 @@ def parse_and_call(
     if debug:
       raise
     parser.exit(2, f'{parser.prog}: error: {e}\n')
+  return call_with_user_errors(configurable, f'{parser.prog}: error: ', debug)
+
+
+def call_with_user_errors(fn: Callable[[], Any], prefix: str, debug) -> Any:
+  """Returns `fn()`. A user error (one raised inside `checks.user_errors`: a refused setting,
+  path, input file, resume or lock) prints `prefix` and its message as one line to stderr and exits
+  with status 2, unless `debug`, which lets its traceback through."""
   try:
-    return configurable()
+    return fn()
   except Exception as e:  # pylint: disable=broad-except
-    message = checks.user_message(e)  # a refused setting, path, input file, resume or lock
+    message = checks.user_message(e)
     if message is None or debug:
       raise
-    parser.exit(2, f'{parser.prog}: error: {message}\n')
+    print(f'{prefix}{message}', file=sys.stderr)
+    sys.exit(2)
 
 
 def _runner_parser(description: str):
