@@ -34,22 +34,32 @@ from speculative.data import tasks
 from speculative.infer import outputs
 
 
+def drop_reason(record: dict, prefix: str) -> str | None:
+  """Why an output is not a training pair ('empty', 'no_eos', 'looping'), or None to keep it."""
+  source = (
+    record["inputs"][len(prefix) :] if record["inputs"].startswith(prefix) else record["inputs"]
+  )
+  if not record["prediction"].strip() or not source.strip():
+    return "empty"
+  if not record["tokens"] or record["tokens"][-1] != tasks.EOS_ID:
+    return "no_eos"
+  if metrics.is_looping(record["prediction"].strip()):
+    return "looping"
+  return None
+
+
 def distill_pairs(records: Iterable[dict], prefix: str) -> tuple[list[tuple[str, str]], dict]:
   """(source, target translation) pairs in input order, and the counts of what was dropped."""
   kept: list[tuple[int, str, str]] = []
   counts = {"records": 0, "kept": 0, "looping": 0, "no_eos": 0, "empty": 0}
   for r in records:
     counts["records"] += 1
-    source = r["inputs"][len(prefix) :] if r["inputs"].startswith(prefix) else r["inputs"]
-    prediction = r["prediction"].strip()
-    if not prediction or not source.strip():
-      counts["empty"] += 1
-    elif not r["tokens"] or r["tokens"][-1] != tasks.EOS_ID:
-      counts["no_eos"] += 1
-    elif metrics.is_looping(prediction):
-      counts["looping"] += 1
+    reason = drop_reason(r, prefix)
+    if reason is not None:
+      counts[reason] += 1
     else:
-      kept.append((r["index"], source, prediction))
+      source = r["inputs"][len(prefix) :] if r["inputs"].startswith(prefix) else r["inputs"]
+      kept.append((r["index"], source, r["prediction"].strip()))
   counts["kept"] = len(kept)
   return [(s, t) for _, s, t in sorted(kept)], counts
 

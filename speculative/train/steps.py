@@ -210,6 +210,21 @@ def make_schedule(kind: str, learning_rate: float, warmup_steps: int, num_steps:
   raise ValueError(f"schedule must be one of {SCHEDULES}, got {kind!r}")
 
 
+def adafactor(learning_rate, weight_decay: float = 0.0) -> optax.GradientTransformation:
+  """T5X's Adafactor: factored second moments, updates scaled by each parameter's RMS, update
+  clipping 1.0, decay rate 0.8, no momentum; weight decay as a fraction of the learning rate.
+  `learning_rate` is a float or a schedule; wrapped in `optax.inject_hyperparams` it becomes a
+  run-time value of the optimizer state (`speculative.train.pair` sets it from the wall clock)."""
+  return optax.adafactor(
+    learning_rate,
+    min_dim_size_to_factor=128,
+    decay_rate=0.8,
+    multiply_by_parameter_scale=True,
+    clipping_threshold=1.0,
+    weight_decay_rate=weight_decay or None,
+  )
+
+
 def make_optimizer(
   learning_rate: float,
   warmup_steps: int,
@@ -226,14 +241,7 @@ def make_optimizer(
   if kind == "adamw":
     inner = optax.adamw(schedule, b1=0.9, b2=0.98, weight_decay=weight_decay)
   elif kind == "adafactor":
-    inner = optax.adafactor(
-      schedule,
-      min_dim_size_to_factor=128,
-      decay_rate=0.8,
-      multiply_by_parameter_scale=True,
-      clipping_threshold=1.0,
-      weight_decay_rate=weight_decay or None,
-    )
+    inner = adafactor(schedule, weight_decay)
   else:
     raise ValueError(f"optimizer must be one of {OPTIMIZERS}, got {kind!r}")
   return optax.chain(optax.clip_by_global_norm(clip_norm), inner)

@@ -1,0 +1,174 @@
+"""Moving weights off a device machine: split a file into checked chunks there, join and verify
+them here. The device tool returns at most 8 files of at most 16 MiB, 64 MiB in all, per call, so
+the 102 MB bfloat16 target comes back over two calls (speculative.train.pair); nothing is trained
+on or shipped from a file whose sha256 differs from what the device printed.
+
+Here, after both calls (their files under two folders):
+  .venv/bin/python -m speculative.train.transport collect <first call's files> <second call's files> \\
+      --dest_dir ../runs/pair_device
+and before a call, what would travel (the device tool takes at most 64 MiB of working tree):
+  .venv/bin/python -m speculative.train.transport tree_size
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+from pathlib import Path
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+
+MANIFEST = "target.manifest.json"
+TREE_LIMIT = 64 * 2**20
+
+
+class TransportError(ValueError):
+  """A chunk or file that is missing or does not match its recorded sha256."""
+
+
+def sha256_file(path: str | os.PathLike) -> str:
+  digest = hashlib.sha256()
+  with open(path, "rb") as f:
+    for block in iter(lambda: f.read(1 << 20), b""):
+      digest.update(block)
+  return digest.hexdigest()
+
+
+def split(path: str, out_dir: str, first_dir: str, chunk_bytes: int, first_n: int) -> dict:
+  """Cuts `path` into chunks of `chunk_bytes`: the first `first_n` go to `first_dir` (the first
+  call's $OUT), the rest to `out_dir/second`; the manifest (sizes and sha256 of the file and of
+  every chunk) goes to both and is returned."""
+  name = os.path.basename(path)
+  data = Path(path).read_bytes()
+  chunks = []
+  for k, start in enumerate(range(0, len(data), chunk_bytes)):
+    piece = data[start : start + chunk_bytes]
+    chunk = f"{name}.part{k:02d}"
+    dest = first_dir if k < first_n else os.path.join(out_dir, "second")
+    Path(dest, chunk).write_bytes(piece)
+    chunks.append({"name": chunk, "size": len(piece), "sha256": hashlib.sha256(piece).hexdigest()})
+  manifest = {
+    "file": name,
+    "size": len(data),
+    "sha256": hashlib.sha256(data).hexdigest(),
+    "chunks": chunks,
+  }
+  for dest in (first_dir, os.path.join(out_dir, "second")):
+    Path(dest, MANIFEST).write_text(json.dumps(manifest, indent=1))
+  return manifest
+
+
+def pack_results(out_dir: str, dest: str) -> None:
+  """The small files of a run (report, test outputs, sidecars) as one tar.gz."""
+  with tarfile.open(dest, "w:gz") as tar:
+    for path in sorted(Path(out_dir).rglob("*")):
+      if path.is_file() and (path.suffix in (".json", ".jsonl")) and "jax_cache" not in path.parts:
+        tar.add(path, arcname=str(path.relative_to(out_dir)))
+
+
+def join(manifest: dict, folders: list[str], dest: str) -> str:
+  """Joins the manifest's chunks (found in `folders`) into `dest`, each chunk and the whole
+  checked against the manifest; raises TransportError naming the first mismatch, writing nothing."""
+  parts = []
+  for chunk in manifest["chunks"]:
+    found = [Path(f, chunk["name"]) for f in folders if Path(f, chunk["name"]).is_file()]
+    if not found:
+      raise TransportError(f"chunk {chunk['name']} is missing from {', '.join(folders)}")
+    data = found[0].read_bytes()
+    if hashlib.sha256(data).hexdigest() != chunk["sha256"]:
+      raise TransportError(f"{found[0]}: sha256 differs from the device's {chunk['sha256'][:12]}")
+    parts.append(data)
+  whole = b"".join(parts)
+  if hashlib.sha256(whole).hexdigest() != manifest["sha256"] or len(whole) != manifest["size"]:
+    raise TransportError(f"{manifest['file']}: the joined chunks differ from the device's file")
+  _write_atomic(dest, whole)
+  return dest
+
+
+def _write_atomic(dest: str, data: bytes) -> None:
+  os.makedirs(os.path.dirname(os.path.abspath(dest)), exist_ok=True)
+  fd, tmp = tempfile.mkstemp(dir=os.path.dirname(os.path.abspath(dest)), prefix=".tmp-")
+  with os.fdopen(fd, "wb") as f:
+    f.write(data)
+  os.replace(tmp, dest)
+
+
+def collect(first: str, second: str, dest_dir: str) -> list[str]:
+  """Joins the target, unpacks the results and checks every weights file against the sha256 its
+  sidecar records (the device wrote the sidecars). Returns the weights files written."""
+  folders = [first, second]
+  manifest_path = next((Path(f, MANIFEST) for f in folders if Path(f, MANIFEST).is_file()), None)
+  if manifest_path is None:
+    raise TransportError(f"no {MANIFEST} in {first} or {second}")
+  manifest = json.loads(manifest_path.read_text())
+  results = Path(second, "results.tar.gz")
+  if not results.is_file():
+    raise TransportError(f"{results} is missing")
+  staging = tempfile.mkdtemp(dir=os.path.dirname(os.path.abspath(dest_dir)) or ".")
+  try:
+    with tarfile.open(results) as tar:
+      tar.extractall(staging, filter="data")
+    join(manifest, folders, os.path.join(staging, manifest["file"]))
+    written = [manifest["file"]]
+    for weights in sorted(Path(second).glob("*.msgpack")):
+      shutil.copy(weights, os.path.join(staging, weights.name))
+      written.append(weights.name)
+    for name in written:
+      sidecar = Path(staging, name + ".json")
+      if not sidecar.is_file():
+        raise TransportError(f"{name}: its sidecar is not in {results}")
+      recorded = json.loads(sidecar.read_text())["sha256"]
+      if sha256_file(Path(staging, name)) != recorded:
+        raise TransportError(f"{name}: sha256 differs from its sidecar's {recorded[:12]}")
+    if os.path.exists(dest_dir):
+      shutil.rmtree(dest_dir)
+    os.replace(staging, dest_dir)
+  finally:
+    if os.path.exists(staging):
+      shutil.rmtree(staging)
+  return [os.path.join(dest_dir, name) for name in written]
+
+
+def tree_size(root: str = ".") -> int:
+  """Bytes the device tool would send: tracked and untracked-not-ignored files present here."""
+  names = subprocess.run(
+    ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+    cwd=root,
+    capture_output=True,
+    check=True,
+  ).stdout.split(b"\0")
+  return sum(
+    os.path.getsize(Path(root, n.decode())) for n in names if n and Path(root, n.decode()).is_file()
+  )
+
+
+def main(argv: list[str] | None = None) -> int:
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  sub = parser.add_subparsers(dest="command", required=True)
+  c = sub.add_parser("collect", help="join and verify what the two calls returned")
+  c.add_argument("first")
+  c.add_argument("second")
+  c.add_argument("--dest_dir", required=True)
+  sub.add_parser("tree_size", help="what the device tool would send, against its 64 MiB")
+  args = parser.parse_args(argv)
+  try:
+    if args.command == "collect":
+      for path in collect(args.first, args.second, args.dest_dir):
+        print(f"verified {path}")
+    else:
+      size = tree_size()
+      print(f"working tree to send: {size / 2**20:.1f} MiB (limit {TREE_LIMIT / 2**20:.0f} MiB)")
+      return 0 if size <= TREE_LIMIT else 1
+  except (TransportError, OSError) as e:
+    print(f"error: {e}", file=sys.stderr)
+    return 2
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())

@@ -1,0 +1,110 @@
+"""The device recipe (speculative/train/pair.py): its wall-clock learning rate, its distillation
+set's filters, and (slow) the whole recipe at toy shapes, as its CPU dry run."""
+
+import dataclasses
+import json
+
+import numpy as np
+import pytest
+
+from speculative import checkpoints
+from speculative.data import tasks
+from speculative.train import data as train_data
+from speculative.train import pair
+from speculative.train import transport
+
+
+def _trainee_stub(steps_done, peak=1e-2, scale=1.0):
+  return type("T", (), {"steps_done": steps_done, "peak_lr": peak, "lr_scale": scale})()
+
+
+def test_learning_rate_warms_up_holds_and_cools_down_with_the_clock():
+  recipe = pair.Recipe(warmup_steps=100, cooldown_fraction=0.3)
+  lr = lambda steps, fraction, scale=1.0: pair.learning_rate(  # noqa: E731
+    _trainee_stub(steps, scale=scale), fraction, recipe
+  )
+  assert lr(0, 0.0) == pytest.approx(1e-4)  # step 1 of 100
+  assert lr(49, 0.1) == pytest.approx(5e-3)
+  assert lr(500, 0.5) == pytest.approx(1e-2)  # constant until 70% of the seconds
+  assert lr(500, 0.7) == pytest.approx(1e-2)
+  assert lr(500, 0.85) == pytest.approx(5e-3)  # halfway down the cooldown
+  assert lr(500, 1.0) == 0.0 and lr(500, 1.2) == 0.0
+  assert lr(500, 0.5, scale=0.5) == pytest.approx(5e-3)  # after a blow-up
+
+
+def test_distillation_set_drops_loops_caps_empties_and_heldout_sentences():
+  test_pair = train_data.read_tsv(pair.HELDOUT["translate"][1])[0]  # a held-out (test) pair
+  pairs = [
+    ("Open the file.", "x"),
+    ("Click OK.", "x"),
+    ("Save the document.", "x"),
+    ("Close the window.", "x"),
+    test_pair,
+  ]
+  data = pair.TaskData(
+    train_pairs=pairs,
+    train=train_data.tokenize_pairs(pairs, pair.SPM_MODEL),
+    validation=[],
+    test_pairs=[],
+    test_inputs=[],
+  )
+  import sentencepiece as spm
+
+  sp = spm.SentencePieceProcessor(model_file=pair.SPM_MODEL)
+  eos = [tasks.EOS_ID]
+  outputs = [
+    np.array(sp.encode("Öffnen Sie die Datei.") + eos),  # kept
+    np.array(sp.encode("die Tabelle " * 6) + eos),  # looping
+    np.array(sp.encode("Speichern Sie das Dokument")),  # no EOS: stopped at the cap
+    np.array(eos),  # empty
+    np.array(sp.encode(test_pair[1]) + eos),  # the held-out reference itself
+  ]
+  examples, counts = pair.distillation_set("translate", data, outputs)
+  assert counts["looping"] == counts["no_eos"] == counts["empty"] == 1
+  assert counts["heldout_dropped"] == 1 and counts["kept"] == 1
+  assert len(examples) == 1
+  assert list(examples[0][0]) == list(data.train[0][0])  # its input tokens, prefix included
+  assert list(examples[0][1]) == list(outputs[0])  # the target's own output tokens
+
+
+@pytest.mark.slow
+def test_the_recipe_runs_end_to_end_at_toy_shapes(tmp_path, monkeypatch):
+  """The CPU dry run: random small-draft-shaped sources stand in for the small pair, toy budgets;
+  what the two device calls would return joins and verifies here."""
+  monkeypatch.chdir(pair.__file__.rsplit("/speculative/", 1)[0])
+  configs = pair.load_configs(toy=True)
+  import jax
+
+  from speculative.models import t5 as t5_lib
+
+  sources = tmp_path / "sources"
+  for name in ("small_target", "small_draft"):
+    model = t5_lib.T5(configs["small_draft"])
+    checkpoints.save_params(
+      model.init_params(jax.random.PRNGKey(1)),
+      pair.source_path(str(sources), name),
+      "bfloat16",
+      configs["small_draft"],
+    )
+  recipe = dataclasses.replace(
+    pair.TOY, target_seconds=8.0, draft_seconds=6.0, eval_every_seconds=4.0
+  )
+  out, first = tmp_path / "out", tmp_path / "first"
+  for d in (out, first, out / "second"):
+    d.mkdir(parents=True, exist_ok=True)
+  report = pair.run(str(out), str(first), recipe, True, str(sources))
+  assert report["target"]["steps"] > 0 and report["target"]["history"]
+  for name in ("small_draft", "embedded_draft"):
+    assert report[name]["steps"] == report["small_draft"]["steps"]  # the same batches
+    assert 0.0 <= report["test"]["translate"][f"{name}_alpha"] <= 1.0
+  assert report["test"]["translate"]["examples"] == recipe.test_examples
+  assert json.loads((first / "report.json").read_text())["seconds"] == report["seconds"]
+  written = transport.collect(str(first), str(out / "second"), str(tmp_path / "here"))
+  assert {p.rsplit("/", 1)[1] for p in written} == {
+    "target.msgpack",
+    "small_draft.msgpack",
+    "embedded_draft.msgpack",
+  }
+  trained = checkpoints.load_params(str(tmp_path / "here" / "target.msgpack"))
+  grown_shape = t5_lib.T5(configs["target"]).param_shapes()
+  checkpoints.validate_params(trained, grown_shape, name="target")
