@@ -3,7 +3,11 @@
 Command (from the repo root; the predictions come from a baseline `infer` job of the target on the
 full test split, the command in docs/training.md "What shipped", with INFER_OUTPUT_DIR = <dir>):
   .venv/bin/python -m speculative.train.draft_agreement models/embedded/draft.msgpack \
-      --predictions <dir>/predictions-baseline.jsonl [--gamma 3 5 7] [--check_target]
+      --predictions <dir>/predictions-baseline.jsonl [--gamma 3 5 7] [--check_target] \
+      [--target_gin_file configs/models/embedded_target.gin --target_macro EMBEDDED_TARGET \
+       --target_checkpoint models/embedded/target.msgpack]
+Any target loads (its gin file and macro, its weights); the predictions must be its own greedy
+outputs (checked against their manifest), of either task (translation or summarization).
 The shipped pair's figures: docs/training.md ("Draft: distilled to the shipped target").
 
 In greedy speculative decoding the draft's proposal at position t is accepted exactly when its
@@ -82,13 +86,14 @@ def main() -> None:
   parser.add_argument('--gin_file', default='configs/models/embedded_draft.gin')
   parser.add_argument('--macro', default='EMBEDDED_DRAFT')
   parser.add_argument('--target_gin_file', default='configs/models/embedded_target.gin')
+  parser.add_argument('--target_macro', default='EMBEDDED_TARGET')
   parser.add_argument('--target_checkpoint', default='models/embedded/target.msgpack')
   parser.add_argument('--gamma', type=int, nargs='+', default=[3, 5, 7])
   parser.add_argument('--check_target', action='store_true')
   args = parser.parse_args()
 
   manifest = outputs.load_job_manifest(args.predictions)
-  target_config = gin_utils.load_macro(args.target_gin_file, 'EMBEDDED_TARGET', t5_lib.T5Config)
+  target_config = gin_utils.load_macro(args.target_gin_file, args.target_macro, t5_lib.T5Config)
   target_sha256 = checkpoints.verify_weights(args.target_checkpoint, target_config)
   if manifest['target_checkpoint_sha256'] != target_sha256 or manifest['temperature'] != 0.0:
     raise ValueError(

@@ -16,9 +16,9 @@ position biases) keep the fresh T5X initialisation instead of zero: a zero read 
 write path is a saddle where both gradients vanish, while a random read path gives the zero write
 weights a gradient on the first step.
 
-    python -m speculative.train.grow --small models/embedded/target.msgpack \
-      --small_gin configs/models/embedded_target.gin --small_macro EMBEDDED_TARGET \
-      --large_gin configs/models/multitask_target.gin --large_macro MULTITASK_TARGET \
+    python -m speculative.train.grow --small ../runs/small_pair/small_target.msgpack \
+      --small_gin configs/models/small_target.gin --small_macro SMALL_TARGET \
+      --large_gin configs/models/embedded_target.gin --large_macro EMBEDDED_TARGET \
       --output ../runs/multitask_grown_init.msgpack
 
 writes float32 weights to pass as `train.init_checkpoint`.
