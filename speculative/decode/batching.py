@@ -22,6 +22,22 @@ def pad_batch(examples: Sequence[Any], batch_size: int, inputs_length: int) -> n
   return batch
 
 
+# The shortest input length a batch is padded to: inputs are padded to the smallest power of two
+# from here up to the job's inputs length that holds the batch's longest input, so a short sentence
+# does not pay the encoder for 128 positions (a few more compiled shapes, each compiled once).
+MIN_PADDED_LENGTH = 16
+
+
+def padded_length(examples: Sequence[Any], inputs_length: int) -> int:
+  """The input length a batch of `examples` is padded to: the smallest power of two >=
+  MIN_PADDED_LENGTH that holds its longest `input_tokens`, at most `inputs_length`."""
+  longest = max((len(e.input_tokens) for e in examples), default=1)
+  length = MIN_PADDED_LENGTH
+  while length < longest:
+    length *= 2
+  return min(length, inputs_length)
+
+
 def batches(
   examples: Sequence[Any], batch_size: int, inputs_length: int
 ) -> list[tuple[list[Any], np.ndarray]]:

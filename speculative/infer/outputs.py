@@ -33,9 +33,10 @@ class ModeRun:
   decode: Any
   path: str
   records: dict[int, dict]
-  compile_s: float | None = None
-  compiles_first_call: int = 0  # XLA compiles in the first (compiling) call
-  compiles_warm: int = 0  # XLA compiles in the timed calls after it (0: one program per shape)
+  compile_s: float | None = None  # the compiling calls' seconds, summed over input lengths
+  compiles_first_call: int = 0  # XLA compiles in the first (compiling) call at each input length
+  compiles_warm: int = 0  # XLA compiles in the timed calls after them (0: one program per shape)
+  compiled_shapes: set = dataclasses.field(default_factory=set)  # encoder-token shapes compiled
 
 
 def build_manifest(

@@ -155,10 +155,10 @@ def _mode_table(summary: dict[str, Any]) -> list[str]:
 
 
 def _resource_lines(summary: dict[str, Any]) -> list[str]:
-  """XLA compiles per mode (first call, then the warm calls: 0 means one program for every batch)
-  and the process's peak RSS."""
+  """XLA compiles per mode (the first call at each input length, then the warm calls: 0 means one
+  program per input length) and the process's peak RSS."""
   parts = [
-    f"{mode} {summary[mode]['compiles_first_call']} in the first call, "
+    f"{mode} {summary[mode]['compiles_first_call']} in the first call at each input length, "
     f"{summary[mode]['compiles_warm']} after"
     for mode in settings.MODES
     if mode in summary and "compiles_first_call" in summary[mode]

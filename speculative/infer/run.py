@@ -179,8 +179,9 @@ def _decode_all(
     print(f"resuming: {len(examples) - len(todo)} of {len(examples)} examples already done")
   batches = batching.length_sorted_batches(todo, settings.batch_size)
   for batch_examples in tqdm(batches, desc="decoding", unit="batch", disable=not settings.progress):
-    encoder_tokens = jnp.asarray(
-      batching.pad_batch(batch_examples, settings.batch_size, settings.inputs_length)
+    length = batching.padded_length(batch_examples, settings.inputs_length)
+    encoder_tokens = jnp.asarray(  # [batch, length]: the batch's length bucket, not inputs_length
+      batching.pad_batch(batch_examples, settings.batch_size, length)
     )
     rng = jax.random.fold_in(jax.random.PRNGKey(settings.seed), batch_examples[0].index)
     for run in runs:
@@ -197,14 +198,15 @@ def _decode_batch(
   rng,
   vocabulary,
 ) -> None:
-  """One mode over one batch, timed warm (its first call compiles and is timed apart); the rows'
-  records go into `run.records`."""
-  if run.compile_s is None:  # first call compiles; time it separately, then run warm
+  """One mode over one batch, timed warm (the first call at each input length compiles and is
+  timed apart); the rows' records go into `run.records`."""
+  if encoder_tokens.shape not in run.compiled_shapes:  # compile this shape outside the timing
     t0 = time.perf_counter()
     with resources.CompileCounter() as compiles:
       jax.block_until_ready(run.decode(encoder_tokens, rng))
-    run.compile_s = time.perf_counter() - t0
-    run.compiles_first_call = compiles.count
+    run.compile_s = (run.compile_s or 0.0) + time.perf_counter() - t0
+    run.compiles_first_call += compiles.count
+    run.compiled_shapes.add(encoder_tokens.shape)
   with resources.CompileCounter() as compiles:
     t0 = time.perf_counter()
     result = run.decode(encoder_tokens, rng)
