@@ -4,6 +4,8 @@
 #   make test-fast  the same without the tests marked slow, for iteration
 # Both create .venv and install the package on first use, with the exact versions of constraints.txt;
 # then run .venv/bin/python or the console scripts .venv/bin/speculative-{infer,train,benchmark}.
+#   make install JAX_EXTRA=cuda12   the same, then jax's CUDA 12 build at the pinned jax version
+#                                   (cuda13, tpu likewise; README, "GPUs and TPUs")
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -14,6 +16,13 @@ STAMP := $(VENV)/.installed
 # package uses XLA's dot.
 KERNEL_SOURCES := $(wildcard speculative/kernels/*.cc speculative/kernels/*.h speculative/kernels/*.inc)
 KERNEL_STAMP := speculative/kernels/_kernels.so.sha256
+
+# An accelerator build of jax, installed after the normal (CPU) install: `make install
+# JAX_EXTRA=cuda12` (or cuda13, tpu) installs jax[$(JAX_EXTRA)] at the jax version constraints.txt
+# pins, so jaxlib stays that version and only its GPU/TPU plugin is added. Empty (the default): the
+# CPU install, unchanged.
+JAX_EXTRA ?=
+JAX_VERSION := $(shell sed -n 's/^jax==//p' constraints.txt)
 
 .PHONY: run test test-fast lint install kernels clean
 
@@ -29,6 +38,9 @@ $(KERNEL_STAMP): $(STAMP) $(KERNEL_SOURCES)
 kernels: $(KERNEL_STAMP)
 
 install: $(STAMP) $(KERNEL_STAMP)
+ifneq ($(JAX_EXTRA),)
+	$(PY) -m pip install -q 'jax[$(JAX_EXTRA)]==$(JAX_VERSION)' -c constraints.txt
+endif
 
 run: install
 	$(PY) -m speculative.infer --gin_file=configs/local/run.gin

@@ -28,8 +28,9 @@ decoding makes) in N interleaved rounds and prints its ratio to the first varian
 Variants (`--variants`, comma-separated): a dtype name, optionally followed by `+f32logits`
 (logits_dtype='float32'), `+f32attn` (float32_attention_logits=True) and/or `+kernels` (both
 decoders on the CPU kernels, `speculative.kernels`: every verify row then has the bits of the
-1-token step), e.g. `bfloat16,bfloat16+kernels,float32`. The draft always runs in the variant's
-dtype.
+1-token step), e.g. `bfloat16,bfloat16+kernels,float32`; a `+kernels` variant is `KERNELS = 'on'`
+(`speculative.kernels.policy`): refused in one line, before any weights load, where the kernels are
+unavailable or jax computes on a GPU or TPU. The draft always runs in the variant's dtype.
 Prints Markdown tables; with --output_json, also writes every number there.
 """
 
@@ -59,6 +60,7 @@ from speculative.data import tasks  # noqa: E402
 from speculative.decode import audit  # noqa: E402
 from speculative.decode import modes  # noqa: E402
 from speculative.jobs import gin_utils  # noqa: E402
+from speculative.kernels import policy  # noqa: E402
 from speculative.models import t5 as t5_lib  # noqa: E402
 
 
@@ -94,6 +96,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
   for name in ('num_examples', 'batch_size', 'max_new_tokens', 'inputs_length', 'gamma'):
     if getattr(args, name) < 1:
       parser.error(f'--{name} must be >= 1')
+  if any('+kernels' in spec for spec in args.variants.split(',')):
+    try:  # '+kernels' asks for the kernels as KERNELS = 'on' does: checked here, before any load
+      policy.choose('on', args.batch_size)
+    except ValueError as err:
+      parser.error(f'--variants: {err}')
   return args
 
 

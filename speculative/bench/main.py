@@ -85,7 +85,8 @@ def _models(s: settings.BenchmarkSettings, warnings: list[str]) -> dict[str, Any
     "drafters": built,
     "descriptions": descriptions,
   }
-  if kernels.available() and s.kernels != "off":  # packed once, used where a batch picks them
+  # Packed once where some batch size's path is the kernels (never off CPU: `kernels.policy`).
+  if any(kernels.policy.choose(s.kernels, int(b)).kernels for b in s.batch_sizes):
     models["packed"] = paths.pack_models(target, target_params, draft, draft_params, built)
   return models
 

@@ -87,7 +87,8 @@ class BenchmarkSettings:
 
   def __post_init__(self):
     check_options(self)
-    for batch_size in self.batch_sizes:  # 'on' where the kernels are unavailable: refused here
+    # 'on' where the kernels are unavailable or the job computes off CPU: refused here.
+    for batch_size in self.batch_sizes:
       kernels.policy.choose(self.kernels, int(batch_size))
     if not isinstance(self.whole_job_examples, (int, np.integer)) or self.whole_job_examples < 0:
       raise ValueError(

@@ -87,7 +87,8 @@ def infer(settings: infer_settings.InferSettings) -> dict[str, Any]:
   required to match the baseline).
 
   `kernels` ('auto', 'on', 'off'): whether both models' decoder steps run on the CPU kernels
-  (`speculative.kernels.policy`); chosen once for the job and recorded in its manifest.
+  (`speculative.kernels.policy`); chosen once for the job and recorded in its manifest. Where jax
+  computes on a GPU or TPU, 'auto' is XLA's dot and 'on' is refused with the settings' checks.
   """
   output_lock = lock.OutputLock(settings.output_dir)
   with checks.user_errors():

@@ -103,7 +103,8 @@ class InferSettings:
     }
 
   def decode_path(self) -> kernels.policy.Path:
-    """The job's matmul path (the CPU kernels or XLA's dot), chosen once (`kernels.policy`)."""
+    """The job's matmul path (the CPU kernels or XLA's dot), chosen once (`kernels.policy`: by
+    the setting, the batch size and the backend the job computes on)."""
     return kernels.policy.choose(self.kernels, self.batch_size)
 
   def sampling(self) -> tuple[sampling_lib.SamplingConfig, sampling_lib.SamplingParams]:
@@ -152,7 +153,9 @@ def _check_knobs(s: InferSettings) -> None:
   checks.check_int("num_examples (None = all)", s.num_examples, 1, allow_none=True)
   checks.check_choice("drafter", s.drafter, DRAFTERS)
   checks.check_choice("kernels", s.kernels, kernels.policy.SETTINGS)
-  kernels.policy.choose(s.kernels, s.batch_size)  # 'on' where they are unavailable: refused here
+  # 'on' where the kernels are unavailable or the job computes off CPU: refused here, before any
+  # weights load.
+  kernels.policy.choose(s.kernels, s.batch_size)
 
 
 def _check_feature_lengths(task_feature_lengths: Any) -> None:

@@ -112,10 +112,13 @@ def add_timing_args(parser: argparse.ArgumentParser) -> None:
   )
 
 
-def timing_rows(args: argparse.Namespace) -> tuple[int, ...]:
-  """The row counts of --rows; exits with one line where the kernels or the rows are unusable."""
-  if not kernels.available():
+def timing_rows(args: argparse.Namespace, kernels_needed: bool = True) -> tuple[int, ...]:
+  """The row counts of --rows; exits with one line where the rows are unusable, or where the
+  kernels are needed and unavailable or the job does not compute on CPU (`kernels.policy`)."""
+  if kernels_needed and not kernels.available():
     raise SystemExit(f'error: {kernels.status()}')
+  if kernels_needed and (reason := kernels.policy.off_cpu()) is not None:
+    raise SystemExit(f'error: {reason}')
   rows = tuple(int(r) for r in args.rows.split(','))
   if rows[0] != 1:
     raise SystemExit('error: --rows must start with 1 (v(T) is relative to t(1))')

@@ -5,10 +5,15 @@ what makes greedy speculative decoding token-identical to the baseline), so the 
 before the models load, from the job's settings, and recorded in its manifest: a resume on the
 other path is refused like any other changed setting.
 
-  'on'    the kernels; an error (one line, before any compute) if they are not available
+  'on'    the kernels; an error (one line, before any compute) if they are not available or the
+          job does not compute on CPU
   'off'   XLA's dot
-  'auto'  the kernels where they are available and the batch size is at most `AUTO_MAX_BATCH`
-          (above it XLA's dot was faster; docs/cpu_runtime.md), else XLA
+  'auto'  the kernels where the job computes on CPU, they are available and the batch size is at
+          most `AUTO_MAX_BATCH` (above it XLA's dot was faster; docs/cpu_runtime.md), else XLA
+
+The kernels are CPU code registered for XLA's 'cpu' platform, so where the job's arrays live on a
+GPU or TPU (`backend`: jax's default backend, not the host's CPU features) there is no handler for
+them: 'auto' takes XLA's dot there and says why, 'on' is refused.
 
 `SPECULATIVE_KERNELS=0` in the environment switches the kernels off for every job ('on' is then an
 error that says so).
@@ -17,6 +22,8 @@ error that says so).
 from __future__ import annotations
 
 import dataclasses
+
+import jax
 
 from speculative.kernels import library
 
@@ -44,12 +51,36 @@ def check_setting(setting: str) -> None:
     raise ValueError(f'kernels must be one of {SETTINGS}, got {setting!r}')
 
 
-def choose(setting: str, batch_size: int) -> Path:
-  """The path of a job with this `kernels` setting and batch size (raises ValueError for 'on'
-  where the kernels are unavailable)."""
+def backend(platform: str | None = None) -> str:
+  """The platform the job computes on: `platform` where given, else jax's default backend ('cpu',
+  'gpu', 'tpu'), where the job's arrays live and its steps run. The one place that is detected
+  (tests pass or monkeypatch another)."""
+  return jax.default_backend() if platform is None else platform
+
+
+def off_cpu(platform: str | None = None) -> str | None:
+  """None where the job computes on CPU; elsewhere why the CPU kernels cannot run, in words
+  ('this job computes on gpu: the CPU kernels run on cpu only')."""
+  where = backend(platform)
+  return (
+    None if where == 'cpu' else f'this job computes on {where}: the CPU kernels run on cpu only'
+  )
+
+
+def choose(setting: str, batch_size: int, platform: str | None = None) -> Path:
+  """The path of a job with this `kernels` setting and batch size on `platform` (default: the
+  job's backend); raises ValueError for 'on' where the kernels are unavailable or the job does not
+  compute on CPU."""
   check_setting(setting)
   if setting == 'off':
     return Path(XLA, 'XLA dot (kernels = off)')
+  where = backend(platform)
+  if where != 'cpu':
+    if setting == 'on':
+      raise ValueError(f"kernels = on, but {off_cpu(where)} (KERNELS = 'auto' or 'off')")
+    return Path(
+      XLA, f'XLA dot (kernels = auto: the job computes on {where}; the CPU kernels run on cpu only)'
+    )
   if not library.available():
     if setting == 'on':
       raise ValueError(f'kernels = on, but {library.status()}')

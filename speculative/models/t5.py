@@ -144,8 +144,12 @@ def pack_decode_params(model: 'T5', params: Params, storage: str = 'auto') -> De
   storage: 'float32', 'bfloat16' (refused, naming the parameter, for a weight that is not
   bfloat16-valued) or 'auto' (`packed_storage`). With bfloat16 activations (config dtype) the XLA
   path rounds every kernel to bfloat16 before its dot, so the layers other than the float32 logits
-  head are packed from those rounded values: the same model on either path.
+  head are packed from those rounded values: the same model on either path. Refused (one line)
+  where the kernels are unavailable or the job does not compute on CPU (`kernels.policy.off_cpu`):
+  their FFI handlers exist for the cpu platform only.
   """
+  if (reason := kernels.policy.off_cpu()) is not None:
+    raise RuntimeError(reason)
   if not kernels.available():
     raise RuntimeError(kernels.status())
   if isinstance(params, DecodeParams):

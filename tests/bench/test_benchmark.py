@@ -370,6 +370,22 @@ def test_bad_options_raise_before_any_work(tmp_path):
       benchmark.benchmark(stock_t5x="on", allow_random_init=True, **kwargs)
   with pytest.raises(FileNotFoundError, match="target checkpoint does not exist"):
     benchmark.benchmark(**{**kwargs, "target_checkpoint": str(tmp_path / "missing.msgpack")})
+
+
+@pytest.mark.parametrize("platform", ["gpu", "tpu"])
+def test_kernels_on_off_cpu_is_refused_before_any_work(monkeypatch, platform):
+  """On a GPU or TPU backend (faked: `kernels.policy.backend`) 'on' is refused by the settings'
+  checks, naming the backend; 'auto' passes them (XLA's dot at every batch size)."""
+  from speculative.bench import settings as bench_settings
+  from speculative.kernels import policy
+
+  monkeypatch.setattr(policy, "backend", lambda given=None: platform)
+  kwargs = dict(
+    target_config=TARGET, target_checkpoint=None, draft_config=DRAFT, batch_sizes=[1, 8]
+  )
+  with pytest.raises(ValueError, match=rf"^kernels = on, but this job computes on {platform}: "):
+    bench_settings.BenchmarkSettings(kernels="on", **kwargs)
+  assert bench_settings.BenchmarkSettings(kernels="auto", **kwargs).kernels == "auto"
   with pytest.raises(ValueError, match="cannot import"):
     drafters_lib.registry.spec("no_such_module_xyz:factory")
 

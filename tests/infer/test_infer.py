@@ -259,6 +259,31 @@ def test_bad_inputs_raise_clear_errors(setup, tmp_path):
     infer.infer(output_dir=str(tmp_path / "f"), **{**kwargs, "draft_config": mismatched})
 
 
+@pytest.mark.parametrize("platform", ["gpu", "tpu"])
+def test_kernels_on_off_cpu_is_refused_before_any_weights_load(
+  setup, tmp_path, monkeypatch, platform
+):
+  """On a GPU or TPU backend (faked: `kernels.policy.backend`) 'on' is one ValueError from the
+  settings' checks, before any weights load or the output directory exists; 'auto' is XLA's dot,
+  and the line the manifest and report record says why."""
+  from speculative import checkpoints
+  from speculative.kernels import policy
+
+  _, kwargs = setup
+  monkeypatch.setattr(policy, "backend", lambda given=None: platform)
+
+  def load_model(*args, **kw):
+    raise AssertionError("weights loaded before the kernels setting was refused")
+
+  monkeypatch.setattr(checkpoints, "load_model", load_model)
+  out = tmp_path / "job"
+  with pytest.raises(ValueError, match=rf"^kernels = on, but this job computes on {platform}: "):
+    infer.infer(output_dir=str(out), kernels="on", **kwargs)
+  assert not out.exists()
+  path = infer_settings.InferSettings(output_dir=str(out), kernels="auto", **kwargs).decode_path()
+  assert path.name == "xla" and f"the job computes on {platform}" in path.line
+
+
 def test_greedy_divergence_is_audited_and_a_real_mismatch_fails(setup, monkeypatch):
   """A test double whose speculative decode is deliberately wrong (row 0's first token replaced):
   in float32 no rounding explains it, so the audit says 'mismatch' and the job fails naming it."""

@@ -6,8 +6,9 @@ ISA path this host runs against the portable one, bit for bit; a row's bits inde
 other rows of the call. Then the model: one T-token `extend` equals T one-token `extend`s bit for
 bit (float32 and bfloat16 activations, lockstep and ragged rows); the kernel path reproduces stock
 T5X's greedy tokens on the fixture; greedy speculative decoding on the kernels equals the baseline
-on the kernels; and the job-level path policy. Skipped, with the reason, where the kernels are not
-built.
+on the kernels; a job records its path. Skipped, with the reason, where the kernels are not built or
+the job does not compute on CPU (a GPU or TPU backend: the kernels' FFI handlers exist for the cpu
+platform only). The path policy itself: test_policy.py.
 """
 
 from __future__ import annotations
@@ -22,12 +23,14 @@ import numpy as np
 import pytest
 
 from speculative import kernels
-from speculative.kernels import library
 from speculative.kernels import policy
 from speculative.kernels import reference
 from speculative.models import t5 as t5_lib
 
-pytestmark = pytest.mark.skipif(not kernels.available(), reason=kernels.status())
+pytestmark = pytest.mark.skipif(
+  not kernels.available() or policy.off_cpu() is not None,
+  reason=policy.off_cpu() or kernels.status(),
+)
 
 FIXTURE = Path(__file__).resolve().parents[1] / 'fixtures' / 't5x_tiny'
 ISAS = ('portable', 'avx2', 'avx512')
@@ -298,27 +301,8 @@ def test_greedy_speculative_on_kernels_equals_baseline_on_kernels():
 
 
 # ------------------------------------------------------------------------------------------------
-# The per-job path
+# The build, the switch, and a job's recorded path
 # ------------------------------------------------------------------------------------------------
-def test_policy_chooses_per_job():
-  assert policy.choose('off', 1).name == policy.XLA
-  assert policy.choose('on', 64).name == policy.KERNELS
-  assert policy.choose('auto', 1).name == policy.KERNELS
-  assert policy.choose('auto', policy.AUTO_MAX_BATCH + 1).name == policy.XLA
-  with pytest.raises(ValueError, match="kernels must be one of"):
-    policy.choose('yes', 1)
-
-
-def test_unavailable_kernels_refuse_on_and_fall_back_on_auto(monkeypatch):
-  monkeypatch.setattr(
-    library, '_load', lambda: (None, 'kernels off (SPECULATIVE_KERNELS=0); XLA path')
-  )
-  with pytest.raises(ValueError, match=r'kernels = on, but kernels off \(SPECULATIVE_KERNELS=0\)'):
-    policy.choose('on', 1)
-  path = policy.choose('auto', 1)
-  assert path.name == policy.XLA and 'SPECULATIVE_KERNELS=0' in path.line
-
-
 def test_build_without_a_compiler_says_so_in_one_line_and_leaves_nothing(tmp_path, monkeypatch):
   from speculative.kernels import build
 
