@@ -2,7 +2,7 @@
 
 Command (from the repo root; any params file or T5X checkpoint directory of that shape):
   .venv/bin/python experiments/target_diagnosis/diagnose_target.py ../runs/embedded_target/best.msgpack \
-      --gin_file configs/train/embedded_target.gin --macro EMBEDDED_TARGET
+      --gin_file configs/train/small_target.gin --macro SMALL_TARGET
 
 Prints the token NLL / accuracy (eval mode, unsmoothed) of the first 500 validation pairs with their
 true sources, with the sources shuffled across examples and with empty sources, then of 500
@@ -33,8 +33,8 @@ DATA = 'data/libreoffice_ende'
 def main() -> None:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument('checkpoint')
-  parser.add_argument('--gin_file', default='configs/train/embedded_target.gin')
-  parser.add_argument('--macro', default='EMBEDDED_TARGET')
+  parser.add_argument('--gin_file', default='configs/train/small_target.gin')
+  parser.add_argument('--macro', default='SMALL_TARGET')
   parser.add_argument('--examples', type=int, default=500)
   args = parser.parse_args()
 

@@ -1,6 +1,6 @@
 """Training a T5 (T5X parameter tree) on a parallel TSV corpus; optional draft distillation.
 
-python -m speculative.train --gin_file=configs/train/embedded_target.gin
+python -m speculative.train --gin_file=configs/train/small_target.gin
 
 run          `train` (the gin configurable) and `main`
 data         length buckets and batches of a TSV corpus

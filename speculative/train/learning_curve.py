@@ -10,6 +10,11 @@ the training subset's NLL (eval mode, unsmoothed; a run that did not log it has 
 normalized attention entropy (encoder / decoder self / cross; 1 = uniform, 0 = one-hot), then the
 PNG's path. The PNG has validation NLL (solid) and training-subset NLL (dashed) against step, and
 the encoder attention entropy below.
+
+The device recipe's run (speculative/train/pair.py's report.json: target and drafts, both tasks,
+against seconds of training):
+  .venv/bin/python -m speculative.train.learning_curve --pair_report docs/pair_device_report.json \
+      --png docs/pair_learning_curve.png
 """
 
 from __future__ import annotations
@@ -87,11 +92,53 @@ def plot(runs: dict[str, list[dict]], png: str) -> None:
   plt.close(fig)
 
 
+PAIR_MODELS = (
+  ("target", "target (51.2M)"),
+  ("draft", "small draft shape (3.2M)"),
+  ("wide_draft", "embedded draft (5.2M)"),
+)  # the names report.json of 2026-11-26 uses
+
+
+def plot_pair(report: dict, png: str) -> None:
+  """Validation NLL per task against seconds for each model of a device recipe's report."""
+  import matplotlib
+
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+
+  fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
+  for ax, task in zip(axes, ("translate", "summarize")):
+    for name, label in PAIR_MODELS:
+      rows = report[name]["history"]
+      ax.plot(
+        [r["seconds"] for r in rows], [r[f"val_{task}_nll"] for r in rows], marker="o", label=label
+      )
+    ax.set_title(f"validation NLL, {task}")
+    ax.set_xlabel(f"seconds of training on the {report['device']} (each phase)")
+    ax.grid(alpha=0.3)
+  axes[0].legend(fontsize=8)
+  fig.tight_layout()
+  tmp = png + ".tmp.png"
+  fig.savefig(tmp, dpi=90)
+  os.replace(tmp, png)
+  plt.close(fig)
+
+
 def main() -> None:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument("runs", nargs="+", help="label=path (a run directory or train_log.jsonl)")
+  parser.add_argument("runs", nargs="*", help="label=path (a run directory or train_log.jsonl)")
   parser.add_argument("--png", help="where to write the figure (none if omitted)")
+  parser.add_argument("--pair_report", help="a device recipe's report.json instead of runs")
   args = parser.parse_args()
+  if args.pair_report:
+    if not args.png:
+      parser.error("--pair_report needs --png")
+    with open(args.pair_report) as f:
+      plot_pair(json.load(f), args.png)
+    print(f"wrote {args.png}")
+    return
+  if not args.runs:
+    parser.error("name at least one run (label=path) or --pair_report")
   runs = {}
   for spec in args.runs:
     if "=" not in spec:

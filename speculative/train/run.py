@@ -1,8 +1,8 @@
 """Trains a T5 (T5X parameter tree) on a parallel TSV corpus with optax; optional draft distillation.
 
 Run (the embedded pair; see configs/train/ for the exact files and expected output):
-  python -m speculative.train --gin_file=configs/train/embedded_target.gin
-  python -m speculative.train --gin_file=configs/train/embedded_draft.gin
+  python -m speculative.train --gin_file=configs/train/small_target.gin
+  python -m speculative.train --gin_file=configs/train/small_draft.gin
 
 Prints a tqdm bar with the running loss, writes T5X-layout checkpoints to `output_dir/checkpoint_<step>/`
 every `checkpoint_every` steps (with the optax state beside them, so an interrupted run resumes from
