@@ -412,7 +412,14 @@ def _check_not_worse(export_path: str, val_nll: float | None, replaces_better: b
 def main(argv: Sequence[str] | None = None) -> None:
   from speculative.jobs import gin_utils
 
-  gin_utils.run_gin_main(train, "train", __doc__.splitlines()[0], argv, logging.INFO)
+  gin_utils.run_gin_main(
+    train,
+    "train",
+    __doc__.splitlines()[0],
+    argv,
+    logging.INFO,
+    default_gin_files=("configs/train/small_target.gin",),
+  )
 
 
 if __name__ == "__main__":
