@@ -135,7 +135,7 @@ def test_python_m_names_the_console_script(runner):
 
 
 HELP_KNOBS = {
-  "infer": ["GAMMA = 3", "INPUT_FILE = None"],
+  "infer": ["GAMMA = 3", "INPUT_FILE = None", "INPUT_PREFIX = 'translate English to German: '"],
   "train": ["train.num_steps = ", "train.export_path = '../runs/"],
   "benchmark": ["benchmark.gammas = {", "benchmark.output_dir = 'docs'"],
 }

@@ -5,6 +5,7 @@ train killed (-9) at random moments end byte-identical to uninterrupted runs (te
 
 import dataclasses
 import json
+import logging
 import os
 from pathlib import Path
 import re
@@ -118,6 +119,16 @@ BAD_INPUTS = [
     ValueError,
     "draft and target vocabularies differ",
   ),
+  (
+    "vocabulary_larger_than_target",
+    {
+      "target_config": dataclasses.replace(tiny_t5_config(2), vocab_size=4000),
+      "draft_config": dataclasses.replace(tiny_t5_config(1), vocab_size=4000),
+    },
+    ValueError,
+    r"the target's vocab_size 4000 is smaller than the 8000 pieces of its inputs' vocabulary "
+    r"\(infer.vocabulary_path = '\S+spm8k.model'\)",
+  ),
   ("unwritable_output", _blocked_output, PermissionError, "is not writable"),
   (
     "not_utf8",
@@ -190,6 +201,28 @@ def test_bad_input_table(setup, tmp_path, no_model_load, row_id, change, error, 
   documented = _docs_tables()[0][row_id]
   raised = f"{type(info.value).__name__}: {info.value}"
   assert re.match(_documented_pattern(documented), raised, re.DOTALL), (documented, raised)
+
+
+def test_a_target_much_larger_than_the_vocabulary_warns(setup, tmp_path, caplog):
+  # T5's 32,128 embedding rows against the shipped 8k SentencePiece model: every id is in range,
+  # but the target was trained with another vocabulary; one warning line names both sizes.
+  from speculative.infer import settings as infer_settings
+
+  root, kwargs = setup
+  t5_sized = {
+    "target_config": dataclasses.replace(tiny_t5_config(2), vocab_size=32128),
+    "draft_config": dataclasses.replace(tiny_t5_config(1), vocab_size=32128),
+    "output_dir": str(tmp_path / "out"),
+  }
+  settings = infer_settings.InferSettings(**{**kwargs, **t5_sized})
+  with caplog.at_level(logging.WARNING):
+    infer_inputs.load_inputs(settings)
+  (warning,) = [r.getMessage() for r in caplog.records if "vocab_size" in r.getMessage()]
+  assert "the target's vocab_size 32128 is 4.0x the 8000 pieces" in warning
+  assert "infer.vocabulary_path = " in warning and "\n" not in warning
+  # T5's 32,128 rows for its 32,100 pieces, and 8,192 rows for 8,000, pass without a word.
+  assert infer_inputs.check_vocabulary_size(32128, 32100, "t5") is None
+  assert infer_inputs.check_vocabulary_size(8192, 8000, "8k") is None
 
 
 def test_docs_table_matches_the_tests():
