@@ -22,7 +22,6 @@ import importlib.util
 import inspect
 import logging
 import os
-from pathlib import Path
 import re
 import sys
 from typing import Any
@@ -42,7 +41,7 @@ CONFIGURABLES: list[tuple[str, str, str]] = [
 DEBUG_ENV = 'SPECULATIVE_DEBUG'
 
 _registered: set[tuple[str, str]] = set()
-REPO_ROOT = Path(__file__).resolve().parents[2]
+REPO_ROOT = checks.REPO_ROOT
 
 
 def register_configurables() -> None:

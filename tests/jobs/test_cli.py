@@ -1,24 +1,28 @@
 """A newcomer's commands (issue 37): each runner, `speculative-infer`, `speculative-train` and
 `speculative-benchmark` (run here as `python -m`), either works or says in one line why not, with
 exit status 2 and no traceback: a binding gin cannot parse, a required macro left unset, a missing
-results file; the program is named after its console script, and `--help` lists the knobs of a run
-file for all three.
+results file, an export onto the shipped weights; the program is named after its console script,
+and `--help` lists the knobs of a run file for all three.
 
 The subprocess tests start a runner (imports only: every error comes before a model loads) and are
-marked slow.
+marked slow; `tracked_by_git` and the training settings' guard are also tested in process.
 """
 
+import hashlib
 import os
 from pathlib import Path
+import re
 import subprocess
 import sys
 
 import gin
 import pytest
 
+from speculative.jobs import checks
 from speculative.jobs import gin_utils
 
 REPO = Path(__file__).resolve().parents[2]
+SHIPPED_TARGET = REPO / "models" / "embedded" / "target.msgpack"
 RUNNERS = {
   "infer": "speculative.infer",
   "train": "speculative.train",
@@ -162,3 +166,66 @@ def test_the_quick_help_says_how_many_gammas_quick_gin_has(clean_gin):
   gammas = {g for batch in gin.query_parameter("benchmark.gammas").values() for g in batch}
   help_text = " ".join(_run(RUNNERS["benchmark"], "--help").stdout.split())
   assert {1: "one gamma,", 2: "two gammas,"}[len(gammas)] in help_text, help_text
+
+
+# ----------------------------------------------------------------------------------------------
+# Item 8: training refuses to export onto a file git tracks (the shipped weights).
+# ----------------------------------------------------------------------------------------------
+def test_tracked_by_git_knows_the_shipped_weights_and_nothing_outside(tmp_path):
+  assert checks.tracked_by_git(SHIPPED_TARGET)
+  assert checks.tracked_by_git(os.path.relpath(SHIPPED_TARGET))  # relative to the working dir
+  assert not checks.tracked_by_git(REPO / "models" / "embedded" / "new.msgpack")
+  assert not checks.tracked_by_git(tmp_path / "x.msgpack")  # outside the repository
+  assert not checks.tracked_by_git(SHIPPED_TARGET, repo_root=tmp_path)  # not a repository
+
+
+def _train_kwargs(tmp_path, **changes):
+  from model_utils import tiny_t5_config
+
+  data = REPO / "data" / "libreoffice_ende"
+  return dict(
+    model_config=tiny_t5_config(1),
+    train_tsv=str(data / "validation.tsv.gz"),
+    validation_tsv=str(data / "validation.tsv.gz"),
+    spm_model=str(data / "spm8k.model"),
+    output_dir=str(tmp_path / "run"),
+    num_steps=1,
+    **changes,
+  )
+
+
+def test_train_settings_refuse_an_export_onto_a_tracked_file(tmp_path):
+  from speculative.train import settings as train_settings
+
+  with pytest.raises(ValueError, match="train.export_overwrites_tracked = True") as info:
+    train_settings.TrainSettings(**_train_kwargs(tmp_path, export_path=str(SHIPPED_TARGET)))
+  assert f"export_path {SHIPPED_TARGET} is a file tracked by git" in str(info.value)
+  train_settings.TrainSettings(
+    **_train_kwargs(tmp_path, export_path=str(SHIPPED_TARGET), export_overwrites_tracked=True)
+  )
+  train_settings.TrainSettings(**_train_kwargs(tmp_path, export_path=str(tmp_path / "w.msgpack")))
+
+
+@pytest.mark.slow
+def test_train_refuses_to_export_onto_the_shipped_weights_before_any_compute(tmp_path):
+  # export_only with no checkpoint: should the guard fail, the run stops at "no checkpoint" (a
+  # traceback, exit 1) without writing the shipped weights.
+  before = hashlib.sha256(SHIPPED_TARGET.read_bytes()).hexdigest()
+  data = REPO / "data" / "libreoffice_ende"
+  bindings = [
+    "train.model_config = @t5.T5Config()",
+    f"train.train_tsv = '{data / 'validation.tsv.gz'}'",
+    f"train.validation_tsv = '{data / 'validation.tsv.gz'}'",
+    f"train.spm_model = '{data / 'spm8k.model'}'",
+    f"train.output_dir = '{tmp_path / 'run'}'",
+    "train.num_steps = 1",
+    "train.export_only = True",
+    f"train.export_path = '{os.path.relpath(SHIPPED_TARGET, REPO)}'",
+  ]
+  (tmp_path / "train.gin").write_text("\n".join(bindings) + "\n")
+  proc = _run(RUNNERS["train"], f"--gin_file={tmp_path / 'train.gin'}")
+  line = _one_error_line(proc, "speculative-train")
+  assert re.search(r"export_path \S*models/embedded/target.msgpack is a file tracked by git", line)
+  assert "train.export_overwrites_tracked = True" in line
+  assert not (tmp_path / "run").exists()  # refused before the run directory is made
+  assert hashlib.sha256(SHIPPED_TARGET.read_bytes()).hexdigest() == before
