@@ -5,7 +5,7 @@ run from the repository root on a quiet machine:
 
   python -m speculative.benchmark --gin_file=configs/benchmark/embedded.gin
 
-A smoke run (a few inputs, two gammas, one repeat; random-init weights if the embedded
+A smoke run (a few inputs, one gamma, one repeat; random-init weights if the embedded
 checkpoints are missing; writes outputs/benchmark_quick/, never docs/):
 
   python -m speculative.benchmark --gin_file=configs/benchmark/embedded.gin --quick
@@ -51,6 +51,7 @@ from speculative.jobs import checks
 from speculative.jobs import runtime
 from speculative.models import t5 as t5_lib
 
+DEFAULT_GIN = "configs/benchmark/embedded.gin"  # the results page's run file (--help's default)
 DEFAULT_QUICK_GIN = "configs/benchmark/quick.gin"
 DRIFT_WARNING = 0.15  # relative change of t(1) between before and after the sweep
 # The settings every group of the sweep takes as they are (sweep.GroupSettings fields).
@@ -390,20 +391,16 @@ def _config_record(
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-  import argparse  # pylint: disable=g-import-not-at-top
-
-  import gin  # pylint: disable=g-import-not-at-top
-
+  """`speculative-benchmark`: the runners' command line (`gin_utils.runner_parser`) plus `--quick`
+  and `--render`; its errors are the runners' (one line, exit status 2)."""
   from speculative.jobs import gin_utils  # pylint: disable=g-import-not-at-top
 
-  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument("--gin_file", action="append")
-  parser.add_argument("--gin_bindings", action="append", default=[])
+  parser = gin_utils.runner_parser("benchmark", __doc__.splitlines()[0])
   parser.add_argument(
     "--quick",
     action="store_true",
-    help=f"smoke run: also parse {DEFAULT_QUICK_GIN} (few inputs, 2 gammas, "
-    "1 repeat, random weights if checkpoints are missing)",
+    help=f"smoke run: also parse {DEFAULT_QUICK_GIN} (a few inputs, one gamma, one repeat, "
+    "random weights if a checkpoint is missing; its header says the rest)",
   )
   parser.add_argument(
     "--render",
@@ -411,23 +408,30 @@ def main(argv: Sequence[str] | None = None) -> None:
     help="no timing: re-render results.md and the plots from a saved "
     "results.json (into its directory)",
   )
-  gin_utils.add_debug_flag(parser)
-  args = parser.parse_args(argv)
-  runtime.apply_cpu_defaults()  # before jax starts a backend; the user's XLA_FLAGS win
-  logging.basicConfig(level=logging.WARNING)
+  args = parser.parse_args(sys.argv[1:] if argv is None else argv)
   if args.render:
-    report_lib.render(args.render)
+    runtime.apply_cpu_defaults()  # before jax starts a backend; the user's XLA_FLAGS win
+    logging.basicConfig(level=logging.WARNING)
+    prefix = f"{parser.prog}: error: "
+    gin_utils.call_with_user_errors(lambda: report_lib.render(args.render), prefix, args.debug)
     return
-  if not args.gin_file:
-    parser.error("--gin_file is required (or --render RESULTS_JSON)")
-  gin_utils.register_configurables()
+  if not args.gin_file and not args.help:
+    parser.error(
+      f"--gin_file is required (e.g. --gin_file={DEFAULT_GIN}) or --render RESULTS_JSON; "
+      "--help lists the knobs of a run file"
+    )
   if methods_lib.t5x_available():
     # t5x registers gin configurables when imported; that must happen before the config is
     # parsed (and locked), not later inside make_stock_t5x_decode.
     importlib.import_module("t5x.models")
-  configurable = gin.external_configurable(benchmark, "benchmark")
-  gin_files = list(args.gin_file) + ([DEFAULT_QUICK_GIN] if args.quick else [])
-  gin_utils.parse_and_call(parser, configurable, gin_files, args.gin_bindings, args.debug)
+  gin_utils.run_parsed(
+    parser,
+    args,
+    benchmark,
+    "benchmark",
+    default_gin_files=(DEFAULT_GIN,),
+    extra_gin_files=[DEFAULT_QUICK_GIN] if args.quick else [],
+  )
 
 
 if __name__ == "__main__":

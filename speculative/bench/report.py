@@ -16,6 +16,7 @@ from speculative.bench import cost_sections
 from speculative.bench import job_sections
 from speculative.bench import plots as plots_lib
 from speculative.checkpoints import files
+from speculative.jobs import checks
 from speculative.jobs import runtime
 
 
@@ -293,9 +294,16 @@ def write_report(
 
 
 def render(results_json: str, output_dir: str | None = None) -> dict[str, Any]:
-  """Re-concludes and re-renders a saved results.json (no timing): results.md, plots, JSON."""
-  with open(results_json, encoding="utf-8") as f:
-    report = json.load(f)
+  """Re-concludes and re-renders a saved results.json (no timing): results.md, plots, JSON. A
+  missing or unreadable file, or one that is not JSON, is the user's to fix (`checks.user_errors`:
+  one line at the command line)."""
+  with checks.user_errors():
+    checks.check_readable("--render results file", results_json)
+    with open(results_json, encoding="utf-8") as f:
+      try:
+        report = json.load(f)
+      except json.JSONDecodeError as e:
+        raise ValueError(f"{results_json} is not a results.json: {e}") from e
   report = conclude_lib.conclude(report)
   write_report(report, output_dir or os.path.dirname(os.path.abspath(results_json)))
   return report

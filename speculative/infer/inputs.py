@@ -46,8 +46,9 @@ class JobInputs:
 
 def load_inputs(settings: infer_settings.InferSettings) -> JobInputs:
   """The job's inputs: the task's (decoded with the task's own output vocabulary, e.g. 32k for the
-  TFDS tasks) or the input file's (tokenized with `vocabulary_path`). Warns about truncated inputs;
-  ValueError if the target's vocabulary is smaller than the inputs'."""
+  TFDS tasks) or the input file's (tokenized with `vocabulary_path`). Warns about truncated inputs
+  and about a target vocabulary much larger than the inputs'; ValueError if it is smaller
+  (`check_vocabulary_size`)."""
   from speculative.data import metrics
 
   s = settings
@@ -83,12 +84,44 @@ def load_inputs(settings: infer_settings.InferSettings) -> JobInputs:
       len(inputs.examples),
       s.inputs_length,
     )
-  if s.target_config.vocab_size < inputs.vocabulary.vocab_size:
-    raise ValueError(
-      f"target vocab_size {s.target_config.vocab_size} < vocabulary size "
-      f"{inputs.vocabulary.vocab_size}"
-    )
+  where = (
+    f"task {s.mixture_or_task_name}'s vocabulary"
+    if s.mixture_or_task_name is not None
+    else f"infer.vocabulary_path = {str(s.vocabulary_path or tasks.VOCAB_PATH)!r}"
+  )
+  warning = check_vocabulary_size(s.target_config.vocab_size, inputs.vocabulary.vocab_size, where)
+  if warning:
+    logging.warning(warning)
   return inputs
+
+
+# A target with more than this many embedding rows per piece of the vocabulary was most likely
+# trained with another SentencePiece model (T5's 32,128 rows against the shipped 8k model): its
+# output would be garbage, though every id is in range. T5's own 32,100 pieces in 32,128 rows (a
+# multiple of 128) and the 8k models padded to 8,192 pass.
+VOCAB_SIZE_RATIO_WARNING = 2.0
+
+
+def check_vocabulary_size(model_vocab_size: int, vocabulary_size: int, where: str) -> str | None:
+  """Compares the target's `vocab_size` (its embedding rows) with the inputs' vocabulary
+  (`vocabulary_size` pieces, named by `where`). A vocabulary larger than the model is refused
+  (ValueError): its ids would index past the embedding. A model more than
+  VOCAB_SIZE_RATIO_WARNING times larger gives a warning line (returned), naming both sizes and
+  `infer.vocabulary_path`; None otherwise."""
+  fix = "give the SentencePiece model the target was trained with (infer.vocabulary_path)"
+  if model_vocab_size < vocabulary_size:
+    raise ValueError(
+      f"the target's vocab_size {model_vocab_size} is smaller than the {vocabulary_size} pieces "
+      f"of its inputs' vocabulary ({where}): ids past {model_vocab_size - 1} would be out of its "
+      f"range; {fix}"
+    )
+  if model_vocab_size > VOCAB_SIZE_RATIO_WARNING * vocabulary_size:
+    return (
+      f"the target's vocab_size {model_vocab_size} is {model_vocab_size / vocabulary_size:.1f}x "
+      f"the {vocabulary_size} pieces of its inputs' vocabulary ({where}): was it trained with "
+      f"another SentencePiece model? If so, {fix}"
+    )
+  return None
 
 
 def truncate(tokens: np.ndarray, inputs_length: int) -> tuple[np.ndarray, bool]:

@@ -22,8 +22,9 @@ the output directory are checked in the first seconds, before any weights load (
 
 In the T5X style, the run file names the task (`MIXTURE_OR_TASK_NAME`, a seqio task; or
 `INPUT_FILE`, a TSV `source<TAB>reference` / plain text file, one segment a line, UTF-8 with or
-without BOM, '-' = stdin, tokenized with `vocabulary_path`, default the shipped 8k vocabulary;
-inputs longer than the inputs feature length are truncated and counted in the report),
+without BOM, '-' = stdin, each line put after `input_prefix` ('' unless given; the run files'
+INPUT_PREFIX gives the task's prefix), tokenized with `vocabulary_path`, default the shipped 8k
+vocabulary; inputs longer than the inputs feature length are truncated and counted in the report),
 `TASK_FEATURE_LENGTHS`, the target and draft model configs and checkpoints (a T5X checkpoint
 directory or a `.msgpack` params file), `GAMMA`, `TEMPERATURE` and `INFER_OUTPUT_DIR`.
 `python -m speculative.infer --help` lists the run file's macros with their values.

@@ -61,9 +61,9 @@ class InferSettings:
   overwrite: bool = False
 
   def __post_init__(self):
-    # adaptive_verify, require_identical, progress, overwrite and input_prefix: any value is valid.
+    # adaptive_verify, require_identical, progress and overwrite: any value is valid.
     _check_modes(self.modes)
-    _check_source(self.mixture_or_task_name, self.input_file, self.split)
+    _check_source(self.mixture_or_task_name, self.input_file, self.split, self.input_prefix)
     _check_knobs(self)
     _check_feature_lengths(self.task_feature_lengths)
     _check_models(self)
@@ -128,7 +128,9 @@ def _check_modes(modes: Any) -> None:
     checks.check_choice("mode", mode, MODES)
 
 
-def _check_source(mixture_or_task_name: Any, input_file: Any, split: Any) -> None:
+def _check_source(
+  mixture_or_task_name: Any, input_file: Any, split: Any, input_prefix: Any
+) -> None:
   if (mixture_or_task_name is None) == (input_file is None):
     raise ValueError(
       "give exactly one of mixture_or_task_name (MIXTURE_OR_TASK_NAME) and "
@@ -137,6 +139,8 @@ def _check_source(mixture_or_task_name: Any, input_file: Any, split: Any) -> Non
     )
   if mixture_or_task_name is not None and not isinstance(split, str):
     raise ValueError(f"split must be a string, got {split!r}")
+  if not isinstance(input_prefix, str):  # put before each line of input_file ('' = none)
+    raise ValueError(f"input_prefix must be a string ('' for none), got {input_prefix!r}")
 
 
 def _check_knobs(s: InferSettings) -> None:

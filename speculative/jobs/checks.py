@@ -3,6 +3,7 @@ an error that names the knob. No gin, no jax.
 
   check_int / check_float / check_choice    type and range of a knob, ValueError naming it
   check_readable / probe_writable            paths: readable inputs, a writable output directory
+  check_not_tracked                          an output path that is no file git tracks here
   user_errors                                marks the errors of a job's checks as the user's to fix
   settings_entry                             a runner whose keyword arguments are its settings' fields
 """
@@ -15,9 +16,14 @@ import functools
 import inspect
 import numbers
 import os
+from pathlib import Path
+import subprocess
 from typing import Any
 from typing import Callable
 from typing import Sequence
+
+# The checkout this package runs from (configs/, models/ and data/ are looked up from it).
+REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -98,6 +104,36 @@ def probe_writable(directory: str) -> None:
     os.remove(probe)
   except OSError as e:
     raise PermissionError(f'output directory {directory} is not writable: {e.strerror or e}') from e
+
+
+def tracked_by_git(path: str | os.PathLike, repo_root: str | os.PathLike = REPO_ROOT) -> bool:
+  """`path` is a file (or holds files) that git tracks in the repository at `repo_root`. False
+  outside it, and where git or the repository is missing (an installed package)."""
+  root = Path(repo_root).resolve()
+  try:
+    relative = Path(path).resolve().relative_to(root)
+  except ValueError:  # outside the repository
+    return False
+  try:
+    listed = subprocess.run(
+      ['git', '-C', str(root), 'ls-files', '--error-unmatch', '--', str(relative)],
+      capture_output=True,
+      timeout=60,
+    )
+  except (OSError, subprocess.SubprocessError):  # no git
+    return False
+  return listed.returncode == 0
+
+
+def check_not_tracked(name: str, path: Any, allowed_by: str, repo_root=REPO_ROOT) -> None:
+  """ValueError naming `name`, the path and the knob `allowed_by` if the output `path` is a file
+  git tracks in this repository (e.g. the shipped weights, models/embedded/*.msgpack), which a job
+  would otherwise overwrite unasked."""
+  if path is not None and tracked_by_git(path, repo_root):
+    raise ValueError(
+      f'{name} {os.fspath(path)} is a file tracked by git in {repo_root}: refusing to overwrite '
+      f'it; write elsewhere (e.g. under ../runs/), or set {allowed_by} = True to replace it'
+    )
 
 
 @contextlib.contextmanager

@@ -1,9 +1,16 @@
-"""Gin registration of the project's configurable classes.
+"""The runners' command line and gin: registration, parsing and the user's errors.
 
 Runner modules (`speculative.train`, `speculative.infer`, `speculative.benchmark`) call
 `register_configurables()` before parsing gin files; library modules never import gin. Each entry
 of `CONFIGURABLES` is (python module, attribute, gin module), so `configs/models/t5_1_1_small.gin`
 can say `t5_1_1_small/t5.T5Config.emb_dim = 512`. Add new configurables by appending to the list.
+
+`run_gin_main` (`runner_parser`, then `run_parsed`) is the runners' command line, named after their
+console scripts (`speculative-infer` also under `python -m speculative.infer`): `parse` checks the
+run files and bindings (a missing file, a line or binding gin cannot parse, an unknown parameter, an
+unused macro, a macro left `%gin.REQUIRED`), `--help` lists a run file's knobs (`format_knobs`), and
+every user error leaves through one exit path, `call_with_user_errors`: one `<prog>: error:` line
+and exit status 2.
 """
 
 from __future__ import annotations
@@ -15,7 +22,6 @@ import importlib.util
 import inspect
 import logging
 import os
-from pathlib import Path
 import re
 import sys
 from typing import Any
@@ -35,7 +41,7 @@ CONFIGURABLES: list[tuple[str, str, str]] = [
 DEBUG_ENV = 'SPECULATIVE_DEBUG'
 
 _registered: set[tuple[str, str]] = set()
-REPO_ROOT = Path(__file__).resolve().parents[2]
+REPO_ROOT = checks.REPO_ROOT
 
 
 def register_configurables() -> None:
@@ -193,9 +199,84 @@ def check_unused_macros(command_line_macros: Sequence[str]) -> None:
     raise ValueError('\n'.join(lines) + f'\nknown macros: {", ".join(known)}')
 
 
-def format_macros() -> str:
-  """'  NAME = value' lines for the macros of the current gin config, sorted by name."""
-  return '\n'.join(f'  {name} = {value!r}' for name, value in sorted(_macros().items()))
+def format_knobs(gin_files: Sequence[str], name: str) -> str:
+  """The knobs of the current gin config, for `--help`: its macros ('  NAME = value', sorted;
+  those left `%gin.REQUIRED` marked), then the bindings of the runner `name` that no macro sets
+  ('  name.param = value'): the train and benchmark run files bind most of their knobs directly."""
+  import gin  # deferred: only runners need gin
+
+  files = ', '.join(gin_files)
+  sections = []
+  macros = sorted(_macros().items())
+  if macros:
+    lines = [
+      f'  {macro} = {value!r}' + ('  (required: set it)' if _required_constant(value) else '')
+      for macro, value in macros
+    ]
+    sections.append(
+      f'macros of {files} (override with --gin_bindings="NAME = value"):\n' + '\n'.join(lines)
+    )
+  direct = sorted(
+    (parameter, value)
+    for (scope, selector), bindings in gin.config._CONFIG.items()  # pylint: disable=protected-access
+    if not scope and (selector == name or selector.endswith(f'.{name}'))
+    for parameter, value in bindings.items()
+    if not _is_macro_reference(value)
+  )
+  if direct:
+    lines = [f'  {name}.{parameter} = {value!r}' for parameter, value in direct]
+    sections.append(
+      f'{name} bindings of {files} (override with --gin_bindings="{name}.NAME = value"):\n'
+      + '\n'.join(lines)
+    )
+  return '\n\n'.join(sections) or f'{files} sets no macro and no {name} binding'
+
+
+def _is_macro_reference(value: Any) -> bool:
+  """`value` is `%NAME`, a reference to a macro (listed with the macros)."""
+  import gin  # deferred: only runners need gin
+
+  return isinstance(value, gin.config.ConfigurableReference) and value.scoped_selector.endswith(
+    'gin.macro'
+  )
+
+
+def _required_constant(value: Any) -> bool:
+  """`value` is `%gin.REQUIRED`, gin's marker of a macro or parameter the user must set."""
+  import gin  # deferred: only runners need gin
+
+  return (
+    isinstance(value, gin.config.ConfigurableReference)
+    and value.configurable.wrapped == gin.config._retrieve_constant  # pylint: disable=protected-access,comparison-with-callable
+    and value.scoped_configurable_fn() is gin.REQUIRED
+  )
+
+
+def check_required() -> None:
+  """Raises ValueError naming every macro (and parameter) that the run files leave
+  `%gin.REQUIRED` (e.g. CHECKPOINT_PATH of configs/runs/infer.gin) and no binding set: the job
+  would otherwise be handed gin's bare sentinel, `<object object at 0x...>`. (gin checks this only
+  when a config is finalized, without naming the way forward.)"""
+  import gin  # deferred: only runners need gin
+
+  used = _referenced_macros()
+  names = [m for m, value in sorted(_macros().items()) if m in used and _required_constant(value)]
+  names += sorted(
+    f'{selector}.{parameter}' if not scope else f'{scope}/{selector}.{parameter}'
+    for (scope, selector), bindings in gin.config._CONFIG.items()  # pylint: disable=protected-access
+    if selector != 'gin.macro'
+    for parameter, value in bindings.items()
+    if _required_constant(value)
+  )
+  if not names:
+    return
+  listed = names[0] if len(names) == 1 else ', '.join(names[:-1]) + ' and ' + names[-1]
+  raise ValueError(
+    f'{listed} {"is" if len(names) == 1 else "are"} required: the run files leave '
+    f'{"it" if len(names) == 1 else "them"} %gin.REQUIRED; set '
+    f'{"it" if len(names) == 1 else "each"} with --gin_bindings="{names[0]} = ..." (strings in '
+    f'quotes; the run file\'s header says what each is)'
+  )
 
 
 def _explain_unknown_parameter(error: ValueError) -> ValueError:
@@ -216,10 +297,62 @@ def _explain_unknown_parameter(error: ValueError) -> ValueError:
   )
 
 
-def parse(gin_files: Sequence[str], bindings: Sequence[str]) -> None:
+def _syntax_error(error: Exception, gin_file: str | None = None, binding: str | None = None):
+  """ValueError naming the run-file line (`gin_file`) or the `--gin_bindings` value (`binding`)
+  that gin cannot parse (its SyntaxError names neither the binding nor the way forward), with the
+  likely fix (`_syntax_hint`)."""
+  reason = getattr(error, 'msg', None) or (error.args[0] if error.args else str(error))
+  reason = re.sub(r':? <ast\.\w+ object at 0x[0-9a-f]+>', '', str(reason))  # no object addresses
+  if binding is not None:
+    shown = ' '.join(binding.split())  # one line
+    hint = _syntax_hint(binding, reason, from_command_line=True)
+    return ValueError(f'--gin_bindings "{shown}": gin cannot parse the value ({hint})')
+  line, text = getattr(error, 'lineno', None), (getattr(error, 'text', None) or '').strip()
+  where = f'{gin_file}:{line}' if line else gin_file
+  if not text:
+    return ValueError(f'{where}: gin cannot parse it: {reason}')
+  return ValueError(f'{where}: gin cannot parse {text!r} ({_syntax_hint(text, reason)})')
+
+
+def _syntax_hint(statement: str, reason: str, from_command_line: bool = False) -> str:
+  """The likely fix of a `NAME = value` statement gin cannot parse: quotes around a string, or a
+  value after `=` (on the command line, the run files' value of that macro shown); else gin's
+  reason."""
+  match = re.fullmatch(r'\s*([\w./]+)\s*=\s*(.*?)\s*', statement, re.DOTALL)
+  if match and not match.group(2):
+    name, macros = match.group(1), _macros()
+    known = from_command_line and name in macros
+    return 'no value after =' + (f'; the run file has {name} = {macros[name]!r}' if known else '')
+  if match and match.group(2)[0] not in '\'"([{%@-+.0123456789':
+    return f'strings need quotes: {match.group(1)} = {match.group(2)!r}'
+  return f'gin: {reason}'
+
+
+def _parse_config(gin_files: Sequence[str], bindings: Sequence[str]) -> None:
+  """gin's parse of the files, then of the bindings one at a time (so that an error names its
+  binding); a line or binding gin cannot parse is a ValueError naming it (`_syntax_error`)."""
+  import tokenize
+
+  import gin  # deferred: only runners need gin
+
+  for gin_file in gin_files:
+    try:
+      gin.parse_config_file(gin_file)
+    except (SyntaxError, tokenize.TokenError) as e:  # the line of the file (or an included one)
+      raise _syntax_error(e, gin_file=getattr(e, 'filename', None) or gin_file) from e
+  for binding in bindings:
+    try:
+      gin.parse_config(binding)
+    except (SyntaxError, tokenize.TokenError) as e:
+      raise _syntax_error(e, binding=binding) from e
+
+
+def parse(gin_files: Sequence[str], bindings: Sequence[str], required: bool = True) -> None:
   """Parses `gin_files` then `bindings` into a cleared gin config, refusing (before any compute)
-  missing files (naming the search path), unknown parameters and command-line macros that no
-  binding uses (naming the closest known names)."""
+  missing files (naming the search path), a line or binding gin cannot parse (naming it and the
+  likely fix), unknown parameters and command-line macros that no binding uses (naming the
+  closest known names) and, if `required`, macros the run files leave `%gin.REQUIRED`
+  (`check_required`; `--help` lists them instead)."""
   import gin  # deferred: only runners need gin
 
   register_configurables()
@@ -228,14 +361,16 @@ def parse(gin_files: Sequence[str], bindings: Sequence[str]) -> None:
     if prefix not in gin.config._LOCATION_PREFIXES:  # pylint: disable=protected-access
       gin.add_config_file_search_path(prefix)
   try:
-    for gin_file in resolved:
-      gin.parse_config_file(gin_file)
+    _parse_config(resolved, [])
     before = set(_macros())
-    gin.parse_config(list(bindings))
+    _parse_config([], bindings)
   except OSError as e:
     raise FileNotFoundError(f'{e}; searched: {search_paths()}') from e
   except ValueError as e:
-    raise _explain_unknown_parameter(e) from e
+    explained = _explain_unknown_parameter(e)
+    if explained is e:
+      raise
+    raise explained from e
   # Command-line macros: new ones, and overrides of file macros (an override is used if the file's
   # macro is).
   command_line = [m for m in _macros() if m not in before]
@@ -247,6 +382,8 @@ def parse(gin_files: Sequence[str], bindings: Sequence[str]) -> None:
     )
   ]
   check_unused_macros(command_line)
+  if required:
+    check_required()
 
 
 def run_gin_main(
@@ -258,63 +395,84 @@ def run_gin_main(
   default_gin_files: Sequence[str] = (),
 ) -> Any:
   """The runners' command line: `--gin_file` (repeatable), `--gin_bindings`, `--verbose`,
-  `--debug`, then `fn()`.
+  `--debug`, then `fn()` (`runner_parser`, then `run_parsed`)."""
+  parser = runner_parser(name, description)
+  args = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
+  return run_parsed(parser, args, fn, name, log_level, default_gin_files)
 
-  `fn` is registered with gin as `name` (e.g. `infer`), so the gin files bind `name.arg = ...`.
-  `--help` lists the macros (the knobs) of the given gin files, else of `default_gin_files`, with
-  their values. Every binding is checked (`parse`) before `fn` runs. A user error (a bad run file
-  or binding, or one that `fn` raises inside `checks.user_errors`: a refused setting, input file,
-  resume or output lock) prints one `error:` line and exits with status 2; `--debug` (or the
+
+def run_parsed(
+  parser,
+  args,
+  fn: Callable[..., Any],
+  name: str,
+  log_level: int = logging.WARNING,
+  default_gin_files: Sequence[str] = (),
+  extra_gin_files: Sequence[str] = (),
+) -> Any:
+  """Runs the runner `fn` on the parsed command line `args` of `parser` (a `runner_parser`, to
+  which a runner may add options of its own, as the benchmark does).
+
+  `fn` is registered with gin as `name` (e.g. `infer`), so the gin files bind `name.arg = ...`;
+  `extra_gin_files` are parsed after the given ones (the benchmark's `--quick`). `--help` lists the
+  knobs (`format_knobs`: macros, and the bindings of `name` no macro sets) of the given gin files,
+  else of `default_gin_files`, with their values. Every binding is checked (`parse`) before `fn`
+  runs. A user error (a bad run file or binding, or one that `fn` raises inside
+  `checks.user_errors`: a refused setting, input file, resume or output lock) prints one
+  `<prog>: error:` line and exits with status 2 (`call_with_user_errors`); `--debug` (or the
   environment variable SPECULATIVE_DEBUG) shows its traceback instead.
   """
   import gin  # deferred: only runners need gin
 
-  argv = list(sys.argv[1:] if argv is None else argv)
-  parser = _runner_parser(description)
-  args = parser.parse_args(argv)
   quiet_native_logs(args.verbose)
   runtime.apply_cpu_defaults()  # before jax starts a backend; the user's XLA_FLAGS win
   logging.basicConfig(level=logging.INFO if args.verbose else log_level)
   gin.clear_config()
   register_configurables()
   configurable = gin.external_configurable(fn, name)
+  prefix = f'{parser.prog}: error: '
   if args.help:
-    files = args.gin_file or list(default_gin_files)
+    files = list(args.gin_file or default_gin_files) + list(extra_gin_files)
     parser.print_help()
     if files:
-      parse(files, args.gin_bindings)
-      print(
-        f'\nmacros of {", ".join(files)} (override with --gin_bindings="NAME = value"):\n'
-        + format_macros()
-      )
+
+      def knobs() -> None:
+        with checks.user_errors():  # a bad run file or binding
+          parse(files, args.gin_bindings, required=False)  # required macros are listed, marked
+        print('\n' + format_knobs(files, name))
+
+      call_with_user_errors(knobs, prefix, args.debug)
     return None
   if not args.gin_file:
+    example = default_gin_files[0] if default_gin_files else 'RUN_FILE.gin'
     parser.error(
-      '--gin_file is required (e.g. --gin_file=configs/local/run.gin); '
-      '--help lists the macros of a run file'
+      f'--gin_file is required (e.g. --gin_file={example}); --help lists the knobs of a run file'
     )
-  return parse_and_call(parser, configurable, args.gin_file, args.gin_bindings, args.debug)
+  return parse_and_call(
+    parser, configurable, [*args.gin_file, *extra_gin_files], args.gin_bindings, args.debug
+  )
 
 
 def parse_and_call(
   parser, configurable: Callable[[], Any], gin_files: Sequence[str], bindings: Sequence[str], debug
 ) -> Any:
-  """Parses the run files and bindings (`parse`), then calls `configurable`. A user error (a bad
-  run file or binding, or one raised inside `checks.user_errors`) exits with status 2 and one
-  `error:` line from `parser`, unless `debug`, which lets its traceback through."""
-  try:
-    parse(gin_files, bindings)
-  except (ValueError, OSError) as e:  # a bad run file or binding: the message, not a traceback
-    if debug:
-      raise
-    parser.exit(2, f'{parser.prog}: error: {e}\n')
-  return call_with_user_errors(configurable, f'{parser.prog}: error: ', debug)
+  """Parses the run files and bindings (`parse`), then calls `configurable`, through
+  `call_with_user_errors`: a bad run file or binding is a user error as those `configurable`
+  raises inside `checks.user_errors` are (one `<prog>: error:` line, exit status 2)."""
+
+  def parse_then_call() -> Any:
+    with checks.user_errors():  # a bad run file or binding: the message, not a traceback
+      parse(gin_files, bindings)
+    return configurable()
+
+  return call_with_user_errors(parse_then_call, f'{parser.prog}: error: ', debug)
 
 
 def call_with_user_errors(fn: Callable[[], Any], prefix: str, debug) -> Any:
-  """Returns `fn()`. A user error (one raised inside `checks.user_errors`: a refused setting,
-  path, input file, resume or lock) prints `prefix` and its message as one line to stderr and exits
-  with status 2, unless `debug`, which lets its traceback through."""
+  """Returns `fn()`. A user error (one raised inside `checks.user_errors`: a bad run file or
+  binding, a refused setting, path, input file, resume or lock) prints `prefix` and its message to
+  stderr and exits with status 2, unless `debug`, which lets its traceback through. The runners'
+  one exit path for the user's errors."""
   try:
     return fn()
   except Exception as e:  # pylint: disable=broad-except
@@ -325,14 +483,26 @@ def call_with_user_errors(fn: Callable[[], Any], prefix: str, debug) -> Any:
     sys.exit(2)
 
 
-def _runner_parser(description: str):
-  """The runners' argparse parser: --help, --gin_file, --gin_bindings, --verbose, --debug."""
+def console_script(name: str) -> str:
+  """The console script of the runner `name` (setup.py's entry points): its messages' program
+  name, also under `python -m speculative.<name>`, whose argv[0] is `__main__.py`."""
+  return f'speculative-{name}'
+
+
+def runner_parser(name: str, description: str):
+  """The argparse parser of the runner `name` (program name `console_script(name)`): --help,
+  --gin_file, --gin_bindings, --verbose, --debug."""
   import argparse
 
   parser = argparse.ArgumentParser(
-    description=description, add_help=False, formatter_class=argparse.RawDescriptionHelpFormatter
+    prog=console_script(name),
+    description=description,
+    add_help=False,
+    formatter_class=argparse.RawDescriptionHelpFormatter,
   )
-  parser.add_argument('-h', '--help', action='store_true', help='show this help and the macros')
+  parser.add_argument(
+    '-h', '--help', action='store_true', help='show this help and the knobs of the run file'
+  )
   parser.add_argument(
     '--gin_file',
     action='append',
@@ -343,7 +513,8 @@ def _runner_parser(description: str):
     '--gin_bindings',
     action='append',
     default=[],
-    help='gin binding, e.g. "GAMMA = 5" (repeatable); applied after the files',
+    help=f'gin binding, e.g. "NAME = value" or "{name}.param = value" (repeatable; strings in '
+    "quotes: \"NAME = 'text'\"); applied after the files",
   )
   parser.add_argument(
     '--verbose',

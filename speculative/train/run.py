@@ -72,6 +72,9 @@ def train(settings: settings_lib.TrainSettings) -> dict[str, float]:
   `export_replaces_better`: the export refuses to overwrite weights whose sidecar records a lower
   validation NLL than the ones being exported (e.g. a continuation's early best replacing the
   shipped model) unless this is True.
+  `export_overwrites_tracked`: an `export_path` onto a file git tracks in this repository (the
+  shipped weights, models/embedded/) is refused with the settings' checks, before any compute,
+  unless this is True.
   """
   with checks.user_errors():  # bad paths, another run's checkpoints, a second writer
     os.makedirs(settings.output_dir, exist_ok=True)
@@ -412,7 +415,14 @@ def _check_not_worse(export_path: str, val_nll: float | None, replaces_better: b
 def main(argv: Sequence[str] | None = None) -> None:
   from speculative.jobs import gin_utils
 
-  gin_utils.run_gin_main(train, "train", __doc__.splitlines()[0], argv, logging.INFO)
+  gin_utils.run_gin_main(
+    train,
+    "train",
+    __doc__.splitlines()[0],
+    argv,
+    logging.INFO,
+    default_gin_files=("configs/train/small_target.gin",),
+  )
 
 
 if __name__ == "__main__":

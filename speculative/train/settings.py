@@ -8,6 +8,7 @@ import os
 from typing import Sequence
 
 from speculative import checkpoints
+from speculative.jobs import checks
 from speculative.models import t5 as t5_lib
 from speculative.train import checkpoints as train_checkpoints
 from speculative.train import data as train_data
@@ -51,8 +52,11 @@ class TrainSettings:
   export_replaces_better: bool = False
   input_prefixes: Sequence[str] | None = None
   extra_validation: dict[str, tuple[str, str]] | None = None
+  export_overwrites_tracked: bool = False
 
   def __post_init__(self):
+    if not self.export_overwrites_tracked:  # the shipped weights (models/embedded/) are tracked
+      checks.check_not_tracked("export_path", self.export_path, "train.export_overwrites_tracked")
     if not self.train_files:
       raise ValueError("train_tsv names no file")
     for name, entry in (self.extra_validation or {}).items():

@@ -20,6 +20,9 @@ import gin
 import pytest
 
 from speculative import infer as infer_lib
+from speculative.data import tasks
+from speculative.infer import inputs as infer_inputs
+from speculative.infer import settings as infer_settings
 from speculative.jobs import gin_utils
 from speculative.t5x_adapter import options
 
@@ -43,6 +46,7 @@ TABLE2 = {
   ('cnndm', 'large', 1): (3, 0.56, 1.7),
 }
 TASK_NAMES = {'ende': 'speculative_wmt_t2t_ende_v003', 'cnndm': 'speculative_cnn_dailymail_v002'}
+TASK_PREFIXES = {'ende': tasks.TRANSLATE_EN_DE_PREFIX, 'cnndm': tasks.SUMMARIZE_PREFIX}
 ROWS = sorted(TABLE2)
 ROW_IDS = [f'{task}_{draft}_t{t}' for task, draft, t in ROWS]
 REQUIRED = ["CHECKPOINT_PATH = '/ckpt/target'", "DRAFT_CHECKPOINT_PATH = '/ckpt/draft'"]
@@ -83,6 +87,43 @@ def _check_header(path: Path, gamma: int, alpha: float, speedup: float) -> None:
 # ----------------------------------------------------------------------------------------------
 # Our runner: no t5x needed.
 # ----------------------------------------------------------------------------------------------
+# The local run files with an INPUT_FILE: the task's prefix unless INPUT_PREFIX = '' (issue 37).
+RUN_FILE_PREFIXES = [
+  ('configs/local/run.gin', tasks.TRANSLATE_EN_DE_PREFIX),
+  ('configs/local/summarize.gin', tasks.SUMMARIZE_PREFIX),
+]
+
+
+@pytest.mark.parametrize('run_file,prefix', RUN_FILE_PREFIXES, ids=['run', 'summarize'])
+def test_an_input_file_gets_the_run_files_task_prefix(run_file, prefix, clean_gin, tmp_path):
+  (tmp_path / 'in.txt').write_text('Click OK.\n')
+  gin_utils.register_configurables()
+  gin.external_configurable(infer_lib.infer, 'infer')  # as `python -m speculative.infer` does
+  file_input = [
+    f"INPUT_FILE = '{tmp_path / 'in.txt'}'",
+    'MIXTURE_OR_TASK_NAME = None',
+    f"INFER_OUTPUT_DIR = '{tmp_path / 'out'}'",
+  ]
+  for extra, expected in (([], prefix), (["INPUT_PREFIX = ''"], '')):
+    gin.clear_config()
+    gin_utils.parse([run_file], file_input + extra)
+    bound = {
+      name: _value(gin.query_parameter(f'infer.{name}')) for name in gin.get_bindings('infer')
+    }
+    inputs = infer_inputs.load_inputs(infer_settings.InferSettings(**bound))
+    assert inputs.examples[0].inputs == expected + 'Click OK.'
+    assert inputs.source['input_prefix'] == expected  # recorded in the manifest
+
+
+@pytest.mark.parametrize(
+  'run_file', ['configs/local/run.gin', 'configs/local/summarize.gin', 'configs/runs/infer.gin']
+)
+def test_run_file_headers_document_the_input_prefix_and_the_vocabulary(run_file):
+  header = '\n'.join(line for line in (REPO / run_file).read_text().splitlines() if line[:1] == '#')
+  for name in ('INPUT_FILE', 'INPUT_PREFIX', 'infer.vocabulary_path'):
+    assert name in header, name
+
+
 @pytest.mark.parametrize('row', ROWS, ids=ROW_IDS)
 def test_local_experiment_binds_paper_row(row, clean_gin):
   task, draft, temperature = row
@@ -106,6 +147,10 @@ def test_local_experiment_binds_paper_row(row, clean_gin):
   assert bound['target_checkpoint'] == '/ckpt/target'
   assert bound['draft_checkpoint'] == '/ckpt/draft'
   assert set(bound['task_feature_lengths']) == {'inputs', 'targets'}
+  # An INPUT_FILE instead of the task gets the task's prefix; the draft and the path as run.gin's.
+  assert bound['input_file'] is None
+  assert bound['input_prefix'] == TASK_PREFIXES[task]
+  assert (bound['drafter'], bound['kernels']) == ('model', 'auto')
 
 
 def test_every_table2_row_has_exactly_one_file_per_runner():

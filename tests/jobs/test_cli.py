@@ -1,0 +1,231 @@
+"""A newcomer's commands (issue 37): each runner, `speculative-infer`, `speculative-train` and
+`speculative-benchmark` (run here as `python -m`), either works or says in one line why not, with
+exit status 2 and no traceback: a binding gin cannot parse, a required macro left unset, a missing
+results file, an export onto the shipped weights; the program is named after its console script,
+and `--help` lists the knobs of a run file for all three.
+
+The subprocess tests start a runner (imports only: every error comes before a model loads) and are
+marked slow; `tracked_by_git` and the training settings' guard are also tested in process.
+"""
+
+import hashlib
+import os
+from pathlib import Path
+import re
+import subprocess
+import sys
+
+import gin
+import pytest
+
+from speculative.jobs import checks
+from speculative.jobs import gin_utils
+
+REPO = Path(__file__).resolve().parents[2]
+SHIPPED_TARGET = REPO / "models" / "embedded" / "target.msgpack"
+RUNNERS = {
+  "infer": "speculative.infer",
+  "train": "speculative.train",
+  "benchmark": "speculative.benchmark",
+}
+
+
+@pytest.fixture
+def clean_gin():
+  gin.clear_config()
+  gin_utils.register_configurables()
+  yield
+  gin.clear_config()
+
+
+def _run(module: str, *args: str, timeout: int = 300) -> subprocess.CompletedProcess:
+  env = {k: v for k, v in os.environ.items() if k != gin_utils.DEBUG_ENV}
+  return subprocess.run(
+    [sys.executable, "-m", module, *args],
+    cwd=REPO,
+    capture_output=True,
+    text=True,
+    env=env,
+    timeout=timeout,
+  )
+
+
+def _one_error_line(proc: subprocess.CompletedProcess, prog: str) -> str:
+  """The refusal's only stderr line, after checking exit status 2 and that it is one line of
+  `<prog>: error: ...` without a traceback."""
+  assert proc.returncode == 2, proc.stderr[-3000:]
+  lines = proc.stderr.strip().splitlines()
+  assert len(lines) == 1, proc.stderr[-3000:]
+  assert "Traceback" not in proc.stderr
+  assert lines[0].startswith(f"{prog}: error: "), lines[0]
+  return lines[0]
+
+
+# ----------------------------------------------------------------------------------------------
+# Item 2: a binding gin cannot parse, a missing results file.
+# ----------------------------------------------------------------------------------------------
+SYNTAX_ERRORS = [
+  (
+    "infer",
+    "configs/local/run.gin",
+    "INFER_OUTPUT_DIR = /tmp/x",
+    """--gin_bindings "INFER_OUTPUT_DIR = /tmp/x": gin cannot parse the value (strings need """
+    """quotes: INFER_OUTPUT_DIR = '/tmp/x')""",
+  ),
+  (
+    "infer",
+    "configs/local/run.gin",
+    "GAMMA = ",
+    '--gin_bindings "GAMMA =": gin cannot parse the value (no value after =; the run file has '
+    "GAMMA = 3)",
+  ),
+  (
+    "benchmark",
+    "configs/benchmark/embedded.gin",
+    "benchmark.output_dir = /tmp/x",
+    """--gin_bindings "benchmark.output_dir = /tmp/x": gin cannot parse the value (strings need """
+    """quotes: benchmark.output_dir = '/tmp/x')""",
+  ),
+]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+  "runner,gin_file,binding,message", SYNTAX_ERRORS, ids=["unquoted", "no_value", "benchmark"]
+)
+def test_a_binding_gin_cannot_parse_is_one_line(runner, gin_file, binding, message):
+  proc = _run(RUNNERS[runner], f"--gin_file={gin_file}", f"--gin_bindings={binding}")
+  assert _one_error_line(proc, f"speculative-{runner}") == f"speculative-{runner}: error: {message}"
+
+
+@pytest.mark.slow
+def test_render_of_a_missing_results_file_is_one_line(tmp_path):
+  proc = _run(RUNNERS["benchmark"], "--render", str(tmp_path / "missing.json"))
+  line = _one_error_line(proc, "speculative-benchmark")
+  assert f"does not exist: {tmp_path / 'missing.json'}" in line
+  (tmp_path / "bad.json").write_text("not json")
+  proc = _run(RUNNERS["benchmark"], "--render", str(tmp_path / "bad.json"))
+  assert "bad.json is not a results.json" in _one_error_line(proc, "speculative-benchmark")
+
+
+# ----------------------------------------------------------------------------------------------
+# Item 3: a required macro left unset is named, not gin's sentinel object.
+# ----------------------------------------------------------------------------------------------
+@pytest.mark.slow
+def test_a_required_macro_left_unset_is_named():
+  proc = _run(
+    RUNNERS["infer"],
+    "--gin_file=configs/local/experiments/ende_small_t0.gin",
+    "--gin_bindings=DRAFT_CHECKPOINT_PATH = '/ckpt/draft'",
+    "--gin_bindings=INFER_OUTPUT_DIR = '/tmp/out'",
+  )
+  line = _one_error_line(proc, "speculative-infer")
+  assert "CHECKPOINT_PATH is required" in line and "%gin.REQUIRED" in line
+  assert '--gin_bindings="CHECKPOINT_PATH = ..."' in line
+  assert "<object object" not in line
+
+
+# ----------------------------------------------------------------------------------------------
+# Item 9: the console script's name, `--help` for all three runners.
+# ----------------------------------------------------------------------------------------------
+@pytest.mark.slow
+@pytest.mark.parametrize("runner", sorted(RUNNERS))
+def test_python_m_names_the_console_script(runner):
+  proc = _run(RUNNERS[runner], "--no_such_option")
+  assert proc.returncode == 2
+  assert f"speculative-{runner}: error: unrecognized arguments: --no_such_option" in proc.stderr
+  assert f"usage: speculative-{runner}" in proc.stderr
+  assert "__main__.py" not in proc.stderr
+
+
+HELP_KNOBS = {
+  "infer": ["GAMMA = 3", "INPUT_FILE = None", "INPUT_PREFIX = 'translate English to German: '"],
+  "train": ["train.num_steps = ", "train.export_path = '../runs/"],
+  "benchmark": ["benchmark.gammas = {", "benchmark.output_dir = 'docs'"],
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("runner", sorted(RUNNERS))
+def test_help_lists_the_knobs_of_a_run_file(runner):
+  proc = _run(RUNNERS[runner], "--help")
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  assert f"usage: speculative-{runner}" in proc.stdout
+  for line in HELP_KNOBS[runner]:
+    assert f"\n  {line}" in proc.stdout, (line, proc.stdout[-3000:])
+  assert "cudart" not in proc.stderr and "oneDNN" not in proc.stderr
+
+
+@pytest.mark.slow
+def test_the_quick_help_says_how_many_gammas_quick_gin_has(clean_gin):
+  """`speculative-benchmark --help` says what configs/benchmark/quick.gin runs: its gammas."""
+  from speculative.bench import main as bench_main
+
+  gin.external_configurable(bench_main.benchmark, "benchmark")
+  gin_utils.parse(["configs/benchmark/embedded.gin", bench_main.DEFAULT_QUICK_GIN], [])
+  gammas = {g for batch in gin.query_parameter("benchmark.gammas").values() for g in batch}
+  help_text = " ".join(_run(RUNNERS["benchmark"], "--help").stdout.split())
+  assert {1: "one gamma,", 2: "two gammas,"}[len(gammas)] in help_text, help_text
+
+
+# ----------------------------------------------------------------------------------------------
+# Item 8: training refuses to export onto a file git tracks (the shipped weights).
+# ----------------------------------------------------------------------------------------------
+def test_tracked_by_git_knows_the_shipped_weights_and_nothing_outside(tmp_path):
+  assert checks.tracked_by_git(SHIPPED_TARGET)
+  assert checks.tracked_by_git(os.path.relpath(SHIPPED_TARGET))  # relative to the working dir
+  assert not checks.tracked_by_git(REPO / "models" / "embedded" / "new.msgpack")
+  assert not checks.tracked_by_git(tmp_path / "x.msgpack")  # outside the repository
+  assert not checks.tracked_by_git(SHIPPED_TARGET, repo_root=tmp_path)  # not a repository
+
+
+def _train_kwargs(tmp_path, **changes):
+  from model_utils import tiny_t5_config
+
+  data = REPO / "data" / "libreoffice_ende"
+  return dict(
+    model_config=tiny_t5_config(1),
+    train_tsv=str(data / "validation.tsv.gz"),
+    validation_tsv=str(data / "validation.tsv.gz"),
+    spm_model=str(data / "spm8k.model"),
+    output_dir=str(tmp_path / "run"),
+    num_steps=1,
+    **changes,
+  )
+
+
+def test_train_settings_refuse_an_export_onto_a_tracked_file(tmp_path):
+  from speculative.train import settings as train_settings
+
+  with pytest.raises(ValueError, match="train.export_overwrites_tracked = True") as info:
+    train_settings.TrainSettings(**_train_kwargs(tmp_path, export_path=str(SHIPPED_TARGET)))
+  assert f"export_path {SHIPPED_TARGET} is a file tracked by git" in str(info.value)
+  train_settings.TrainSettings(
+    **_train_kwargs(tmp_path, export_path=str(SHIPPED_TARGET), export_overwrites_tracked=True)
+  )
+  train_settings.TrainSettings(**_train_kwargs(tmp_path, export_path=str(tmp_path / "w.msgpack")))
+
+
+@pytest.mark.slow
+def test_train_refuses_to_export_onto_the_shipped_weights_before_any_compute(tmp_path):
+  # export_only with no checkpoint: should the guard fail, the run stops at "no checkpoint" (a
+  # traceback, exit 1) without writing the shipped weights.
+  before = hashlib.sha256(SHIPPED_TARGET.read_bytes()).hexdigest()
+  data = REPO / "data" / "libreoffice_ende"
+  bindings = [
+    "train.model_config = @t5.T5Config()",
+    f"train.train_tsv = '{data / 'validation.tsv.gz'}'",
+    f"train.validation_tsv = '{data / 'validation.tsv.gz'}'",
+    f"train.spm_model = '{data / 'spm8k.model'}'",
+    f"train.output_dir = '{tmp_path / 'run'}'",
+    "train.num_steps = 1",
+    "train.export_only = True",
+    f"train.export_path = '{os.path.relpath(SHIPPED_TARGET, REPO)}'",
+  ]
+  (tmp_path / "train.gin").write_text("\n".join(bindings) + "\n")
+  proc = _run(RUNNERS["train"], f"--gin_file={tmp_path / 'train.gin'}")
+  line = _one_error_line(proc, "speculative-train")
+  assert re.search(r"export_path \S*models/embedded/target.msgpack is a file tracked by git", line)
+  assert "train.export_overwrites_tracked = True" in line
+  assert not (tmp_path / "run").exists()  # refused before the run directory is made
+  assert hashlib.sha256(SHIPPED_TARGET.read_bytes()).hexdigest() == before
