@@ -11,11 +11,12 @@ emptied first and filled by an extra uninterrupted run whose outputs must equal 
 without it each run compiles, about twice the CPU time), --workdir (default /tmp/kill_soak_<job>,
 deleted first).
 
-The jobs are tiny and run on CPU: infer decodes 24 lines with a random 2-layer target and 1-layer
-draft (baseline and speculative); train runs 24 steps of a 134k-parameter T5 (dropout on, so the
-per-step rngs matter) on 32 pairs of the shipped validation split with the shipped 8k SentencePiece
-model, checkpointing every 3 steps, evaluating every 6, and exporting float32 weights. A run takes
-seconds to a minute, mostly start-up and compilation.
+The jobs are tiny and run on CPU: infer decodes 24 lines with the correlated tiny pair of
+tests/model_utils.py (a 2-layer target, a 1-layer draft; baseline and speculative); train runs 24
+steps of a 134k-parameter T5 (dropout on, so the per-step rngs matter) on 32 pairs of the shipped
+validation split with the shipped 8k SentencePiece model, checkpointing every 3 steps, evaluating
+every 6, and exporting float32 weights. A run takes seconds to a minute, mostly start-up and
+compilation.
 
 First an uninterrupted reference run, polled for its progress (infer: predictions written; train:
 checkpoints written, then the export) to get its timeline. Then every trial runs the real CLI into
@@ -71,7 +72,7 @@ class SoakError(RuntimeError):
 
 
 # ----------------------------------------------------------------------------------------------
-# The infer job: a tiny random target/draft pair, six input lines.
+# The infer job: the correlated tiny target/draft pair, six input lines (24 with their variants).
 # ----------------------------------------------------------------------------------------------
 SOURCES = [
   "Click OK.",
@@ -85,21 +86,18 @@ SIZES = dict(vocab_size=8000, emb_dim=16, num_heads=2, num_encoder_layers=1, hea
 
 
 def prepare_infer(workdir: Path) -> None:
-  import jax
+  """The correlated tiny pair of tests/model_utils.py (its configs are SIZES with 2 and 1 decoder
+  layers), so the resumed decodes accept and reject drafts and stop at EOS, and the inputs."""
+  from model_utils import correlated_tiny_pair  # beside this file
 
   from speculative import checkpoints
-  from speculative.models.t5 import T5
   from speculative.models.t5 import T5Config
 
   workdir.mkdir(parents=True, exist_ok=True)
-  for name, layers, seed in (("t", 2, 0), ("d", 1, 1)):
+  _, target_params, _, draft_params = correlated_tiny_pair()
+  for name, layers, params in (("t", 2, target_params), ("d", 1, draft_params)):
     config = T5Config(num_decoder_layers=layers, **SIZES)
-    checkpoints.save_params(
-      T5(config).init_params(jax.random.PRNGKey(seed)),
-      workdir / f"{name}.msgpack",
-      dtype=None,
-      config=config,
-    )
+    checkpoints.save_params(params, workdir / f"{name}.msgpack", dtype=None, config=config)
   lines = [f"{s} {n}" if n else s for n in range(4) for s in SOURCES]  # 24
   (workdir / "in.tsv").write_text("".join(f"{s}\tRef {i}\n" for i, s in enumerate(lines)))
 

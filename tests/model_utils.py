@@ -92,20 +92,63 @@ def tiny_t5_config(decoder_layers):
   )
 
 
-def save_tiny_pair(root, sources, *, record_config):
-  """Random tiny target (2 decoder layers) and draft (1) as root/{t,d}.msgpack and `sources` as
-  root/in.tsv (reference "Ref i"); returns the infer keyword arguments that name them. With
-  `record_config` the weights carry their config sidecar."""
-  from speculative import checkpoints
+# The correlated tiny pair of the job-level tests. Two unrelated random T5s agree on almost no greedy
+# token (alpha 0, every row to the length cap), so a job's "identical outputs" would never involve
+# an accepted draft, a bonus token, a rollback after a partial accept or an EOS. Here the draft IS
+# the target minus its second decoder layer, whose output projections the target scales by
+# TARGET_LAYER_1_SCALE (a perturbation: the draft agrees with it often, not always), and the shared
+# logits head's EOS column is rescaled to norm EOS_COLUMN_NORM (the other columns' norms are about
+# 1), so EOS is the argmax in some decoder states. With PAIR_SEED, test_infer's six sentences at a
+# 12-token cap and gamma 3 give: three rows end with EOS after 6 to 8 tokens, three run to the cap,
+# acceptance rate about 0.4, blocks of all three drafts accepted and partial accepts (the seed and
+# scales were chosen for that; `speculation_events` checks it in every job test).
+PAIR_SEED = 4
+TARGET_LAYER_1_SCALE = 0.3
+EOS_COLUMN_NORM = 1.7
+EOS_ID = 1  # T5's EOS (speculative.data.tasks.EOS_ID)
+
+
+def correlated_tiny_pair(dtype="float32"):
+  """(target config, target params, draft config, draft params) of the correlated pair (above):
+  `tiny_t5_config(2)` and `tiny_t5_config(1)` with `dtype` (the activations' T5Config dtype; the
+  weights are float32 either way), params as nested dicts of float32 numpy arrays."""
+  import copy
+  import dataclasses
+
   from speculative.models.t5 import T5
 
-  target, draft = tiny_t5_config(2), tiny_t5_config(1)
-  for config, name, seed in ((target, "t.msgpack", 0), (draft, "d.msgpack", 1)):
+  # The initializer does not depend on the activations' dtype: one compile serves both dtypes.
+  init = T5(tiny_t5_config(2)).init_params(jax.random.PRNGKey(PAIR_SEED))
+  params = jax.tree.map(np.array, init)
+  target = dataclasses.replace(tiny_t5_config(2), dtype=dtype)
+  draft = dataclasses.replace(tiny_t5_config(1), dtype=dtype)
+  layer_1 = params["decoder"]["layers_1"]
+  for projection in (
+    layer_1["self_attention"]["out"],
+    layer_1["encoder_decoder_attention"]["out"],
+    layer_1["mlp"]["wo"],
+  ):
+    projection["kernel"] *= TARGET_LAYER_1_SCALE
+  logits = params["decoder"]["logits_dense"]["kernel"]  # [d, V]
+  logits[:, EOS_ID] *= EOS_COLUMN_NORM / np.linalg.norm(logits[:, EOS_ID])
+  draft_params = copy.deepcopy(params)  # everything but the second decoder layer, shared
+  del draft_params["decoder"]["layers_1"]
+  return target, params, draft, draft_params
+
+
+def save_tiny_pair(root, sources, *, record_config, dtype="float32"):
+  """The correlated tiny pair (`correlated_tiny_pair`: target 2 decoder layers, draft 1) as
+  root/{t,d}.msgpack and `sources` as root/in.tsv (reference "Ref i"); returns the infer keyword
+  arguments that name them. With `record_config` the weights carry their config sidecar."""
+  from speculative import checkpoints
+
+  target, target_params, draft, draft_params = correlated_tiny_pair(dtype)
+  for config, params, name in (
+    (target, target_params, "t.msgpack"),
+    (draft, draft_params, "d.msgpack"),
+  ):
     checkpoints.save_params(
-      T5(config).init_params(jax.random.PRNGKey(seed)),
-      root / name,
-      dtype=None,
-      config=config if record_config else None,
+      params, root / name, dtype=None, config=config if record_config else None
     )
   (root / "in.tsv").write_text("".join(f"{s}\tRef {i}\n" for i, s in enumerate(sources)))
   return dict(
@@ -115,3 +158,102 @@ def save_tiny_pair(root, sources, *, record_config):
     draft_checkpoint=str(root / "d.msgpack"),
     input_file=str(root / "in.tsv"),
   )
+
+
+def speculation_events(spec_records, gamma, max_new_tokens):
+  """What a greedy job's speculative records show happened, from each example's totals (a model
+  drafter proposes gamma tokens at every target call, checked here):
+
+    accepted, drafted  the totals
+    bonus              examples with a block of all gamma drafts accepted (then the target's token
+                       after them is the bonus): accepted > (gamma - 1) * calls, by pigeonhole
+    partial            examples with a block of 0 < n < gamma accepted drafts (the rejected drafts'
+                       cache entries rolled back): accepted is no multiple of gamma, which blocks of
+                       0 or gamma alone cannot give
+    eos                examples that ended with EOS before the length cap
+    capped             examples that ran to the length cap
+  """
+  for r in spec_records:
+    assert r["drafted"] == gamma * r["target_calls"], r
+  return dict(
+    accepted=sum(r["accepted"] for r in spec_records),
+    drafted=sum(r["drafted"] for r in spec_records),
+    bonus=[r["index"] for r in spec_records if r["accepted"] > (gamma - 1) * r["target_calls"]],
+    partial=[r["index"] for r in spec_records if r["accepted"] % gamma],
+    eos=[
+      r["index"]
+      for r in spec_records
+      if r["tokens"][-1] == EOS_ID and r["num_tokens"] < max_new_tokens
+    ],
+    capped=[r["index"] for r in spec_records if r["num_tokens"] == max_new_tokens],
+  )
+
+
+def assert_speculation_exercised(spec_records, gamma, max_new_tokens):
+  """Drafts were accepted and rejected, some block got its bonus token, some was accepted in part,
+  and the rows ended ragged: some at EOS before the cap, some at the cap (`speculation_events`)."""
+  events = speculation_events(spec_records, gamma, max_new_tokens)
+  assert 0 < events["accepted"] < events["drafted"], events
+  assert events["bonus"] and events["partial"], events
+  assert events["eos"] and events["capped"], events
+  return events
+
+
+# The CPU kernels' FFI targets (speculative/kernels/library.py) as they appear in compiled HLO.
+KERNEL_TARGETS = (
+  "speculative_packed_matmul",
+  "speculative_decode_attention",
+  "speculative_rms_norm",
+)
+
+
+def kernel_calls(hlo_text):
+  """{FFI target: how many custom calls to it} in a compiled program's HLO text."""
+  return {t: hlo_text.count(f'custom_call_target="{t}"') for t in KERNEL_TARGETS}
+
+
+def record_decode_programs(monkeypatch):
+  """Records the first call of each jitted decode loop (baseline and speculative,
+  speculative/decode/loops.py) from here on; returns a function that compiles each call recorded
+  since it was last called again and returns {mode: the compiled program's HLO text}: what that
+  call executed."""
+  from speculative.decode import loops
+
+  seen = {}
+  for mode, name in (("baseline", "_autoregressive_jit"), ("speculative", "_speculative_jit")):
+    real = getattr(loops, name)
+
+    def recorder(*args, _real=real, _mode=mode, **kwargs):
+      seen.setdefault(_mode, (_real, args, kwargs))
+      return _real(*args, **kwargs)
+
+    monkeypatch.setattr(loops, name, recorder)
+
+  def compiled_hlo():
+    hlo = {
+      mode: real.lower(*args, **kwargs).compile().as_text()
+      for mode, (real, args, kwargs) in seen.items()
+    }
+    seen.clear()
+    return hlo
+
+  return compiled_hlo
+
+
+def assert_path_ran(out, summary, hlo_by_mode):
+  """The path the manifest and report name is the one the compiled decodes execute: the kernels'
+  custom calls in both modes' programs iff the job says 'kernels' (a job that skipped packing the
+  weights would run XLA's dot under a report that says CPU kernels)."""
+  import json
+
+  path = json.loads((out / "manifest.json").read_text())["decode_path"]
+  assert path in ("kernels", "xla")
+  assert summary["decode_path"].startswith("CPU kernels" if path == "kernels" else "XLA dot")
+  assert f"Decode path: {summary['decode_path']}" in (out / "report.md").read_text()
+  assert sorted(hlo_by_mode) == sorted(("baseline", "speculative"))
+  for mode, hlo in hlo_by_mode.items():
+    calls = kernel_calls(hlo)
+    if path == "kernels":
+      assert all(calls.values()), f"{mode}: the job reports the kernels but runs {calls}"
+    else:
+      assert not any(calls.values()), f"{mode}: the job reports XLA but runs {calls}"

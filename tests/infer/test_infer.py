@@ -9,11 +9,13 @@ import subprocess
 import sys
 import time
 
+import model_utils
 from model_utils import save_tiny_pair
 from model_utils import tiny_t5_config
 import pytest
 
 from speculative import infer
+from speculative import kernels as kernels_lib
 from speculative.data import tasks
 from speculative.decode import batching
 from speculative.decode import loops as decoding
@@ -47,17 +49,27 @@ def setup(tmp_path_factory):
   return root, kwargs
 
 
-def test_predictions_metrics_and_greedy_identity(setup):
+def _records(out, mode):
+  return [json.loads(line) for line in (out / f"predictions-{mode}.jsonl").open()]
+
+
+def test_predictions_metrics_and_greedy_identity(setup, monkeypatch):
+  """The job on the correlated pair (model_utils.correlated_tiny_pair) at batch 2 with 'auto'
+  kernels (on CPU: the kernels): identical greedy outputs of rows that accepted and rejected
+  drafts, got bonus tokens, accepted blocks in part and ended at EOS or at the cap; and a job that
+  reports the kernels executes them: both modes' compiled programs call all three of them."""
   root, kwargs = setup
   out = root / "run1"
+  compiled_hlo = model_utils.record_decode_programs(monkeypatch)
   summary = infer.infer(output_dir=str(out), **kwargs)
   assert summary["identical_outputs"] == len(SOURCES)
   for mode in infer_settings.MODES:
-    lines = (out / f"predictions-{mode}.jsonl").read_text().splitlines()
-    records = [json.loads(line) for line in lines]
+    records = _records(out, mode)
     assert [r["index"] for r in records] == list(range(len(SOURCES)))
     assert all(1 <= r["num_tokens"] <= 12 for r in records)
     assert all(r["reference"] == f"Ref {r['index']}" for r in records)
+  model_utils.assert_speculation_exercised(_records(out, "speculative"), 3, 12)
+  model_utils.assert_path_ran(out, summary, compiled_hlo())
   spec = summary["speculative"]
   assert spec["generated_tokens"] == summary["baseline"]["generated_tokens"]
   # Every target call emits at least one token, so block efficiency is in [1, gamma + 1].
@@ -75,9 +87,52 @@ def test_predictions_metrics_and_greedy_identity(setup):
   assert not [p for p in os.listdir(out) if ".tmp-" in p]
 
 
+# 'on' needs the built kernels and a job that computes on CPU (the kernels' FFI handlers are CPU's).
+KERNELS_RUN_HERE = pytest.mark.skipif(
+  not kernels_lib.available() or kernels_lib.policy.off_cpu() is not None,
+  reason=kernels_lib.policy.off_cpu() or kernels_lib.status(),
+)
+
+
+@pytest.mark.slow  # 8 programs to compile per case: 25 to 40 s each on a loaded 2-core machine
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("kernels", [pytest.param("on", marks=KERNELS_RUN_HERE), "off"])
+def test_greedy_identity_on_both_paths_and_dtypes_at_batch_1_and_3(
+  tmp_path, monkeypatch, kernels, dtype
+):
+  """Greedy identity on the correlated pair (every row's speculation exercised as in the test
+  above) with KERNELS 'on' and 'off', float32 and bfloat16 activations (the T5Config dtype), at
+  batch 1 and batch 3 (rows of ragged input lengths in one batch; rows ending at EOS beside rows
+  running to the cap): both batch sizes give the same tokens, and the compiled decodes run the path
+  the manifest names (the fast tier's case: 'on' with float32 at batch 2, the test above)."""
+  pair = save_tiny_pair(tmp_path, SOURCES, record_config=False, dtype=dtype)
+  kwargs = dict(
+    **pair,
+    input_prefix="translate English to German: ",
+    task_feature_lengths={"inputs": 24, "targets": 12},
+    gamma=3,
+    kernels=kernels,
+    progress=False,
+  )
+  compiled_hlo = model_utils.record_decode_programs(monkeypatch)
+  tokens = {}
+  for batch in (1, 3):
+    out = tmp_path / f"batch{batch}"
+    summary = infer.infer(output_dir=str(out), batch_size=batch, **kwargs)
+    assert summary["identical_outputs"] == len(SOURCES), summary.get("divergences")
+    spec = _records(out, "speculative")
+    model_utils.assert_speculation_exercised(spec, 3, 12)
+    assert json.loads((out / "manifest.json").read_text())["decode_path"] == (
+      "kernels" if kernels == "on" else "xla"
+    )
+    model_utils.assert_path_ran(out, summary, compiled_hlo())
+    tokens[batch] = [r["tokens"] for r in spec]
+  assert tokens[1] == tokens[3]
+
+
 def test_length_sorted_batches_keep_input_order_and_outputs(setup):
   """Batching sorts by input length; predictions come back in input order, equal to batch 1's
-  (random tiny models run to the length cap: cap % is 100 and the report says so)."""
+  (rows of the correlated pair end at EOS or at the length cap: cap % counts the latter)."""
   root, kwargs = setup
   one = infer.infer(
     output_dir=str(root / "b1"), **{**kwargs, "batch_size": 1, "modes": ("baseline",)}

@@ -6,9 +6,9 @@ ISA path this host runs against the portable one, bit for bit; a row's bits inde
 other rows of the call. Then the model: one T-token `extend` equals T one-token `extend`s bit for
 bit (float32 and bfloat16 activations, lockstep and ragged rows); the kernel path reproduces stock
 T5X's greedy tokens on the fixture; greedy speculative decoding on the kernels equals the baseline
-on the kernels; a job records its path. Skipped, with the reason, where the kernels are not built or
-the job does not compute on CPU (a GPU or TPU backend: the kernels' FFI handlers exist for the cpu
-platform only). The path policy itself: test_policy.py.
+on the kernels; a job records its path and its compiled decodes call the kernels. Skipped, with the
+reason, where the kernels are not built or the job does not compute on CPU (a GPU or TPU backend: the
+kernels' FFI handlers exist for the cpu platform only). The path policy itself: test_policy.py.
 """
 
 from __future__ import annotations
@@ -327,25 +327,40 @@ def test_environment_switch_turns_the_kernels_off():
 
 
 @pytest.mark.slow
-def test_a_job_records_its_path_and_refuses_to_resume_on_the_other(tmp_path):
-  from model_utils import save_tiny_pair
+def test_a_job_records_its_path_runs_it_and_refuses_to_resume_on_the_other(tmp_path, monkeypatch):
+  """A job with kernels 'on' on the correlated tiny pair (tests/model_utils.py): greedy identity on
+  rows that accepted and rejected drafts, got bonus tokens, accepted blocks in part and ended at EOS
+  or at the cap; the manifest and report say CPU kernels and both modes' compiled decodes call
+  them; a resume with 'off' is refused."""
+  import model_utils
 
   from speculative import infer
 
+  sources = [
+    'Click OK.',
+    'Open the file menu and choose Save.',
+    'Hello',
+    'Select a cell range.',
+    'Press Enter to perform the search.',
+    'Choose Format - Cells.',
+  ]  # test_infer's, for which the pair was tuned
   kwargs = dict(
-    **save_tiny_pair(
-      tmp_path, ['Click OK.', 'Choose Format - Cells.', 'Hello'], record_config=False
-    ),
-    task_feature_lengths={'inputs': 16, 'targets': 8},
+    **model_utils.save_tiny_pair(tmp_path, sources, record_config=False),
+    input_prefix='translate English to German: ',
+    task_feature_lengths={'inputs': 24, 'targets': 12},
     batch_size=2,
     gamma=3,
     progress=False,
   )
   out = tmp_path / 'job'
+  compiled_hlo = model_utils.record_decode_programs(monkeypatch)
   summary = infer.infer(output_dir=str(out), kernels='on', **kwargs)
-  assert summary['identical_outputs'] == 3
+  assert summary['identical_outputs'] == len(sources)
   assert json.loads((out / 'manifest.json').read_text())['decode_path'] == policy.KERNELS
   assert 'Decode path: CPU kernels' in (out / 'report.md').read_text()
+  spec = [json.loads(line) for line in (out / 'predictions-speculative.jsonl').open()]
+  model_utils.assert_speculation_exercised(spec, 3, 12)
+  model_utils.assert_path_ran(out, summary, compiled_hlo())
   with pytest.raises(ValueError, match='decode_path'):
     infer.infer(output_dir=str(out), kernels='off', **kwargs)
   with pytest.raises(ValueError, match="unknown kernels 'fast'"):
