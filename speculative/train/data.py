@@ -135,6 +135,11 @@ def batch_stream(
       rng.shuffle(idx)
       for start in range(0, len(idx) - bucket.batch_size + 1, bucket.batch_size):
         batches.append((bucket, idx[start : start + bucket.batch_size]))
+    if not batches:  # every bucket holds fewer examples than its batch size: nothing to yield
+      raise ValueError(
+        f"no full batch in {len(examples)} examples: each bucket holds fewer than its batch size "
+        f"({', '.join(f'{b.inputs_length}x{b.targets_length}: {b.batch_size}' for b in buckets)})"
+      )
     order = rng.permutation(len(batches))
     for j in order:
       bucket, idx = batches[j]

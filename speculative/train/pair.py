@@ -488,6 +488,11 @@ def run(out_dir: str, first_dir: str, recipe: Recipe, toy: bool, sources: str) -
     outputs = greedy_outputs(decoders[task], target_params, [s for s, _ in d.train], recipe, task)
     distilled[task], report["distillation"][task] = distillation_set(task, d, outputs)
   log(f"distillation set decoded ({time.time() - t0:.0f} s)")
+  empty = [task for task, examples in distilled.items() if not examples]
+  if len(empty) == len(distilled):
+    raise ValueError("every distillation set is empty: the target kept no output (see the counts)")
+  for task in empty:  # e.g. the toy run's summaries, which never reach EOS in 16 tokens
+    log(f"warning: the {task} distillation set is empty; the drafts train on the other task only")
 
   # 3. The drafts, side by side on the same batches, validated on the target's own greedy outputs
   # of the validation inputs (what their alpha is measured on).

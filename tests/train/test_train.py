@@ -341,3 +341,11 @@ def test_rectangular_buckets_take_the_smallest_fit():
   ]
   # (50, 10) fits (64, 64) and (64, 16): the smaller; (90, 12) fits none: (64, 16) cuts fewest
   assert train_data.assign_buckets(examples, buckets) == [[0], [2, 4], [1, 3]]
+
+
+def test_batch_stream_refuses_examples_that_fill_no_batch():
+  """Fewer examples than any bucket's batch size give no batch: one error, not an endless loop."""
+  buckets = train_data.make_buckets([8, 16], tokens_per_batch=64)  # batch sizes 4 and 2
+  examples = [(np.array([5, 1], np.int32), np.array([6, 1], np.int32))] * 3  # all in the 8x8 bucket
+  with pytest.raises(ValueError, match=r"no full batch in 3 examples: .*8x8: 4, 16x16: 2"):
+    next(train_data.batch_stream(examples, buckets, seed=0))
