@@ -28,9 +28,14 @@ import argparse
 import json
 from typing import Iterable
 
+import jax.numpy as jnp
+import numpy as np
+
+from speculative import sampling as sampling_lib
 from speculative.data import corpus
 from speculative.data import metrics
 from speculative.data import tasks
+from speculative.decode import loops
 from speculative.infer import outputs
 
 
@@ -62,6 +67,54 @@ def distill_pairs(records: Iterable[dict], prefix: str) -> tuple[list[tuple[str,
       kept.append((r["index"], source, r["prediction"].strip()))
   counts["kept"] = len(kept)
   return [(s, t) for _, s, t in sorted(kept)], counts
+
+
+def greedy_fn(model, new_tokens: int):
+  """A jitted greedy decode of `model`: (params, encoder tokens [B, S] int32) -> DecodeResult with
+  at most `new_tokens` tokens per row (the device recipe's decoder of training inputs)."""
+  options = dict(
+    max_new_tokens=new_tokens,
+    sampling=sampling_lib.SamplingConfig(greedy=True),
+    eos_id=tasks.EOS_ID,
+  )
+
+  def decode(params, encoder_tokens):
+    return loops.autoregressive_decode(
+      model, params, None, encoder_tokens=encoder_tokens, check_finite=False, **options
+    )
+
+  return decode
+
+
+def greedy_outputs(decode, params, inputs: list, batch_size: int, inputs_length: int) -> list:
+  """The greedy output tokens (EOS included when reached) of every input (EOS-terminated int32
+  tokens, cut to `inputs_length` with EOS last), in input order; batches of similar lengths, all of
+  one shape [batch_size, inputs_length] so that `decode` compiles once."""
+  from speculative.infer import inputs as infer_inputs
+
+  order = sorted(range(len(inputs)), key=lambda i: len(inputs[i]))
+  out: list = [None] * len(inputs)
+  for start in range(0, len(order), batch_size):
+    idx = order[start : start + batch_size]
+    enc = np.zeros((batch_size, inputs_length), np.int32)  # [B, S]
+    enc[:, 0] = tasks.EOS_ID  # padding rows: EOS only
+    for row, i in enumerate(idx):
+      src, _ = infer_inputs.truncate(inputs[i], inputs_length)
+      enc[row] = 0
+      enc[row, : len(src)] = src
+    result = decode(params, jnp.asarray(enc))
+    tokens, lengths = np.asarray(result.tokens), np.asarray(result.lengths)  # [B, N], [B]
+    for row, i in enumerate(idx):
+      out[i] = tokens[row, : lengths[row]].astype(np.int32)
+  return out
+
+
+def detokenize(token_lists: list, spm_model: str) -> list[str]:
+  """Each token list as text (EOS left out), with the SentencePiece model at `spm_model`."""
+  import sentencepiece as spm
+
+  sp = spm.SentencePieceProcessor(model_file=spm_model)
+  return [sp.decode([int(t) for t in tokens if t != tasks.EOS_ID]) for tokens in token_lists]
 
 
 def main() -> None:

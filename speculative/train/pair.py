@@ -41,11 +41,11 @@ import numpy as np
 import optax
 
 from speculative import checkpoints
-from speculative import sampling as sampling_lib
+from speculative.data import corpus
 from speculative.data import metrics
 from speculative.data import overlap
 from speculative.data import tasks
-from speculative.decode import loops
+from speculative.infer import inputs as infer_inputs
 from speculative.models import t5 as t5_lib
 from speculative.train import data as train_data
 from speculative.train import distill_data
@@ -160,15 +160,8 @@ def load_task(task: str, files: Sequence[str], recipe: Recipe) -> TaskData:
     train=train_data.tokenize_pairs(pairs, SPM_MODEL, PREFIX[task]),
     validation=train_data.tokenize_pairs(validation, SPM_MODEL, PREFIX[task]),
     test_pairs=test,
-    test_inputs=[_truncate(src, inputs_length) for src, _ in test_tok],
+    test_inputs=[infer_inputs.truncate(src, inputs_length)[0] for src, _ in test_tok],
   )
-
-
-def _truncate(tokens: np.ndarray, length: int) -> np.ndarray:
-  """EOS-terminated tokens cut to `length`, EOS last (as the infer job cuts its inputs)."""
-  if len(tokens) <= length:
-    return tokens
-  return np.concatenate([tokens[: length - 1], [tasks.EOS_ID]]).astype(np.int32)
 
 
 def mixed(translate: list, summarize: list, recipe: Recipe) -> list:
@@ -232,6 +225,8 @@ class Trainee:
 
 
 def learning_rate(trainee: Trainee, fraction: float, recipe: Recipe) -> float:
+  """Warmup over the trainee's first steps, then the peak, then linear to 0 over the last
+  `cooldown_fraction` of the phase's seconds (`fraction` = elapsed / budget)."""
   warm = min(1.0, (trainee.steps_done + 1) / recipe.warmup_steps)
   cool = min(1.0, max(0.0, 1.0 - fraction) / recipe.cooldown_fraction)
   return trainee.peak_lr * trainee.lr_scale * warm * cool
@@ -313,56 +308,16 @@ def _evaluate_and_keep(t: Trainee, val_sets, buckets, elapsed: float, loss: floa
 # Decoding.
 
 
-def greedy_fn(model, recipe: Recipe, task: str):
-  """A jitted greedy decode of `model` for `task`'s input and output lengths: (params, encoder
-  tokens [decode_batch, inputs_length]) -> DecodeResult."""
-  _, new_tokens = recipe.lengths(task)
-  options = dict(
-    max_new_tokens=new_tokens,
-    sampling=sampling_lib.SamplingConfig(greedy=True),
-    eos_id=tasks.EOS_ID,
-  )
-
-  def decode(params, encoder_tokens):
-    return loops.autoregressive_decode(
-      model, params, None, encoder_tokens=encoder_tokens, check_finite=False, **options
-    )
-
-  return decode
-
-
-def greedy_outputs(decode, params, inputs: list, recipe: Recipe, task: str) -> list:
-  """The greedy output tokens (EOS included when reached) of every input, in input order."""
+def _greedy(decode, params, inputs: list, recipe: Recipe, task: str) -> list:
   inputs_length, _ = recipe.lengths(task)
-  order = sorted(range(len(inputs)), key=lambda i: len(inputs[i]))
-  out: list = [None] * len(inputs)
-  for start in range(0, len(order), recipe.decode_batch):
-    idx = order[start : start + recipe.decode_batch]
-    enc = np.ones((recipe.decode_batch, inputs_length), np.int32)  # [B, S]; padding rows: EOS only
-    enc[:, 1:] = 0
-    for row, i in enumerate(idx):
-      src = _truncate(inputs[i], inputs_length)
-      enc[row] = 0
-      enc[row, : len(src)] = src
-    result = decode(params, jnp.asarray(enc))
-    tokens, lengths = np.asarray(result.tokens), np.asarray(result.lengths)  # [B, N], [B]
-    for row, i in enumerate(idx):
-      out[i] = tokens[row, : lengths[row]].astype(np.int32)
-  return out
-
-
-def detokenize(token_lists: list) -> list[str]:
-  import sentencepiece as spm
-
-  sp = spm.SentencePieceProcessor(model_file=SPM_MODEL)
-  return [sp.decode([int(t) for t in tokens if t != tasks.EOS_ID]) for tokens in token_lists]
+  return distill_data.greedy_outputs(decode, params, inputs, recipe.decode_batch, inputs_length)
 
 
 def distillation_set(task: str, data: TaskData, outputs: list) -> tuple[list, dict]:
   """(inputs, the target's output) training examples: outputs that loop, stop at the cap without
   EOS or are empty are dropped (`distill_data.drop_reason`), then every pair whose source or
   output matches a held-out side (`overlap`), as the CPU recipe's distillation set."""
-  texts = detokenize(outputs)
+  texts = distill_data.detokenize(outputs, SPM_MODEL)
   counts = {"records": len(outputs), "looping": 0, "no_eos": 0, "empty": 0}
   kept = []
   for i, ((src, _), text, toks) in enumerate(zip(data.train_pairs, texts, outputs)):
@@ -452,7 +407,7 @@ def run(out_dir: str, first_dir: str, recipe: Recipe, toy: bool, sources: str) -
     recipe.target_lr,
   )
   target_model = t5_lib.T5(configs["target"])
-  decoders = {task: greedy_fn(target_model, recipe, task) for task in data}
+  decoders = {task: distill_data.greedy_fn(target_model, recipe.lengths(task)[1]) for task in data}
   drafts = _make_drafts(configs, recipe, sources)
   _compile([*target.warm_calls(buckets)])
   log(f"target compiled ({time.time() - t0:.0f} s); training {recipe.target_seconds:.0f} s")
@@ -485,7 +440,7 @@ def run(out_dir: str, first_dir: str, recipe: Recipe, toy: bool, sources: str) -
   # 2. The distillation set: the target's greedy outputs on every training input of both tasks.
   distilled, report["distillation"] = {}, {}
   for task, d in data.items():
-    outputs = greedy_outputs(decoders[task], target_params, [s for s, _ in d.train], recipe, task)
+    outputs = _greedy(decoders[task], target_params, [s for s, _ in d.train], recipe, task)
     distilled[task], report["distillation"][task] = distillation_set(task, d, outputs)
   log(f"distillation set decoded ({time.time() - t0:.0f} s)")
   empty = [task for task, examples in distilled.items() if not examples]
@@ -498,9 +453,7 @@ def run(out_dir: str, first_dir: str, recipe: Recipe, toy: bool, sources: str) -
   # of the validation inputs (what their alpha is measured on).
   val_distilled = {}
   for task, d in data.items():
-    outputs = greedy_outputs(
-      decoders[task], target_params, [s for s, _ in d.validation], recipe, task
-    )
+    outputs = _greedy(decoders[task], target_params, [s for s, _ in d.validation], recipe, task)
     val_distilled[task] = [(s, o) for (s, _), o in zip(d.validation, outputs) if len(o)]
   train_for(
     drafts,
@@ -528,7 +481,7 @@ def run(out_dir: str, first_dir: str, recipe: Recipe, toy: bool, sources: str) -
       "history": d.history,
       "best": d.best[3],
       "steps": d.steps_done,
-      "sha256": transport.sha256_file(os.path.join(out_dir, "second", f"{d.name}.msgpack")),
+      "sha256": corpus.sha256_file(os.path.join(out_dir, "second", f"{d.name}.msgpack")),
     }
   report["seconds"] = round(time.time() - t0, 1)
   with open(os.path.join(out_dir, "report.json"), "w") as f:
@@ -551,9 +504,9 @@ def _make_drafts(configs, recipe: Recipe, sources: str) -> list[Trainee]:
 
 
 def _compile(calls: Sequence) -> None:
+  """Runs every call once, in threads: XLA compiles them side by side."""
   with concurrent.futures.ThreadPoolExecutor(max(1, len(calls))) as pool:
-    for result in pool.map(lambda call: jax.block_until_ready(call()), calls):
-      del result
+    list(pool.map(lambda call: jax.block_until_ready(call()), calls))
 
 
 def _warm_decode(decode, params, recipe: Recipe, task: str):
@@ -567,8 +520,8 @@ def _test(data, decoders, target_params, drafts, configs, recipe: Recipe, out_di
   metrics, and each draft's teacher-forced alpha and block efficiency on them."""
   out = {}
   for task, d in data.items():
-    tokens = greedy_outputs(decoders[task], target_params, d.test_inputs, recipe, task)
-    texts = detokenize(tokens)
+    tokens = _greedy(decoders[task], target_params, d.test_inputs, recipe, task)
+    texts = distill_data.detokenize(tokens, SPM_MODEL)
     refs = [t for _, t in d.test_pairs]
     m = {"examples": len(texts), **metrics.loop_rate(refs, texts)}
     m["no_eos"] = sum(1 for t in tokens if not len(t) or t[-1] != tasks.EOS_ID) / len(tokens)

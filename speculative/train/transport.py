@@ -23,20 +23,14 @@ import sys
 import tarfile
 import tempfile
 
+from speculative.data import corpus
+
 MANIFEST = "target.manifest.json"
 TREE_LIMIT = 64 * 2**20
 
 
 class TransportError(ValueError):
   """A chunk or file that is missing or does not match its recorded sha256."""
-
-
-def sha256_file(path: str | os.PathLike) -> str:
-  digest = hashlib.sha256()
-  with open(path, "rb") as f:
-    for block in iter(lambda: f.read(1 << 20), b""):
-      digest.update(block)
-  return digest.hexdigest()
 
 
 def split(path: str, out_dir: str, first_dir: str, chunk_bytes: int, first_n: int) -> dict:
@@ -123,7 +117,7 @@ def collect(first: str, second: str, dest_dir: str) -> list[str]:
       if not sidecar.is_file():
         raise TransportError(f"{name}: its sidecar is not in {results}")
       recorded = json.loads(sidecar.read_text())["sha256"]
-      if sha256_file(Path(staging, name)) != recorded:
+      if corpus.sha256_file(Path(staging, name)) != recorded:
         raise TransportError(f"{name}: sha256 differs from its sidecar's {recorded[:12]}")
     if os.path.exists(dest_dir):
       shutil.rmtree(dest_dir)
