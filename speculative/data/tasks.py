@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 from typing import Any
@@ -332,6 +333,42 @@ def _add_task(
     output_features=output_features(vocabulary),
     postprocess_fn=postprocess_text,
     metric_fns=[metric],
+  )
+
+
+def check_tfds_prepared(task_name: str) -> None:
+  """A task whose source is a TFDS dataset (`speculative_wmt_t2t_ende_v003`,
+  `speculative_cnn_dailymail_v002`) needs that dataset already prepared in its TFDS data directory
+  (`$TFDS_DATA_DIR`, default ~/tensorflow_datasets): FileNotFoundError, one line naming the dataset,
+  the directory and how to provide it, if it is not. Without this check TFDS would start downloading
+  and preparing it inside the job (gigabytes; offline, minutes of retries and then a traceback).
+  Other tasks pass. Registers the tasks."""
+  import logging
+
+  import seqio  # pylint: disable=g-import-not-at-top
+
+  register_tasks()
+  source = getattr(seqio.get_mixture_or_task(task_name), "source", None)
+  if not isinstance(source, seqio.TfdsDataSource):
+    return
+  absl_logger = logging.getLogger("absl")
+  level = absl_logger.level
+  absl_logger.setLevel(logging.ERROR)  # TFDS warns about a half-prepared folder: we say more below
+  try:
+    builder = source.tfds_dataset.builder
+    prepared = builder.is_prepared()
+  finally:
+    absl_logger.setLevel(level)
+  if prepared:
+    return
+  name = source.tfds_dataset.name
+  data_dir = builder.data_dir  # <data_dir>/<dataset>[/<config>]/<version>
+  for _ in range(len(name.split(":")[0].split("/")) + 1):
+    data_dir = os.path.dirname(data_dir)
+  raise FileNotFoundError(
+    f"task {task_name} needs the TFDS dataset {name}, which is not prepared in {data_dir}; "
+    f"download and prepare it once (network access needed): tfds build {name.split(':')[0]} "
+    f"--data_dir={data_dir}, or point TFDS_DATA_DIR at a directory that holds it"
   )
 
 

@@ -193,7 +193,7 @@ def examples_from_task(
   """Examples of a registered seqio task (e.g. `libreoffice_ende`), in dataset order."""
   import seqio
 
-  tasks.register_tasks()
+  tasks.check_tfds_prepared(task_name)  # registers the tasks; a TFDS dataset must be there
   task = seqio.get_mixture_or_task(task_name)
   # Read once, in order: no in-memory cache (a cache that `take` stops reading early is discarded,
   # with a warning).

@@ -1,6 +1,7 @@
 """The output directory of a batch inference job: the manifest of everything that determines the
-outputs (a re-run resumes only outputs of identical settings), one predictions file per mode (one
-JSON record per example), the per-example decode times, all written atomically."""
+outputs (a re-run resumes only outputs of identical settings, or grows them to more examples of
+the same inputs), one predictions file per mode (one JSON record per example), the per-example
+decode times, all written atomically."""
 
 from __future__ import annotations
 
@@ -70,16 +71,22 @@ def build_manifest(
   }
 
 
-def claim_output_dir(output_dir: str, manifest: dict[str, Any], overwrite: bool) -> None:
+def claim_output_dir(
+  output_dir: str,
+  manifest: dict[str, Any],
+  overwrite: bool,
+  examples: Sequence[infer_inputs.Example] = (),
+) -> None:
   """Makes `output_dir` this job's (the caller holds its lock): a killed writer's temporaries are
-  removed; outputs of other settings are deleted (`overwrite`) or refused; the manifest is
-  written."""
+  removed; outputs of other settings are deleted (`overwrite`) or refused, unless `manifest` (over
+  `examples`) only extends the recorded one (`extends`: the finished records are kept and resumed);
+  the manifest is written (atomically)."""
   checkpoints.remove_stale_temporaries(output_dir)  # we hold the lock: no other writer
   if overwrite:
     for name in OUTPUT_FILES:
       if os.path.exists(os.path.join(output_dir, name)):
         os.remove(os.path.join(output_dir, name))
-  else:
+  elif not extends(lock.read_manifest(output_dir), manifest, examples):
     lock.check_manifest(
       output_dir,
       manifest,
@@ -88,6 +95,33 @@ def claim_output_dir(output_dir: str, manifest: dict[str, Any], overwrite: bool)
   files.write_atomic(
     os.path.join(output_dir, lock.MANIFEST_FILE),
     json.dumps(manifest, indent=2, ensure_ascii=False) + "\n",
+  )
+
+
+# The manifest fields that growing a job to more examples of the same inputs changes.
+EXTENSION_FIELDS = ("inputs_sha256", "examples", "num_examples")
+
+
+def extends(
+  old: dict[str, Any] | None, new: dict[str, Any], examples: Sequence[infer_inputs.Example]
+) -> bool:
+  """Whether `new` (the manifest of `examples`) only grows the job `old` recorded: every field
+  equal but EXTENSION_FIELDS, a larger `num_examples` (or None = all) than a bounded old one, and
+  the old examples a prefix of `examples` (the sha256 of the first `old['examples']` of them is the
+  recorded `inputs_sha256`). Any other change, a shrink included, is not an extension."""
+  if old is None:
+    return False
+  rest = lambda m: {k: v for k, v in m.items() if k not in EXTENSION_FIELDS}  # noqa: E731
+  if lock.manifest_differences(rest(old), rest(new)):
+    return False
+  old_n, new_n = old.get("num_examples"), new.get("num_examples")
+  if not isinstance(old_n, int) or (new_n is not None and new_n <= old_n):
+    return False
+  done = old.get("examples")
+  return (
+    isinstance(done, int)
+    and done <= len(examples)
+    and infer_inputs.examples_sha256(examples[:done]) == old.get("inputs_sha256")
   )
 
 

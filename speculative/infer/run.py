@@ -15,8 +15,10 @@ the walltime speedup. It writes, atomically, under `output_dir`:
   timings.json              per-example decode seconds of each mode
   metrics.json / report.md  the summary
 An interrupted job resumes: finished examples are read back and not decoded again, but only if
-the manifest matches; a re-run with any different setting is refused before a model loads (use a
-new output directory, or `infer.overwrite = True` / OVERWRITE = True to delete the old outputs).
+the manifest matches. A finished job grows: a larger NUM_EXAMPLES (or None) over the same inputs
+and settings keeps the finished records and decodes only the new examples. A re-run with any other
+change is refused before a model loads (use a new output directory, or `infer.overwrite = True` /
+OVERWRITE = True to delete the old outputs).
 One run at a time may write to an output directory (an OS lock, `.lock`). Every knob, path and
 the output directory are checked in the first seconds, before any weights load (docs/batch_jobs.md).
 
@@ -76,8 +78,9 @@ def infer(settings: infer_settings.InferSettings) -> dict[str, Any]:
 
   Before anything is loaded, every knob's type and range (`InferSettings`), every path and the
   output directory's writability are checked; then the output directory is locked (one writer) and
-  its manifest compared (a re-run resumes only outputs of identical settings; `overwrite` deletes
-  outputs of other settings instead of refusing). `num_examples`: how many examples (>= 1) from the
+  its manifest compared (a re-run resumes only outputs of identical settings, or of the same
+  settings with fewer examples of the same inputs: a larger `num_examples` grows a finished job;
+  `overwrite` deletes outputs of other settings instead of refusing). `num_examples`: how many examples (>= 1) from the
   start of the task split / input file; None = all. `gamma` in GAMMA_RANGE; `temperature` >= 0;
   `top_k` >= 0 (0 = off); `top_p` in (0, 1]; `lenience` in (0, 1]; `batch_size` >= 1.
 
@@ -116,7 +119,10 @@ def _run(settings: infer_settings.InferSettings) -> dict[str, Any]:
   with checks.user_errors():  # a bad input file, or outputs of other settings: refused
     inputs = infer_inputs.load_inputs(settings)
     outputs.claim_output_dir(
-      settings.output_dir, outputs.build_manifest(settings, inputs), settings.overwrite
+      settings.output_dir,
+      outputs.build_manifest(settings, inputs),
+      settings.overwrite,
+      inputs.examples,
     )
   models = _load_models(settings)
   runs = outputs.resume_runs(settings.output_dir, _decode_fns(settings, models))

@@ -3,6 +3,7 @@ an error that names the knob. No gin, no jax.
 
   check_int / check_float / check_choice    type and range of a knob, ValueError naming it
   check_readable / probe_writable            paths: readable inputs, a writable output directory
+  resolve_input_path                         a relative input path missing here: the repository's
   check_not_tracked                          an output path that is no file git tracks here
   user_errors                                marks the errors of a job's checks as the user's to fix
   settings_entry                             a runner whose keyword arguments are its settings' fields
@@ -91,6 +92,21 @@ def check_readable(name: str, path: Any) -> str:
   if not os.access(path, os.R_OK) or (os.path.isdir(path) and not os.access(path, os.X_OK)):
     raise PermissionError(f'{name} is not readable: {path}')
   return path
+
+
+def resolve_input_path(path: Any, repo_root: str | os.PathLike = REPO_ROOT) -> Any:
+  """`path` under `repo_root` if it is relative, does not exist relative to the working directory
+  and does exist under the repository root; `path` unchanged otherwise (absolute, existing here,
+  missing in both, or not a path). The shipped run files name repository paths
+  (`models/embedded/target.msgpack`), so a job started from another directory still finds them,
+  while a user's own relative path that exists here keeps meaning the one here."""
+  if not isinstance(path, (str, os.PathLike)) or not str(path):
+    return path
+  path = os.fspath(path)
+  if os.path.isabs(path) or os.path.exists(path):
+    return path
+  candidate = os.path.join(os.fspath(repo_root), path)
+  return candidate if os.path.exists(candidate) else path
 
 
 def probe_writable(directory: str) -> None:

@@ -328,6 +328,48 @@ def _syntax_hint(statement: str, reason: str, from_command_line: bool = False) -
   return f'gin: {reason}'
 
 
+class _NoGinPathNotFound(logging.Filter):
+  """Drops gin's 'Path not found: <include>' ERROR lines (`_quiet_file_readers`)."""
+
+  def filter(self, record: logging.LogRecord) -> bool:
+    return not str(record.msg).startswith('Path not found:')
+
+
+@contextlib.contextmanager
+def _quiet_file_readers():
+  """gin tries an `include` under each search path in turn (the working directory, then the
+  repository root: `search_paths`), with each of its file readers. Its package-resource reader
+  logs an ERROR 'Path not found' line for every path that lacks the file, even when a later one has
+  it, and fails with a TypeError where the include's directory is a namespace package (configs/,
+  with the repository on sys.path). While this is open, that check is silent and a failure means
+  'not here'; an include found nowhere is still an error (`parse`: FileNotFoundError naming the
+  paths)."""
+  import gin  # deferred: only runners need gin
+
+  def quiet(exists):
+    def check(path):
+      if exists in (os.path.isfile, os.path.exists):
+        return exists(path)
+      no_path_not_found = _NoGinPathNotFound()
+      logging.getLogger().addFilter(no_path_not_found)  # gin logs through the root logger
+      try:
+        return exists(path)
+      except (TypeError, ValueError, ImportError):
+        return False
+      finally:
+        logging.getLogger().removeFilter(no_path_not_found)
+
+    return check
+
+  readers = gin.config._FILE_READERS  # pylint: disable=protected-access
+  saved = list(readers)
+  readers[:] = [(reader, quiet(exists)) for reader, exists in saved]
+  try:
+    yield
+  finally:
+    readers[:] = saved
+
+
 def _parse_config(gin_files: Sequence[str], bindings: Sequence[str]) -> None:
   """gin's parse of the files, then of the bindings one at a time (so that an error names its
   binding); a line or binding gin cannot parse is a ValueError naming it (`_syntax_error`)."""
@@ -337,7 +379,8 @@ def _parse_config(gin_files: Sequence[str], bindings: Sequence[str]) -> None:
 
   for gin_file in gin_files:
     try:
-      gin.parse_config_file(gin_file)
+      with _quiet_file_readers():
+        gin.parse_config_file(gin_file)
     except (SyntaxError, tokenize.TokenError) as e:  # the line of the file (or an included one)
       raise _syntax_error(e, gin_file=getattr(e, 'filename', None) or gin_file) from e
   for binding in bindings:

@@ -171,3 +171,33 @@ def test_helpers():
     tasks.load_split("dev")
   with pytest.raises(TypeError):
     tasks.make_inputs(b"bytes")
+
+
+@pytest.mark.parametrize("tfds_name", [tasks.WMT_ENDE_TFDS, tasks.CNN_DAILYMAIL_TFDS])
+def test_an_unprepared_tfds_dataset_is_one_line_naming_it(tmp_path, monkeypatch, tfds_name):
+  """A TFDS task whose dataset is not in its data directory is refused before TFDS would start
+  downloading it: one line naming the dataset, the directory and `tfds build`; the shipped corpus
+  passes. Nothing is downloaded (a download attempt fails the test)."""
+
+  def no_download(*args, **kwargs):
+    raise AssertionError("tried to download")
+
+  monkeypatch.setattr(tfds.core.DatasetBuilder, "download_and_prepare", no_download)
+  name = "test_unprepared_" + tfds_name.split("/")[0].split(":")[0]
+  seqio.TaskRegistry.remove(name)
+  seqio.TaskRegistry.add(
+    name,
+    source=seqio.TfdsDataSource(tfds_name=tfds_name, tfds_data_dir=str(tmp_path)),
+    preprocessors=[],
+    output_features={},
+  )
+  try:
+    with pytest.raises(FileNotFoundError) as error:
+      tasks.check_tfds_prepared(name)
+  finally:
+    seqio.TaskRegistry.remove(name)
+  message = str(error.value)
+  assert "\n" not in message
+  assert f"needs the TFDS dataset {tfds_name}, which is not prepared in {tmp_path};" in message
+  assert f"tfds build {tfds_name.split(':')[0]} --data_dir={tmp_path}" in message
+  tasks.check_tfds_prepared(tasks.LIBREOFFICE_TASK)  # a local corpus: nothing to check

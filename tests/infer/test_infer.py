@@ -221,6 +221,56 @@ def test_resume_does_not_redo_finished_examples(setup, monkeypatch):
   assert reference["examples"] == len(SOURCES)
 
 
+def test_a_finished_job_grows_to_more_examples_and_refuses_a_shrink(setup, monkeypatch, tmp_path):
+  """NUM_EXAMPLES 2 -> 3 on the same output directory: the two finished records stay byte-identical
+  and are not decoded again, the third is added, the manifest and metrics say 3. A shrink (3 -> 2),
+  a grow with another setting changed, or a grow over edited inputs are refused as before."""
+  root, kwargs = setup
+  out = tmp_path / "grow"
+  infer.infer(output_dir=str(out), **{**kwargs, "num_examples": 2})
+  before = {m: (out / f"predictions-{m}.jsonl").read_bytes() for m in infer_settings.MODES}
+  timings_before = json.loads((out / "timings.json").read_text())
+  original = infer_outputs.record
+  calls = []
+  monkeypatch.setattr(
+    infer_outputs,
+    "record",
+    lambda example, *a: calls.append(example.index) or original(example, *a),
+  )
+  summary = infer.infer(output_dir=str(out), **{**kwargs, "num_examples": 3})
+  assert calls == [2, 2]  # only the new example, once per mode
+  for mode in infer_settings.MODES:
+    after = (out / f"predictions-{mode}.jsonl").read_bytes()
+    assert after.startswith(before[mode]) and after.count(b"\n") == 3
+    assert [r["index"] for r in _records(out, mode)] == [0, 1, 2]
+    timings = json.loads((out / "timings.json").read_text())[mode]
+    assert {i: timings[i] for i in ("0", "1")} == timings_before[mode]  # not re-timed
+  manifest = json.loads((out / "manifest.json").read_text())
+  assert (manifest["num_examples"], manifest["examples"]) == (3, 3)
+  assert summary["examples"] == 3
+  assert json.loads((out / "metrics.json").read_text())["examples"] == 3
+  assert not list(out.glob("*.tmp*"))  # the manifest was replaced atomically
+  # Anything but a grow is refused, naming the changed fields; nothing is decoded.
+  calls.clear()
+  with pytest.raises(ValueError, match=r"(?s)different settings.*num_examples: was 3, now 2"):
+    infer.infer(output_dir=str(out), **{**kwargs, "num_examples": 2})
+  with pytest.raises(ValueError, match=r"(?s)different settings.*gamma: was 3, now 2"):
+    infer.infer(output_dir=str(out), **{**kwargs, "num_examples": 4, "gamma": 2})
+  edited = tmp_path / "edited.tsv"
+  edited.write_text("Something else.\tRef 0\n" + Path(kwargs["input_file"]).read_text())
+  with pytest.raises(ValueError, match=r"(?s)different settings.*inputs: was"):
+    infer.infer(output_dir=str(out), **{**kwargs, "num_examples": 4, "input_file": str(edited)})
+  same_name = tmp_path / "same"  # the same file name, its first line edited: the prefix differs
+  infer.infer(output_dir=str(same_name), **{**kwargs, "num_examples": 1})
+  text = Path(kwargs["input_file"]).read_text()
+  monkeypatch.setattr(
+    infer_inputs, "read_lines", lambda path: ["Edited.\tRef 0"] + text.splitlines()[1:]
+  )
+  with pytest.raises(ValueError, match=r"(?s)different settings.*inputs_sha256: was"):
+    infer.infer(output_dir=str(same_name), **{**kwargs, "num_examples": 2})
+  assert calls == [0, 0]  # only the fresh one-example job decoded (once per mode)
+
+
 @pytest.mark.slow
 def test_killed_job_resumes_without_losing_or_duplicating(setup, tmp_path):
   """SIGKILL the real CLI mid-run; the rerun completes every example exactly once."""

@@ -229,3 +229,64 @@ def test_train_refuses_to_export_onto_the_shipped_weights_before_any_compute(tmp
   assert "train.export_overwrites_tracked = True" in line
   assert not (tmp_path / "run").exists()  # refused before the run directory is made
   assert hashlib.sha256(SHIPPED_TARGET.read_bytes()).hexdigest() == before
+
+
+def test_the_shipped_run_file_works_from_another_directory(
+  clean_gin, tmp_path, monkeypatch, caplog
+):
+  """From outside the repository, `--gin_file=<repo>/configs/local/run.gin` finds its includes
+  without gin's 'Path not found' lines, and the run file's relative checkpoint paths resolve into
+  the repository (checks.resolve_input_path); the output directory stays relative to the working
+  directory. Stops with the settings, before any weights load."""
+  from speculative.infer import run as infer_run
+
+  seen = {}
+
+  def settings_only(settings):
+    seen["settings"] = settings
+    return {}
+
+  monkeypatch.setattr(infer_run, "_run", settings_only)
+  monkeypatch.chdir(tmp_path)
+  caplog.set_level("INFO")
+  infer_run.main(
+    [f"--gin_file={REPO / 'configs' / 'local' / 'run.gin'}", "--gin_bindings=NUM_EXAMPLES = 1"]
+  )
+  assert not [r for r in caplog.records if "Path not found" in r.getMessage()]
+  settings = seen["settings"]
+  assert settings.target_checkpoint == str(REPO / "models" / "embedded" / "target.msgpack")
+  assert settings.draft_checkpoint == str(REPO / "models" / "embedded" / "draft.msgpack")
+  assert settings.output_dir == "outputs/embedded_run"  # here, in the working directory
+  assert (tmp_path / "outputs" / "embedded_run").is_dir()
+
+
+def test_resolve_input_path_prefers_the_working_directory(tmp_path, monkeypatch):
+  monkeypatch.chdir(tmp_path)
+  assert checks.resolve_input_path("models/embedded/target.msgpack") == str(SHIPPED_TARGET)
+  (tmp_path / "models" / "embedded").mkdir(parents=True)
+  (tmp_path / "models" / "embedded" / "target.msgpack").write_bytes(b"mine")
+  assert checks.resolve_input_path("models/embedded/target.msgpack") == (
+    "models/embedded/target.msgpack"
+  )
+  assert checks.resolve_input_path("nowhere.msgpack") == "nowhere.msgpack"  # refused later
+  assert checks.resolve_input_path("/abs/nowhere") == "/abs/nowhere"
+  assert checks.resolve_input_path(None) is None
+
+
+@pytest.mark.slow
+def test_help_from_another_directory_logs_no_missing_includes(tmp_path):
+  """The console script from outside the checkout: no 'Path not found' lines on stderr."""
+  env = {k: v for k, v in os.environ.items() if k != gin_utils.DEBUG_ENV}
+  env["PYTHONPATH"] = str(REPO)  # this checkout's package, whatever is installed
+  proc = subprocess.run(
+    [sys.executable, "-m", "speculative.infer", "--help"]
+    + [f"--gin_file={REPO / 'configs' / 'local' / 'run.gin'}"],
+    cwd=tmp_path,
+    capture_output=True,
+    text=True,
+    env=env,
+    timeout=300,
+  )
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  assert "Path not found" not in proc.stderr and "Traceback" not in proc.stderr
+  assert "CHECKPOINT_PATH = 'models/embedded/target.msgpack'" in proc.stdout
