@@ -3,7 +3,7 @@ an error that names the knob. No gin, no jax.
 
   check_int / check_float / check_choice    type and range of a knob, ValueError naming it
   check_readable / probe_writable            paths: readable inputs, a writable output directory
-  resolve_input_path                         a relative input path missing here: the repository's
+  resolve_input_path                         a relative input path missing here, found under the repo
   check_not_tracked                          an output path that is no file git tracks here
   user_errors                                marks the errors of a job's checks as the user's to fix
   settings_entry                             a runner whose keyword arguments are its settings' fields
