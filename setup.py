@@ -7,7 +7,8 @@ from setuptools import find_packages
 from setuptools import setup
 
 # Versions that install together on a CPU-only Linux machine with Python 3.11 (docs/design.md section 8).
-# Ranges stay ranges here; constraints.txt pins every package exactly (the Makefile installs with it).
+# The jax family is pinned here too (its versions must match); constraints.txt pins every package
+# exactly (the Makefile installs with it).
 INSTALL_REQUIRES = [
   "jax==0.10.2",
   "jaxlib==0.10.2",

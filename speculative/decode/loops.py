@@ -6,8 +6,8 @@ sampling values, rng) is an array, so new prompts of the same shapes, a new temp
 top-p value or a new seed never recompile (`TRACE_COUNTS` counts traces, for tests).
 
 The loop state, the stream conventions (buffer, lengths, EOS, per-row RNG) and the in-loop steps
-shared with spectr_decoding.py live in decoding_state.py; the eager input checks in
-decoding_inputs.py. Both are re-exported here.
+shared with speculative/spectr/decoding.py live in decode/state.py; the eager input checks in
+decode/inputs.py.
 
 Exactness: the speculative loop's output is distributed exactly as the baseline's (and equal to it
 token for token under argmax, up to float rounding of a T=gamma+1 call vs T=1 calls) -- unless a

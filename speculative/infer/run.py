@@ -3,7 +3,7 @@
 The main job (README quickstart, `make run`):
   python -m speculative.infer --gin_file=configs/local/run.gin
 
-translates the first 100 sentences of the LibreOffice help En-De test split with the embedded
+translates the first 200 sentences of the LibreOffice help En-De test split with the embedded
 target/draft pair, greedily, once with plain autoregressive decoding and once with speculative
 decoding (interleaved batch by batch in one process, same inputs and weights), checks that the two
 outputs are token-identical, and prints BLEU, alpha, acceptance rate, block efficiency, tokens/s and
