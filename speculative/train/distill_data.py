@@ -39,12 +39,15 @@ from speculative.decode import loops
 from speculative.infer import outputs
 
 
+def _source(record: dict, prefix: str) -> str:
+  """The record's input without the task prefix."""
+  inputs = record["inputs"]
+  return inputs[len(prefix) :] if inputs.startswith(prefix) else inputs
+
+
 def drop_reason(record: dict, prefix: str) -> str | None:
   """Why an output is not a training pair ('empty', 'no_eos', 'looping'), or None to keep it."""
-  source = (
-    record["inputs"][len(prefix) :] if record["inputs"].startswith(prefix) else record["inputs"]
-  )
-  if not record["prediction"].strip() or not source.strip():
+  if not record["prediction"].strip() or not _source(record, prefix).strip():
     return "empty"
   if not record["tokens"] or record["tokens"][-1] != tasks.EOS_ID:
     return "no_eos"
@@ -63,8 +66,7 @@ def distill_pairs(records: Iterable[dict], prefix: str) -> tuple[list[tuple[str,
     if reason is not None:
       counts[reason] += 1
     else:
-      source = r["inputs"][len(prefix) :] if r["inputs"].startswith(prefix) else r["inputs"]
-      kept.append((r["index"], source, r["prediction"].strip()))
+      kept.append((r["index"], _source(r, prefix), r["prediction"].strip()))
   counts["kept"] = len(kept)
   return [(s, t) for _, s, t in sorted(kept)], counts
 

@@ -96,7 +96,7 @@ PAIR_MODELS = (
   ("target", "target (51.2M)"),
   ("draft", "small draft shape (3.2M)"),
   ("wide_draft", "embedded draft (5.2M)"),
-)  # the names report.json of 2026-11-26 uses
+)  # the names in docs/pair_device_report.json (the recipe has since renamed the drafts)
 
 
 def plot_pair(report: dict, png: str) -> None:

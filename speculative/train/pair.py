@@ -1,5 +1,5 @@
 """The pair's training on one accelerator, in one process: grow the multi-task target from the
-embedded target, train it on translation + summarization, decode the distillation set (the target's
+small target, train it on translation + summarization, decode the distillation set (the target's
 greedy outputs on the training inputs of both tasks), train two drafts on it side by side, evaluate,
 and export bfloat16 weights in chunks that the device tool can bring back.
 
@@ -71,7 +71,7 @@ MODELS = {  # name: (gin file, macro)
   "small_draft": ("configs/models/small_draft.gin", "SMALL_DRAFT"),
   "embedded_draft": ("configs/models/embedded_draft.gin", "EMBEDDED_DRAFT"),
 }
-# The small pair the recipe starts from (the embedded pair until 2026-11-26): the target is grown
+# The small pair the recipe starts from (the embedded pair before this one): the target is grown
 # from the small target, both drafts start from the small draft. `--fetch_sources` writes them (and
 # their sidecars) from git history into `--sources`.
 SMALL_PAIR_COMMIT = "4feb4d0804bddc9f3e007f525b6619499ece3d20"
@@ -190,9 +190,10 @@ class Trainee:
   """A model being trained: its params, optimizer state, jitted steps and best validation."""
 
   name: str
-  config: t5_lib.T5Config  # the training config (dropout on)
+  config: t5_lib.T5Config  # as served (no dropout); trained with `dropout_rate`
   params: Any
   peak_lr: float
+  dropout_rate: float = 0.1
   label_smoothing: float = 0.1
   opt_state: Any = None
   train_step: Any = None
@@ -203,15 +204,13 @@ class Trainee:
   history: list = dataclasses.field(default_factory=list)
 
   def __post_init__(self):
-    model = t5_lib.T5(self.config)
+    model = t5_lib.T5(dataclasses.replace(self.config, dropout_rate=self.dropout_rate))
     optimizer = make_optimizer()
     self.opt_state = optimizer.init(self.params)
     self.train_step = steps.make_train_step(
       steps.StepConfig(model=model, label_smoothing=self.label_smoothing), optimizer
     )
-    self.eval_step = steps.make_eval_step(
-      t5_lib.T5(dataclasses.replace(self.config, dropout_rate=0.0))
-    )
+    self.eval_step = steps.make_eval_step(t5_lib.T5(self.config))
 
   def warm_calls(self, buckets) -> list:
     """One call per batch shape, to compile them all in threads before (or while) training."""
@@ -252,8 +251,7 @@ def train_for(
 ) -> None:
   """Trains every trainee on the same batch stream for `seconds` of wall clock; evaluates every
   `eval_every_seconds` on `val_sets` ({task: examples}) and keeps each one's best validation state
-  (the sum of its tasks' NLL);
-  a validation that is not finite or 0.5 nats above the best restores the best and halves the
+  (the sum of its tasks' NLL); a validation that is not finite or 0.5 nats above the best restores the best and halves the
   learning rate. `background`: calls run in threads meanwhile (compiling the next phase)."""
   pool = concurrent.futures.ThreadPoolExecutor(max(1, len(background)))
   pending = [pool.submit(call) for call in background]
@@ -276,7 +274,7 @@ def train_for(
         previous["loss"].block_until_ready()
     if elapsed >= next_eval or fraction >= 1.0:
       for k, t in enumerate(trainees):
-        _evaluate_and_keep(t, val_sets, buckets, elapsed, float(last[k]["loss"]), recipe)
+        _evaluate_and_keep(t, val_sets, buckets, elapsed, float(last[k]["loss"]))
       next_eval = elapsed + recipe.eval_every_seconds
     if fraction >= 1.0:
       break
@@ -285,7 +283,7 @@ def train_for(
   pool.shutdown()
 
 
-def _evaluate_and_keep(t: Trainee, val_sets, buckets, elapsed: float, loss: float, recipe) -> None:
+def _evaluate_and_keep(t: Trainee, val_sets, buckets, elapsed: float, loss: float) -> None:
   m = evaluate(t, val_sets, buckets)
   m.update(
     step=t.steps_done,
@@ -399,10 +397,9 @@ def run(out_dir: str, first_dir: str, recipe: Recipe, toy: bool, sources: str) -
   # 1. The target: grown from the embedded target, trained on both tasks.
   small = checkpoints.load_params(source_path(sources, source), dtype=np.float32)
   grown = grow.grow_params(small, configs[source], configs["target"], recipe.seed)
-  train_cfg = lambda c: dataclasses.replace(c, dropout_rate=0.1)  # noqa: E731
   target = Trainee(
     "target",
-    train_cfg(configs["target"]),
+    configs["target"],
     jax.tree_util.tree_map(jnp.asarray, grown),
     recipe.target_lr,
   )
@@ -466,7 +463,7 @@ def run(out_dir: str, first_dir: str, recipe: Recipe, toy: bool, sources: str) -
   log(f"drafts trained ({time.time() - t0:.0f} s)")
 
   # 4. Test: the target's greedy outputs and metrics, each draft's teacher-forced alpha on them.
-  report["test"] = _test(data, decoders, target_params, drafts, configs, recipe, out_dir)
+  report["test"] = _test(data, decoders, target_params, drafts, recipe, out_dir)
   for d in drafts:  # the weights travel in the second call, their sidecars in its results
     path = os.path.join(out_dir, f"{d.name}.msgpack")
     checkpoints.save_params(
@@ -498,7 +495,7 @@ def _make_drafts(configs, recipe: Recipe, sources: str) -> list[Trainee]:
   wide = grow.grow_params(small, configs["small_draft"], configs["embedded_draft"], recipe.seed)
   to_jax = lambda p: jax.tree_util.tree_map(jnp.asarray, p)  # noqa: E731
   return [
-    Trainee(name, dataclasses.replace(configs[name], dropout_rate=0.1), to_jax(p), recipe.draft_lr)
+    Trainee(name, configs[name], to_jax(p), recipe.draft_lr)
     for name, p in (("small_draft", small), ("embedded_draft", wide))
   ]
 
@@ -515,7 +512,7 @@ def _warm_decode(decode, params, recipe: Recipe, task: str):
   return jax.block_until_ready(decode(params, enc).tokens)
 
 
-def _test(data, decoders, target_params, drafts, configs, recipe: Recipe, out_dir: str) -> dict:
+def _test(data, decoders, target_params, drafts, recipe: Recipe, out_dir: str) -> dict:
   """The target's greedy test outputs of each task (written to `out_dir/test_<task>.jsonl`), their
   metrics, and each draft's teacher-forced alpha and block efficiency on them."""
   out = {}
@@ -530,7 +527,7 @@ def _test(data, decoders, target_params, drafts, configs, recipe: Recipe, out_di
     examples = [(src, toks) for src, toks in zip(d.test_inputs, tokens) if len(toks)]
     positions = sum(len(t) for _, t in examples)
     for draft in drafts:
-      model = t5_lib.T5(configs[draft.name])
+      model = t5_lib.T5(draft.config)
       agree = draft_agreement.agreement(model, as_served(draft.best[1]), examples, batch_size=2048)
       m[f"{draft.name}_alpha"] = float(np.concatenate(agree).mean())
       for gamma in (3, 5, 7):

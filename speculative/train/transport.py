@@ -23,6 +23,7 @@ import sys
 import tarfile
 import tempfile
 
+from speculative import checkpoints
 from speculative.data import corpus
 
 MANIFEST = "target.manifest.json"
@@ -80,16 +81,8 @@ def join(manifest: dict, folders: list[str], dest: str) -> str:
   whole = b"".join(parts)
   if hashlib.sha256(whole).hexdigest() != manifest["sha256"] or len(whole) != manifest["size"]:
     raise TransportError(f"{manifest['file']}: the joined chunks differ from the device's file")
-  _write_atomic(dest, whole)
+  checkpoints.write_atomic(dest, whole)
   return dest
-
-
-def _write_atomic(dest: str, data: bytes) -> None:
-  os.makedirs(os.path.dirname(os.path.abspath(dest)), exist_ok=True)
-  fd, tmp = tempfile.mkstemp(dir=os.path.dirname(os.path.abspath(dest)), prefix=".tmp-")
-  with os.fdopen(fd, "wb") as f:
-    f.write(data)
-  os.replace(tmp, dest)
 
 
 def collect(first: str, second: str, dest_dir: str) -> list[str]:
