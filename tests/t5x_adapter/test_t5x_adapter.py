@@ -1,12 +1,14 @@
 """Tests of `speculative.t5x_adapter`: the T5X model class, draft restore and decoder params.
 
-Without t5x (the project's own venv) the t5x-free parts run: decoder_params semantics, draft configs,
-the draft-restore state transformation, the exactness check's core (`exactness`, on real tiny decodes
-and a deliberately inexact one), and the guarantee that nothing else imports t5x. With t5x
-importable (a scratch venv with the google-research/t5x, google/airio and google-research/jestimator
-source trees on PYTHONPATH, docs/design.md section 5) the adapter is checked against stock T5X: identical
-greedy decodes on the tiny fixture (tests/fixtures/t5x_tiny), `check_exactness`, and `python -m t5x.infer`
-writing predictions through it under T5X's partitioner (4 host devices, 2-way model parallel).
+tests/t5x_adapter/README.md says what runs where (test_t5x_adapter_stub.py runs the adapter's
+model class against a stub of t5x). Without t5x (the project's own venv) the t5x-free parts here
+run: decoder_params semantics, draft configs, the draft-restore state transformation, the exactness
+check's core (`exactness`, on real tiny decodes and a deliberately inexact one), and the guarantee
+that nothing else imports t5x. With t5x importable (a scratch venv with the google-research/t5x,
+google/airio and google-research/jestimator source trees on PYTHONPATH, docs/design.md section 5)
+the adapter is checked against stock T5X: identical greedy decodes on the tiny fixture
+(tests/fixtures/t5x_tiny), `check_exactness`, and `python -m t5x.infer` writing predictions
+through it under T5X's partitioner (4 host devices, 2-way model parallel).
 
   python -m pytest -q -p no:xdist tests/t5x_adapter/test_t5x_adapter.py
 """
@@ -36,6 +38,7 @@ from speculative.t5x_adapter import options
 
 REPO = Path(__file__).resolve().parents[2]
 FIXTURE = REPO / 'tests' / 'fixtures' / 't5x_tiny'  # written by stock T5X (its README.md)
+STUB = Path(__file__).resolve().parent / 't5x_stub'  # a stub of t5x's interfaces (README.md)
 TINY = t5_lib.T5Config(
   vocab_size=32128,
   emb_dim=8,
@@ -62,9 +65,12 @@ def _fixture_params():
 # ----------------------------------------------------------------------------------------------
 def test_rest_of_package_never_imports_t5x():
   """Every public module except t5x_adapter.models imports without pulling in t5x (private
-  `_name` modules, such as a compiled library, are not imported on their own)."""
+  `_name` modules, such as a compiled library, are not imported on their own). t5x is importable
+  in the subprocess (the stub of t5x_stub/ first on its path), so an import of t5x that is guarded
+  or conditional is caught too, not only one that would fail without t5x."""
   code = (
-    'import importlib, pkgutil, sys\n'
+    'import importlib, importlib.util, pkgutil, sys\n'
+    'assert importlib.util.find_spec("t5x") is not None\n'
     'import speculative\n'
     'names = [m.name for m in pkgutil.walk_packages(speculative.__path__, "speculative.")\n'
     '         if m.name != "speculative.t5x_adapter.models"\n'
@@ -75,7 +81,8 @@ def test_rest_of_package_never_imports_t5x():
     'assert not bad, bad\n'
     'print(len(names))\n'
   )
-  env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL='3')
+  path = os.pathsep.join([str(STUB), os.environ.get('PYTHONPATH', '')])
+  env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL='3', PYTHONPATH=path)
   out = subprocess.run(
     [sys.executable, '-c', code], cwd=REPO, env=env, capture_output=True, text=True, timeout=300
   )
