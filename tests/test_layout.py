@@ -107,3 +107,36 @@ def test_the_packages_import_graph_has_no_cycle():
   )
   assert result.returncode == 0, result.stdout + result.stderr
   assert result.stdout.rstrip().endswith(', 0 cycles')
+
+
+def test_the_documented_commands_list_matches_the_docs():
+  """scripts/check_documented_commands.py's list: each command's documented text is still in its
+  document, and every command of README's first-hour section is in the list (the runs themselves
+  take ~30 minutes: the pre-release check, docs/batch_jobs.md "Before a release")."""
+  result = subprocess.run(
+    [sys.executable, str(REPO / 'scripts' / 'check_documented_commands.py'), '--docs_only'],
+    capture_output=True,
+    text=True,
+    check=False,
+  )
+  assert result.returncode == 0, result.stdout + result.stderr
+  assert result.stdout.rstrip().endswith('0 document problem(s)')
+
+
+def test_a_first_hour_command_missing_from_the_list_is_found(tmp_path):
+  sys.path.insert(0, str(REPO / 'scripts'))
+  try:
+    import check_documented_commands as script  # pylint: disable=g-import-not-at-top
+  finally:
+    sys.path.pop(0)
+  readme = (REPO / 'README.md').read_text(encoding='utf-8')
+  added = readme.replace(
+    script.FIRST_HOUR + '\n', script.FIRST_HOUR + '\n\n`.venv/bin/speculative-train --new`\n', 1
+  )
+  (tmp_path / 'README.md').write_text(added, encoding='utf-8')
+  for doc in {c.doc for c in script.COMMANDS} - {'README.md'}:
+    (tmp_path / doc).parent.mkdir(parents=True, exist_ok=True)
+    (tmp_path / doc).write_text((REPO / doc).read_text(encoding='utf-8'), encoding='utf-8')
+  assert script.doc_problems(tmp_path) == [
+    "README first-hour command not in the list: '.venv/bin/speculative-train --new'"
+  ]
