@@ -2,7 +2,8 @@
 clone of this checkout's HEAD: the pre-release check of issue 37 (every documented command works as
 written, or says in one line why not).
 
-  .venv/bin/python scripts/check_documented_commands.py [--only NAME,...] [--list] [--docs_only]
+  .venv/bin/python scripts/check_documented_commands.py [--only NAME,...] [--list] [--keep]
+                                                        [--docs_only [--root DIR]]
 
 Prints one line per command, `PASS`, `NEEDS <what>` or `FAIL`, with its seconds, then the counts;
 exits 1 if any failed. What it does:
@@ -456,12 +457,15 @@ def main(argv=None) -> int:
   parser.add_argument('--list', action='store_true', help='list the commands and exit')
   parser.add_argument('--docs_only', action='store_true', help='check the documents only')
   parser.add_argument('--keep', action='store_true', help='keep the temporary directory')
+  parser.add_argument(
+    '--root', type=Path, default=REPO, help='with --docs_only: the checkout whose docs to check'
+  )
   args = parser.parse_args(argv)
   if args.list:
     for command in COMMANDS:
       print(f'{command.name:22s} {command.doc}: {collapse(command.documented)}')
     return 0
-  problems = doc_problems()
+  problems = doc_problems(args.root)
   for problem in problems:
     print(f'FAIL docs: {problem}')
   if args.docs_only:
