@@ -423,7 +423,13 @@ def run(command: Command, clone_dir: Path, elsewhere: Path) -> tuple[str, str]:
   missing = command.needs() if command.needs else None
   if missing and not command.refusal:
     return f'NEEDS {missing}', 'not run'
-  script = command.run.format(clone=clone_dir, venv=clone_dir / '.venv', elsewhere=elsewhere)
+  script = command.run  # placeholders filled by name: gin dicts in commands hold braces too
+  for name, value in (
+    ('clone', clone_dir),
+    ('venv', clone_dir / '.venv'),
+    ('elsewhere', elsewhere),
+  ):
+    script = script.replace('{' + name + '}', str(value))
   env = {k: v for k, v in os.environ.items() if k != 'SPECULATIVE_DEBUG'}
   env['PYTHONPATH'] = str(clone_dir)
   try:
