@@ -107,3 +107,38 @@ def test_the_packages_import_graph_has_no_cycle():
   )
   assert result.returncode == 0, result.stdout + result.stderr
   assert result.stdout.rstrip().endswith(', 0 cycles')
+
+
+def test_the_documented_commands_list_matches_the_docs():
+  """scripts/check_documented_commands.py's list: each command's documented text is still in its
+  document, and every command of README's first-hour section is in the list (the runs themselves
+  take ~30 minutes: the pre-release check, docs/batch_jobs.md "Before a release")."""
+  result = subprocess.run(
+    [sys.executable, str(REPO / 'scripts' / 'check_documented_commands.py'), '--docs_only'],
+    capture_output=True,
+    text=True,
+    check=False,
+  )
+  assert result.returncode == 0, result.stdout + result.stderr
+  assert result.stdout.rstrip().endswith('0 document problem(s)')
+
+
+def test_a_first_hour_command_missing_from_the_list_is_found(tmp_path):
+  heading = '## From a fresh clone: the first hour\n'
+  for doc in ('README.md', 'docs/batch_performance.md', 'docs/kernels.md'):
+    text = (REPO / doc).read_text(encoding='utf-8')
+    if doc == 'README.md':
+      text = text.replace(heading, heading + '\n`.venv/bin/speculative-train --new`\n', 1)
+    (tmp_path / doc).parent.mkdir(parents=True, exist_ok=True)
+    (tmp_path / doc).write_text(text, encoding='utf-8')
+  result = subprocess.run(
+    [sys.executable, str(REPO / 'scripts' / 'check_documented_commands.py'), '--docs_only']
+    + ['--root', str(tmp_path)],
+    capture_output=True,
+    text=True,
+    check=False,
+  )
+  assert result.returncode == 1, result.stdout + result.stderr
+  assert result.stdout.splitlines()[0] == (
+    "FAIL docs: README first-hour command not in the list: '.venv/bin/speculative-train --new'"
+  )

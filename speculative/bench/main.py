@@ -14,7 +14,8 @@ Re-render the page and plots from saved measurements (no timing):
 
   python -m speculative.benchmark --render docs/results.json
 
-It prints progress lines and finally the Markdown report. What it measures and how (inputs,
+It prints progress lines, then a summary (each group's best measured gamma and the policy's
+decision) and the path of the page it wrote, not the page. What it measures and how (inputs,
 methods, timing, the cost model, predictions, the profile, the roofline, the whole job, the gamma
 policy) and what it writes: docs/benchmark.md. Its parts live in speculative/bench/, one module per
 concern.
@@ -151,14 +152,18 @@ def _cost_models(
 
 
 def _cost_line(cm: dict[str, Any]) -> str:
-  """The progress line of one batch size's cost model (and its refusals)."""
+  """The progress line of one batch size's cost model (and its refusals): the target's and the
+  stock-equivalent step, each draft model's step and c (none where every drafter is a table or a
+  copy), v(T)."""
+  parts = [
+    f"target step {1e3 * cm['target_step_s']:.2f} ms",
+    f"stock-equivalent step {1e3 * cm['stock_equivalent_step_s']:.2f} ms",
+  ] + [
+    f"{n}: step {1e3 * d['draft_step_s']:.3f} ms c={d['c']:.3f}" for n, d in cm["drafters"].items()
+  ]
   return (
-    f"  target step {1e3 * cm['target_step_s']:.2f} ms, stock-equivalent step "
-    f"{1e3 * cm['stock_equivalent_step_s']:.2f} ms, "
-    + ", ".join(
-      f"{n}: step {1e3 * d['draft_step_s']:.3f} ms c={d['c']:.3f}"
-      for n, d in cm["drafters"].items()
-    )
+    "  "
+    + ", ".join(parts)
     + f"; v={', '.join(f'{k}:{v:.2f}' for k, v in cm['v'].items())}"
     + "".join(f"\n  too noisy: {reason}" for reason in cm["noise"]["refused"].values())
   )

@@ -273,10 +273,30 @@ def related_sections(output_dir: str) -> str:
   return "".join(parts)
 
 
+def summary_lines(report: dict[str, Any]) -> list[str]:
+  """What the command line prints once the page is written (the page itself is in the file): one
+  line per group with its best measured gamma and the policy's decision, and the warnings count."""
+  elapsed = report.get("elapsed_s")
+  lines = [
+    f"{report['title']}: {len(report['groups'])} group{'' if len(report['groups']) == 1 else 's'}"
+    + (f", {elapsed:.0f} s" if elapsed is not None else "")
+  ]
+  for choice in report.get("choices", []):
+    lines.append(
+      f"  batch {choice['batch_size']}, temperature {cells.fmt(choice['temperature'], 1)}: "
+      f"{choice['drafter']} best measured gamma {cells.fmt(choice['best_measured_gamma'])} "
+      f"({cells.fmt(choice['best_measured_speedup'], suffix='x')}); policy: {choice['decision']}"
+    )
+  if report.get("warnings"):
+    lines.append(f"  {len(report['warnings'])} warning(s): see the page's Machine section")
+  return lines
+
+
 def write_report(
   report: dict[str, Any], output_dir: str, *, plots: bool = True, log: Callable[[str], None] = print
 ) -> None:
-  """Writes results.json, results.md and (if `plots`) the PNG plots to output_dir, atomically."""
+  """Writes results.json, results.md and (if `plots`) the PNG plots to output_dir, atomically;
+  logs a short summary (`summary_lines`) and the paths written, not the page."""
   os.makedirs(output_dir, exist_ok=True)
   if plots:
     report["plots"] = plots_lib.make_plots(report, output_dir)
@@ -285,11 +305,14 @@ def write_report(
     os.path.join(output_dir, "results.json"),
     json.dumps(report, indent=1, ensure_ascii=False) + "\n",
   )
-  files.write_atomic(os.path.join(output_dir, "results.md"), markdown + "\n")
-  log(markdown)
+  page = os.path.join(output_dir, "results.md")
+  files.write_atomic(page, markdown + "\n")
+  for line in summary_lines(report):
+    log(line)
   log(
-    f"wrote {output_dir}/results.md, results.json"
+    f"wrote the results page {page}, and results.json"
     + (", speedup_vs_gamma.png, alpha.png" if plots else "")
+    + f" in {output_dir}"
   )
 
 

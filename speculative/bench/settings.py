@@ -13,6 +13,7 @@ from speculative import kernels
 from speculative.bench import methods as methods_lib
 from speculative.drafters import registry as drafter_registry
 from speculative.infer import inputs as infer_inputs
+from speculative.jobs import checks
 from speculative.models import t5 as t5_lib
 
 
@@ -86,6 +87,9 @@ class BenchmarkSettings:
   verbose: bool = True
 
   def __post_init__(self):
+    # Relative input paths missing here are the repository's (`checks.resolve_input_path`), so the
+    # shipped run files work from any working directory; output_dir stays relative to it.
+    checks.resolve_input_fields(self, ("target_checkpoint", "draft_checkpoint", "input_file"))
     check_options(self)
     # 'on' where the kernels are unavailable or the job computes off CPU: refused here.
     for batch_size in self.batch_sizes:

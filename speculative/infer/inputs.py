@@ -204,8 +204,9 @@ def examples_from_task(
     dataset = dataset.take(num_examples)
   records = dataset.as_numpy_iterator()
   # The first record builds the tokenizer ops, whose SentencePiece copy logs an INFO line per
-  # model with identity normalization (ours) to stderr, with no switch of its own.
-  with gin_utils.muted_stderr():
+  # model with identity normalization (ours) to stderr, with no switch of its own (dropped as
+  # start-up noise; any other line passes).
+  with gin_utils.filtered_stderr():
     first = next(records, None)
   examples = []
   for record in itertools.chain([first] if first is not None else [], records):  # seqio's EOS

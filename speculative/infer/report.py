@@ -9,6 +9,7 @@ from typing import Sequence
 
 import jax
 
+from speculative.data import metrics
 from speculative.data import tasks
 from speculative.decode import audit
 from speculative.infer import settings
@@ -25,7 +26,8 @@ def hit_length_cap(record: dict, max_new_tokens: int) -> bool:
 def summarize(
   records: Sequence[dict], metric_fns: Sequence[Any] = (), max_new_tokens: int | None = None
 ) -> dict[str, float]:
-  """Totals over a mode's records (docs/design.md section 7 definitions)."""
+  """Totals over a mode's records (docs/design.md section 7 definitions): the loop and length-cap
+  rates of the outputs always, `metric_fns`' scores where every record has its reference."""
   tokens = sum(r["num_tokens"] for r in records)
   calls = sum(r["target_calls"] for r in records)
   drafted = sum(r["drafted"] for r in records)
@@ -44,8 +46,10 @@ def summarize(
   if drafted:
     out["alpha"] = sum(r["alpha_sum"] for r in records) / drafted
     out["acceptance_rate"] = sum(r["accepted"] for r in records) / drafted
+  ordered = sorted(records, key=lambda r: r["index"])
+  # The loop rate reads the outputs only: it is reported with or without references.
+  out.update(metrics.loop_rate([], [r["prediction"] for r in ordered]))
   if metric_fns and all(r["reference"] is not None for r in records):
-    ordered = sorted(records, key=lambda r: r["index"])
     for metric_fn in metric_fns:  # seqio-style: (targets, predictions) -> {name: value}
       out.update(metric_fn([r["reference"] for r in ordered], [r["prediction"] for r in ordered]))
   return out

@@ -63,9 +63,11 @@ class InferSettings:
   def __post_init__(self):
     # Relative input paths missing here are the repository's (`checks.resolve_input_path`), so the
     # shipped run files work from any working directory; output_dir stays relative to it.
-    for name in ("target_checkpoint", "draft_checkpoint", "input_file", "vocabulary_path"):
-      if getattr(self, name) != "-":  # input_file '-' is stdin
-        object.__setattr__(self, name, checks.resolve_input_path(getattr(self, name)))
+    checks.resolve_input_fields(
+      self,
+      ("target_checkpoint", "draft_checkpoint", "vocabulary_path")
+      + (("input_file",) if self.input_file != "-" else ()),  # input_file '-' is stdin
+    )
     # adaptive_verify, require_identical, progress and overwrite: any value is valid.
     _check_modes(self.modes)
     _check_source(self.mixture_or_task_name, self.input_file, self.split, self.input_prefix)

@@ -4,6 +4,7 @@ an error that names the knob. No gin, no jax.
   check_int / check_float / check_choice    type and range of a knob, ValueError naming it
   check_readable / probe_writable            paths: readable inputs, a writable output directory
   resolve_input_path                         a relative input path missing here, found under the repo
+  resolve_input_fields                       resolve_input_path on a settings object's input fields
   check_not_tracked                          an output path that is no file git tracks here
   user_errors                                marks the errors of a job's checks as the user's to fix
   settings_entry                             a runner whose keyword arguments are its settings' fields
@@ -107,6 +108,19 @@ def resolve_input_path(path: Any, repo_root: str | os.PathLike = REPO_ROOT) -> A
     return path
   candidate = os.path.join(os.fspath(repo_root), path)
   return candidate if os.path.exists(candidate) else path
+
+
+def resolve_input_fields(settings: Any, names: Sequence[str]) -> None:
+  """Replaces each named field of the (frozen) dataclass `settings` by its `resolve_input_path`
+  (each element, for a list or tuple of paths): the jobs' one rule for their input paths (infer,
+  train, the benchmark), applied in their settings before any check reads a path."""
+  for name in names:
+    value = getattr(settings, name)
+    if isinstance(value, (list, tuple)):
+      value = type(value)(resolve_input_path(item) for item in value)
+    else:
+      value = resolve_input_path(value)
+    object.__setattr__(settings, name, value)
 
 
 def probe_writable(directory: str) -> None:

@@ -24,6 +24,7 @@ import logging
 import os
 import re
 import sys
+import tempfile
 from typing import Any
 from typing import Callable
 from typing import Sequence
@@ -74,50 +75,77 @@ def load_macro(gin_file: str, macro: str, expected_type: type | None = None) -> 
   return value
 
 
-# Environment that silences TensorFlow/XLA/oneDNN/absl C++ start-up logging (set before they load).
+# Environment set before TensorFlow/XLA load: their C++ INFO and WARNING lines off, ERROR lines kept
+# (TF_CPP_MIN_LOG_LEVEL 2, not 3: a real error of TF's or XLA's still shows); no oneDNN notice.
 _QUIET_ENV = {
-  'TF_CPP_MIN_LOG_LEVEL': '3',
+  'TF_CPP_MIN_LOG_LEVEL': '2',
   'TF_ENABLE_ONEDNN_OPTS': '0',
   'GRPC_VERBOSITY': 'ERROR',
-  'GLOG_minloglevel': '3',
-  'ABSL_MIN_LOG_LEVEL': '3',
 }
+
+# The start-up lines that TensorFlow, its CUDA stubs and SentencePiece print whatever the log level
+# (before absl's logging is initialised, or at ERROR level for a GPU that is not there), none of
+# them a problem of the job: `filtered_stderr` drops these and passes every other line through.
+STARTUP_NOISE = re.compile(
+  '|'.join(
+    (
+      r'All log messages before absl::InitializeLog\(\) is called are written to STDERR',
+      r'cudart_stub\.cc.*Could not find cuda drivers',
+      r'failed call to cuInit',  # TF's CUDA probe on a machine without a GPU driver
+      r'Unable to register cu(DNN|FFT|BLAS) factory',  # TF and jax both bring CUDA plugins
+      r'computation_placer\.cc.*already registered',
+      r'TF-TRT Warning: Could not find TensorRT',
+      r'cpu_feature_guard\.cc',
+      r'^To enable the following instructions: ',  # cpu_feature_guard's second line
+      r'oneDNN custom operations are on',
+      r'normalizer\.cc.*precompiled_charsmap is empty',  # SentencePiece, identity normalization
+    )
+  )
+)
 
 
 def quiet_native_logs(verbose: bool = False) -> None:
-  """Silences the C++ log lines of TensorFlow/XLA/CUDA stubs on start-up (unless `verbose`).
-
-  Values already in the environment win. TensorFlow (used by seqio for the tasks) prints a few
-  lines before its logging is configured, so it is imported here with stderr muted; Python
-  exceptions still propagate.
-  """
+  """Silences the C++ start-up lines of TensorFlow/XLA/CUDA stubs (unless `verbose`): sets
+  `_QUIET_ENV` (values already in the environment win), then imports TensorFlow and initialises
+  its devices inside `filtered_stderr`, which drops the known start-up noise (`STARTUP_NOISE`:
+  e.g. TF's 'failed call to cuInit' on a machine without a GPU, logged at ERROR level at the first
+  op otherwise) and passes any other line through. seqio's pipelines run on CPU."""
   if verbose:
     return
   for key, value in _QUIET_ENV.items():
     os.environ.setdefault(key, value)
   if 'tensorflow' in sys.modules or importlib.util.find_spec('tensorflow') is None:
     return
-  with muted_stderr():
+  with filtered_stderr():
     import tensorflow  # pylint: disable=g-import-not-at-top
 
-    # Initialise TF's devices now, muted: on a CPU machine its CUDA probe logs an E-level
-    # "failed call to cuInit" line at the first op otherwise. seqio's pipelines run on CPU.
     tensorflow.config.set_visible_devices([], 'GPU')
 
 
 @contextlib.contextmanager
-def muted_stderr():
-  """Points file descriptor 2 at /dev/null inside, for native libraries that log there with no
-  switch of their own; Python exceptions still propagate (and print once it is restored)."""
+def filtered_stderr(noise: re.Pattern = STARTUP_NOISE):
+  """Points file descriptor 2 at a temporary file inside (native libraries log there with no switch
+  of their own), then writes back to stderr every line that `noise` does not match, so a real
+  error still shows. Python exceptions propagate (and print once stderr is restored)."""
   sys.stderr.flush()
   saved = os.dup(2)
-  try:
-    with open(os.devnull, 'w') as devnull:
-      os.dup2(devnull.fileno(), 2)
+  with tempfile.TemporaryFile() as captured:
+    try:
+      os.dup2(captured.fileno(), 2)
       yield
-  finally:
-    os.dup2(saved, 2)
-    os.close(saved)
+    finally:
+      sys.stderr.flush()
+      os.dup2(saved, 2)
+      os.close(saved)
+      captured.seek(0)
+      kept = [
+        line
+        for line in captured.read().decode('utf-8', errors='replace').splitlines(keepends=True)
+        if not noise.search(line)
+      ]
+      if kept:
+        sys.stderr.write(''.join(kept))
+        sys.stderr.flush()
 
 
 def search_paths() -> list[str]:

@@ -14,6 +14,17 @@ from speculative.train import checkpoints as train_checkpoints
 from speculative.train import data as train_data
 from speculative.train import steps
 
+# The fields of TrainSettings that name inputs (files or checkpoints the run reads).
+INPUT_PATHS = (
+  "train_tsv",
+  "validation_tsv",
+  "spm_model",
+  "teacher_checkpoint",
+  "init_checkpoint",
+  "fork_checkpoint",
+  "exclude_heldout",
+)
+
 
 @dataclasses.dataclass(frozen=True)
 class TrainSettings:
@@ -55,6 +66,21 @@ class TrainSettings:
   export_overwrites_tracked: bool = False
 
   def __post_init__(self):
+    # Relative input paths missing here are the repository's (`checks.resolve_input_path`), so the
+    # shipped run files (data/..., models/...) work from any working directory; output_dir and
+    # export_path stay relative to it.
+    checks.resolve_input_fields(self, INPUT_PATHS)
+    if self.extra_validation:
+      object.__setattr__(
+        self,
+        "extra_validation",
+        {
+          name: (checks.resolve_input_path(entry[0]), *entry[1:])
+          if isinstance(entry, (tuple, list))
+          else entry
+          for name, entry in self.extra_validation.items()
+        },
+      )
     if not self.export_overwrites_tracked:  # the shipped weights (models/embedded/) are tracked
       checks.check_not_tracked("export_path", self.export_path, "train.export_overwrites_tracked")
     if not self.train_files:

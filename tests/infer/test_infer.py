@@ -16,6 +16,7 @@ import pytest
 
 from speculative import infer
 from speculative import kernels as kernels_lib
+from speculative.data import metrics as data_metrics
 from speculative.data import tasks
 from speculative.decode import batching
 from speculative.decode import loops as decoding
@@ -428,3 +429,25 @@ def test_reading_a_seqio_task_prints_nothing_to_stderr():
   assert out.returncode == 0, out.stderr[-2000:]
   assert out.stdout.startswith("3 translate English to German: ")
   assert not out.stderr.strip(), out.stderr[-2000:]
+
+
+def test_loop_rate_needs_no_references():
+  """'loop %' reads the outputs only: a job over a file without references reports it (the quality
+  scores, which need references, stay '-')."""
+  records = [
+    {
+      "index": i,
+      "num_tokens": 3,
+      "target_calls": 3,
+      "drafted": 0,
+      "decode_s": 0.1,
+      "tokens": [5, 6, 1],
+      "reference": None,
+      "prediction": prediction,
+    }
+    for i, prediction in enumerate(["die Tabelle die Tabelle die Tabelle", "Klicken Sie auf OK."])
+  ]
+  summary = infer_report.summarize(records, [data_metrics.translation_metrics], 12)
+  assert summary["loop_pct"] == 50.0 and "bleu" not in summary
+  (row,) = [line for line in infer_report._mode_table({"baseline": summary}) if "baseline" in line]
+  assert row.startswith("| baseline | - | - | 50.0 | 0.0 | 6 | ")  # BLEU, chrF, loop %, cap %

@@ -290,3 +290,166 @@ def test_help_from_another_directory_logs_no_missing_includes(tmp_path):
   assert proc.returncode == 0, proc.stderr[-3000:]
   assert "Path not found" not in proc.stderr and "Traceback" not in proc.stderr
   assert "CHECKPOINT_PATH = 'models/embedded/target.msgpack'" in proc.stdout
+
+
+# ----------------------------------------------------------------------------------------------
+# Item 4 for train and the benchmark: their shipped run files from another directory.
+# ----------------------------------------------------------------------------------------------
+def _settings_from_another_directory(module, argv, cwd, monkeypatch, caplog):
+  """The settings `module.main(argv)` builds when started in `cwd` (its `_run` replaced: nothing
+  is computed), after checking that gin logged no 'Path not found' line."""
+  seen = {}
+  monkeypatch.setattr(module, "_run", lambda settings: seen.setdefault("settings", settings))
+  monkeypatch.chdir(cwd)
+  caplog.set_level("INFO")
+  module.main(argv)
+  assert not [r for r in caplog.records if "Path not found" in r.getMessage()]
+  return seen["settings"]
+
+
+def test_train_and_benchmark_run_files_resolve_from_another_directory(
+  clean_gin, tmp_path, monkeypatch, caplog
+):
+  """`speculative-train` and `speculative-benchmark` follow infer's rule (checks.resolve_input_path
+  through checks.resolve_input_fields): the shipped run files' relative data and checkpoint paths
+  resolve into the repository, outputs stay relative to the working directory."""
+  from speculative.bench import main as bench_main
+  from speculative.train import run as train_run
+
+  cwd = tmp_path / "a" / "b"  # the run file's ../runs/... output lands in tmp_path/a/runs
+  cwd.mkdir(parents=True)
+  data = REPO / "data"
+  train = _settings_from_another_directory(
+    train_run,
+    [f"--gin_file={REPO / 'configs' / 'train' / 'small_target.gin'}"],
+    cwd,
+    monkeypatch,
+    caplog,
+  )
+  assert train.train_tsv == [
+    str(data / "libreoffice_ende" / "train.tsv.gz"),
+    str(data / "libreoffice_ui_ende" / "train.tsv.gz"),
+  ]
+  assert train.validation_tsv == str(data / "libreoffice_ende" / "validation.tsv.gz")
+  assert train.spm_model == str(data / "libreoffice_ende" / "spm8k.model")
+  assert train.exclude_heldout[1] == str(data / "libreoffice_ende" / "test.tsv.gz")
+  assert train.output_dir == "../runs/embedded_target_t5x_recipe"  # relative to the working dir
+  assert (tmp_path / "a" / "runs" / "embedded_target_t5x_recipe").is_dir()
+
+  gin.clear_config()
+  bench = _settings_from_another_directory(
+    bench_main,
+    [f"--gin_file={REPO / 'configs' / 'benchmark' / 'embedded.gin'}", "--quick"],
+    cwd,
+    monkeypatch,
+    caplog,
+  )
+  assert bench.target_checkpoint == str(SHIPPED_TARGET)  # not random weights: quick allows them
+  assert bench.draft_checkpoint == str(REPO / "models" / "embedded" / "draft.msgpack")
+  assert bench.output_dir == "outputs/benchmark_quick"
+
+
+# ----------------------------------------------------------------------------------------------
+# Item 9, the benchmark's output: no start-up lines, a cost line without a stray ', ;', a summary
+# and the page's path on stdout instead of the page.
+# ----------------------------------------------------------------------------------------------
+TINY_BENCHMARK = """\
+# A benchmark of seconds: a random-init tiny target, one input, one model-free drafter (no draft
+# model, so the cost line has no draft step), no plots.
+benchmark.target_config = @t5.T5Config()
+t5.T5Config.vocab_size = 8000
+t5.T5Config.emb_dim = 16
+t5.T5Config.num_heads = 2
+t5.T5Config.num_encoder_layers = 1
+t5.T5Config.num_decoder_layers = 1
+t5.T5Config.head_dim = 8
+t5.T5Config.mlp_dim = 32
+benchmark.target_checkpoint = None
+benchmark.allow_random_init = True
+benchmark.task = None
+benchmark.input_file = 'data/libreoffice_ende/test.tsv.gz'  # the repository's, from anywhere
+benchmark.input_prefix = 'translate English to German: '
+benchmark.drafters = ['prompt_lookup']
+benchmark.num_examples = 1
+benchmark.batch_sizes = [1]
+benchmark.temperatures = [0.0]
+benchmark.gammas = [1]
+benchmark.max_new_tokens = 4
+benchmark.cost_position = 2
+benchmark.repeats = 1
+benchmark.cost_repeats = 3
+benchmark.cost_min_seconds = 0.01
+benchmark.roofline_section = False
+benchmark.stock_hlo_check = False
+benchmark.stock_t5x = 'off'
+benchmark.kernels = 'off'
+benchmark.plots = False
+benchmark.output_dir = 'out'
+"""
+STARTUP_LINES = ("cuInit", "cudart", "oneDNN", "absl::InitializeLog", "cpu_feature_guard")
+
+
+def _run_in(cwd, module: str, *args: str, pythonpath=(), timeout=600):
+  env = {k: v for k, v in os.environ.items() if k != gin_utils.DEBUG_ENV}
+  env["PYTHONPATH"] = os.pathsep.join([*map(str, pythonpath), str(REPO)])
+  return subprocess.run(
+    [sys.executable, "-m", module, *args],
+    cwd=cwd,
+    capture_output=True,
+    text=True,
+    env=env,
+    timeout=timeout,
+  )
+
+
+@pytest.mark.slow
+def test_tiny_benchmark_from_another_directory_prints_a_summary(tmp_path):
+  (tmp_path / "tiny.gin").write_text(TINY_BENCHMARK)
+  proc = _run_in(tmp_path, RUNNERS["benchmark"], "--gin_file=tiny.gin")
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  for noise in STARTUP_LINES:
+    assert noise not in proc.stderr, proc.stderr[-3000:]
+  test_split = REPO / "data" / "libreoffice_ende" / "test.tsv.gz"
+  assert f"inputs: the first 1 lines of `{test_split}`" in proc.stdout
+  (cost_line,) = [line for line in proc.stdout.splitlines() if "stock-equivalent step" in line]
+  assert re.search(r"target step [\d.]+ ms, stock-equivalent step [\d.]+ ms; v=1:", cost_line)
+  assert ", ;" not in proc.stdout
+  # The summary and the page's path, not the page.
+  assert "batch 1, temperature 0.0: prompt_lookup best measured gamma 1 (" in proc.stdout
+  assert proc.stdout.rstrip().endswith(
+    "wrote the results page out/results.md, and results.json in out"
+  )
+  page = (tmp_path / "out" / "results.md").read_text()
+  assert "## Machine" in page and "## Machine" not in proc.stdout
+  assert not [line for line in proc.stdout.splitlines() if line.startswith("|")]
+
+
+FAKE_TENSORFLOW = """\
+# A stand-in for TensorFlow's start-up: the C++ lines it prints on a machine without a GPU, and one
+# line that is not start-up noise.
+import os
+
+os.write(2, b"WARNING: All log messages before absl::InitializeLog() is called are written to "
+            b"STDERR\\n")
+os.write(2, b"I0000 00:00:1.0 1 cudart_stub.cc:31] Could not find cuda drivers on your machine\\n")
+
+
+class config:
+  @staticmethod
+  def set_visible_devices(devices, kind):
+    os.write(2, b"E0000 00:00:1.0 1 cuda_platform.cc:52] failed call to cuInit: UNKNOWN ERROR\\n")
+    os.write(2, b"E0000 00:00:1.0 1 some_op.cc:1] a real error of the native library\\n")
+"""
+
+
+def test_start_up_noise_is_dropped_and_a_real_error_line_kept(tmp_path):
+  """The runners drop TensorFlow's known start-up lines (gin_utils.STARTUP_NOISE), not all of its
+  stderr: a line that is not start-up noise still shows."""
+  (tmp_path / "fake" / "tensorflow").mkdir(parents=True)
+  (tmp_path / "fake" / "tensorflow" / "__init__.py").write_text(FAKE_TENSORFLOW)
+  proc = _run_in(REPO, RUNNERS["benchmark"], "--help", pythonpath=[tmp_path / "fake"], timeout=300)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  assert "usage: speculative-benchmark" in proc.stdout
+  assert proc.stderr.splitlines() == [
+    "E0000 00:00:1.0 1 some_op.cc:1] a real error of the native library"
+  ]
