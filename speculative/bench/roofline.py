@@ -102,3 +102,36 @@ def measure_roofline(
     )
   out["noise"] = noise.data
   return out
+
+
+@jax.jit
+def read_loop(array, num_calls):
+  """`num_calls` full reads of `array` (a sum scaled by a loop-carried scalar, so no read is hoisted
+  out of the loop or skipped)."""
+
+  def body(_, acc):
+    return acc + jnp.sum(array * (1.0 + 1e-9 * acc).astype(array.dtype), dtype=jnp.float32) * 1e-12
+
+  return jax.lax.fori_loop(0, num_calls, body, jnp.zeros((), jnp.float32))
+
+
+def measure_read_rate(
+  num_bytes: int, dtype: str, *, repeats: int, min_seconds: float
+) -> dict[str, Any]:
+  """The device's measured read rate: bytes / the marginal time of one full read of an array of
+  `num_bytes` in `dtype` made on the device (JSON-ready: bytes, read_s, read_rate_gb_s, noise)."""
+  itemsize = jnp.dtype(dtype).itemsize
+  array = jnp.ones((max(1, num_bytes // itemsize // 1024), 1024), dtype)
+  timers = {"read": lambda n: read_loop(array, jnp.asarray(n, jnp.int32))}
+  rounds, whole = timing.time_rounds(timers, repeats, min_seconds, marginal=["read"])
+  seconds = timing.per_call_seconds(rounds, whole, "read")
+  noise = bench_noise.NoiseLog()
+  noise.add("read rate", rounds["read"])
+  size = int(array.size * itemsize)
+  return {
+    "bytes": size,
+    "dtype": jnp.dtype(dtype).name,
+    "read_s": seconds,
+    "read_rate_gb_s": size / seconds / 1e9,
+    "noise": noise.data,
+  }

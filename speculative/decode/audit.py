@@ -162,15 +162,20 @@ def _as_float32(params: Any) -> Any:
   )
 
 
-@functools.partial(jax.jit, static_argnames=('model',))
+@functools.partial(jax.jit, static_argnames=('model', 'float32'))
 def _logits_at(
   model: Any,
   params: Any,
   encoder_tokens: jax.Array,
   decoder_inputs: jax.Array,
   positions: jax.Array,
+  float32: bool,
 ) -> jax.Array:
-  """Teacher-forced logits of rows at `positions`: [N, V] float32."""
+  """Teacher-forced logits of rows at `positions`: [N, V] float32. With `float32` the params are
+  cast inside the compiled program, so XLA converts each weight where it is used and the float32
+  copy of a large model is never held whole beside its bfloat16 weights."""
+  if float32:
+    params = _as_float32(params)
   logits = model.forward(params, encoder_tokens, decoder_inputs)  # [N, T, V]
   return jnp.take_along_axis(logits, positions[:, None, None], axis=1)[:, 0].astype(jnp.float32)
 
@@ -242,8 +247,9 @@ def logits_at(
     float32: recompute in a float32 copy of the model with float32 params (False: as given).
   """
   if float32:
-    model, params = float32_model(model), _as_float32(params)
-  return _logits_at(model, params, encoder_tokens, decoder_inputs, positions)
+    model = float32_model(model)
+    params = getattr(params, 'params', params)  # t5.DecodeParams -> its T5X tree (`_as_float32`)
+  return _logits_at(model, params, encoder_tokens, decoder_inputs, positions, float32)
 
 
 def classify_logits(

@@ -236,12 +236,15 @@ class T5(interface.ModuleLM):
     tokens = jnp.ones((1, 1), jnp.int32)
     return self.module.init({'params': rng}, tokens, tokens)['params']
 
-  def init_params(self, rng: Array) -> Params:
-    """Fresh parameters with T5X's initialisers: a nested dict of float32 arrays, no 'params' key.
+  def init_params(self, rng: Array, dtype: str = 'float32') -> Params:
+    """Fresh parameters with T5X's initialisers: a nested dict of arrays, no 'params' key.
 
-    Jit-compiled (once per config), so large models initialise quickly.
+    Jit-compiled (once per config), so large models initialise quickly. `dtype` is the storage
+    dtype of the leaves (float32 by default; 'bfloat16' halves the bytes): the cast happens inside
+    the same compiled program, leaf by leaf, so a bfloat16 tree never needs a float32 copy beside
+    it (a 10.9B-parameter model is 22 GB in bfloat16, 44 GB in float32).
     """
-    return _init_params_jit(self, rng)
+    return _init_params_jit(self, rng, jnp.dtype(dtype).name)
 
   def param_shapes(self) -> dict[str, tuple[int, ...]]:
     """Flat {'encoder/layers_0/attention/query/kernel': shape, ...} of this config (no compute)."""
@@ -432,9 +435,10 @@ class T5(interface.ModuleLM):
     return logits, cache  # [B, T, V] float32
 
 
-@functools.partial(jax.jit, static_argnums=0)
-def _init_params_jit(model: T5, rng: Array) -> Params:
-  return flax.core.unfreeze(_unbox(model._init_boxed(rng)))
+@functools.partial(jax.jit, static_argnums=(0, 2))
+def _init_params_jit(model: T5, rng: Array, dtype: str) -> Params:
+  params = flax.core.unfreeze(_unbox(model._init_boxed(rng)))
+  return jax.tree_util.tree_map(lambda x: x.astype(dtype), params)
 
 
 def _check_tokens(name: str, tokens: Array) -> None:

@@ -21,15 +21,20 @@ weights a gradient on the first step.
       --large_gin configs/models/embedded_target.gin --large_macro EMBEDDED_TARGET \
       --output ../runs/multitask_grown_init.msgpack
 
-writes float32 weights to pass as `train.init_checkpoint`.
+writes float32 weights to pass as `train.init_checkpoint`. The same rule grows in memory on the
+device, in bfloat16, for shapes whose float32 host copy would not fit (`grow_params_in_memory`; T5
+1.1 XXL's shape in the paper-shape benchmark, speculative/bench/paper_shape.py).
 """
 
 from __future__ import annotations
 
 import argparse
+from typing import Any
+from typing import Callable
 from typing import Sequence
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from speculative import checkpoints
@@ -39,7 +44,8 @@ from speculative.models import t5 as t5_lib
 _WRITE_KERNELS = ("out", "wo")  # [in, emb]: rows = head dims / hidden units, cols = residual
 
 
-def _check_growable(small: t5_lib.T5Config, large: t5_lib.T5Config) -> None:
+def check_growable(small: t5_lib.T5Config, large: t5_lib.T5Config) -> None:
+  """Raises ValueError (one line naming the field) unless `large` can be grown from `small`."""
   same = ("vocab_size", "head_dim", "relative_attention_num_buckets", "logits_via_embedding")
   for name in same:
     if getattr(small, name) != getattr(large, name):
@@ -55,17 +61,17 @@ def _check_growable(small: t5_lib.T5Config, large: t5_lib.T5Config) -> None:
       )
 
 
-def _flatten(tree: dict, prefix: str = "") -> dict[str, np.ndarray]:
+def _flatten(tree: dict, prefix: str = "", convert: Callable[[Any], Any] = np.asarray) -> dict:
   out = {}
   for key, value in tree.items():
     if isinstance(value, dict):
-      out.update(_flatten(value, f"{prefix}{key}/"))
+      out.update(_flatten(value, f"{prefix}{key}/", convert))
     else:
-      out[prefix + key] = np.asarray(value)
+      out[prefix + key] = convert(value)
   return out
 
 
-def _unflatten(flat: dict[str, np.ndarray]) -> dict:
+def _unflatten(flat: dict) -> dict:
   tree: dict = {}
   for path, value in flat.items():
     node = tree
@@ -76,36 +82,88 @@ def _unflatten(flat: dict[str, np.ndarray]) -> dict:
   return tree
 
 
+# assign(array, index, value) -> the array with array[index] = value (in place for numpy, a new
+# array for jax): the one growth rule below runs on host numpy arrays and on device jax arrays.
+Assign = Callable[[Any, tuple, Any], Any]
+
+
+def _grow_leaf(
+  path: str, fresh, old, small: t5_lib.T5Config, large: t5_lib.T5Config, assign: Assign
+):
+  """The grown value of one parameter (the module docstring's rule): `fresh` is the large model's
+  initial value, `old` the small model's (None: a parameter the small model lacks)."""
+  parts = path.split("/")
+  d = small.emb_dim
+  new = fresh
+  if old is not None:
+    block = old
+    if parts[-1] == "scale":  # RMS norm over the wider, zero-padded residual
+      block = block * np.float32(np.sqrt(d / large.emb_dim))
+    new = assign(new, tuple(slice(0, n) for n in old.shape), block)
+  if parts[-1] == "embedding":
+    new = assign(new, (slice(None), slice(d, None)), 0.0)  # the embedding writes the residual
+  elif len(parts) >= 2 and parts[-2] in _WRITE_KERNELS:
+    if old is not None:
+      new = assign(new, (slice(None), slice(d, None)), 0.0)  # nothing writes the new residual dims
+      new = assign(new, (slice(old.shape[0], None), slice(None)), 0.0)  # new heads / units: nothing
+    else:
+      new = assign(new, (slice(None),), 0.0)  # a new layer is the identity
+  return new
+
+
+def _assign_numpy(array: np.ndarray, index: tuple, value) -> np.ndarray:
+  array[index] = value
+  return array
+
+
+def _assign_jax(array: jax.Array, index: tuple, value) -> jax.Array:
+  return array.at[index].set(jnp.asarray(value, jnp.float32).astype(array.dtype))
+
+
 def grow_params(
   small_params: dict,
   small: t5_lib.T5Config,
   large: t5_lib.T5Config,
   seed: int = 0,
 ) -> dict:
-  """The grown float32 parameter tree (see the module docstring); `small_params` is not changed."""
-  _check_growable(small, large)
+  """The grown float32 parameter tree on the host (see the module docstring); `small_params` is not
+  changed. Holds a float32 host copy of the large model: for models up to a few billion
+  parameters; `grow_params_in_memory` grows on the device, in bfloat16."""
+  check_growable(small, large)
   fresh = _flatten(jax.device_get(t5_lib.T5(large).init_params(jax.random.PRNGKey(seed))))
   old = _flatten(small_params)
-  d, big_d = small.emb_dim, large.emb_dim
-  norm_factor = np.float32(np.sqrt(d / big_d))
   grown = {}
   for path, init in fresh.items():
-    new = np.array(init, np.float32)
-    parts = path.split("/")
-    if path in old:
-      block = np.asarray(old[path], np.float32)
-      if parts[-1] == "scale":  # RMS norm over the wider, zero-padded residual
-        block = block * norm_factor
-      new[tuple(slice(0, n) for n in block.shape)] = block
-    if parts[-1] == "embedding":
-      new[:, d:] = 0.0  # the embedding writes the residual stream
-    elif len(parts) >= 2 and parts[-2] in _WRITE_KERNELS:
-      if path in old:
-        new[:, d:] = 0.0  # nothing writes to the new residual dims
-        new[old[path].shape[0] :, :] = 0.0  # new heads / hidden units write nothing
-      else:
-        new[:] = 0.0  # a new layer is the identity
-    grown[path] = new
+    block = np.asarray(old[path], np.float32) if path in old else None
+    grown[path] = _grow_leaf(path, np.array(init, np.float32), block, small, large, _assign_numpy)
+  return _unflatten(grown)
+
+
+def grow_params_in_memory(
+  small_params: dict,
+  small: t5_lib.T5Config,
+  large: t5_lib.T5Config,
+  seed: int = 0,
+  dtype: str = "bfloat16",
+) -> dict:
+  """The grown parameter tree (the same rule as `grow_params`) on jax's default device, stored in
+  `dtype`: the fresh large tree is initialised in `dtype` on the device (`T5.init_params`), then
+  grown one leaf at a time, so the peak is one large tree in `dtype` plus a leaf, with no host
+  copy (T5 1.1 XXL's shape: ~22 GB in bfloat16 where `grow_params` needs ~44 GB of float32 twice
+  over on the host). The small model's values are rounded to `dtype` once (a norm scale after its
+  sqrt(d / D) factor, in float32): the grown model computes the small one's logits up to that
+  rounding. Refused (ValueError, before any compute) where `check_growable` refuses."""
+  check_growable(small, large)
+  fresh = _flatten(
+    t5_lib.T5(large).init_params(jax.random.PRNGKey(seed), dtype), convert=lambda x: x
+  )
+  old = _flatten(small_params)
+  grown = {}
+  for path in list(fresh):
+    init = fresh.pop(path)  # the fresh leaf is freed as its grown value is made
+    block = jnp.asarray(old[path], jnp.float32) if path in old else None
+    grown[path] = _grow_leaf(path, init, block, small, large, _assign_jax)
+    del init
   return _unflatten(grown)
 
 

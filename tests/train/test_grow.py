@@ -78,3 +78,36 @@ def test_refuses_to_shrink_or_change_the_vocabulary():
   other = T5Config(**{**LARGE.__dict__, "vocab_size": 400})
   with pytest.raises(ValueError, match="vocab_size differs"):
     grow.grow_params(params, LARGE, other)
+
+
+def test_growth_in_memory_is_the_same_rule_in_bfloat16():
+  """`grow_params_in_memory` (device, bfloat16) gives `grow_params`'s tree rounded to bfloat16, and
+  the grown model computes the small one's logits within bfloat16 rounding."""
+  small_params = jax.device_get(T5(SMALL).init_params(jax.random.PRNGKey(1)))
+  grown = grow.grow_params_in_memory(small_params, SMALL, LARGE, seed=2, dtype="bfloat16")
+  assert {x.dtype for x in jax.tree_util.tree_leaves(grown)} == {jnp.dtype(jnp.bfloat16)}
+  reference = grow.grow_params(small_params, SMALL, LARGE, seed=2)
+  jax.tree_util.tree_map(
+    lambda got, want: np.testing.assert_array_equal(
+      np.asarray(got, np.float32), np.asarray(jnp.asarray(want, jnp.bfloat16), np.float32)
+    ),
+    grown,
+    reference,
+  )
+  enc, dec = _batch()
+  expected = T5(SMALL).forward(small_params, enc, dec)
+  got = T5(LARGE).forward(grown, enc, dec)
+  scale = float(np.abs(np.asarray(expected)).max())
+  np.testing.assert_allclose(np.asarray(got), np.asarray(expected), atol=0.05 * scale, rtol=0)
+  assert np.mean(np.argmax(got, -1) == np.argmax(expected, -1)) > 0.9
+
+
+@pytest.mark.parametrize(
+  "field, value, message",
+  [("vocab_size", 400, "vocab_size differs"), ("head_dim", 32, "head_dim differs")],
+)
+def test_growth_in_memory_refuses_another_vocabulary_or_head_size(field, value, message):
+  params = jax.device_get(T5(SMALL).init_params(jax.random.PRNGKey(0)))
+  other = T5Config(**{**LARGE.__dict__, field: value})
+  with pytest.raises(ValueError, match=message):
+    grow.grow_params_in_memory(params, SMALL, other)

@@ -1,0 +1,594 @@
+"""The paper-shape benchmark: what speculative decoding gives at T5 1.1 XXL's shape on this device.
+
+  python -m speculative.bench.paper_shape --gin_file=configs/benchmark/paper_shape.gin
+  python -m speculative.bench.paper_shape --gin_file=configs/benchmark/paper_shape_small.gin  # CPU
+
+On jax's default backend, in two parts (docs/paper_shape.md says how to read the output):
+  1. Costs, random init: a target of `target_config`'s shape (T5 1.1 XXL's widths and depths) and
+     a draft of `draft_config`'s (T5 1.1 small's), both with the pair's vocabulary and stored in
+     `storage_dtype`. Measured at batch 1 (bench/costs.py): t(1), v(T) for T = 2..8, c; the
+     baseline decode of the inputs (bench/sweep.py), whose ms/token over t(1) is the loop overhead;
+     the decoder's bytes read per step (bench/roofline.py) over t(1), as a share of the read rate
+     of a large array measured on the device. Then Theorem 3.8 (analysis.walltime_improvement)
+     with these c and v(T) at the paper's alphas (Table 3: 0.75 greedy, 0.62 at temperature 1)
+     for gamma = 1..8.
+  2. Real walltime, where `source_checkpoint` is given: that trained smaller target grown to
+     `target_config`'s shape in memory on the device (train/grow.py `grow_params_in_memory`,
+     function-preserving, in `storage_dtype`), with the shipped draft (`shipped_draft_*`): the
+     baseline, speculative decoding at `gammas` and the stock row (stock T5X's decode on the same
+     weights where t5x is importable, else the stock-equivalent loop), greedy and sampled, timed
+     interleaved (bench/sweep.py); every greedy output that differs from the baseline, the
+     speculative ones and stock T5X's, is audited (decode/audit.py), and a mismatch fails the run.
+
+Refused in one line before any compute (exit status 2, nothing written): a shape whose weights,
+caches and activations do not fit the device's memory (bench/memory_fit.py), a source the target
+cannot be grown from (another vocabulary or head size, a smaller shape), a draft with another
+vocabulary.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import gc
+import importlib
+import json
+import logging
+import os
+import sys
+import time
+from typing import Any
+from typing import Callable
+from typing import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from speculative import analysis
+from speculative import checkpoints
+from speculative import kernels
+from speculative.bench import costs as costs_lib
+from speculative.bench import machine as machine_lib
+from speculative.bench import memory_fit
+from speculative.bench import methods as methods_lib
+from speculative.bench import paths
+from speculative.bench import roofline
+from speculative.bench import sweep
+from speculative.data import tasks
+from speculative.decode import batching
+from speculative.infer import inputs as infer_inputs
+from speculative.jobs import checks
+from speculative.models import t5 as t5_lib
+from speculative.train import data as train_data
+from speculative.train import grow
+
+DEFAULT_GIN = "configs/benchmark/paper_shape.gin"
+PAPER_ALPHAS = (("greedy", 0.75), ("temperature 1", 0.62))  # the paper's Table 3, T5-XXL / small
+MAX_VERIFY = 8  # v(T) for T = 2..8, Theorem 3.8 for gamma = 1..MAX_VERIFY (its verify is gamma+1)
+CACHES_HELD = 16  # decode caches of the target alive at once: one per cost timer, decode, audit
+
+
+@dataclasses.dataclass(frozen=True)
+class PaperShapeSettings:
+  """The benchmark's arguments (gin: `paper_shape.<name>`), checked on construction.
+
+  Attributes:
+    target_config, draft_config: the shapes measured (random init); the configs' dtype is the
+      compute dtype.
+    storage_dtype: the weights' dtype in memory ('bfloat16').
+    source_config, source_checkpoint: the trained smaller target grown to `target_config` for the
+      real walltime (None: costs only).
+    shipped_draft_config, shipped_draft_checkpoint: the draft of the real walltime.
+    num_examples, inputs_length, max_new_tokens: the test sentences (LibreOffice En-De test split,
+      the pair's vocabulary), batch 1.
+    gammas, temperatures: the real walltime's speculative rows and groups.
+    repeats: timed decodes per input and method; cost_repeats, cost_min_seconds, cost_position:
+      the cost model's timing rounds, least seconds per timing and decoder position.
+    read_rate_bytes: size of the array whose read rate the bandwidth share divides by.
+    stock_t5x: 'auto' (stock T5X's row where t5x is importable), 'on', 'off'.
+    kernels: our models' decode path (`kernels.policy`; XLA's dot off CPU).
+    output_dir: where results.json goes (None: printed only).
+  """
+
+  target_config: t5_lib.T5Config
+  draft_config: t5_lib.T5Config
+  storage_dtype: str = "bfloat16"
+  source_config: t5_lib.T5Config | None = None
+  source_checkpoint: str | None = None
+  shipped_draft_config: t5_lib.T5Config | None = None
+  shipped_draft_checkpoint: str | None = None
+  num_examples: int = 40
+  inputs_length: int = 64
+  max_new_tokens: int = 64
+  gammas: Sequence[int] = (3, 5, 7)
+  temperatures: Sequence[float] = (0.0, 1.0)
+  repeats: int = 2
+  cost_repeats: int = 5
+  cost_min_seconds: float = 0.2
+  cost_position: int = 16
+  read_rate_bytes: int = 2**30
+  stock_t5x: str = "auto"
+  kernels: str = "auto"
+  seed: int = 0
+  output_dir: str | None = None
+
+  def __post_init__(self):
+    for name in ("num_examples", "inputs_length", "max_new_tokens", "repeats", "cost_repeats"):
+      checks.check_int(name, getattr(self, name), 1)
+    checks.check_int("read_rate_bytes", self.read_rate_bytes, 1)
+    checks.check_choice("stock_t5x", self.stock_t5x, ("auto", "on", "off"))
+    if self.stock_t5x == "on" and not methods_lib.t5x_available():
+      raise ValueError("stock_t5x = 'on' but t5x is not importable (or use 'auto')")
+    if not 1 <= self.cost_position < self.max_new_tokens:
+      raise ValueError(f"cost_position must be in [1, max_new_tokens); got {self.cost_position}")
+    sweep.gammas_for(list(self.gammas), 1)
+    kernels.policy.choose(self.kernels, 1)  # 'on' off CPU: refused here
+    jnp.dtype(self.storage_dtype)
+    if self.draft_config.vocab_size != self.target_config.vocab_size:
+      raise ValueError(
+        f"draft_config's vocabulary ({self.draft_config.vocab_size}) differs from "
+        f"target_config's ({self.target_config.vocab_size})"
+      )
+    if self.real_walltime:
+      self._check_real_walltime()
+    memory_fit.check_fits(
+      "target_config's shape", self.memory_need(), memory_fit.device_memory(), FIT_HINT
+    )
+
+  @property
+  def real_walltime(self) -> bool:
+    return self.source_checkpoint is not None
+
+  @property
+  def use_t5x(self) -> bool:
+    return self.stock_t5x == "on" or (self.stock_t5x == "auto" and methods_lib.t5x_available())
+
+  def _check_real_walltime(self) -> None:
+    if self.source_config is None or self.shipped_draft_config is None:
+      raise ValueError("source_checkpoint needs source_config and shipped_draft_config")
+    try:
+      grow.check_growable(self.source_config, self.target_config)
+    except ValueError as e:  # the grown target's vocabulary or head size is not the source's
+      raise ValueError(f"source_config -> target_config: {e}") from None
+    if self.shipped_draft_config.vocab_size != self.target_config.vocab_size:
+      raise ValueError(
+        f"shipped_draft_config's vocabulary ({self.shipped_draft_config.vocab_size}) differs "
+        f"from target_config's ({self.target_config.vocab_size})"
+      )
+    for name in ("source_checkpoint", "shipped_draft_checkpoint"):  # relative: the repository's
+      object.__setattr__(self, name, checks.resolve_input_path(getattr(self, name)))
+      checks.check_readable(name, getattr(self, name))
+
+  def memory_need(self) -> memory_fit.Need:
+    """The larger of the two parts' needs (they run one after the other)."""
+    shape = dict(
+      storage_dtype=self.storage_dtype,
+      batch=1,
+      inputs_length=self.inputs_length,
+      max_length=self.max_new_tokens + MAX_VERIFY + 2,
+      caches=CACHES_HELD,
+    )
+    costs = memory_fit.estimate(
+      [self.target_config, self.draft_config], extra_bytes=self.read_rate_bytes, **shape
+    )
+    if not self.real_walltime:
+      return costs
+    itemsize = jnp.dtype(self.storage_dtype).itemsize
+    growth = 2 * itemsize * memory_fit.largest_leaf(self.target_config)  # a leaf being grown
+    source = 4 * memory_fit.num_params(self.source_config)  # float32, on the host (CPU: the same)
+    real = memory_fit.estimate(
+      [self.target_config, self.shipped_draft_config], extra_bytes=growth + source, **shape
+    )
+    return max(costs, real, key=lambda need: need.total)
+
+
+FIT_HINT = (
+  "use a smaller target_config (configs/benchmark/paper_shape_small.gin runs the same on CPU) or a "
+  "device with more memory"
+)
+
+
+def describe(config: t5_lib.T5Config) -> str:
+  n = memory_fit.num_params(config)
+  size = f"{n / 1e9:.2f}B" if n >= 1e9 else f"{n / 1e6:.1f}M"
+  return (
+    f"d {config.emb_dim}, {config.num_heads} heads of {config.head_dim}, "
+    f"{config.num_encoder_layers}+{config.num_decoder_layers} layers, MLP {config.mlp_dim}, "
+    f"vocabulary {config.vocab_size}: {size} params"
+  )
+
+
+def _examples(s: PaperShapeSettings) -> list[infer_inputs.Example]:
+  """The first `num_examples` test sentences of at most `inputs_length` tokens, tokenized with
+  SentencePiece directly (seqio's vocabulary would import TensorFlow: ~20 s on a small CPU)."""
+  pairs = train_data.read_tsv(str(tasks.split_path("test")))
+  prefix = tasks.TRANSLATE_EN_DE_PREFIX
+  tokens = train_data.tokenize_pairs(pairs, str(tasks.VOCAB_PATH), prefix)
+  examples = [
+    infer_inputs.Example(i, prefix + source, reference, inputs, False)
+    for i, ((source, reference), (inputs, _)) in enumerate(zip(pairs, tokens))
+    if len(inputs) <= s.inputs_length
+  ]
+  return examples[: s.num_examples]
+
+
+def _models(target, target_params, draft, draft_params, s: PaperShapeSettings) -> dict[str, Any]:
+  """The sweep's models (bench/main.py's layout), packed for the CPU kernels where the path is
+  theirs (never off CPU)."""
+  warnings: list[str] = []
+  drafters = methods_lib.build_drafters(
+    ["model"],
+    target=target,
+    target_params=target_params,
+    draft=draft,
+    draft_params=draft_params,
+    warnings=warnings,
+  )
+  models = {
+    "target": target,
+    "target_params": target_params,
+    "stock_target": t5_lib.T5(target.config, cache_cross_kv=False, use_kernels=False),
+    "drafters": drafters,
+  }
+  if kernels.policy.choose(s.kernels, 1).kernels:
+    models["packed"] = paths.pack_models(target, target_params, draft, draft_params, drafters)
+  return paths.for_batch(models, 1, s.kernels)
+
+
+def _cost_model(models, examples, s: PaperShapeSettings, max_gamma: int, timers: dict):
+  """costs.measure_costs at batch 1, v(T) up to T = `max_gamma` + 1 (fills `timers`). Both parts
+  use one cache length (for gamma up to MAX_VERIFY), so the second reuses the first's compiled
+  target programs (same config, shapes and dtypes)."""
+  return costs_lib.measure_costs(
+    target=models["target"],
+    target_params=models["target_params"],
+    stock_target=models["stock_target"],
+    draft_models={"model": (models["drafters"]["model"][0].model, models["drafters"]["model"][1])},
+    encoder_tokens=batching.batches(examples, 1, s.inputs_length)[0][1],
+    max_length=1 + s.max_new_tokens + MAX_VERIFY + 1,  # the speculative loop's, at most
+    verify_lengths=range(2, max_gamma + 2),
+    position=s.cost_position,
+    repeats=s.cost_repeats,
+    min_seconds=s.cost_min_seconds,
+    check_hoisting=False,
+    keep_timers=timers,
+  )
+
+
+def _group(models, costs, examples, s, timers, log, *, temperature, gammas, stock_t5x_decode):
+  """sweep.run_group at batch 1 (the baseline only where `gammas` is empty)."""
+  return sweep.run_group(
+    sweep.GroupSettings(
+      batch_size=1,
+      temperature=float(temperature),
+      examples=examples,
+      inputs_length=s.inputs_length,
+      max_new_tokens=s.max_new_tokens,
+      target=models["target"],
+      target_params=models["target_params"],
+      stock_target=models["stock_target"],
+      drafters=models["drafters"],
+      gammas={"model": list(gammas)},
+      costs=costs,
+      repeats=s.repeats,
+      seed=s.seed,
+      stock_t5x_decode=stock_t5x_decode,
+      cost_repeats=s.cost_repeats,
+      cost_min_seconds=s.cost_min_seconds,
+      position=s.cost_position,
+      target_step_timer=timers["target_1"],
+      log=log,
+      only=None if gammas else frozenset(),
+    )
+  )
+
+
+def measure_costs(s: PaperShapeSettings, examples, log: Callable[[str], None]) -> dict[str, Any]:
+  """Part 1: the random-init pair's costs, loop overhead, bandwidth share and Theorem 3.8."""
+  target, draft = t5_lib.T5(s.target_config), t5_lib.T5(s.draft_config)
+  target_params = target.init_params(jax.random.PRNGKey(s.seed), s.storage_dtype)
+  draft_params = draft.init_params(jax.random.PRNGKey(s.seed + 1), s.storage_dtype)
+  models = _models(target, target_params, draft, draft_params, s)
+  log(f"costs: random init, {models['decode_path']['line']}")
+  timers: dict = {}
+  costs = _cost_model(models, examples, s, MAX_VERIFY - 1, timers)
+  baseline = _group(
+    models, costs, examples, s, timers, log, temperature=0.0, gammas=(), stock_t5x_decode=None
+  )["baselines"][0]
+  step = costs["target_step_s"]
+  itemsize = jnp.dtype(s.storage_dtype).itemsize
+  step_bytes = roofline.weight_bytes(
+    roofline.decode_step_kernels(
+      target.param_shapes(), logits_via_embedding=s.target_config.logits_via_embedding
+    ),
+    itemsize,
+  )
+  read = roofline.measure_read_rate(
+    s.read_rate_bytes, s.storage_dtype, repeats=s.cost_repeats, min_seconds=s.cost_min_seconds
+  )
+  c = costs["drafters"]["model"]["c"]
+  v = analysis.verify_cost_fn({int(k): x for k, x in costs["v"].items()})
+  decode_path = models["decode_path"]
+  del target_params, draft_params, models, timers  # part 2 needs the memory
+  gc.collect()
+  return {
+    "decode_path": decode_path,
+    "target_step_s": step,
+    "v": costs["v"],
+    "c": c,
+    "draft_step_s": costs["drafters"]["model"]["draft_step_s"],
+    "noise_refused": costs["noise"]["refused"],
+    "baseline_ms_per_token": baseline["ms_per_token"],
+    "loop_overhead": baseline["ms_per_token"] / (1e3 * step),
+    "baseline_step_over_t1": baseline["profile"]["step_s"] / step,
+    "step_bytes": step_bytes,
+    "step_read_rate_gb_s": step_bytes / step / 1e9,
+    "read_rate": read,
+    "bandwidth_share": step_bytes / step / 1e9 / read["read_rate_gb_s"],
+    "theorem_3_8": {
+      label: {
+        "alpha": alpha,
+        "speedup": {
+          str(g): float(analysis.walltime_improvement(alpha, g, c, v))
+          for g in range(1, MAX_VERIFY + 1)
+        },
+      }
+      for label, alpha in PAPER_ALPHAS
+    },
+  }
+
+
+def _load(config: t5_lib.T5Config, path: str) -> Any:
+  """Float32 host params of `path`, checked against `config`'s shapes."""
+  params = checkpoints.load_params(path, dtype=np.float32)
+  checkpoints.validate_params(params, t5_lib.T5(config).param_shapes(), name=path)
+  return params
+
+
+def real_walltime(s: PaperShapeSettings, examples, log: Callable[[str], None]) -> dict[str, Any]:
+  """Part 2: the grown target and the shipped draft, decoded; every greedy divergence audited."""
+  start = time.perf_counter()
+  target_params = grow.grow_params_in_memory(
+    _load(s.source_config, s.source_checkpoint),
+    s.source_config,
+    s.target_config,
+    seed=s.seed,
+    dtype=s.storage_dtype,
+  )
+  jax.block_until_ready(target_params)
+  grow_s = time.perf_counter() - start
+  log(f"grew {s.source_checkpoint} to the shape in {grow_s:.1f} s")
+  draft_params = jax.tree_util.tree_map(
+    lambda x: jnp.asarray(x, s.storage_dtype),
+    _load(s.shipped_draft_config, s.shipped_draft_checkpoint),
+  )
+  target = t5_lib.T5(s.target_config)
+  models = _models(target, target_params, t5_lib.T5(s.shipped_draft_config), draft_params, s)
+  timers: dict = {}
+  costs = _cost_model(models, examples, s, max(s.gammas), timers)
+  stock = None
+  if s.use_t5x:
+    stock = functools.partial(
+      methods_lib.make_stock_t5x_decode,
+      s.target_config,
+      target_params,
+      max_new_tokens=s.max_new_tokens,
+    )
+  groups = [
+    _group(
+      models,
+      costs,
+      examples,
+      s,
+      timers,
+      log,
+      temperature=t,
+      gammas=s.gammas,
+      stock_t5x_decode=stock,
+    )
+    for t in s.temperatures
+  ]
+  return {"grow_s": grow_s, "c": costs["drafters"]["model"]["c"], "v": costs["v"], "groups": groups}
+
+
+def _run(s: PaperShapeSettings) -> dict[str, Any]:
+  t0 = time.perf_counter()
+  log = lambda msg: print(f"[{time.perf_counter() - t0:6.1f}s] {msg}", flush=True)  # noqa: E731
+  machine = machine_lib.machine_info()
+  need = s.memory_need()
+  limit, source = memory_fit.device_memory()
+  report: dict[str, Any] = {
+    "command": " ".join(["python -m speculative.bench.paper_shape", *sys.argv[1:]]),
+    "machine": machine,
+    "storage_dtype": s.storage_dtype,
+    "target": describe(s.target_config),
+    "draft": describe(s.draft_config),
+    "memory": {
+      "need_bytes": need.total,
+      "need": need.line(),
+      "limit_bytes": limit,
+      "source": source,
+    },
+  }
+  log(f"target {report['target']}; draft {report['draft']}")
+  log(
+    f"memory: needs {need.line()}; the device has "
+    + ("an unknown amount" if limit is None else f"{limit / 1e9:.1f} GB ({source})")
+  )
+  examples = _examples(s)
+  report["costs"] = measure_costs(s, examples, log)
+  if s.real_walltime:
+    report["source"] = f"{s.source_checkpoint} ({describe(s.source_config)})"
+    report["shipped_draft"] = f"{s.shipped_draft_checkpoint} ({describe(s.shipped_draft_config)})"
+    report["real"] = real_walltime(s, examples, log)
+  report["elapsed_s"] = time.perf_counter() - t0
+  print(format_report(report))
+  if s.output_dir:
+    checkpoints.write_atomic(  # never half-written
+      os.path.join(s.output_dir, "results.json"), json.dumps(report, indent=1, default=str)
+    )
+    log(f"wrote {os.path.join(s.output_dir, 'results.json')}")
+  mismatches = [
+    row["name"]
+    for group in report.get("real", {}).get("groups", [])
+    for row in group["baselines"] + group["speculative"]
+    if row.get("audit_mismatch")
+  ]
+  if mismatches:
+    raise AssertionError(f"greedy outputs differ from the baseline beyond rounding: {mismatches}")
+  return report
+
+
+@checks.settings_entry(PaperShapeSettings)
+def paper_shape(s: PaperShapeSettings) -> dict[str, Any]:
+  """The benchmark (arguments: `PaperShapeSettings`' fields, checked before any compute)."""
+  return _run(s)
+
+
+# ------------------------------------------------------------------------------------------------
+# The printed report.
+
+
+def _ms(seconds: float) -> str:
+  return f"{1e3 * seconds:.3f} ms"
+
+
+def _audit_cell(row: dict[str, Any]) -> str:
+  if row.get("identical_to_baseline") is None:
+    return "-"
+  examples = row["examples"]
+  cell = f"{row['identical_to_baseline']}/{examples}"
+  if "divergences" in row:
+    cell += f" ({row['audit_near_tie']} near-tie, {row['audit_mismatch']} mismatch)"
+  return cell
+
+
+def format_report(report: dict[str, Any]) -> str:
+  """The Markdown the benchmark prints."""
+  m, costs = report["machine"], report["costs"]
+  lines = [
+    "# Paper-shape benchmark",
+    "",
+    f"Device: {m['backend']} ({', '.join(m['devices'])}), jax {m['jax']}; weights in "
+    f"{report['storage_dtype']}; decode path: {costs['decode_path']['line']}.",
+    f"Target: {report['target']} (random init). Draft: {report['draft']} (random init).",
+    f"Memory: needs {report['memory']['need']}; the device has "
+    + (
+      "an unknown amount"
+      if report["memory"]["limit_bytes"] is None
+      else f"{report['memory']['limit_bytes'] / 1e9:.1f} GB ({report['memory']['source']})"
+    )
+    + ".",
+    "",
+    "## Costs (batch 1)",
+    "",
+    "| measure | value |",
+    "|---|---|",
+    f"| t(1): the target's 1-token step | {_ms(costs['target_step_s'])} |",
+    "| v(T) = t(T) / t(1), T = 2..8 | "
+    + ", ".join(f"{costs['v'][str(t)]:.2f}" for t in range(2, MAX_VERIFY + 1))
+    + " |",
+    f"| c = draft step / t(1) | {costs['c']:.3f} (draft step {_ms(costs['draft_step_s'])}) |",
+    f"| loop overhead: baseline ms/token / t(1) | {costs['loop_overhead']:.2f} "
+    f"({costs['baseline_ms_per_token']:.3f} ms/token; per loop step without the encoder: "
+    f"{costs['baseline_step_over_t1']:.2f}) |",
+    f"| decoder bytes read per step / t(1) | {costs['step_bytes'] / 1e9:.3f} GB / "
+    f"{_ms(costs['target_step_s'])} = {costs['step_read_rate_gb_s']:.1f} GB/s |",
+    f"| read rate of a {costs['read_rate']['bytes'] / 2**20:.0f} MiB "
+    f"{costs['read_rate']['dtype']} array | {costs['read_rate']['read_rate_gb_s']:.1f} GB/s |",
+    f"| the step's share of that bandwidth | {costs['bandwidth_share']:.2f} |",
+  ]
+  refused = {**costs["noise_refused"], **costs["read_rate"]["noise"]["refused"]}
+  if refused:
+    lines += ["", "Too noisy (bench/noise.py):"] + [f"- {reason}" for reason in refused.values()]
+  gammas = range(1, MAX_VERIFY + 1)
+  lines += [
+    "",
+    "## Theorem 3.8 with these c and v(T), at the paper's alphas (Table 3)",
+    "",
+    "| alpha | " + " | ".join(f"γ={g}" for g in gammas) + " |",
+    "|---|" + "---:|" * len(gammas),
+  ]
+  noisy = {
+    g: bool(set(costs["noise_refused"]) & {"t(1)", f"v({g + 1})", "c[model]"}) for g in gammas
+  }
+  for label, entry in costs["theorem_3_8"].items():
+    lines.append(
+      f"| {entry['alpha']} ({label}) | "
+      + " | ".join(f"{entry['speedup'][str(g)]:.2f}x{'*' if noisy[g] else ''}" for g in gammas)
+      + " |"
+    )
+  if any(noisy.values()):
+    lines.append("\n\\* from a c or v(T) the noise verdict refused (above): not to be relied on.")
+  if "real" in report:
+    lines += _real_lines(report)
+  lines.append(f"\n{report['elapsed_s']:.0f} s in all.")
+  return "\n".join(lines)
+
+
+def _real_lines(report: dict[str, Any]) -> list[str]:
+  real = report["real"]
+  lines = [
+    "",
+    "## Real walltime: the grown target and the shipped draft (batch 1)",
+    "",
+    f"Target: {report['source']} grown to the shape in {real['grow_s']:.1f} s. Draft: "
+    f"{report['shipped_draft']}. c = {real['c']:.3f}; v = "
+    + ", ".join(f"{k}: {v:.2f}" for k, v in real["v"].items() if k != "1")
+    + ".",
+    "",
+    "| temperature | method | ms/token | speedup per token | vs stock | alpha | Thm 3.8 | "
+    "identical to baseline (audit) |",
+    "|---:|---|---:|---:|---:|---:|---:|---|",
+  ]
+  for group in real["groups"]:
+    base = group["baselines"][0]
+    for row in group["baselines"] + group["speculative"]:
+      cells = [f"{row['temperature']:g}", row["name"], f"{row['ms_per_token']:.3f}"]
+      cells.append(f"{base['ms_per_token'] / row['ms_per_token']:.2f}x")
+      if row["method"] == methods_lib.SPECULATIVE:
+        predicted = row.get("predicted_speedup")
+        cells += [
+          f"{row['speedup_vs_stock']:.2f}x",
+          f"{row['alpha_used']:.3f}",
+          "too noisy" if predicted is None else f"{predicted:.2f}x",
+        ]
+      else:
+        cells += ["-", "-", "-"]
+      cells.append(_audit_cell(row))
+      lines.append("| " + " | ".join(cells) + " |")
+  divergences = [
+    (group["group"]["temperature"], row["name"], d)
+    for group in real["groups"]
+    for row in group["baselines"] + group["speculative"]
+    for d in row.get("divergences", [])
+  ]
+  if divergences:
+    lines += ["", "Divergences from the baseline (decode/audit.py: float32 top-2 gap vs bound):"]
+    lines += [
+      f"- {name}, example {d['example']}, position {d['position']}: gap {d['gap']:.4f}, "
+      f"bound {d['bound']:.4f}: {d['verdict']}"
+      for _, name, d in divergences
+    ]
+  return lines
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+  """`python -m speculative.bench.paper_shape`: the runners' command line (gin_utils)."""
+  from speculative.jobs import gin_utils  # pylint: disable=g-import-not-at-top
+
+  if methods_lib.t5x_available():
+    importlib.import_module("t5x.models")  # t5x's gin configurables, before the config is parsed
+  logging.getLogger("absl").setLevel(logging.WARNING)
+  gin_utils.run_gin_main(
+    paper_shape,
+    "paper_shape",
+    __doc__.splitlines()[0],
+    argv,
+    default_gin_files=(DEFAULT_GIN,),
+  )
+
+
+if __name__ == "__main__":
+  main()

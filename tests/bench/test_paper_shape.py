@@ -1,0 +1,94 @@
+"""The paper-shape benchmark (speculative/bench/paper_shape.py): its refusals (one line, exit status 2,
+before any compute, nothing written) and the small-shape switch end to end.
+
+  .venv/bin/python -m pytest -q -p no:xdist tests/bench/test_paper_shape.py
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from speculative.bench import memory_fit
+from speculative.bench import paper_shape
+
+SMALL = "configs/benchmark/paper_shape_small.gin"
+
+
+def _run(capsys, tmp_path, *bindings, gin_file=SMALL):
+  out = tmp_path / "out"
+  argv = [f"--gin_file={gin_file}", f"--gin_bindings=paper_shape.output_dir = '{out}'"]
+  argv += [f"--gin_bindings={b}" for b in bindings]
+  with pytest.raises(SystemExit) as exit_info:
+    paper_shape.main(argv)
+  captured = capsys.readouterr()
+  return exit_info.value.code, captured.err.strip().splitlines(), out
+
+
+def test_a_shape_that_does_not_fit_is_refused_in_one_line(capsys, tmp_path, monkeypatch):
+  monkeypatch.setattr(memory_fit, "device_memory", lambda: (int(50e6), "a 50 MB test device"))
+  code, err, out = _run(capsys, tmp_path)
+  assert code == 2 and len(err) == 1, err
+  assert "target_config's shape does not fit this device: it needs ~0.1 GB" in err[0]
+  assert "the device has 0.1 GB (a 50 MB test device)" in err[0]
+  assert not out.exists()
+
+
+@pytest.mark.slow  # traces T5 1.1 XXL's init for its shapes (~15 s on a quiet 2-core CPU)
+def test_the_paper_shape_is_refused_on_a_16_gb_device(capsys, tmp_path, monkeypatch):
+  monkeypatch.setattr(memory_fit, "device_memory", lambda: (int(16e9), "a 16 GB test device"))
+  code, err, out = _run(capsys, tmp_path, gin_file="configs/benchmark/paper_shape.gin")
+  assert code == 2 and len(err) == 1, err
+  # T5 1.1 XXL's widths and depths with the pair's 8k vocabulary (10.94B params) and T5 1.1 small's
+  # (0.06B): 22.0 GB in bfloat16.
+  assert "weights 22.0 GB" in err[0] and "16.0 GB (a 16 GB test device)" in err[0]
+  assert not out.exists()
+
+
+@pytest.mark.parametrize(
+  "binding, message",
+  [
+    ("VOCAB_SIZE = 32128", "source_config -> target_config: cannot grow: vocab_size differs "),
+    ("paper_shape_small/t5.T5Config.head_dim = 128", "cannot grow: head_dim differs (64 vs 128)"),
+  ],
+)
+def test_a_grown_target_with_another_vocabulary_or_head_size_is_refused(
+  capsys, tmp_path, binding, message
+):
+  code, err, out = _run(capsys, tmp_path, binding)
+  assert code == 2 and len(err) == 1 and message in err[0], err
+  assert not out.exists()
+
+
+@pytest.mark.slow
+def test_the_small_shape_switch_runs_every_part(capsys, tmp_path):
+  out = tmp_path / "out"
+  report = paper_shape.main(
+    [
+      f"--gin_file={SMALL}",
+      f"--gin_bindings=paper_shape.output_dir = '{out}'",
+      "--gin_bindings=paper_shape.num_examples = 2",
+      "--gin_bindings=paper_shape.max_new_tokens = 12",
+    ]
+  )
+  printed = capsys.readouterr().out
+  for heading in ("## Costs (batch 1)", "## Theorem 3.8", "## Real walltime"):
+    assert heading in printed
+  saved = json.loads(Path(out, "results.json").read_text())
+  costs = saved["costs"]
+  assert sorted(costs["v"], key=int) == [str(t) for t in range(1, 9)]
+  assert costs["c"] > 0 and costs["loop_overhead"] > 0 and costs["bandwidth_share"] > 0
+  for label, alpha in paper_shape.PAPER_ALPHAS:
+    entry = costs["theorem_3_8"][label]
+    assert entry["alpha"] == alpha and sorted(entry["speedup"], key=int) == [
+      str(g) for g in range(1, 9)
+    ]
+  (group,) = saved["real"]["groups"]
+  names = [row["name"] for row in group["baselines"] + group["speculative"]]
+  assert names[0] == "baseline" and "model/gamma=3" in names
+  for row in group["speculative"]:  # greedy: identical or audited, never a mismatch
+    assert row["identical_to_baseline"] + len(row.get("divergences", [])) == 2
+    assert not row.get("audit_mismatch")
+  assert report is None or isinstance(report, dict)
