@@ -330,11 +330,14 @@ def test_one_writer_per_output_dir(setup, tmp_path, no_model_load):
 # ----------------------------------------------------------------------------------------------
 def _soak_once(kill_soak, job: str, tmp_path) -> None:
   """One seeded trial of `kill_soak.soak_at_writes(job)`: one kill at a write after the run's first
-  output (an event: the run stops itself there), checked."""
+  output (an event: the run stops itself there), checked. Seed 13 kills both jobs mid-write
+  (infer: before the 10th rename of predictions-baseline.jsonl; train: before checkpoint_18's
+  directory is renamed into place), so the resumed run has a temporary to remove."""
   (trial,) = kill_soak.soak_at_writes(
-    job, tmp_path / "soak", trials=1, seed=14, compile_cache=tmp_path / "xla_cache"
+    job, tmp_path / "soak", trials=1, seed=13, compile_cache=tmp_path / "xla_cache"
   )
   assert len(trial.kills) == 1 and trial.kills[0] > 0  # killed after output: the rerun resumes
+  assert trial.kills_leaving_temporaries == 1  # mid-write: a temporary for the rerun to remove
   assert trial.identical and not trial.differing and not trial.left
 
 
