@@ -43,7 +43,9 @@ checkpoints with their optimizer states and metadata, `best.msgpack`, the export
 their `.json` sidecars) except `train_log.jsonl` and `best.json`, which hold wall times and running
 averages. Both fail if any `*.tmp-*` or `checkpoint_<n>.old-*` is left in the output directory.
 Exits non-zero with `FAILED: <why>` at the first mismatch, temporary or failed run (its log is
-`<workdir>/trial_<i>.log`). The test suite runs short versions (tests/jobs/test_job_safety.py).
+`<workdir>/trial_<i>.log`). The test suite runs short versions with the kills at seeded write
+events instead of moments (`soak_at_writes`, `kill_at_write`; tests/jobs/test_job_safety.py), so
+where they land does not depend on the machine's speed.
 """
 
 from __future__ import annotations
@@ -359,6 +361,75 @@ def run_until(
   return False, job.progress(out)
 
 
+# A kill at a write: an event, not a moment. The run's python is wrapped so that it stops itself
+# (SIGSTOP) at the chosen rename of a file into its output directory, the last step of every atomic
+# write (`os.replace` or `os.rename`): just before it (mid-write: the temporary is complete, the
+# file not yet replaced) or just after it. The parent waits for that stop (waitpid WUNTRACED, no
+# timing) and SIGKILLs the stopped run, so the kill lands at the same point however fast or loaded
+# the machine is. `setup` is Python run in the wrapped process before the job (a test's fixture).
+_STOP_AT_WRITE = r"""
+import os, runpy, signal, sys
+out, name, count, before, setup, kind, job = sys.argv[1:8]  # kind: "-m" (job: a module) or "-c"
+out, count, before = os.path.realpath(out) + os.sep, int(count), before == "before"
+sys.argv = [job if kind == "-m" else "-c", *sys.argv[8:]]
+seen = [0]
+def stopping(move):
+  def wrapped(src, dst, *args, **kwargs):
+    target = os.path.realpath(os.fspath(dst))
+    hit = target.startswith(out) and os.path.basename(target) == name
+    seen[0] += hit
+    if hit and seen[0] == count and before:
+      os.kill(os.getpid(), signal.SIGSTOP)
+    result = move(src, dst, *args, **kwargs)
+    if hit and seen[0] == count and not before:
+      os.kill(os.getpid(), signal.SIGSTOP)
+    return result
+  return wrapped
+os.replace, os.rename = stopping(os.replace), stopping(os.rename)
+exec(setup)
+if kind == "-m":
+  runpy.run_module(job, run_name="__main__", alter_sys=True)
+else:
+  exec(compile(job, "<string>", "exec"), {"__name__": "__main__"})
+"""
+
+
+def kill_at_write(
+  cmd: list[str],
+  out: Path,
+  name: str,
+  count: int,
+  *,
+  mid_write: bool,
+  log: Path,
+  env: dict[str, str] | None = None,
+  setup: str = "",
+) -> None:
+  """Runs `cmd` ([python, "-m" or "-c", job, args...]) and SIGKILLs it at its `count`-th write of the
+  file `out/<name>`: just before the rename that completes it (`mid_write`: its temporary is left
+  for the next run to remove) or just after (see `_STOP_AT_WRITE`). SoakError if the run exits
+  before it gets there."""
+  python, kind, job, *args = cmd
+  if kind not in ("-m", "-c"):
+    raise ValueError(
+      f"kill_at_write runs `python -m module ...` or `python -c code ...`, not {cmd}"
+    )
+  when = "before" if mid_write else "after"
+  wrapped = [python, "-c", _STOP_AT_WRITE, str(out), name, str(count), when, setup, kind, job]
+  proc = _popen(wrapped + args, log, env)
+  try:
+    _, status = os.waitpid(proc.pid, os.WUNTRACED)  # returns when the run stops itself, or exits
+  except BaseException:
+    proc.kill()
+    proc.wait()
+    raise
+  if not os.WIFSTOPPED(status):
+    proc.returncode = os.waitstatus_to_exitcode(status)  # reaped by waitpid: Popen cannot see it
+    raise _failed(proc, log, f"{out}: the run ended before its write {count} of {name}")
+  proc.send_signal(signal.SIGKILL)
+  proc.wait()
+
+
 def run_trial(
   job: Job,
   workdir: Path,
@@ -431,6 +502,66 @@ def soak(
     f"{job_name}: {trials} trials, {kills} kills ({mid_write} mid-write), all byte-identical to "
     "the reference run, no temporaries left"
   )
+  return results
+
+
+# The writes where `soak_at_writes` kills each job: (file name in the output directory, its n-th
+# write), every one after the run's first output, so the resumed run really resumes. infer: every
+# later write of a predictions file (24 lines at batch 2: 12 writes a mode); train: each checkpoint
+# after the first (a directory renamed into place) and the export.
+WRITES = {
+  "infer": [
+    (f"predictions-{mode}.jsonl", n) for mode in ("baseline", "speculative") for n in range(2, 13)
+  ],
+  "train": [
+    (f"checkpoint_{step}", 1)
+    for step in range(
+      2 * TRAIN["checkpoint_every"], TRAIN["num_steps"] + 1, TRAIN["checkpoint_every"]
+    )
+  ]
+  + [("export.msgpack", 1)],
+}
+
+
+def soak_at_writes(
+  job: str | Job,
+  workdir: Path,
+  trials: int,
+  seed: int = 0,
+  report: Callable[[str], None] = print,
+  compile_cache: Path | None = None,
+  writes: list[tuple[str, int]] | None = None,
+) -> list[Trial]:
+  """The soak with its kills at events instead of moments (the test suite's version): each trial
+  kills the run once, at a write of `writes` (default `WRITES[job]`) chosen with `seed`, just
+  before or just after its rename (`kill_at_write`), lets the next run finish, and compares with
+  the reference run as `soak` does (SoakError at the first failed trial). Where the kill lands
+  depends on the seed only, not on the machine's speed or load."""
+  spec = JOBS[job] if isinstance(job, str) else job
+  writes = writes or WRITES[job]
+  workdir = Path(workdir)
+  shutil.rmtree(workdir, ignore_errors=True)
+  spec.prepare(workdir)
+  env, reference = _reference(spec, workdir, report, compile_cache)
+  rng = random.Random(seed)
+  results = []
+  for i in range(trials):
+    out = workdir / f"trial_{i}"
+    log = out.with_name(out.name + ".log")
+    name, count = rng.choice(writes)
+    mid_write = rng.random() < 0.5
+    cmd = spec.command(workdir, out)
+    kill_at_write(cmd, out, name, count, mid_write=mid_write, log=log, env=env)
+    killed_at, left_by_kill = spec.progress(out), leftovers(out)
+    report(f"trial {i}: killed {'before' if mid_write else 'after'} write {count} of {name}")
+    run_until(spec, cmd, out, log, None, env)
+    got = spec.outputs(out)
+    differing = sorted(
+      n for n in set(got) | set(reference.outputs) if got.get(n) != reference.outputs.get(n)
+    )
+    trial = Trial([killed_at], not differing, differing, leftovers(out), int(bool(left_by_kill)))
+    results.append(trial)
+    _check_trial(i, trial, reference, out, workdir, report)
   return results
 
 

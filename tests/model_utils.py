@@ -257,3 +257,26 @@ def assert_path_ran(out, summary, hlo_by_mode):
       assert all(calls.values()), f"{mode}: the job reports the kernels but runs {calls}"
     else:
       assert not any(calls.values()), f"{mode}: the job reports XLA but runs {calls}"
+
+
+def kernels_cannot_run_here() -> str | None:
+  """Why the CPU kernels' tests cannot run on this machine, or None: the job computes on a GPU or
+  TPU (the kernels' FFI handlers are CPU's), the host cannot build them (not x86-64, no C++
+  compiler, no XLA FFI headers), or SPECULATIVE_KERNELS=0 turned them off. Anywhere else the tests
+  run, so a library that is missing, stale or does not load fails them instead of skipping: that
+  is an install that was not (re)built (`make install`), not a limit of the machine."""
+  from speculative.kernels import build
+  from speculative.kernels import library
+  from speculative.kernels import policy
+
+  if library.switched_off():
+    return library.status()
+  return policy.off_cpu() or build.unbuildable()
+
+
+def kernels_run_here_mark():
+  """A skipif mark for the tests that need the CPU kernels (`kernels_cannot_run_here`)."""
+  import pytest
+
+  reason = kernels_cannot_run_here()
+  return pytest.mark.skipif(reason is not None, reason=f"CPU kernels cannot run here: {reason}")

@@ -46,23 +46,36 @@ def built_sha256() -> str | None:
     return None
 
 
+def unbuildable() -> str | None:
+  """Why this host cannot build the library (not x86-64, no C++ compiler, no XLA FFI headers), or
+  None where it can: there a missing or stale library is an install that was not (re)built."""
+  if platform.machine() not in ('x86_64', 'AMD64'):
+    return f'host is {platform.machine()}, the kernels are x86-64'
+  name = os.environ.get('CXX') or 'g++'
+  if not shutil.which(name):
+    return f'no C++ compiler: {name} not found'
+  if not os.path.exists(os.path.join(_ffi_include_dir(), 'xla', 'ffi', 'api', 'ffi.h')):
+    return f'no XLA FFI headers under {_ffi_include_dir()}'
+  return None
+
+
+def _ffi_include_dir() -> str:
+  import jax  # the FFI headers ship with jaxlib
+
+  return jax.ffi.include_dir()
+
+
 def build(force: bool = False) -> str:
   """Builds the library if missing or stale; returns one line saying what happened."""
   digest = source_sha256()
   if not force and os.path.exists(LIBRARY) and built_sha256() == digest:
     os.utime(LIBRARY + '.sha256')  # newer than the sources again: make's stamp
     return f'kernels: {os.path.relpath(LIBRARY)} is up to date'
-  if platform.machine() not in ('x86_64', 'AMD64'):
-    return f'kernels: not built (host is {platform.machine()}, the kernels are x86-64); XLA path'
+  why_not = unbuildable()
+  if why_not:
+    return f'kernels: not built ({why_not}); XLA path'
   compiler = shutil.which(os.environ.get('CXX') or 'g++')
-  if not compiler:
-    name = os.environ.get('CXX') or 'g++'
-    return f'kernels: not built (no C++ compiler: {name} not found); XLA path'
-  import jax  # the FFI headers ship with jaxlib
-
-  include = jax.ffi.include_dir()
-  if not os.path.exists(os.path.join(include, 'xla', 'ffi', 'api', 'ffi.h')):
-    return f'kernels: not built (no XLA FFI headers under {include}); XLA path'
+  include = _ffi_include_dir()
   # Build to a temporary name and rename, so an interrupted build leaves no half-written library.
   fd, tmp = tempfile.mkstemp(dir=HERE, prefix='._kernels.', suffix='.so')
   os.close(fd)

@@ -48,7 +48,7 @@ def _tiny_pair_args(tmp_path) -> list[str]:
   return args
 
 
-def test_pages_share_the_pair_options():
+def test_pages_share_the_pair_options(capsys):
   drafters_args = drafters_page.parse_args(['--quick'])
   spectr_args = spectr_page.parse_args(['--quick'])
   for args in (drafters_args, spectr_args):
@@ -56,15 +56,20 @@ def test_pages_share_the_pair_options():
     assert args.draft_checkpoint == 'models/embedded/draft.msgpack'
   assert (drafters_args.num_examples, drafters_args.repeats, drafters_args.gammas) == (8, 1, '2,4')
   assert (spectr_args.ks, spectr_args.ls, spectr_args.allow_random_init) == ([1, 2], [4], True)
-  with pytest.raises(SystemExit):
+  # argparse refuses with exit code 2 and names the problem on stderr.
+  with pytest.raises(SystemExit, match='^2$'):
     spectr_page.parse_args(['--ks', '2', '4'])  # K=1 is the reference
-  with pytest.raises(SystemExit):
+  assert 'error: --ks must include 1 (the K=1 reference)' in capsys.readouterr().err
+  with pytest.raises(SystemExit, match='^2$'):
     drafters_page.parse_args(['--skip', 'alpha,tables'])
+  assert "error: --skip: unknown parts ['tables']" in capsys.readouterr().err
 
 
 def test_a_missing_checkpoint_is_an_error_without_allow_random_init(tmp_path):
   args = [a for a in _tiny_pair_args(tmp_path) if a != '--allow_random_init']
-  with pytest.raises(FileNotFoundError):
+  with pytest.raises(
+    FileNotFoundError, match='^target checkpoint does not exist: .*missing_target'
+  ):
     pages.load_pair(drafters_page.parse_args(args))
 
 
@@ -119,11 +124,13 @@ def test_spectr_page_quick_run_matches_speculative_at_one_draft(tmp_path):
 
 def test_a_missing_checkpoint_on_the_command_line_is_one_line(tmp_path, capsys):
   argv = ['--target_checkpoint', str(tmp_path / 'missing.msgpack'), '--output_dir', str(tmp_path)]
-  with pytest.raises(SystemExit) as exit_info:
+  with pytest.raises(SystemExit, match="^2$") as exit_info:
     pages.command_line(drafters_page.main, argv)
   assert exit_info.value.code == 2
   err = capsys.readouterr().err.strip()
   assert err.startswith('error: target checkpoint does not exist') and len(err.splitlines()) == 1
-  with pytest.raises(FileNotFoundError):
+  with pytest.raises(
+    FileNotFoundError, match='^target checkpoint does not exist: .*missing.msgpack'
+  ):
     pages.command_line(drafters_page.main, argv + ['--debug'])
   assert not list(tmp_path.iterdir())  # nothing written

@@ -255,7 +255,7 @@ def test_validate_params_names_problems():
   expected['decoder/logits_dense/kernel'] = (4, 11)
   expected['token_embedder/embedding'] = (12, 4)
   del expected['encoder/encoder_norm/scale']
-  with pytest.raises(CheckpointError) as info:
+  with pytest.raises(CheckpointError, match='ckpt X do not match') as info:
     checkpoints.validate_params(params, expected, name='ckpt X')
   message = str(info.value)
   assert 'ckpt X do not match' in message
@@ -268,7 +268,7 @@ def test_error_corrupt_params_file(tmp_path):
   (tmp_path / 'bad.msgpack').write_bytes(b'\xc1\xc1garbage')
   with pytest.raises(CheckpointError, match='corrupt params file'):
     checkpoints.load_params(tmp_path / 'bad.msgpack')
-  with pytest.raises(FileNotFoundError):
+  with pytest.raises(FileNotFoundError, match='^params file does not exist: .*missing.msgpack$'):
     checkpoints.load_params(tmp_path / 'missing.msgpack')
 
 

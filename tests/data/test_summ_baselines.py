@@ -77,7 +77,7 @@ def test_command_prints_the_table_and_refuses_a_malformed_line(tmp_path, capsys)
   assert "| lead |" in out and "| retrieval |" in out and "load average" in out
   with gzip.open(tmp_path / "test.tsv.gz", "wt", encoding="utf-8") as f:
     f.write("a description\ta synopsis\nno tab here\n")
-  with pytest.raises(SystemExit) as exit_info:
+  with pytest.raises(SystemExit, match="^2$") as exit_info:
     summ_baselines.main(["--data_dir", str(tmp_path)])
   assert exit_info.value.code == 2
   assert "test.tsv.gz:2: expected 2 tab-separated fields" in capsys.readouterr().err

@@ -3,15 +3,15 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
+import seqio
+import tensorflow as tf
+import tensorflow_datasets as tfds  # seqio depends on it
 
-seqio = pytest.importorskip("seqio")
-tf = pytest.importorskip("tensorflow")
-import tensorflow_datasets as tfds  # noqa: E402  (seqio depends on it)
-
-from speculative.data import corpus  # noqa: E402
-from speculative.data import tasks  # noqa: E402
+from speculative.data import corpus
+from speculative.data import tasks
 
 ROUND_TRIP_TEXTS = [
   "Wählen Sie Extras – Optionen… – LibreOffice – Allgemein, um Größe und Maße zu ändern.",
@@ -169,7 +169,7 @@ def test_helpers():
   assert tasks.postprocess_text(b"  Suchleiste \n") == "Suchleiste"
   with pytest.raises(ValueError, match="unknown split"):
     tasks.load_split("dev")
-  with pytest.raises(TypeError):
+  with pytest.raises(TypeError, match="source must be a str, got bytes"):
     tasks.make_inputs(b"bytes")
 
 
@@ -192,7 +192,9 @@ def test_an_unprepared_tfds_dataset_is_one_line_naming_it(tmp_path, monkeypatch,
     output_features={},
   )
   try:
-    with pytest.raises(FileNotFoundError) as error:
+    with pytest.raises(
+      FileNotFoundError, match=f"needs the TFDS dataset {re.escape(tfds_name)},"
+    ) as error:
       tasks.check_tfds_prepared(name)
   finally:
     seqio.TaskRegistry.remove(name)

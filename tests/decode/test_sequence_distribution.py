@@ -34,10 +34,8 @@ import numpy as np
 import pytest
 
 from speculative import drafters
-from speculative import kernels
 from speculative import sampling as sampling_lib
 from speculative.decode import loops as decoding
-from speculative.kernels import policy
 from speculative.models.t5 import T5
 from speculative.models.t5 import T5Config
 from speculative.models.t5 import pack_decode_params
@@ -243,10 +241,7 @@ TARGET, TARGET_PARAMS, DRAFT, DRAFT_PARAMS = _pair()
 # One static strategy for every setting: the run-time values switch the filters off (top_k 0,
 # top_p 1), so each (mode, path) compiles once for all three settings.
 SAMPLING = sampling_lib.SamplingConfig(top_k=True, top_p=True)
-KERNELS_RUN_HERE = pytest.mark.skipif(
-  not kernels.available() or policy.off_cpu() is not None,
-  reason=policy.off_cpu() or kernels.status(),
-)
+KERNELS_RUN_HERE = model_utils.kernels_run_here_mark()
 
 
 # The fast tier's case; every other one is slow (each (mode, path) compiles once, a few seconds).

@@ -63,7 +63,7 @@ def test_a_changed_row_is_audited_as_a_mismatch(job, capsys):
   first = records[1]["tokens"][0]
   records[1]["tokens"][0] = 5 if first != 5 else 6  # a token the greedy target did not pick
   b.write_text("".join(json.dumps(r) + "\n" for r in records))
-  with pytest.raises(SystemExit) as exit_info:
+  with pytest.raises(SystemExit, match="^1$") as exit_info:
     compare.main([str(out / "predictions-baseline.jsonl"), str(b), *flags])
   assert exit_info.value.code == 1
   printed = capsys.readouterr().out

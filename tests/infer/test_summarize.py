@@ -1,7 +1,10 @@
-"""The summarization job (configs/local/summarize.gin): the `debian_summarize` task end to end on a
-tiny random pair and a temporary corpus, ROUGE in metrics.json and the report, identical greedy
-outputs, truncated inputs counted, a malformed TSV line and a missing checkpoint refused."""
+"""The summarization job (configs/local/summarize.gin): the run file end to end on the correlated
+tiny pair (drafts accepted and rejected) and a temporary corpus, ROUGE in metrics.json and the
+report as computed from the predictions, identical greedy outputs, truncated inputs counted; under
+sampling, a run SIGKILLed mid-write resumes to predictions byte-identical to an uninterrupted run;
+a malformed TSV line and a missing checkpoint refused."""
 
+import dataclasses
 import gzip
 import json
 import os
@@ -9,19 +12,33 @@ from pathlib import Path
 import subprocess
 import sys
 
+import gin
+import model_utils
 from model_utils import save_tiny_pair
 import pytest
+from rouge_score import rouge_scorer
 
 from speculative import infer
 from speculative.data import tasks
+from speculative.infer import outputs as infer_outputs
 
 REPO = Path(__file__).resolve().parents[2]
 ROWS = [
-  ("A tool to convert images between formats. It reads PNG and writes JPEG.", "image converter"),
+  # This synopsis shares words with what the correlated pair writes for its description ("DB
+  # DocInformation Wikipedia ..."), so the ROUGE checks below compare numbers that are not all 0.
+  (
+    "A tool to convert images between formats. It reads PNG and writes JPEG.",
+    "image converter (DocInformation Wikipedia)",
+  ),
   ("Library for parsing configuration files, with bindings for Python.", "config parser library"),
   ("Documentation for the foo package. " + "It covers every option in detail. " * 6, "foo docs"),
   ("Fonts for the Latin script, in four weights.", "Latin fonts"),
+  ("Command line client for the bar service, written in Go.", "bar client"),
+  ("Shared libraries of the baz compression format.", "baz libraries"),
 ]
+# Every input has 17 to 24 tokens with its prefix and EOS (the documentation one is cut to 24): one
+# padded length, so each mode compiles one program.
+RUN_FILE = "configs/local/summarize.gin"
 
 
 @pytest.fixture
@@ -51,23 +68,127 @@ def _job(tmp_path):
   )
 
 
-def test_summarization_job_reports_rouge_with_identical_outputs(corpus_dir, tmp_path):
+def _run_file_argv(tmp_path, out, **macros) -> list[str]:
+  """The summarization run file's command line on the correlated tiny pair (model_utils): its
+  checkpoints, the embedded configs' scopes bound to the tiny pair's sizes, `out`, and `macros`."""
+  pair = save_tiny_pair(tmp_path, [], record_config=True)
+  bindings = [
+    f"CHECKPOINT_PATH = '{pair['target_checkpoint']}'",
+    f"DRAFT_CHECKPOINT_PATH = '{pair['draft_checkpoint']}'",
+    f"INFER_OUTPUT_DIR = '{out}'",
+    "TASK_FEATURE_LENGTHS = {'inputs': 24, 'targets': 12}",
+    "infer.progress = False",
+    *(f"{name} = {value!r}" for name, value in macros.items()),
+  ]
+  for scope, config in (
+    ("embedded_target", pair["target_config"]),
+    ("embedded_draft", pair["draft_config"]),
+  ):
+    bindings += [f"{scope}/t5.T5Config.{k} = {v!r}" for k, v in dataclasses.asdict(config).items()]
+  return [f"--gin_file={RUN_FILE}", *(f"--gin_bindings={b}" for b in bindings)]
+
+
+def _main(argv):
+  """`python -m speculative.infer ARGV` in this process (so the corpus fixture applies)."""
+  try:
+    return infer.main(argv)
+  finally:
+    gin.clear_config()
+
+
+def _rouge(records) -> dict[str, float]:
+  """ROUGE-1/2/Lsum F x 100, the mean over the records, straight from the rouge-score package (one
+  sentence a line for Lsum, as T5 scores it): what the job's metrics must say."""
+  scorer = rouge_scorer.RougeScorer(["rouge1", "rouge2", "rougeLsum"])
+  scores = [
+    scorer.score(r["reference"].replace(" . ", " .\n"), r["prediction"].replace(" . ", " .\n"))
+    for r in records
+  ]
+  return {k: 100 * sum(s[k].fmeasure for s in scores) / len(scores) for k in scores[0]}
+
+
+def test_the_run_file_summarizes_with_accepted_drafts_and_reports_rouge(
+  corpus_dir, tmp_path, monkeypatch
+):
+  """configs/local/summarize.gin, greedy at batch 2 on the correlated pair: the speculative rows
+  accept and reject drafts, some end at EOS and some at the length cap, and every output equals the
+  baseline's; metrics.json's ROUGE is the rouge-score package's on the written predictions, and the
+  report's table shows those numbers."""
+  monkeypatch.chdir(REPO)
   out = tmp_path / "out"
-  summary = infer.infer(output_dir=str(out), **_job(tmp_path))
+  _main(_run_file_argv(tmp_path, out, BATCH_SIZE=2))
   metrics = json.loads((out / "metrics.json").read_text())
-  assert metrics["examples"] == len(ROWS)
+  assert (metrics["examples"], metrics["batch_size"], metrics["temperature"]) == (len(ROWS), 2, 0.0)
   assert metrics["identical_outputs"] == len(ROWS)
   assert metrics["inputs_truncated"] == 1  # the long documentation description
-  for mode in ("baseline", "speculative"):
-    assert {"rouge1", "rouge2", "rougeLsum", "loop_pct"} <= set(metrics[mode])
-    assert "bleu" not in metrics[mode]
-  assert metrics["baseline"]["rouge1"] == metrics["speculative"]["rouge1"]
-  records = [json.loads(line) for line in (out / "predictions-baseline.jsonl").open()]
-  assert [r["inputs"] for r in records] == [tasks.SUMMARIZE_PREFIX + d for d, _ in ROWS]
-  assert [r["reference"] for r in records] == [s for _, s in ROWS]
+  records = {mode: _records(out, mode) for mode in ("baseline", "speculative")}
+  assert [r["tokens"] for r in records["speculative"]] == [r["tokens"] for r in records["baseline"]]
+  events = model_utils.speculation_events(records["speculative"], 3, 12)
+  assert 0 < events["accepted"] < events["drafted"], events
+  assert events["partial"] and events["eos"] and events["capped"], events
+  assert [r["inputs"] for r in records["baseline"]] == [tasks.SUMMARIZE_PREFIX + d for d, _ in ROWS]
+  assert [r["reference"] for r in records["baseline"]] == [s for _, s in ROWS]
   report = (out / "report.md").read_text()
   assert "| mode | ROUGE-1 | ROUGE-2 | ROUGE-Lsum |" in report and "BLEU" not in report
-  assert summary["speedup"] > 0
+  for mode in ("baseline", "speculative"):
+    expected = _rouge(records[mode])
+    assert expected["rouge1"] > 0 and expected["rouge2"] > 0  # the first synopsis (ROWS)
+    assert {k: metrics[mode][k] for k in expected} == pytest.approx(expected, abs=1e-9)
+    assert "bleu" not in metrics[mode]
+    cells = " | ".join(f"{expected[k]:.2f}" for k in ("rouge1", "rouge2", "rougeLsum"))
+    assert f"| {mode} | {cells} | " in report
+  assert metrics["speedup"] > 0
+
+
+def _records(out, mode):
+  return [json.loads(line) for line in (out / f"predictions-{mode}.jsonl").open()]
+
+
+@pytest.mark.slow  # three runs of the job, one of them a fresh process
+def test_a_run_killed_mid_write_resumes_byte_identical_under_sampling(
+  corpus_dir, tmp_path, monkeypatch, kill_soak
+):
+  """TEMPERATURE 1 at batch 2 (3 batches): the real CLI, SIGKILLed while it writes the second
+  batch's speculative predictions (its baseline ones written, a temporary left), resumes: the
+  temporary is removed, only what is missing is decoded (that batch's speculative rows, the last
+  batch's), and the predictions are byte-identical to an uninterrupted run's with the same seed.
+  Each batch's sampling key must come from the batch itself, not from how many batches this
+  process has decoded."""
+  monkeypatch.chdir(REPO)
+  out, fresh = tmp_path / "out", tmp_path / "fresh"
+  macros = dict(BATCH_SIZE=2, TEMPERATURE=1.0, SEED=3)
+  argv = _run_file_argv(tmp_path, out, **macros)
+  kill_soak.kill_at_write(
+    [sys.executable, "-m", "speculative.infer", *argv],
+    out,
+    "predictions-speculative.jsonl",
+    2,
+    mid_write=True,
+    log=tmp_path / "killed.log",
+    setup=f"from speculative.data import tasks; tasks.SUMMARIZATION_DATA_DIR = {str(corpus_dir)!r}",
+  )
+  done = {m: {r["index"] for r in _records(out, m)} for m in ("baseline", "speculative")}
+  assert [len(done[m]) for m in ("baseline", "speculative")] == [4, 2]
+  assert list(out.glob("predictions-speculative.jsonl.tmp-*"))  # killed mid-write
+  original = infer_outputs.record
+  decoded = []
+  monkeypatch.setattr(
+    infer_outputs,
+    "record",
+    lambda example, *a: decoded.append(example.index) or original(example, *a),
+  )
+  _main(argv)
+  # Each mode decoded only its missing rows: the second batch's baseline rows were not redone.
+  missing = [i for m in done for i in range(len(ROWS)) if i not in done[m]]
+  assert sorted(decoded) == sorted(missing) and len(decoded) == 6
+  assert not kill_soak.leftovers(out)
+  metrics = json.loads((out / "metrics.json").read_text())
+  assert (metrics["examples"], metrics["temperature"]) == (len(ROWS), 1.0)
+  monkeypatch.setattr(infer_outputs, "record", original)
+  _main(_run_file_argv(tmp_path, fresh, **macros))
+  for mode in ("baseline", "speculative"):
+    name = f"predictions-{mode}.jsonl"
+    assert (out / name).read_bytes() == (fresh / name).read_bytes(), mode
 
 
 def test_a_malformed_corpus_line_names_the_file_and_line(corpus_dir, tmp_path):

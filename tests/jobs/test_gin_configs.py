@@ -188,7 +188,7 @@ def test_t5x_experiment_file_text_matches_paper_row(row):
 @pytest.fixture
 def t5x_gin(clean_gin, monkeypatch):
   """Gin as `python -m t5x.infer` / `t5x.eval` set it up (their functions live in __main__)."""
-  pytest.importorskip('t5x')
+  pytest.importorskip('t5x', reason='t5x is not importable (not on PyPI; README, "Installing T5X")')
   import t5x
   from t5x import eval as t5x_eval
   from t5x import infer as t5x_infer

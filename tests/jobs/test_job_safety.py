@@ -12,7 +12,6 @@ import re
 import shutil
 import subprocess
 import sys
-import time
 
 import gin
 import jax
@@ -329,37 +328,29 @@ def test_one_writer_per_output_dir(setup, tmp_path, no_model_load):
 # kill -9 at random moments: short runs of tests/kill_soak.py (its docstring has the long soak).
 # The runs share a JAX compilation cache (the reference run fills it), which halves their time.
 # ----------------------------------------------------------------------------------------------
-def _check_soak(results, max_kills):
-  assert results and all(1 <= len(t.kills) <= max_kills for t in results)
-  # Every kill came after the run had written output (after_output): the rerun really resumes.
-  assert all(k > 0 for t in results for k in t.kills)
-  assert all(t.identical and not t.differing and not t.left for t in results)
-
-
 def _soak_once(kill_soak, job: str, tmp_path) -> None:
-  """One seeded trial of `kill_soak.soak(job)` with one kill after the first output, checked."""
-  results = kill_soak.soak(
-    job,
-    tmp_path / "soak",
-    trials=1,
-    seed=14,
-    max_kills=1,
-    after_output=True,
-    compile_cache=tmp_path / "xla_cache",
+  """One seeded trial of `kill_soak.soak_at_writes(job)`: one kill at a write after the run's first
+  output (an event: the run stops itself there), checked. Seed 13 kills both jobs mid-write
+  (infer: before the 10th rename of predictions-baseline.jsonl; train: before checkpoint_18's
+  directory is renamed into place), so the resumed run has a temporary to remove."""
+  (trial,) = kill_soak.soak_at_writes(
+    job, tmp_path / "soak", trials=1, seed=13, compile_cache=tmp_path / "xla_cache"
   )
-  _check_soak(results, 1)
+  assert len(trial.kills) == 1 and trial.kills[0] > 0  # killed after output: the rerun resumes
+  assert trial.kills_leaving_temporaries == 1  # mid-write: a temporary for the rerun to remove
+  assert trial.identical and not trial.differing and not trial.left
 
 
 @pytest.mark.slow
-def test_infer_killed_at_a_random_moment_ends_byte_identical(kill_soak, tmp_path):
-  """The real CLI, SIGKILLed at a seeded random moment between its first and last predictions,
+def test_infer_killed_at_a_random_write_ends_byte_identical(kill_soak, tmp_path):
+  """The real CLI, SIGKILLed at a seeded random write between its first and last predictions,
   resumes to predictions byte-identical to an uninterrupted run's; no temporaries left."""
   _soak_once(kill_soak, "infer", tmp_path)
 
 
 @pytest.mark.slow
-def test_train_killed_at_a_random_moment_ends_byte_identical(kill_soak, tmp_path):
-  """`speculative.train`, SIGKILLed at a seeded random moment after its first checkpoint, resumes
+def test_train_killed_at_a_random_write_ends_byte_identical(kill_soak, tmp_path):
+  """`speculative.train`, SIGKILLed at a seeded random write after its first checkpoint, resumes
   to checkpoints (params and optimizer state), best and exported weights byte-identical to an
   uninterrupted run's; no `.tmp` is left."""
   _soak_once(kill_soak, "train", tmp_path)
@@ -393,6 +384,40 @@ def test_kill_soak_fails_on_a_job_that_does_not_resume_cleanly(
   )
   with pytest.raises(kill_soak.SoakError, match=message):
     kill_soak.soak(job, tmp_path / "soak", trials=1, max_kills=1, report=lambda s: None)
+
+
+@pytest.mark.parametrize(
+  "script,message",
+  [
+    ("write(str(os.getpid()))", "a differ from the uninterrupted run"),
+    ("write('1'); open(out + '/a.tmp-1', 'w')", r"temporaries left .*a\.tmp-1"),
+  ],
+  ids=["mismatch", "temporaries"],
+)
+def test_the_soak_at_writes_fails_on_a_job_that_does_not_resume_cleanly(
+  kill_soak, tmp_path, script, message
+):
+  """The suite's soak (kills at writes) can fail too: a job whose output differs between runs, or
+  that leaves a temporary, killed at its one atomic write of `a` (just before or after it)."""
+  code = (
+    "import os, sys\n"
+    "out = sys.argv[1]\n"
+    "os.makedirs(out, exist_ok=True)\n"
+    "def write(text):\n"
+    "  open(out + '/a.new', 'w').write(text)\n"
+    "  os.replace(out + '/a.new', out + '/a')\n"
+    f"{script}\n"
+  )
+  job = kill_soak.Job(
+    prepare=lambda workdir: workdir.mkdir(parents=True),
+    command=lambda workdir, out: [sys.executable, "-c", code, str(out)],
+    outputs=lambda out: {p.name: p.read_bytes() for p in out.iterdir() if p.name == "a"},
+    progress=lambda out: 0,
+  )
+  with pytest.raises(kill_soak.SoakError, match=message):
+    kill_soak.soak_at_writes(
+      job, tmp_path / "soak", trials=1, report=lambda s: None, writes=[("a", 1)]
+    )
 
 
 # ----------------------------------------------------------------------------------------------
@@ -555,16 +580,28 @@ def test_train_prunes_the_checkpoints_a_kill_left(tmp_path):
 
 @pytest.mark.slow
 def test_second_trainer_on_one_output_dir_is_refused(kill_soak, tmp_path):
-  """Two trainers on one run directory: the second is refused at once, naming the holder's pid,
-  before it loads data or compiles (so it cannot prune or overwrite the first one's checkpoints)."""
+  """Two trainers on one run directory: the second is refused, naming the holder's pid, before it
+  loads data or compiles (so it cannot prune or overwrite the first one's checkpoints): its data
+  loading, wrapped to leave a mark, never ran."""
   out = tmp_path / "run"
   out.mkdir()
   kill_soak.prepare_train(tmp_path)
-  command = kill_soak.train_command(tmp_path, out)
+  python, flag, module, *args = kill_soak.train_command(tmp_path, out)
+  assert (flag, module) == ("-m", "speculative.train")
+  loaded = tmp_path / "loaded_data"
+  wrapped = (
+    "import runpy, sys\n"
+    "from speculative.train import run\n"
+    "load = run._load_examples\n"
+    f"run._load_examples = lambda s: (open({str(loaded)!r}, 'w').close(), load(s))[1]\n"
+    f"sys.argv = [{module!r}, *sys.argv[1:]]\n"
+    f"runpy.run_module({module!r}, run_name='__main__', alter_sys=True)\n"
+  )
   with lock.OutputLock(str(out)):
-    started = time.monotonic()
-    proc = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300)
-  assert proc.returncode != 0
+    proc = subprocess.run(
+      [python, "-c", wrapped, *args], cwd=REPO, capture_output=True, text=True, timeout=300
+    )
+  assert proc.returncode == 2, proc.stderr
   assert f"in use by another run (pid {os.getpid()}" in proc.stderr
-  assert time.monotonic() - started < 120
+  assert not loaded.exists()
   assert sorted(p.name for p in out.iterdir()) == [".lock"]

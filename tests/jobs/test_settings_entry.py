@@ -35,7 +35,7 @@ def _runner(settings: _Settings) -> str:
 def test_the_entry_takes_the_fields_and_runs_on_the_settings():
   assert _runner(name='a') == 'a x2 ()'
   assert _runner(name='a', size=3, tags=('t',)) == "a x3 ('t',)"
-  with pytest.raises(TypeError):
+  with pytest.raises(TypeError, match="unexpected keyword argument 'colour'"):
     _runner(name='a', colour='red')  # not a field
   assert _runner.__doc__ == 'Doc of the runner.' and _runner.__name__ == '_runner'
 

@@ -7,8 +7,9 @@ other rows of the call. Then the model: one T-token `extend` equals T one-token 
 bit (float32 and bfloat16 activations, lockstep and ragged rows); the kernel path reproduces stock
 T5X's greedy tokens on the fixture; greedy speculative decoding on the kernels equals the baseline
 on the kernels; a job records its path and its compiled decodes call the kernels. Skipped, with the
-reason, where the kernels are not built or the job does not compute on CPU (a GPU or TPU backend: the
-kernels' FFI handlers exist for the cpu platform only). The path policy itself: test_policy.py.
+reason, only where the kernels cannot run (model_utils.kernels_cannot_run_here: a GPU or TPU
+backend, a host that cannot build them, SPECULATIVE_KERNELS=0); a library that is missing or stale
+on a host that can build it fails them. The path policy itself: test_policy.py.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from pathlib import Path
 from flax import serialization
 import jax
 import jax.numpy as jnp
+import model_utils
 import numpy as np
 import pytest
 
@@ -27,10 +29,7 @@ from speculative.kernels import policy
 from speculative.kernels import reference
 from speculative.models import t5 as t5_lib
 
-pytestmark = pytest.mark.skipif(
-  not kernels.available() or policy.off_cpu() is not None,
-  reason=policy.off_cpu() or kernels.status(),
-)
+pytestmark = model_utils.kernels_run_here_mark()
 
 FIXTURE = Path(__file__).resolve().parents[1] / 'fixtures' / 't5x_tiny'
 ISAS = ('portable', 'avx2', 'avx512')

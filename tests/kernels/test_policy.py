@@ -4,15 +4,16 @@ size, whether the kernels' library is available, and the backend the job compute
 The backend is faked by monkeypatching `policy.backend` (the one place it is detected), so the
 GPU and TPU cases run on this CPU host: there 'auto' takes XLA's dot and says why, 'on' is one
 ValueError naming the backend and the setting, and packing weights is refused. Only the test of
-the kernels' own choice on CPU needs the library built (skipped, with the reason, where it is not).
+the kernels' own choice on CPU needs the library built (skipped, with the reason, only where this
+host cannot build it: model_utils.kernels_cannot_run_here).
 """
 
 from __future__ import annotations
 
 import jax
+import model_utils
 import pytest
 
-from speculative import kernels
 from speculative.kernels import library
 from speculative.kernels import policy
 from speculative.models import t5 as t5_lib
@@ -72,7 +73,7 @@ def test_packing_weights_is_refused_off_cpu(computes_on, platform):
     t5_lib.pack_decode_params(None, {})  # refused before the model or its params are looked at
 
 
-@pytest.mark.skipif(not kernels.available(), reason=kernels.status())
+@model_utils.kernels_run_here_mark()
 def test_policy_chooses_per_job_on_cpu(computes_on):
   computes_on('cpu')
   assert policy.choose('off', 1).name == policy.XLA

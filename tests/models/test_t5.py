@@ -19,16 +19,20 @@ import textwrap
 
 import flax
 from flax import serialization
+import gin
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from speculative.decode import loops
+from speculative.jobs import gin_utils
 from speculative.models import t5 as t5_lib
 from speculative.models import t5_attention
 from speculative.models.t5 import T5
 from speculative.models.t5 import T5Config
 from speculative.models.t5 import shift_right
+from speculative.sampling import SamplingConfig
 
 REPO = Path(__file__).resolve().parents[2]
 FIXTURE = REPO / 'tests' / 'fixtures' / 't5x_tiny'  # written by stock T5X (its README.md)
@@ -109,17 +113,15 @@ def test_teacher_forced_argmax_equals_stock_t5x(fixture_data):
 
 
 def test_greedy_through_autoregressive_decode(fixture_data):
-  decoding = pytest.importorskip('speculative.decode.loops')
-  sampling = pytest.importorskip('speculative.sampling')
   results, params = fixture_data
   model = T5(T5Config(**results['T5Config']))
   encoder_tokens = jnp.asarray(results['encoder_input_tokens'], jnp.int32)
-  out = decoding.autoregressive_decode(
+  out = loops.autoregressive_decode(
     model,
     params,
     None,
     max_new_tokens=results['decoder_len'],
-    sampling=sampling.SamplingConfig(greedy=True),
+    sampling=SamplingConfig(greedy=True),
     encoder_tokens=encoder_tokens,
     eos_id=None,
   )
@@ -379,9 +381,6 @@ EXPECTED_SHAPES = {  # docs/design.md section 3: d, H, L_enc, L_dec, dh, f
 
 
 def test_gin_model_files():
-  gin = pytest.importorskip('gin')
-  from speculative.jobs import gin_utils
-
   gin_utils.register_configurables()
   gin.clear_config()
   try:

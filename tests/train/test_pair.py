@@ -78,10 +78,18 @@ def test_the_recipe_runs_end_to_end_at_toy_shapes(tmp_path, monkeypatch):
   from speculative.models import t5 as t5_lib
 
   sources = tmp_path / "sources"
-  try:  # the real small draft: a random one never emits EOS, so it leaves no distillation set
-    pair.fetch_sources(str(sources))
-  except subprocess.CalledProcessError as e:
-    pytest.skip(f"needs the small pair from git history ({pair.SMALL_PAIR_COMMIT[:7]}): {e}")
+  # The real small draft (a random one never emits EOS, so it leaves no distillation set), read
+  # from git history: a checkout without that commit (a shallow clone, an archive) cannot run this;
+  # any other failure of fetch_sources is a failure.
+  have_commit = subprocess.run(
+    ["git", "cat-file", "-e", f"{pair.SMALL_PAIR_COMMIT}^{{commit}}"], capture_output=True
+  )
+  if have_commit.returncode:
+    pytest.skip(
+      f"needs the small pair from git history, commit {pair.SMALL_PAIR_COMMIT[:7]}, which this "
+      "checkout lacks (a shallow clone: git fetch --unshallow)"
+    )
+  pair.fetch_sources(str(sources))
   recipe = dataclasses.replace(
     pair.TOY, target_seconds=8.0, draft_seconds=6.0, eval_every_seconds=4.0
   )
