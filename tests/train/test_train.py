@@ -3,6 +3,7 @@
 import dataclasses
 import gzip
 import json
+from pathlib import Path
 import shutil
 
 import jax
@@ -119,7 +120,32 @@ def test_bad_arguments(data, tmp_path):
 @pytest.mark.slow
 def test_several_train_files_train_as_one_set(data, tmp_path):
   """`train_tsv` as a list reads the files in order as one set: two halves of a corpus give the
-  same run as the whole corpus in one file."""
+  same run as the whole corpus in one file.
+
+  Run in a process of its own: in two full `make test` runs (2026-11-27) the xdist worker running
+  it aborted inside XLA's compile of `init_params` ("Fatal Python error: Aborted"), while the test
+  passed alone and after the tests suspected of leaving state behind; the cause is not found yet
+  (see the closing note of that day). Same assertions, fresh process."""
+  import subprocess  # pylint: disable=g-import-not-at-top
+  import sys  # pylint: disable=g-import-not-at-top
+
+  code = (
+    "import json, sys; sys.path.insert(0, sys.argv[1]); import test_train; "
+    "test_train._halves_equal_whole(json.loads(sys.argv[2]), sys.argv[3])"
+  )
+  here = str(Path(__file__).resolve().parent)
+  done = subprocess.run(
+    [sys.executable, "-c", code, here, json.dumps(data), str(tmp_path)],
+    capture_output=True,
+    text=True,
+  )
+  assert done.returncode == 0, done.stderr[-3000:]
+
+
+def _halves_equal_whole(data, tmp_path):
+  """The body of test_several_train_files_train_as_one_set (in its own process)."""
+  tmp_path = Path(tmp_path)
+  data = {**data, "bucket_lengths": tuple(data["bucket_lengths"])}
   pairs = corpus.read_tsv_gz(data["train_tsv"])
   first, second = tmp_path / "first.tsv.gz", tmp_path / "second.tsv.gz"
   corpus.write_tsv_gz(first, pairs[:40])
