@@ -69,6 +69,7 @@ def test_distillation_set_drops_loops_caps_empties_and_heldout_sentences():
 
 
 @pytest.mark.slow
+@pytest.mark.own_process  # a whole training job: tests/conftest.py says why
 def test_the_recipe_runs_end_to_end_at_toy_shapes(tmp_path, monkeypatch):
   """The CPU dry run: random small-draft-shaped sources stand in for the small pair, toy budgets;
   what the two device calls would return joins and verifies here."""
