@@ -352,8 +352,18 @@ COMMANDS = [
     'compare',
     'docs/kernels.md',
     'python -m speculative.infer.compare <a>/predictions-baseline.jsonl',
-    '.venv/bin/python -m speculative.infer.compare outputs/embedded_run/predictions-baseline.jsonl'
-    ' outputs/embedded_run/predictions-speculative.jsonl',
+    # docs/kernels.md's parity check at 2 sentences: a baseline job on the kernels at batch 1, one
+    # on XLA's dot at batch 2, then the comparison of the two.
+    ' && '.join(
+      '.venv/bin/python -m speculative.infer --gin_file=configs/local/run.gin'
+      " --gin_bindings=\"infer.modes = ('baseline',)\" --gin_bindings='NUM_EXAMPLES = 2'"
+      f" --gin_bindings=\"KERNELS = '{kernels}'\" --gin_bindings='BATCH_SIZE = {batch}'"
+      f" --gin_bindings=\"INFER_OUTPUT_DIR = 'outputs/compare_{name}'\""
+      for name, kernels, batch in (('a', 'on', 1), ('b', 'off', 2))
+    )
+    + ' && .venv/bin/python -m speculative.infer.compare outputs/compare_a/predictions-baseline.jsonl'
+    ' outputs/compare_b/predictions-baseline.jsonl',
+    expect='2 / 2 identical',
   ),
 ]
 

@@ -209,6 +209,8 @@ def load_predictions(path: str) -> list[dict]:
 
 def load_job_manifest(predictions_path: str) -> dict[str, Any]:
   """The manifest of the job that wrote `predictions_path` (in the same directory)."""
+  if not os.path.isfile(predictions_path):
+    raise FileNotFoundError(f"{predictions_path} does not exist")
   manifest = lock.read_manifest(os.path.dirname(os.path.abspath(predictions_path)))
   if manifest is None:
     raise ValueError(f"{predictions_path}: no {lock.MANIFEST_FILE} beside it (not an infer job?)")

@@ -85,5 +85,11 @@ def test_jobs_of_different_inputs_are_refused(job):
 
 def test_a_missing_predictions_file_is_one_line(job, tmp_path):
   _, out, flags = job
-  with pytest.raises(SystemExit, match="^error: .*missing.jsonl"):
+  with pytest.raises(SystemExit, match="^error: .*missing.jsonl does not exist$"):
     compare.main([str(out / "predictions-baseline.jsonl"), str(tmp_path / "missing.jsonl"), *flags])
+  # A predictions file that is there, but not in a job's directory (no manifest beside it).
+  loose = tmp_path / "loose" / "predictions-baseline.jsonl"
+  loose.parent.mkdir()
+  shutil.copy(out / "predictions-baseline.jsonl", loose)
+  with pytest.raises(SystemExit, match="^error: .*loose/predictions-baseline.jsonl: no manifest"):
+    compare.main([str(out / "predictions-baseline.jsonl"), str(loose), *flags])
