@@ -352,9 +352,10 @@ COMMANDS = [
     'compare',
     'docs/kernels.md',
     'python -m speculative.infer.compare <a>/predictions-baseline.jsonl',
-    # docs/kernels.md's parity check at 2 sentences: a baseline job on the kernels at batch 1, one
-    # on XLA's dot at batch 2, then the comparison of the two.
-    ' && '.join(
+    # docs/kernels.md's parity check at 2 sentences: the kernels built, a baseline job on them at
+    # batch 1, one on XLA's dot at batch 2, then the comparison of the two.
+    '.venv/bin/python -m speculative.kernels.build && '
+    + ' && '.join(
       '.venv/bin/python -m speculative.infer --gin_file=configs/local/run.gin'
       " --gin_bindings=\"infer.modes = ('baseline',)\" --gin_bindings='NUM_EXAMPLES = 2'"
       f" --gin_bindings=\"KERNELS = '{kernels}'\" --gin_bindings='BATCH_SIZE = {batch}'"
