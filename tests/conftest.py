@@ -8,10 +8,11 @@ Tests marked `own_process` run in a fresh Python process of their own (`pytest_p
 below): the parent re-runs the one test with `python -m pytest <node id>` and takes the child's
 outcome (pass, fail with its output, skip with its reason). Used for the tests that run whole
 training jobs in-process: in the 4 full `make test` runs of 2026-11-27/28 that were seen to the
-end (CI included), the xdist worker running them died inside XLA's compile of a training function, SIGSEGV or SIGABRT,
-after some 330 earlier tests in the same process; replaying that worker's tests in order in one
-process crashed the same way, while the same training calls repeated in dedicated processes never
-did. Cause not found (memory corruption from earlier state; docs/testing.md has what was measured).
+end (CI included), the xdist worker running them died inside XLA's compile of a training
+function, SIGSEGV or SIGABRT, after some 330 earlier tests in the same process; replaying that
+worker's tests in order in one process crashed the same way, while the same training calls
+repeated in dedicated processes never did. Cause not found (memory corruption from earlier state;
+docs/testing.md has what was measured).
 A job runs in its own process for its users too.
 """
 
