@@ -4,26 +4,20 @@
 (end-to-end kill -9 soaks, full `train.train()` runs, decodes of the shipped pair), for iteration.
 The markers are registered in pyproject.toml.
 
-Tests marked `own_process` run in a fresh Python process of their own (`pytest_pyfunc_call`
-below): the parent re-runs the one test with `python -m pytest <node id>` and takes the child's
-outcome (pass, fail with its output, skip with its reason). Used for the tests that run whole
-training jobs in-process: in the 4 full `make test` runs of 2026-11-27/28 that were seen to the
-end (CI included), the xdist worker running them died inside XLA's compile of a training
-function, SIGSEGV or SIGABRT, after some 330 earlier tests in the same process; replaying that
-worker's tests in order in one process crashed the same way, while the same training calls
-repeated in dedicated processes never did. Cause not found (memory corruption from earlier state;
-docs/testing.md has what was measured).
-A job runs in its own process for its users too.
+Compiled programs are released after every test module (`_release_compiled_programs`): each
+program XLA compiles for the CPU keeps its own memory mappings (code and data of the JIT) for as
+long as JAX's caches hold it, some 270 per test on average in tests/decode, and Linux refuses a
+process more than `vm.max_map_count` (65,530 by default) mappings. A worker that ran some 330 tests
+without releasing them reached that limit; from there every mmap fails, and XLA failed in its next
+compile: "LLVM compilation error: Cannot allocate memory" (CI, 2026-11-28), SIGABRT when a thread could
+not be started, SIGSEGV where an allocation came back empty (docs/testing.md has the measurements).
+`_mappings_guard` fails a test, naming the count, if one test module alone comes near the limit.
 """
 
-import os
+import gc
 from pathlib import Path
-import subprocess
-import sys
 
 import pytest
-
-_CHILD = 'SPECULATIVE_TEST_OWN_PROCESS'  # set in the child, which then runs the test itself
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -42,30 +36,51 @@ def kill_soak():
   return module
 
 
-@pytest.hookimpl(tryfirst=True)
-def pytest_pyfunc_call(pyfuncitem):
-  """Runs a test marked `own_process` in a child `python -m pytest <node id>` (see the docstring
-  above); its outcome is the child's. Everything else runs here as usual."""
-  if pyfuncitem.get_closest_marker('own_process') is None or os.environ.get(_CHILD):
+def memory_mappings() -> int | None:
+  """This process's memory mappings (lines of /proc/self/maps); None where there is no /proc."""
+  try:
+    with open('/proc/self/maps', 'rb') as f:
+      return sum(1 for _ in f)
+  except OSError:
     return None
-  cmd = [sys.executable, '-m', 'pytest', '-q', '-p', 'no:xdist', '-p', 'no:cacheprovider']
-  cmd += ['-rs', '-W', 'ignore::DeprecationWarning', pyfuncitem.nodeid]
-  done = subprocess.run(
-    cmd,
-    cwd=pyfuncitem.config.rootpath,
-    env={**os.environ, _CHILD: '1'},
-    capture_output=True,
-    text=True,
-  )
-  if done.returncode == 5:  # the child collected nothing: a node id this hook built wrongly
-    pytest.fail(f'own_process: the child found no test {pyfuncitem.nodeid}', pytrace=False)
-  if done.returncode == 0 and ' skipped' in done.stdout and ' passed' not in done.stdout:
-    reasons = [line for line in done.stdout.splitlines() if line.startswith('SKIPPED')]
-    pytest.skip(f'in its own process: {reasons[0] if reasons else done.stdout.strip()}')
-  if done.returncode != 0:
+
+
+def max_memory_mappings() -> int | None:
+  try:
+    with open('/proc/sys/vm/max_map_count') as f:
+      return int(f.read())
+  except (OSError, ValueError):
+    return None
+
+
+@pytest.fixture(autouse=True, scope='module')
+def _release_compiled_programs():
+  """After each test module, drops every program JAX compiled (and the memory mappings each one
+  holds); the next module compiles what it needs again."""
+  yield
+  import jax  # pylint: disable=g-import-not-at-top
+
+  jax.clear_caches()
+  gc.collect()
+
+
+@pytest.fixture(autouse=True)
+def _mappings_guard():
+  """Fails the test, with the count, once this process holds half of `vm.max_map_count`
+  mappings even after releasing its compiled programs: a module that compiles this much must
+  release its programs itself, well before mmap starts failing inside XLA."""
+  yield
+  limit, count = max_memory_mappings(), memory_mappings()
+  if limit is None or count is None or count < limit // 2:
+    return
+  import jax  # pylint: disable=g-import-not-at-top
+
+  jax.clear_caches()
+  gc.collect()
+  count = memory_mappings()
+  if count >= limit // 2:
     pytest.fail(
-      f'own_process: {pyfuncitem.nodeid} failed in its own process (exit {done.returncode}):\n'
-      + (done.stdout + done.stderr)[-6000:],
+      f'this process holds {count} memory mappings after releasing its compiled programs, half '
+      f'of vm.max_map_count ({limit}); past the limit every mmap fails inside XLA',
       pytrace=False,
     )
-  return True  # the test ran (and passed) in the child

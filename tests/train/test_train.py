@@ -1,8 +1,4 @@
-"""Training: the loss falls, checkpoints are T5X layout, and a resumed run equals an uninterrupted one.
-
-The tests that run whole `train.train()` jobs are marked `own_process`: each runs in a fresh Python
-process (tests/conftest.py says why).
-"""
+"""Training: the loss falls, checkpoints are T5X layout, and a resumed run equals an uninterrupted one."""
 
 import dataclasses
 import gzip
@@ -63,7 +59,6 @@ def _log(output_dir):
 
 
 @pytest.mark.slow
-@pytest.mark.own_process  # tests/conftest.py: why
 def test_loss_falls_and_exports(data, tmp_path):
   out = tmp_path / "run"
   train.train(
@@ -83,7 +78,6 @@ def test_loss_falls_and_exports(data, tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.own_process  # tests/conftest.py: why
 def test_resumed_run_equals_uninterrupted(data, tmp_path):
   full, split = tmp_path / "full", tmp_path / "split"
   common = dict(model_config=TINY, num_steps=12, **{**data, "checkpoint_every": 6})
@@ -123,7 +117,6 @@ def test_bad_arguments(data, tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.own_process  # tests/conftest.py: why
 def test_several_train_files_train_as_one_set(data, tmp_path):
   """`train_tsv` as a list reads the files in order as one set: two halves of a corpus give the
   same run as the whole corpus in one file."""
@@ -142,7 +135,6 @@ def test_several_train_files_train_as_one_set(data, tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.own_process  # tests/conftest.py: why
 def test_init_checkpoint_starts_from_its_weights(data, tmp_path):
   """A run started from another run's checkpoint (fresh optimizer, here Adafactor) begins from those
   weights: at learning rate ~0 its first checkpoint equals them. A checkpoint of another shape is
@@ -188,7 +180,6 @@ def test_init_checkpoint_starts_from_its_weights(data, tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.own_process  # tests/conftest.py: why
 def test_distillation_step_runs(data, tmp_path):
   teacher_dir = tmp_path / "teacher"
   checkpoints.save_t5x_checkpoint(T5(TINY).init_params(jax.random.PRNGKey(3)), teacher_dir, 0)
@@ -229,7 +220,6 @@ def test_distillation_step_runs(data, tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.own_process  # tests/conftest.py: why
 def test_fork_continues_a_run_with_its_optimizer_state(data, tmp_path):
   """A run forked from another run's checkpoint_6 (weights, optimizer state, step) and trained to
   step 12 with the same settings equals the uninterrupted run; the source run is not touched. A
@@ -293,7 +283,6 @@ def test_attention_entropy_is_one_for_uniform_and_zero_for_one_hot():
 
 
 @pytest.mark.slow
-@pytest.mark.own_process  # tests/conftest.py: why
 def test_evaluation_logs_attention_entropy_and_a_training_subset(data, tmp_path):
   out = tmp_path / "run"
   train.train(model_config=TINY, output_dir=str(out), num_steps=4, **{**data, "eval_every": 4})
@@ -305,7 +294,6 @@ def test_evaluation_logs_attention_entropy_and_a_training_subset(data, tmp_path)
 
 
 @pytest.mark.slow
-@pytest.mark.own_process  # tests/conftest.py: why
 def test_task_prefixes_and_a_second_validation_set(data, tmp_path):
   """Multi-task training: each train file gets its own input prefix (the default prefix for every
   file equals the single-task run), a second validation set is logged under its name, and a prefix
