@@ -366,6 +366,50 @@ COMMANDS = [
     ' outputs/compare_b/predictions-baseline.jsonl',
     expect='2 / 2 identical',
   ),
+  Command(
+    'pair_dry_run',
+    'docs/training.md',
+    '.venv/bin/python -m speculative.train.pair --toy --sources .device/small_pair --out_dir'
+    ' /tmp/pair_toy --first_dir /tmp/pair_toy/first',
+    # docs/training.md's CPU dry run of the device recipe (toy shapes and budgets, ~2 min), then
+    # what the two device calls return, joined and verified.
+    '.venv/bin/python -m speculative.train.pair --fetch_sources --sources .device/small_pair && '
+    '.venv/bin/python -m speculative.train.pair --toy --sources .device/small_pair'
+    ' --out_dir outputs/pair_toy --first_dir outputs/pair_toy/first && '
+    '.venv/bin/python -m speculative.train.transport collect outputs/pair_toy/first'
+    ' outputs/pair_toy/second --dest_dir outputs/pair_toy_here',
+    expect='verified outputs/pair_toy_here/embedded_draft.msgpack',
+  ),
+  Command(
+    'pair_upload',
+    'docs/training.md',
+    '.venv/bin/python -m speculative.train.transport pack_upload models/embedded/target.msgpack'
+    ' models/embedded/draft.msgpack --dest_dir .device/upload --parts 2',
+    # The shipped pair packed into two parts, then unpacked and verified as the device call does.
+    '.venv/bin/python -m speculative.train.transport pack_upload models/embedded/target.msgpack'
+    ' models/embedded/draft.msgpack --dest_dir outputs/upload --parts 2 && '
+    '.venv/bin/python -m speculative.train.transport unpack_upload outputs/upload'
+    ' --dest_dir outputs/uploaded',
+    expect='unpacked and verified outputs/uploaded/target.msgpack',
+  ),
+  Command(
+    'tree_size',
+    'docs/training.md',
+    'python -m speculative.train.transport tree_size',
+    '.venv/bin/python -m speculative.train.transport tree_size',
+    expect='working tree to send:',
+    # A clone holds the 114 MB pair, so it is over the 64 MiB a device call carries: exit 1 says so.
+    expect_rc=1,
+  ),
+  Command(
+    'pair_learning_curve',
+    'docs/training.md',
+    'python -m speculative.train.learning_curve --pair_report docs/pair_device_report_2026-11-28.json'
+    ' --png docs/pair_learning_curve_2026-11-28.png',
+    '.venv/bin/python -m speculative.train.learning_curve --pair_report'
+    ' docs/pair_device_report_2026-11-28.json --png outputs/pair_curve.png',
+    expect='wrote outputs/pair_curve.png',
+  ),
 ]
 
 

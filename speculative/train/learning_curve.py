@@ -94,9 +94,14 @@ def plot(runs: dict[str, list[dict]], png: str) -> None:
 
 PAIR_MODELS = (
   ("target", "target (51.2M)"),
-  ("draft", "small draft shape (3.2M)"),
+  (
+    "draft",
+    "small draft shape (3.2M)",
+  ),  # the 2026-11-26 report's names (docs/pair_device_report.json)
   ("wide_draft", "embedded draft (5.7M)"),
-)  # the names in docs/pair_device_report.json (the recipe has since renamed the drafts)
+  ("small_draft", "small draft shape (3.2M)"),  # the recipe's names since
+  ("embedded_draft", "embedded draft (5.7M)"),
+)  # a report holds some of these: a continued pair trains its one draft only
 
 
 def plot_pair(report: dict, png: str) -> None:
@@ -109,6 +114,8 @@ def plot_pair(report: dict, png: str) -> None:
   fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
   for ax, task in zip(axes, ("translate", "summarize")):
     for name, label in PAIR_MODELS:
+      if name not in report:
+        continue
       rows = report[name]["history"]
       ax.plot(
         [r["seconds"] for r in rows], [r[f"val_{task}_nll"] for r in rows], marker="o", label=label

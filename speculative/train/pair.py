@@ -13,6 +13,10 @@ gin-config wheel; docs/training.md, "The pair on an accelerator", has the whole 
 then, at once while the machine is warm, a second call returns the rest:
   cp /root/pair/second/* $OUT/ && sha256sum $OUT/*
 and `python -m speculative.train.transport collect` joins and verifies both calls' files here.
+To continue a trained pair instead (both models from their weights, fresh optimizers, the one
+draft shape that ships), carry it over in parts (`transport pack_upload` here, one part per call,
+`transport unpack_upload` there; docs/training.md, "The pair continued on an accelerator") and add
+`--continue_from <folder with target.msgpack and draft.msgpack>`.
 CPU dry run of the same code at toy shapes and budgets (~2 min on 2 cores):
   .venv/bin/python -m speculative.train.pair --toy --sources .device/small_pair \
       --out_dir /tmp/pair_toy --first_dir /tmp/pair_toy/first
@@ -193,6 +197,7 @@ class Trainee:
   config: t5_lib.T5Config  # as served (no dropout); trained with `dropout_rate`
   params: Any
   peak_lr: float
+  started_from: str = "small_draft"  # recorded in the exported weights' provenance
   dropout_rate: float = 0.1
   label_smoothing: float = 0.1
   opt_state: Any = None
@@ -376,7 +381,14 @@ def fetch_sources(sources: str) -> None:
     print(f"wrote {source_path(sources, name)} (from {SMALL_PAIR_COMMIT[:7]}:{path})")
 
 
-def run(out_dir: str, first_dir: str, recipe: Recipe, toy: bool, sources: str) -> dict:
+def run(
+  out_dir: str,
+  first_dir: str,
+  recipe: Recipe,
+  toy: bool,
+  sources: str,
+  continue_from: str | None = None,
+) -> dict:
   t0 = time.time()
   log(f"jax {jax.__version__}, devices {jax.devices()}")
   configs = load_configs(toy)
@@ -394,20 +406,31 @@ def run(out_dir: str, first_dir: str, recipe: Recipe, toy: bool, sources: str) -
     "toy": toy,
   }
 
-  # 1. The target: grown from the embedded target, trained on both tasks.
-  small = checkpoints.load_params(source_path(sources, source), dtype=np.float32)
-  grown = grow.grow_params(small, configs[source], configs["target"], recipe.seed)
+  # 1. The target: grown from the small target (or continued from a trained pair's target, with a
+  # fresh optimizer), trained on both tasks.
+  if continue_from:
+    source = os.path.join(continue_from, "target.msgpack")
+    start = checkpoints.load_params(source, dtype=np.float32, config=configs["target"])
+    report["continued_from"] = {
+      name: checkpoints.verify_weights(os.path.join(continue_from, f"{name}.msgpack"))
+      for name in ("target", "draft")
+    }
+  else:
+    small = checkpoints.load_params(source_path(sources, source), dtype=np.float32)
+    start = grow.grow_params(small, configs[source], configs["target"], recipe.seed)
   target = Trainee(
     "target",
     configs["target"],
-    jax.tree_util.tree_map(jnp.asarray, grown),
+    jax.tree_util.tree_map(jnp.asarray, start),
     recipe.target_lr,
   )
   target_model = t5_lib.T5(configs["target"])
   decoders = {task: distill_data.greedy_fn(target_model, recipe.lengths(task)[1]) for task in data}
-  drafts = _make_drafts(configs, recipe, sources)
+  drafts = _make_drafts(configs, recipe, sources, continue_from)
   _compile([*target.warm_calls(buckets)])
   log(f"target compiled ({time.time() - t0:.0f} s); training {recipe.target_seconds:.0f} s")
+  if continue_from:  # the starting point is a candidate too: training must beat it to replace it
+    _evaluate_and_keep(target, val_sets, buckets, 0.0, float("nan"))
   background = [lambda t=t: _warm_decode(decoders[t], target.params, recipe, t) for t in data]
   background += [call for d in drafts for call in d.warm_calls(buckets)]
   train_for(
@@ -452,6 +475,9 @@ def run(out_dir: str, first_dir: str, recipe: Recipe, toy: bool, sources: str) -
   for task, d in data.items():
     outputs = _greedy(decoders[task], target_params, [s for s, _ in d.validation], recipe, task)
     val_distilled[task] = [(s, o) for (s, _), o in zip(d.validation, outputs) if len(o)]
+  if continue_from:
+    for d in drafts:
+      _evaluate_and_keep(d, val_distilled, buckets, 0.0, float("nan"))
   train_for(
     drafts,
     mixed(distilled["translate"], distilled["summarize"], recipe),
@@ -471,7 +497,7 @@ def run(out_dir: str, first_dir: str, recipe: Recipe, toy: bool, sources: str) -
       path,
       "bfloat16",
       configs[d.name],
-      extra={"training": _provenance(d.name, d, recipe, "small_draft")},
+      extra={"training": _provenance(d.name, d, recipe, d.started_from)},
     )
     shutil.move(path, os.path.join(out_dir, "second", f"{d.name}.msgpack"))
     report[d.name] = {
@@ -489,11 +515,19 @@ def run(out_dir: str, first_dir: str, recipe: Recipe, toy: bool, sources: str) -
   return report
 
 
-def _make_drafts(configs, recipe: Recipe, sources: str) -> list[Trainee]:
-  """The small draft (from its weights) and the embedded draft's shape (grown from them)."""
+def _make_drafts(
+  configs, recipe: Recipe, sources: str, continue_from: str | None = None
+) -> list[Trainee]:
+  """The small draft (from its weights) and the embedded draft's shape (grown from them); or,
+  continuing a trained pair, its draft alone (the embedded draft's shape, from its weights)."""
+  to_jax = lambda p: jax.tree_util.tree_map(jnp.asarray, p)  # noqa: E731
+  if continue_from:
+    path = os.path.join(continue_from, "draft.msgpack")
+    config = configs["embedded_draft"]
+    params = checkpoints.load_params(path, dtype=np.float32, config=config)
+    return [Trainee("embedded_draft", config, to_jax(params), recipe.draft_lr, started_from=path)]
   small = checkpoints.load_params(source_path(sources, "small_draft"), dtype=np.float32)
   wide = grow.grow_params(small, configs["small_draft"], configs["embedded_draft"], recipe.seed)
-  to_jax = lambda p: jax.tree_util.tree_map(jnp.asarray, p)  # noqa: E731
   return [
     Trainee(name, configs[name], to_jax(p), recipe.draft_lr)
     for name, p in (("small_draft", small), ("embedded_draft", wide))
@@ -575,15 +609,30 @@ def main(argv: Sequence[str] | None = None) -> None:
   parser.add_argument("--target_seconds", type=float)
   parser.add_argument("--draft_seconds", type=float)
   parser.add_argument("--target_lr", type=float)
+  parser.add_argument(
+    "--continue_from",
+    help="a trained pair's folder (target.msgpack, draft.msgpack): continue both, fresh optimizers",
+  )
   args = parser.parse_args(argv)
   if args.fetch_sources:
     fetch_sources(args.sources)
     return
   if not (args.out_dir and args.first_dir):
     parser.error("--out_dir and --first_dir are required to train")
-  for name in ("small_target", "small_draft"):
-    if not os.path.isfile(source_path(args.sources, name)):
-      parser.error(f"{source_path(args.sources, name)} is missing (write it: --fetch_sources)")
+  if args.continue_from:  # both files, their hashes and shapes checked before any compute
+    configs = load_configs(args.toy)
+    for name, config in (("target", configs["target"]), ("draft", configs["embedded_draft"])):
+      path = os.path.join(args.continue_from, f"{name}.msgpack")
+      if not os.path.isfile(path):
+        parser.error(f"{path} is missing")
+      try:
+        checkpoints.verify_weights(path, config)
+      except checkpoints.CheckpointError as err:
+        parser.error(str(err))
+  else:
+    for name in ("small_target", "small_draft"):
+      if not os.path.isfile(source_path(args.sources, name)):
+        parser.error(f"{source_path(args.sources, name)} is missing (write it: --fetch_sources)")
   recipe = TOY if args.toy else Recipe()
   changes = {k: getattr(args, k) for k in ("target_seconds", "draft_seconds", "target_lr")}
   recipe = dataclasses.replace(recipe, **{k: v for k, v in changes.items() if v is not None})
@@ -592,7 +641,7 @@ def main(argv: Sequence[str] | None = None) -> None:
   cache = os.path.join(args.out_dir, "jax_cache")  # a retry on the same machine skips compiles
   jax.config.update("jax_compilation_cache_dir", cache)
   jax.config.update("jax_persistent_cache_min_compile_time_secs", 1.0)
-  run(args.out_dir, args.first_dir, recipe, args.toy, args.sources)
+  run(args.out_dir, args.first_dir, recipe, args.toy, args.sources, args.continue_from)
 
 
 if __name__ == "__main__":

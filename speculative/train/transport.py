@@ -8,6 +8,13 @@ Here, after both calls (their files under two folders):
       --dest_dir ../runs/pair_device
 and before a call, what would travel (the device tool takes at most 64 MiB of working tree):
   .venv/bin/python -m speculative.train.transport tree_size
+Moving weights onto a device machine (a pair to continue from, larger than one call carries): here,
+  .venv/bin/python -m speculative.train.transport pack_upload models/embedded/target.msgpack \\
+      models/embedded/draft.msgpack --dest_dir .device/upload --parts 2
+packs the files and their sidecars into one tar.xz cut into `--parts` checked parts (each call
+carries one under `.device/`); there, after the last part's call,
+  python3 -m speculative.train.transport unpack_upload <folders holding the parts> --dest_dir DIR
+checks every part and the whole against the manifest and unpacks, or writes nothing.
 """
 
 from __future__ import annotations
@@ -27,6 +34,7 @@ from speculative import checkpoints
 from speculative.data import corpus
 
 MANIFEST = "target.manifest.json"
+UPLOAD_MANIFEST = "upload.manifest.json"
 TREE_LIMIT = 64 * 2**20
 
 
@@ -121,6 +129,74 @@ def collect(first: str, second: str, dest_dir: str) -> list[str]:
   return [os.path.join(dest_dir, name) for name in written]
 
 
+def _checked_parts(data: bytes, name: str, n_parts: int, dest_dir: str) -> dict:
+  """Cuts `data` into `n_parts` files `<name>.partNN` in `dest_dir`; returns their manifest."""
+  size = -(-len(data) // n_parts)
+  chunks = []
+  for k in range(n_parts):
+    piece = data[k * size : (k + 1) * size]
+    chunk = f"{name}.part{k:02d}"
+    Path(dest_dir, chunk).write_bytes(piece)
+    chunks.append({"name": chunk, "size": len(piece), "sha256": hashlib.sha256(piece).hexdigest()})
+  return {
+    "file": name,
+    "size": len(data),
+    "sha256": hashlib.sha256(data).hexdigest(),
+    "chunks": chunks,
+  }
+
+
+def pack_upload(files: list[str], dest_dir: str, n_parts: int) -> dict:
+  """Packs `files` and their sidecars (`<file>.json`, where present) into one tar.xz, cut into
+  `n_parts` parts in `dest_dir` with `UPLOAD_MANIFEST` (written into every part's folder later by
+  the caller; here once). Each weights file is verified first: nothing stale travels."""
+  for path in files:
+    checkpoints.verify_weights(path)
+  os.makedirs(dest_dir, exist_ok=True)
+  with tempfile.TemporaryFile() as tmp:
+    with tarfile.open(fileobj=tmp, mode="w:xz", preset=1) as tar:
+      for path in files:
+        for member in (path, path + ".json"):
+          if os.path.isfile(member):
+            tar.add(member, arcname=os.path.basename(member))
+    tmp.seek(0)
+    data = tmp.read()
+  manifest = _checked_parts(data, "upload.tar.xz", n_parts, dest_dir)
+  Path(dest_dir, UPLOAD_MANIFEST).write_text(json.dumps(manifest, indent=1))
+  return manifest
+
+
+def unpack_upload(folders: list[str], dest_dir: str) -> list[str]:
+  """Joins the parts found in `folders` (checked against the manifest found there), unpacks the
+  tar.xz into `dest_dir` and verifies each weights file against its sidecar; returns the names.
+  Raises TransportError naming the first mismatch, leaving `dest_dir` untouched."""
+  import io
+
+  manifest_path = next(
+    (Path(f, UPLOAD_MANIFEST) for f in folders if Path(f, UPLOAD_MANIFEST).is_file()), None
+  )
+  if manifest_path is None:
+    raise TransportError(f"no {UPLOAD_MANIFEST} in {', '.join(folders)}")
+  manifest = json.loads(manifest_path.read_text())
+  staging = tempfile.mkdtemp(dir=os.path.dirname(os.path.abspath(dest_dir)) or ".")
+  try:
+    archive = join(manifest, folders, os.path.join(staging, manifest["file"]))
+    with tarfile.open(fileobj=io.BytesIO(Path(archive).read_bytes()), mode="r:xz") as tar:
+      names = tar.getnames()
+      tar.extractall(staging, filter="data")
+    os.remove(archive)
+    for name in names:
+      if name.endswith(".msgpack"):
+        checkpoints.verify_weights(os.path.join(staging, name))
+    if os.path.exists(dest_dir):
+      shutil.rmtree(dest_dir)
+    os.replace(staging, dest_dir)
+  finally:
+    if os.path.exists(staging):
+      shutil.rmtree(staging)
+  return names
+
+
 def tree_size(root: str = ".") -> int:
   """Bytes the device tool would send: tracked and untracked-not-ignored files present here."""
   names = subprocess.run(
@@ -142,16 +218,31 @@ def main(argv: list[str] | None = None) -> int:
   c.add_argument("second")
   c.add_argument("--dest_dir", required=True)
   sub.add_parser("tree_size", help="what the device tool would send, against its 64 MiB")
+  p = sub.add_parser("pack_upload", help="weights to carry to a device over several calls")
+  p.add_argument("files", nargs="+")
+  p.add_argument("--dest_dir", required=True)
+  p.add_argument("--parts", type=int, default=2)
+  u = sub.add_parser("unpack_upload", help="there: join, verify and unpack the parts")
+  u.add_argument("folders", nargs="+")
+  u.add_argument("--dest_dir", required=True)
   args = parser.parse_args(argv)
   try:
     if args.command == "collect":
       for path in collect(args.first, args.second, args.dest_dir):
         print(f"verified {path}")
+    elif args.command == "pack_upload":
+      manifest = pack_upload(args.files, args.dest_dir, args.parts)
+      for chunk in manifest["chunks"]:
+        print(f"{args.dest_dir}/{chunk['name']}: {chunk['size']} bytes, sha256 {chunk['sha256']}")
+      print(f"whole {manifest['file']}: {manifest['size']} bytes, sha256 {manifest['sha256']}")
+    elif args.command == "unpack_upload":
+      for name in unpack_upload(args.folders, args.dest_dir):
+        print(f"unpacked and verified {args.dest_dir}/{name}")
     else:
       size = tree_size()
       print(f"working tree to send: {size / 2**20:.1f} MiB (limit {TREE_LIMIT / 2**20:.0f} MiB)")
       return 0 if size <= TREE_LIMIT else 1
-  except (TransportError, OSError) as e:
+  except (TransportError, OSError, tarfile.TarError, checkpoints.CheckpointError) as e:
     print(f"error: {e}", file=sys.stderr)
     return 2
   return 0

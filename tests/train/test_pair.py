@@ -1,5 +1,6 @@
 """The device recipe (speculative/train/pair.py): its wall-clock learning rate, its distillation
-set's filters, and (slow) the whole recipe at toy shapes, as its CPU dry run."""
+set's filters, and (slow) the whole recipe at toy shapes, as its CPU dry run, then its continuation
+from what it returned, carried over in upload parts."""
 
 import dataclasses
 import json
@@ -69,7 +70,6 @@ def test_distillation_set_drops_loops_caps_empties_and_heldout_sentences():
 
 
 @pytest.mark.slow
-@pytest.mark.own_process  # a whole training job: tests/conftest.py says why
 def test_the_recipe_runs_end_to_end_at_toy_shapes(tmp_path, monkeypatch):
   """The CPU dry run: random small-draft-shaped sources stand in for the small pair, toy budgets;
   what the two device calls would return joins and verifies here."""
@@ -113,3 +113,59 @@ def test_the_recipe_runs_end_to_end_at_toy_shapes(tmp_path, monkeypatch):
   trained = checkpoints.load_params(str(tmp_path / "here" / "target.msgpack"))
   grown_shape = t5_lib.T5(configs["target"]).param_shapes()
   checkpoints.validate_params(trained, grown_shape, name="target")
+
+  # The continuation (`--continue_from`): the returned pair, uploaded in two parts, trained on.
+  pair_dir = tmp_path / "pair"
+  pair_dir.mkdir()
+  for name, saved in (("target", "target"), ("draft", "embedded_draft")):
+    for suffix in ("", ".json"):
+      (pair_dir / f"{name}.msgpack{suffix}").write_bytes(
+        (tmp_path / "here" / f"{saved}.msgpack{suffix}").read_bytes()
+      )
+  packed = transport.pack_upload(
+    [str(pair_dir / "target.msgpack"), str(pair_dir / "draft.msgpack")], str(tmp_path / "up"), 2
+  )
+  assert len(packed["chunks"]) == 2
+  transport.unpack_upload([str(tmp_path / "up")], str(tmp_path / "seed"))
+  out2, first2 = tmp_path / "out2", tmp_path / "first2"
+  for d in (out2, first2, out2 / "second"):
+    d.mkdir(parents=True, exist_ok=True)
+  again = pair.run(str(out2), str(first2), recipe, True, str(sources), str(tmp_path / "seed"))
+  assert again["continued_from"] == {
+    "target": checkpoints.verify_weights(str(pair_dir / "target.msgpack")),
+    "draft": checkpoints.verify_weights(str(pair_dir / "draft.msgpack")),
+  }
+  start = again["target"]["history"][0]
+  assert start["step"] == 0 and start["seconds"] == 0.0  # the starting point is evaluated first
+  # The first validation is the returned target's: its weights (through bfloat16), the same sets.
+  assert start["val_score"] == pytest.approx(report["target"]["best"]["val_score"], rel=2e-2)
+  assert "small_draft" not in again and again["embedded_draft"]["steps"] > 0
+  assert again["embedded_draft"]["history"][0]["step"] == 0
+  written = transport.collect(str(first2), str(out2 / "second"), str(tmp_path / "here2"))
+  assert {p.rsplit("/", 1)[1] for p in written} == {"target.msgpack", "embedded_draft.msgpack"}
+  sidecar = json.loads((tmp_path / "here2" / "target.msgpack.json").read_text())
+  assert sidecar["training"]["started_from"] == str(tmp_path / "seed" / "target.msgpack")
+
+
+def test_continue_from_refuses_a_missing_or_mismatched_pair_before_any_compute(
+  tmp_path, capsys, monkeypatch
+):
+  monkeypatch.chdir(pair.__file__.rsplit("/speculative/", 1)[0])
+  configs = pair.load_configs(toy=False)
+  seed = tmp_path / "seed"
+  seed.mkdir()
+  w = {"w": np.ones(4, np.float32)}
+  checkpoints.save_params(w, seed / "target.msgpack", "float32", configs["target"])
+  args = ["--continue_from", str(seed), "--out_dir", str(tmp_path / "out")]
+  args += ["--first_dir", str(tmp_path / "first")]
+  with pytest.raises(SystemExit) as exit_info:
+    pair.main(args)
+  assert exit_info.value.code == 2
+  assert capsys.readouterr().err.strip().endswith(f"{seed}/draft.msgpack is missing")
+  # A draft of another shape (the small draft's, not the embedded draft's) is named and refused.
+  checkpoints.save_params(w, seed / "draft.msgpack", "float32", configs["small_draft"])
+  with pytest.raises(SystemExit):
+    pair.main(args)
+  err = capsys.readouterr().err
+  assert f"error: {seed}/draft.msgpack was saved with a different model config" in err
+  assert not (tmp_path / "out").exists() and not (tmp_path / "first").exists()

@@ -78,3 +78,76 @@ def test_the_command_line_says_one_line_and_exits_2(tmp_path, capsys):
   err = capsys.readouterr().err.strip().splitlines()
   assert code == 2 and len(err) == 1
   assert err[0] == "error: target.msgpack: the joined chunks differ from the device's file"
+
+
+def _pair_to_upload(tmp_path):
+  """A target and a draft with sidecars, as models/embedded/ holds them."""
+  src = tmp_path / "pair"
+  src.mkdir()
+  rng = np.random.default_rng(1)
+  checkpoints.save_params(
+    {"w": rng.standard_normal(60_000).astype(np.float32)}, src / "target.msgpack", "float32"
+  )
+  checkpoints.save_params({"v": np.arange(9, dtype=np.float32)}, src / "draft.msgpack", "float32")
+  return [str(src / "target.msgpack"), str(src / "draft.msgpack")]
+
+
+def _upload_in_two_calls(tmp_path, files):
+  """pack_upload here, then each part (with the manifest) in the folder its call would carry."""
+  packed = tmp_path / "upload"
+  manifest = transport.pack_upload(files, str(packed), 2)
+  calls = []
+  for k, chunk in enumerate(manifest["chunks"]):
+    call = tmp_path / f"call{k}"
+    call.mkdir()
+    os.replace(packed / chunk["name"], call / chunk["name"])
+    (call / transport.UPLOAD_MANIFEST).write_bytes(
+      (packed / transport.UPLOAD_MANIFEST).read_bytes()
+    )
+    calls.append(str(call))
+  return manifest, calls
+
+
+def test_upload_parts_unpack_to_the_same_verified_files(tmp_path):
+  files = _pair_to_upload(tmp_path)
+  manifest, calls = _upload_in_two_calls(tmp_path, files)
+  assert len(manifest["chunks"]) == 2
+  assert sum(c["size"] for c in manifest["chunks"]) == manifest["size"]
+  names = transport.unpack_upload(calls, str(tmp_path / "there"))
+  assert sorted(names) == [
+    "draft.msgpack",
+    "draft.msgpack.json",
+    "target.msgpack",
+    "target.msgpack.json",
+  ]
+  for path in files:
+    name = os.path.basename(path)
+    assert (tmp_path / "there" / name).read_bytes() == open(path, "rb").read()
+    checkpoints.verify_weights(str(tmp_path / "there" / name))
+
+
+def test_a_changed_or_missing_upload_part_is_refused_and_nothing_written(tmp_path, capsys):
+  files = _pair_to_upload(tmp_path)
+  manifest, calls = _upload_in_two_calls(tmp_path, files)
+  part = os.path.join(calls[1], manifest["chunks"][1]["name"])
+  data = open(part, "rb").read()
+  with open(part, "wb") as f:
+    f.write(data[:-1] + bytes([data[-1] ^ 1]))
+  with pytest.raises(transport.TransportError, match=r"part01: sha256 differs from the device's"):
+    transport.unpack_upload(calls, str(tmp_path / "there"))
+  assert not (tmp_path / "there").exists()
+  os.remove(part)
+  code = transport.main(["unpack_upload", *calls, "--dest_dir", str(tmp_path / "there")])
+  err = capsys.readouterr().err.strip().splitlines()
+  assert code == 2 and len(err) == 1
+  assert err[0].startswith("error: chunk upload.tar.xz.part01 is missing from ")
+  assert not (tmp_path / "there").exists()
+  assert [p for p in tmp_path.iterdir() if p.name.startswith("tmp")] == []  # staging removed
+
+
+def test_stale_weights_are_not_packed(tmp_path):
+  files = _pair_to_upload(tmp_path)
+  with open(files[1], "ab") as f:
+    f.write(b"\0")  # changed after export: its sidecar's sha256 no longer matches
+  with pytest.raises(checkpoints.CheckpointError, match="draft.msgpack"):
+    transport.pack_upload(files, str(tmp_path / "upload"), 2)
