@@ -7,11 +7,12 @@ The markers are registered in pyproject.toml.
 Compiled programs are released after every test module (`_release_compiled_programs`): each
 program XLA compiles for the CPU keeps its own memory mappings (code and data of the JIT) for as
 long as JAX's caches hold it, some 270 per test on average in tests/decode, and Linux refuses a
-process more than `vm.max_map_count` (65,530 by default) mappings. A worker that ran some 330 tests
-without releasing them reached that limit; from there every mmap fails, and XLA failed in its next
-compile: "LLVM compilation error: Cannot allocate memory" (CI, 2026-11-28), SIGABRT when a thread could
-not be started, SIGSEGV where an allocation came back empty (docs/testing.md has the measurements).
-`_mappings_guard` fails a test, naming the count, if one test module alone comes near the limit.
+process more than `vm.max_map_count` (65,530 by default) mappings. A worker that ran some 330
+tests without releasing them reached that limit; from there every mmap fails, and XLA failed in
+its next compile: "LLVM compilation error: Cannot allocate memory" (CI, 2026-11-28), SIGABRT
+where a thread could not start, SIGSEGV where an allocation came back empty (docs/testing.md has
+the measurements). `_mappings_guard` fails a test, naming the count, if one test module alone
+comes near the limit.
 """
 
 import gc

@@ -256,8 +256,9 @@ def train_for(
 ) -> None:
   """Trains every trainee on the same batch stream for `seconds` of wall clock; evaluates every
   `eval_every_seconds` on `val_sets` ({task: examples}) and keeps each one's best validation state
-  (the sum of its tasks' NLL); a validation that is not finite or 0.5 nats above the best restores the best and halves the
-  learning rate. `background`: calls run in threads meanwhile (compiling the next phase)."""
+  (the sum of its tasks' NLL); a validation that is not finite or 0.5 nats above the best
+  restores the best and halves the learning rate. `background`: calls run in threads meanwhile
+  (compiling the next phase)."""
   pool = concurrent.futures.ThreadPoolExecutor(max(1, len(background)))
   pending = [pool.submit(call) for call in background]
   stream = train_data.batch_stream(examples, buckets, recipe.seed)

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import io
 import json
 import os
 from pathlib import Path
@@ -148,8 +149,9 @@ def _checked_parts(data: bytes, name: str, n_parts: int, dest_dir: str) -> dict:
 
 def pack_upload(files: list[str], dest_dir: str, n_parts: int) -> dict:
   """Packs `files` and their sidecars (`<file>.json`, where present) into one tar.xz, cut into
-  `n_parts` parts in `dest_dir` with `UPLOAD_MANIFEST` (written into every part's folder later by
-  the caller; here once). Each weights file is verified first: nothing stale travels."""
+  `n_parts` parts in `dest_dir`, the manifest (`UPLOAD_MANIFEST`) beside them: each call carries
+  one part and a copy of the manifest. Each weights file is verified first: nothing stale
+  travels."""
   for path in files:
     checkpoints.verify_weights(path)
   os.makedirs(dest_dir, exist_ok=True)
@@ -170,8 +172,6 @@ def unpack_upload(folders: list[str], dest_dir: str) -> list[str]:
   """Joins the parts found in `folders` (checked against the manifest found there), unpacks the
   tar.xz into `dest_dir` and verifies each weights file against its sidecar; returns the names.
   Raises TransportError naming the first mismatch, leaving `dest_dir` untouched."""
-  import io
-
   manifest_path = next(
     (Path(f, UPLOAD_MANIFEST) for f in folders if Path(f, UPLOAD_MANIFEST).is_file()), None
   )
