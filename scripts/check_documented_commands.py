@@ -133,7 +133,7 @@ COMMANDS = [
     """.venv/bin/speculative-infer --gin_file=configs/local/run.gin """
     """--gin_bindings="MIXTURE_OR_TASK_NAME = None" --gin_bindings="INPUT_FILE = 'my.txt'" """
     """--gin_bindings="INFER_OUTPUT_DIR = 'outputs/mine'\"""",
-    expect='Öffnen Sie das Menü Extras und wählen Sie Optionen.',
+    expect='Öffnen Sie das Menü Extras und Optionen.',
   ),
   Command(
     'own_text_stdin',
