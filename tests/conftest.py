@@ -54,15 +54,20 @@ def max_memory_mappings() -> int | None:
     return None
 
 
-@pytest.fixture(autouse=True, scope='module')
-def _release_compiled_programs():
-  """After each test module, drops every program JAX compiled (and the memory mappings each one
-  holds); the next module compiles what it needs again."""
-  yield
+def _release() -> None:
+  """Drops every program JAX compiled, and with them the memory mappings each one holds."""
   import jax  # pylint: disable=g-import-not-at-top
 
   jax.clear_caches()
   gc.collect()
+
+
+@pytest.fixture(autouse=True, scope='module')
+def _release_compiled_programs():
+  """After each test module, releases its compiled programs; the next module compiles what it
+  needs again."""
+  yield
+  _release()
 
 
 @pytest.fixture(autouse=True)
@@ -74,10 +79,7 @@ def _mappings_guard():
   limit, count = max_memory_mappings(), memory_mappings()
   if limit is None or count is None or count < limit // 2:
     return
-  import jax  # pylint: disable=g-import-not-at-top
-
-  jax.clear_caches()
-  gc.collect()
+  _release()
   count = memory_mappings()
   if count >= limit // 2:
     pytest.fail(

@@ -97,7 +97,7 @@ PAIR_MODELS = (
   (
     "draft",
     "small draft shape (3.2M)",
-  ),  # the 2026-11-26 report's names (docs/pair_device_report.json)
+  ),  # the names in docs/pair_device_report.json
   ("wide_draft", "embedded draft (5.7M)"),
   ("small_draft", "small draft shape (3.2M)"),  # the recipe's names since
   ("embedded_draft", "embedded draft (5.7M)"),

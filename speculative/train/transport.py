@@ -20,8 +20,8 @@ checks every part and the whole against the manifest and unpacks, or writes noth
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
-import io
 import json
 import os
 from pathlib import Path
@@ -47,24 +47,55 @@ def split(path: str, out_dir: str, first_dir: str, chunk_bytes: int, first_n: in
   """Cuts `path` into chunks of `chunk_bytes`: the first `first_n` go to `first_dir` (the first
   call's $OUT), the rest to `out_dir/second`; the manifest (sizes and sha256 of the file and of
   every chunk) goes to both and is returned."""
-  name = os.path.basename(path)
-  data = Path(path).read_bytes()
+  second = os.path.join(out_dir, "second")
+  manifest = _write_chunks(
+    Path(path).read_bytes(),
+    os.path.basename(path),
+    chunk_bytes,
+    lambda k: first_dir if k < first_n else second,
+  )
+  for dest in (first_dir, second):
+    Path(dest, MANIFEST).write_text(json.dumps(manifest, indent=1))
+  return manifest
+
+
+def _write_chunks(data: bytes, name: str, chunk_bytes: int, folder_of) -> dict:
+  """Writes `data` as chunks `<name>.partNN` of `chunk_bytes`, chunk k into `folder_of(k)`;
+  returns the manifest: sizes and sha256 of the whole and of every chunk."""
   chunks = []
   for k, start in enumerate(range(0, len(data), chunk_bytes)):
     piece = data[start : start + chunk_bytes]
     chunk = f"{name}.part{k:02d}"
-    dest = first_dir if k < first_n else os.path.join(out_dir, "second")
-    Path(dest, chunk).write_bytes(piece)
+    Path(folder_of(k), chunk).write_bytes(piece)
     chunks.append({"name": chunk, "size": len(piece), "sha256": hashlib.sha256(piece).hexdigest()})
-  manifest = {
+  return {
     "file": name,
     "size": len(data),
     "sha256": hashlib.sha256(data).hexdigest(),
     "chunks": chunks,
   }
-  for dest in (first_dir, os.path.join(out_dir, "second")):
-    Path(dest, MANIFEST).write_text(json.dumps(manifest, indent=1))
-  return manifest
+
+
+def _find_manifest(folders: list[str], name: str) -> dict:
+  path = next((Path(f, name) for f in folders if Path(f, name).is_file()), None)
+  if path is None:
+    raise TransportError(f"no {name} in {', '.join(folders)}")
+  return json.loads(path.read_text())
+
+
+@contextlib.contextmanager
+def _staged(dest_dir: str):
+  """A temporary folder beside `dest_dir` that replaces `dest_dir` when the block ends without an
+  error, and is removed when it raises: a failed check leaves nothing written."""
+  staging = tempfile.mkdtemp(dir=os.path.dirname(os.path.abspath(dest_dir)) or ".")
+  try:
+    yield staging
+    if os.path.exists(dest_dir):
+      shutil.rmtree(dest_dir)
+    os.replace(staging, dest_dir)
+  finally:
+    if os.path.exists(staging):
+      shutil.rmtree(staging)
 
 
 def pack_results(out_dir: str, dest: str) -> None:
@@ -98,15 +129,11 @@ def collect(first: str, second: str, dest_dir: str) -> list[str]:
   """Joins the target, unpacks the results and checks every weights file against the sha256 its
   sidecar records (the device wrote the sidecars). Returns the weights files written."""
   folders = [first, second]
-  manifest_path = next((Path(f, MANIFEST) for f in folders if Path(f, MANIFEST).is_file()), None)
-  if manifest_path is None:
-    raise TransportError(f"no {MANIFEST} in {first} or {second}")
-  manifest = json.loads(manifest_path.read_text())
+  manifest = _find_manifest(folders, MANIFEST)
   results = Path(second, "results.tar.gz")
   if not results.is_file():
     raise TransportError(f"{results} is missing")
-  staging = tempfile.mkdtemp(dir=os.path.dirname(os.path.abspath(dest_dir)) or ".")
-  try:
+  with _staged(dest_dir) as staging:
     with tarfile.open(results) as tar:
       tar.extractall(staging, filter="data")
     join(manifest, folders, os.path.join(staging, manifest["file"]))
@@ -121,30 +148,7 @@ def collect(first: str, second: str, dest_dir: str) -> list[str]:
       recorded = json.loads(sidecar.read_text())["sha256"]
       if corpus.sha256_file(Path(staging, name)) != recorded:
         raise TransportError(f"{name}: sha256 differs from its sidecar's {recorded[:12]}")
-    if os.path.exists(dest_dir):
-      shutil.rmtree(dest_dir)
-    os.replace(staging, dest_dir)
-  finally:
-    if os.path.exists(staging):
-      shutil.rmtree(staging)
   return [os.path.join(dest_dir, name) for name in written]
-
-
-def _checked_parts(data: bytes, name: str, n_parts: int, dest_dir: str) -> dict:
-  """Cuts `data` into `n_parts` files `<name>.partNN` in `dest_dir`; returns their manifest."""
-  size = -(-len(data) // n_parts)
-  chunks = []
-  for k in range(n_parts):
-    piece = data[k * size : (k + 1) * size]
-    chunk = f"{name}.part{k:02d}"
-    Path(dest_dir, chunk).write_bytes(piece)
-    chunks.append({"name": chunk, "size": len(piece), "sha256": hashlib.sha256(piece).hexdigest()})
-  return {
-    "file": name,
-    "size": len(data),
-    "sha256": hashlib.sha256(data).hexdigest(),
-    "chunks": chunks,
-  }
 
 
 def pack_upload(files: list[str], dest_dir: str, n_parts: int) -> dict:
@@ -163,7 +167,8 @@ def pack_upload(files: list[str], dest_dir: str, n_parts: int) -> dict:
             tar.add(member, arcname=os.path.basename(member))
     tmp.seek(0)
     data = tmp.read()
-  manifest = _checked_parts(data, "upload.tar.xz", n_parts, dest_dir)
+  size = -(-len(data) // n_parts)  # at most n_parts chunks (n_parts for any real archive)
+  manifest = _write_chunks(data, "upload.tar.xz", size, lambda k: dest_dir)
   Path(dest_dir, UPLOAD_MANIFEST).write_text(json.dumps(manifest, indent=1))
   return manifest
 
@@ -172,28 +177,16 @@ def unpack_upload(folders: list[str], dest_dir: str) -> list[str]:
   """Joins the parts found in `folders` (checked against the manifest found there), unpacks the
   tar.xz into `dest_dir` and verifies each weights file against its sidecar; returns the names.
   Raises TransportError naming the first mismatch, leaving `dest_dir` untouched."""
-  manifest_path = next(
-    (Path(f, UPLOAD_MANIFEST) for f in folders if Path(f, UPLOAD_MANIFEST).is_file()), None
-  )
-  if manifest_path is None:
-    raise TransportError(f"no {UPLOAD_MANIFEST} in {', '.join(folders)}")
-  manifest = json.loads(manifest_path.read_text())
-  staging = tempfile.mkdtemp(dir=os.path.dirname(os.path.abspath(dest_dir)) or ".")
-  try:
+  manifest = _find_manifest(folders, UPLOAD_MANIFEST)
+  with _staged(dest_dir) as staging:
     archive = join(manifest, folders, os.path.join(staging, manifest["file"]))
-    with tarfile.open(fileobj=io.BytesIO(Path(archive).read_bytes()), mode="r:xz") as tar:
+    with tarfile.open(archive, mode="r:xz") as tar:
       names = tar.getnames()
       tar.extractall(staging, filter="data")
     os.remove(archive)
     for name in names:
       if name.endswith(".msgpack"):
         checkpoints.verify_weights(os.path.join(staging, name))
-    if os.path.exists(dest_dir):
-      shutil.rmtree(dest_dir)
-    os.replace(staging, dest_dir)
-  finally:
-    if os.path.exists(staging):
-      shutil.rmtree(staging)
   return names
 
 
