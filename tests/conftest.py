@@ -13,14 +13,47 @@ its next compile: "LLVM compilation error: Cannot allocate memory" (CI, 2026-11-
 where a thread could not start, SIGSEGV where an allocation came back empty (docs/testing.md has
 the measurements). `_mappings_guard` fails a test, naming the count, if one test module alone
 comes near the limit.
+
+The suite is compile-bound (two thirds of its time is XLA compiling, docs/testing.md), so a session
+shares JAX's persistent compilation cache between its workers and the jobs its tests start, in a
+fresh folder that `pytest_unconfigure` removes.
 """
 
 import gc
+import os
 from pathlib import Path
+import shutil
+import tempfile
 
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
+
+
+# JAX's persistent compilation cache, one fresh folder per test session, shared by the xdist
+# workers and by every job a test starts in a subprocess (they inherit the environment). Many
+# tests compile the same programs (each module's compiled programs are released below; each job
+# subprocess starts cold), and a program loaded from the cache costs a file read instead of an XLA
+# compile. The folder starts empty, so a run measures what a fresh clone measures.
+_CACHE_ENV = {
+  'JAX_COMPILATION_CACHE_DIR': None,  # set per session in pytest_configure
+  'JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS': '0',
+  'JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES': '0',
+}
+
+
+def pytest_configure(config):
+  if hasattr(config, 'workerinput') or os.environ.get('JAX_COMPILATION_CACHE_DIR'):
+    return  # an xdist worker (it inherited the controller's folder), or a folder chosen outside
+  folder = tempfile.mkdtemp(prefix='speculative-tests-jax-cache-')
+  config._speculative_jax_cache = folder  # pylint: disable=protected-access
+  os.environ.update({k: v or folder for k, v in _CACHE_ENV.items()})
+
+
+def pytest_unconfigure(config):
+  folder = getattr(config, '_speculative_jax_cache', None)
+  if folder:
+    shutil.rmtree(folder, ignore_errors=True)
 
 
 @pytest.fixture(scope='session')

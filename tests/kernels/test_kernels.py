@@ -230,9 +230,10 @@ def test_kernel_path_reproduces_stock_t5x_greedy_tokens():
   encoder = jnp.asarray(results['encoder_input_tokens'], jnp.int32)
   steps = results['decoder_len']
   cache = model.init_cache(packed, 1, steps, encoder)
+  extend = jax.jit(model.extend)  # as a job runs it: one compile, not each op on its own
   tokens = [0]
   for i in range(steps):
-    logits, cache = model.extend(
+    logits, cache = extend(
       packed, cache, jnp.asarray([[tokens[-1]]], jnp.int32), jnp.asarray([i], jnp.int32)
     )
     tokens.append(int(jnp.argmax(logits[0, 0])))

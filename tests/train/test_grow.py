@@ -44,8 +44,8 @@ def test_grown_model_computes_the_small_models_logits():
   small_params = T5(SMALL).init_params(jax.random.PRNGKey(1))
   grown = grow.grow_params(jax.device_get(small_params), SMALL, LARGE, seed=2)
   enc, dec = _batch()
-  expected = T5(SMALL).forward(small_params, enc, dec)
-  got = T5(LARGE).forward(jax.tree_util.tree_map(jnp.asarray, grown), enc, dec)
+  expected = jax.jit(T5(SMALL).forward)(small_params, enc, dec)  # jitted: one compile, not ~100
+  got = jax.jit(T5(LARGE).forward)(jax.tree_util.tree_map(jnp.asarray, grown), enc, dec)
   np.testing.assert_allclose(np.asarray(got), np.asarray(expected), atol=1e-5, rtol=1e-5)
 
 
@@ -61,7 +61,7 @@ def test_new_write_weights_get_gradients():
     logits = model.forward(params, enc, dec)
     return -jnp.mean(jnp.take_along_axis(jax.nn.log_softmax(logits), dec[..., None], -1))
 
-  grads = jax.grad(loss)(grown)
+  grads = jax.jit(jax.grad(loss))(grown)
   d = SMALL.emb_dim
   # the new residual dims' writers, the new heads' and hidden units' writers, the new layer
   assert np.abs(grads["token_embedder"]["embedding"][:, d:]).max() > 0
