@@ -35,8 +35,8 @@ REPO = Path(__file__).resolve().parents[1]
 # tests compile the same programs (each module's compiled programs are released below; each job
 # subprocess starts cold), and a program loaded from the cache costs a file read instead of an XLA
 # compile. The folder starts empty, so a run measures what a fresh clone measures.
-_CACHE_ENV = {
-  'JAX_COMPILATION_CACHE_DIR': None,  # set per session in pytest_configure
+# Every program is cached, however quick its compile or small its entry.
+_CACHE_THRESHOLDS = {
   'JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS': '0',
   'JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES': '0',
 }
@@ -47,7 +47,7 @@ def pytest_configure(config):
     return  # an xdist worker (it inherited the controller's folder), or a folder chosen outside
   folder = tempfile.mkdtemp(prefix='speculative-tests-jax-cache-')
   config._speculative_jax_cache = folder  # pylint: disable=protected-access
-  os.environ.update({k: v or folder for k, v in _CACHE_ENV.items()})
+  os.environ.update(_CACHE_THRESHOLDS, JAX_COMPILATION_CACHE_DIR=folder)
 
 
 def pytest_unconfigure(config):
