@@ -49,6 +49,7 @@ from speculative.bench import pages
 from speculative.bench import sweep
 from speculative.data import metrics as metrics_lib
 from speculative.data import tasks
+from speculative.data import vocabulary as vocabulary_lib
 from speculative.decode import batching
 from speculative.decode import modes
 
@@ -158,7 +159,7 @@ def decode_all(
 
 def bleu(outputs: Sequence[Sequence[int]], examples) -> float:
   """Corpus BLEU of the decoded `outputs` against the examples' references."""
-  vocabulary = tasks.get_vocabulary()
+  vocabulary = vocabulary_lib.load()
   predictions = [vocabulary.decode([t for t in out if t != tasks.EOS_ID]) for out in outputs]
   return metrics_lib.bleu([e.reference for e in examples], predictions)['bleu']
 

@@ -13,6 +13,7 @@ import numpy as np
 
 from speculative import checkpoints
 from speculative.data import tasks
+from speculative.data import vocabulary as vocabulary_lib
 from speculative.infer import inputs as infer_inputs
 from speculative.models import t5 as t5_lib
 
@@ -76,7 +77,7 @@ def load_examples(
   else:
     examples = infer_inputs.examples_from_file(
       source.input_file,
-      tasks.get_vocabulary(),
+      vocabulary_lib.load(),
       source.inputs_length,
       source.input_prefix,
       limit,

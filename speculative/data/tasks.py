@@ -27,7 +27,9 @@ turns decoded bytes into stripped text; metrics follow t5.evaluation.metrics (BL
 BLEU with the "intl" tokenizer; ROUGE: rouge1/rouge2/rougeLsum F-measure, the deterministic mean as in
 t5's `rouge_mean`, not the bootstrap).
 
-Helpers for the batch job (no TensorFlow needed): `load_split`, `make_inputs`; and `get_vocabulary`.
+Helpers for the batch job (no TensorFlow needed): `load_split`, `make_inputs`. `get_vocabulary` is seqio's
+vocabulary (the tasks'); a job that reads a file tokenizes with `speculative.data.vocabulary`, the same
+ids and text without TensorFlow.
 seqio and TensorFlow are imported only by the functions that need them, so importing this module is cheap.
 """
 

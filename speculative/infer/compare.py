@@ -22,7 +22,7 @@ from typing import Sequence
 import numpy as np
 
 from speculative import checkpoints
-from speculative.data import tasks
+from speculative.data import vocabulary as vocabulary_lib
 from speculative.decode import audit
 from speculative.infer import inputs as infer_inputs
 from speculative.infer import outputs as infer_outputs
@@ -66,7 +66,7 @@ def main(argv: Sequence[str] | None = None) -> None:
   if not differ:
     return
   model, params = checkpoints.load_model(config, args.target_checkpoint)
-  vocabulary = tasks.get_vocabulary()
+  vocabulary = vocabulary_lib.load()
   length = manifests[0]['task_feature_lengths']['inputs']
   encoder = np.zeros((len(differ), length), np.int32)
   for row, i in enumerate(differ):

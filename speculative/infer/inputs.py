@@ -16,6 +16,7 @@ from typing import Sequence
 import numpy as np
 
 from speculative.data import tasks
+from speculative.data import vocabulary as vocabulary_lib
 from speculative.infer import settings as infer_settings
 from speculative.jobs import gin_utils
 
@@ -53,6 +54,7 @@ def load_inputs(settings: infer_settings.InferSettings) -> JobInputs:
 
   s = settings
   if s.mixture_or_task_name is not None:
+    gin_utils.import_tensorflow()  # seqio's, with its start-up lines filtered
     import seqio
 
     tasks.register_tasks()
@@ -64,7 +66,7 @@ def load_inputs(settings: infer_settings.InferSettings) -> JobInputs:
       source={"task": s.mixture_or_task_name, "split": s.split},
     )
   else:
-    vocabulary = tasks.get_vocabulary(s.vocabulary_path)
+    vocabulary = vocabulary_lib.load(s.vocabulary_path)  # SentencePiece alone: no TensorFlow
     inputs = JobInputs(
       examples=examples_from_file(
         s.input_file, vocabulary, s.inputs_length, s.input_prefix, s.num_examples
@@ -191,6 +193,7 @@ def examples_from_task(
   task_name: str, split: str, inputs_length: int, num_examples: int | None = None
 ) -> list[Example]:
   """Examples of a registered seqio task (e.g. `libreoffice_ende`), in dataset order."""
+  gin_utils.import_tensorflow()  # seqio's, with its start-up lines filtered
   import seqio
 
   tasks.check_tfds_prepared(task_name)  # registers the tasks; a TFDS dataset must be there

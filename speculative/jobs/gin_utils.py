@@ -104,18 +104,34 @@ STARTUP_NOISE = re.compile(
 )
 
 
+_native_logs = {'verbose': False}  # set by `quiet_native_logs`, read by `import_tensorflow`
+
+
 def quiet_native_logs(verbose: bool = False) -> None:
   """Silences the C++ start-up lines of TensorFlow/XLA/CUDA stubs (unless `verbose`): sets
-  `_QUIET_ENV` (values already in the environment win), then imports TensorFlow and initialises
-  its devices inside `filtered_stderr`, which drops the known start-up noise (`STARTUP_NOISE`:
-  e.g. TF's 'failed call to cuInit' on a machine without a GPU, logged at ERROR level at the first
-  op otherwise) and passes any other line through. seqio's pipelines run on CPU."""
+  `_QUIET_ENV` (values already in the environment win). TensorFlow itself is not imported here:
+  only a job that reads a seqio task needs it, and `import_tensorflow` imports it there, with its
+  start-up noise filtered (a job that reads a file never pays its seconds of import)."""
+  _native_logs['verbose'] = verbose
   if verbose:
     return
   for key, value in _QUIET_ENV.items():
     os.environ.setdefault(key, value)
+
+
+def import_tensorflow() -> None:
+  """Imports TensorFlow (for seqio) and initialises its devices inside `filtered_stderr`, which
+  drops the known start-up noise (`STARTUP_NOISE`: e.g. TF's 'failed call to cuInit' on a machine
+  without a GPU, logged at ERROR level at the first op otherwise) and passes any other line
+  through; its GPUs are hidden (seqio's pipelines run on CPU). Call it before importing seqio.
+  Nothing to do where TensorFlow is imported already or not installed, or after
+  `quiet_native_logs(verbose=True)` (seqio then imports it with every line shown)."""
+  if _native_logs['verbose']:
+    return
   if 'tensorflow' in sys.modules or importlib.util.find_spec('tensorflow') is None:
     return
+  for key, value in _QUIET_ENV.items():
+    os.environ.setdefault(key, value)
   with filtered_stderr():
     import tensorflow  # pylint: disable=g-import-not-at-top
 

@@ -35,7 +35,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from speculative import checkpoints
-from speculative.data import tasks
+from speculative.data import vocabulary as vocabulary_lib
 from speculative.infer import inputs
 from speculative.infer import outputs
 from speculative.jobs import gin_utils
@@ -101,7 +101,7 @@ def main() -> None:
       f"sha256 {manifest['target_checkpoint_sha256'][:12]}, temperature {manifest['temperature']})"
     )
   records = outputs.load_predictions(args.predictions)
-  vocabulary = tasks.get_vocabulary()
+  vocabulary = vocabulary_lib.load()
   inputs_length = manifest['task_feature_lengths']['inputs']  # as the job truncated its inputs
   examples = [
     (

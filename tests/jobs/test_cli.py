@@ -443,13 +443,22 @@ class config:
 
 
 def test_start_up_noise_is_dropped_and_a_real_error_line_kept(tmp_path):
-  """The runners drop TensorFlow's known start-up lines (gin_utils.STARTUP_NOISE), not all of its
-  stderr: a line that is not start-up noise still shows."""
+  """TensorFlow is imported only where a job reads a seqio task (`gin_utils.import_tensorflow`), and
+  there its known start-up lines (gin_utils.STARTUP_NOISE) are dropped, not all of its stderr: a
+  line that is not start-up noise still shows. A runner that reads no task never imports it."""
   (tmp_path / "fake" / "tensorflow").mkdir(parents=True)
   (tmp_path / "fake" / "tensorflow" / "__init__.py").write_text(FAKE_TENSORFLOW)
   proc = _run_in(REPO, RUNNERS["benchmark"], "--help", pythonpath=[tmp_path / "fake"], timeout=300)
   assert proc.returncode == 0, proc.stderr[-3000:]
   assert "usage: speculative-benchmark" in proc.stdout
+  assert proc.stderr == ""  # the (fake) TensorFlow was never imported
+  code = "from speculative.jobs import gin_utils; gin_utils.quiet_native_logs(); "
+  code += "gin_utils.import_tensorflow(); print('imported')"
+  env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path / "fake"), str(REPO)])}
+  proc = subprocess.run(
+    [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, env=env, timeout=300
+  )
+  assert proc.returncode == 0 and proc.stdout == "imported\n", proc.stderr[-3000:]
   assert proc.stderr.splitlines() == [
     "E0000 00:00:1.0 1 some_op.cc:1] a real error of the native library"
   ]
