@@ -4,7 +4,7 @@
 
 `T5.extend` over T tokens, 10 chained steps per timed call (the logits feed the result, so nothing
 is dead code), a cache of 128 positions, three paths: XLA's dot on float32 weights, and the kernels
-with float32 and with bfloat16 weight storage (`t5.pack_decode_params`). Shapes: the shipped 13.5M
+with float32 and with bfloat16 weight storage (`t5.pack_decode_params`). Shapes: the shipped 51.2M
 target, or a random-init 139.7M shape (d 768, 12 heads, 6+6 layers, mlp 3072) whose decode-step
 weights are several times the last-level cache (its weights are rounded to bfloat16 values, so the
 bfloat16 storage is exact; timing does not depend on the values). Each (path, T) is jitted once and
