@@ -113,10 +113,13 @@ def quiet_native_logs(verbose: bool = False) -> None:
   only a job that reads a seqio task needs it, and `import_tensorflow` imports it there, with its
   start-up noise filtered (a job that reads a file never pays its seconds of import)."""
   _native_logs['verbose'] = verbose
-  if verbose:
-    return
+  if not verbose:
+    _set_quiet_env()
+
+
+def _set_quiet_env() -> None:
   for key, value in _QUIET_ENV.items():
-    os.environ.setdefault(key, value)
+    os.environ.setdefault(key, value)  # values already in the environment win
 
 
 def import_tensorflow() -> None:
@@ -130,8 +133,7 @@ def import_tensorflow() -> None:
     return
   if 'tensorflow' in sys.modules or importlib.util.find_spec('tensorflow') is None:
     return
-  for key, value in _QUIET_ENV.items():
-    os.environ.setdefault(key, value)
+  _set_quiet_env()
   with filtered_stderr():
     import tensorflow  # pylint: disable=g-import-not-at-top
 
