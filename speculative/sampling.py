@@ -366,7 +366,13 @@ def speculative_accept(
 
   uniform_keys = jax.vmap(lambda k: jax.random.fold_in(k, 0))(keys)
   sample_keys = jax.vmap(lambda k: jax.random.fold_in(k, 1))(keys)
-  uniforms = jax.vmap(lambda k: jax.random.uniform(k, (gamma,), jnp.float32))(uniform_keys)
+  if greedy:
+    # p is one-hot, so p(x) is 0 or 1 and the test r q(x) <= p(x), p(x) > 0 gives p(x) > 0 for
+    # every r in [0, 1] (q(x) <= 1): no uniforms are drawn (the same tokens, without the RNG work
+    # in every step; sample_rows skips the correction's noise the same way).
+    uniforms = jnp.zeros((batch, gamma), jnp.float32)
+  else:
+    uniforms = jax.vmap(lambda k: jax.random.uniform(k, (gamma,), jnp.float32))(uniform_keys)
   accepted = _accepted(draft_tokens, draft_probs, target_probs, uniforms, lenience)  # [B, gamma]
   if lenient_accepts is not None:
     assert lenient_accepts.shape == (batch, gamma), lenient_accepts.shape

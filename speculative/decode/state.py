@@ -133,15 +133,15 @@ def start(
   The token buffer holds the prompts in L_max = prompt_len + max_new_tokens + 1 positions, + gamma
   with a drafter (a row that is done still gets, and discards, one token written at its length per
   step; a verify call writes gamma+1), no row done. The target's cache has L_max positions and is
-  prefilled on the prompts: correct on [0, lengths-1) of every row (entries past a row's length are
-  stale and overwritten before anything attends to them). The drafter's state (None without a
-  drafter) is `drafter.init` over the same prompts; the metrics are `metrics_type.zeros(batch)`.
+  prefilled on the prompts (`interface.prefill`): correct on [0, lengths-1) of every row. The
+  drafter's state (None without a drafter) is `drafter.init` over the same prompts; the metrics
+  are `metrics_type.zeros(batch)`.
   """
   prompt_tokens, prompt_lengths = inputs.prompt_tokens, inputs.prompt_lengths
   batch, prompt_len = prompt_tokens.shape
   max_length = prompt_len + options.max_new_tokens + 1 + (0 if drafter is None else options.gamma)
   cache = target.init_cache(target_params, batch, max_length, inputs.encoder_tokens)
-  _, cache = target.extend(target_params, cache, prompt_tokens, jnp.zeros((batch,), jnp.int32))
+  cache = interface.prefill(target, target_params, cache, prompt_tokens)
   draft_state = None
   if drafter is not None:
     draft_state = drafter.init(

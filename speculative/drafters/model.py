@@ -137,9 +137,9 @@ class ModelDrafter(base.GuidedDrafterBase):
     assert prompt_tokens.ndim == 2, prompt_tokens.shape
     batch = prompt_tokens.shape[0]
     cache = self.model.init_cache(params, batch, prompt.max_length, prompt.encoder_tokens)
-    # Prefill the padded prompt at 0; entries past a row's length are stale and later overwritten.
-    _, cache = self.model.extend(params, cache, prompt_tokens, jnp.zeros((batch,), jnp.int32))
-    return cache
+    # The padded prompt but its last position, at 0 (correct on [0, length-1), more than the
+    # [0, length-2) `propose` needs); nothing for a one-token prompt.
+    return interface.prefill(self.model, params, cache, prompt_tokens)
 
   def guided_step(
     self, call: base.DraftCall, state: base.DraftState, hooks: base.DraftHooks

@@ -28,6 +28,7 @@ from typing import ClassVar
 from typing import Protocol
 
 import jax
+import jax.numpy as jnp
 
 Params = Any
 Cache = Any
@@ -83,3 +84,20 @@ class ModuleLM:
   def module(self) -> Any:
     """The model's flax module (unbound)."""
     return self.module_type(self.config)
+
+
+def prefill(model: CachedLM, params: Any, cache: Any, prompt_tokens: jax.Array) -> Any:
+  """`model`'s cache after feeding prompt_tokens [B, P] but their last position, at 0.
+
+  A decode only needs the entries at [0, lengths-1) <= [0, P-1) before its first step, which feeds
+  each row's last committed token at lengths-1 itself; so nothing is fed when P = 1 (an
+  encoder-decoder's start token): one decoder call less per decode, and one program less to
+  compile. Entries past a row's length are stale and overwritten before anything attends to them.
+  """
+  batch, prompt_len = prompt_tokens.shape
+  if prompt_len == 1:
+    return cache
+  _, cache = model.extend(
+    params, cache, prompt_tokens[:, : prompt_len - 1], jnp.zeros((batch,), jnp.int32)
+  )  # [B, P-1, V] logits, unused
+  return cache

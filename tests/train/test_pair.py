@@ -91,8 +91,15 @@ def test_the_recipe_runs_end_to_end_at_toy_shapes(tmp_path, monkeypatch):
       "checkout lacks (a shallow clone: git fetch --unshallow)"
     )
   pair.fetch_sources(str(sources))
+  # One bucket (TOY has two): every phase runs as in TOY, with one train step and one eval step to
+  # compile per model instead of two (with two buckets this test compiled ten train steps, ~146 s
+  # of CPU in threads); batching over several buckets is test_train's. Short clocks, likewise.
   recipe = dataclasses.replace(
-    pair.TOY, target_seconds=8.0, draft_seconds=6.0, eval_every_seconds=4.0
+    pair.TOY,
+    target_seconds=4.0,
+    draft_seconds=3.0,
+    eval_every_seconds=4.0,
+    buckets=((64, 32),),
   )
   out, first = tmp_path / "out", tmp_path / "first"
   for d in (out, first, out / "second"):
