@@ -3,6 +3,7 @@ held-out exclusion (speculative/data/overlap.py) and best-validation export."""
 
 import json
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -219,12 +220,13 @@ def test_draft_agreement_is_exact_on_a_models_own_greedy_output():
   params = random_params(model, seed=0, logit_scale=4.0)
   other = random_params(model, seed=1, logit_scale=4.0)
   examples = []
+  forward = jax.jit(model.forward)  # one compile per shape, not one per op and shape
   for n, source in ((5, [7, 8, 9, 1]), (9, [20, 21, 1]), (3, [300, 1])):
     enc = jnp.asarray([source], jnp.int32)
     tokens = []
     for _ in range(n):  # greedy by full forwards: the reference the batched check must match
       dec_in = jnp.asarray([[0] + tokens], jnp.int32)
-      tokens.append(int(jnp.argmax(model.forward(params, enc, dec_in)[0, -1])))
+      tokens.append(int(jnp.argmax(forward(params, enc, dec_in)[0, -1])))
     examples.append((np.asarray(source, np.int32), np.asarray(tokens, np.int32)))
   own = draft_agreement.agreement(model, params, examples, batch_size=2)
   assert [len(a) for a in own] == [5, 9, 3]
