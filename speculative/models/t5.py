@@ -42,6 +42,7 @@ from flax import linen as nn
 from flax import traverse_util
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from speculative import kernels
 
@@ -131,9 +132,9 @@ def packed_storage(model: 'T5', params: Params) -> str:
   model computes and halves the bytes a step reads), else 'float32'."""
   flat = traverse_util.flatten_dict(params['decoder'], sep='/')
   for path, value in flat.items():
-    if path.endswith('kernel'):
-      value = jnp.asarray(value, jnp.float32)
-      if not bool(jnp.array_equal(value.astype(jnp.bfloat16).astype(jnp.float32), value)):
+    if path.endswith('kernel'):  # in NumPy (ml_dtypes' bfloat16): no XLA compile per weight shape
+      value = np.asarray(value, np.float32)
+      if not np.array_equal(value.astype(jnp.bfloat16).astype(np.float32), value):
         return 'float32'
   return 'bfloat16'
 
@@ -158,11 +159,11 @@ def pack_decode_params(model: 'T5', params: Params, storage: str = 'auto') -> De
     storage = packed_storage(model, params)
   activation_dtype = jnp.dtype(model.config.dtype)
 
-  def pack(path: str, kernel: Array) -> Array:  # path below 'decoder/'
-    kernel = jnp.asarray(kernel, jnp.float32)
+  def pack(path: str, kernel: Array) -> Array:  # path below 'decoder/'; NumPy, as packed_storage
+    kernel = np.asarray(kernel, np.float32)
     layer_storage = storage
     if not path.startswith('logits_dense') and activation_dtype == jnp.bfloat16:
-      kernel = kernel.astype(jnp.bfloat16).astype(jnp.float32)
+      kernel = kernel.astype(jnp.bfloat16).astype(np.float32)
       layer_storage = 'bfloat16'
     return kernels.pack(kernel, layer_storage, f'decoder/{path}')
 
@@ -185,7 +186,7 @@ def pack_decode_params(model: 'T5', params: Params, storage: str = 'auto') -> De
     layer = decoder[f'layers_{i}']
     qkv = [layer['self_attention'][n]['kernel'] for n in ('query', 'key', 'value')]
     packed[(f'layers_{i}', 'self_attention', 'qkv')] = pack(
-      f'layers_{i}/self_attention/qkv', jnp.concatenate(qkv, axis=1)
+      f'layers_{i}/self_attention/qkv', np.concatenate([np.asarray(k) for k in qkv], axis=1)
     )  # [d, 3 H dh]
     wi_names = (
       ['wi']
@@ -194,7 +195,7 @@ def pack_decode_params(model: 'T5', params: Params, storage: str = 'auto') -> De
     )
     packed[(f'layers_{i}', 'mlp', 'wi_fused')] = pack(
       f'layers_{i}/mlp/wi_fused',
-      jnp.concatenate([layer['mlp'][n]['kernel'] for n in wi_names], axis=1),
+      np.concatenate([np.asarray(layer['mlp'][n]['kernel']) for n in wi_names], axis=1),
     )  # [d, n f]
   packed = {('decoder', *k): v for k, v in packed.items()}
   return DecodeParams(params=params, packed=traverse_util.unflatten_dict(packed))
