@@ -3,7 +3,8 @@
 Properties: speculative samples follow the target's exact sequence distribution (enumerated), greedy
 speculative == greedy baseline token for token, draft == target accepts everything, a row decoded in
 a batch equals the row decoded alone, EOS / max-length edge cases, no recompilation when only
-sampling values or the seed change, and clear errors for bad input.
+sampling values or the seed change, the prefill's width and no random numbers under greedy, and
+clear errors for bad input.
 """
 
 import dataclasses
@@ -17,7 +18,9 @@ import pytest
 
 from speculative import drafters
 from speculative import sampling as S
+from speculative.decode import inputs as decode_inputs
 from speculative.decode import loops as decoding
+from speculative.decode import options as decode_options
 from speculative.decode import state as decode_state
 from speculative.models.decoder_only import DecoderOnlyConfig
 from speculative.models.decoder_only import DecoderOnlyLM
@@ -333,6 +336,72 @@ def test_row_in_batch_equals_row_alone():
     base = _filters_baseline(prompts, lengths, values)
     alone = _filters_baseline(prompts[2:3], lengths[2:3], values, row_ids=jnp.array([2]))
     np.testing.assert_array_equal(alone.tokens[0], base.tokens[2])
+
+
+def test_the_prefill_feeds_all_but_the_last_prompt_position(monkeypatch):
+  """A decode's first step feeds each row's last prompt token itself, so the prefill writes only
+  [0, P-1) and makes no call at all for P = 1 (an encoder-decoder's start token). Checked on the
+  widths of the traced `extend` calls (tracing only, nothing compiles)."""
+  widths = []
+  extend = DecoderOnlyLM.extend
+
+  def recording(self, params, cache, tokens, start):
+    widths.append((self.config.num_layers, tokens.shape[1]))  # (target 2 / draft 1, T)
+    return extend(self, params, cache, tokens, start)
+
+  monkeypatch.setattr(DecoderOnlyLM, 'extend', recording)
+  drafter = drafters.ModelDrafter(DRAFT)
+  for width, prompts in ((PROMPT_WIDTH, PROMPTS[:4]), (1, PROMPTS[:4, :1])):
+    lengths = jnp.minimum(PROMPT_LENGTHS[:4], width)
+    widths.clear()
+    jax.make_jaxpr(
+      lambda p, lengths=lengths, prompts=prompts: (
+        decoding.autoregressive_decode(
+          TARGET, p, prompts, lengths, max_new_tokens=4, sampling=GREEDY, check_finite=False
+        ).tokens
+      )
+    )(TARGET_PARAMS)
+    assert widths == ([(2, width - 1)] if width > 1 else []) + [(2, 1)], (width, widths)
+    widths.clear()
+    jax.make_jaxpr(
+      lambda p, lengths=lengths, prompts=prompts: (
+        decoding.speculative_decode(
+          TARGET,
+          p,
+          drafter,
+          DRAFT_PARAMS,
+          prompts,
+          lengths,
+          max_new_tokens=4,
+          sampling=GREEDY,
+          gamma=3,
+          check_finite=False,
+        ).tokens
+      )
+    )(TARGET_PARAMS)
+    prefills = [(2, width - 1), (1, width - 1)] if width > 1 else []
+    # then the draft's catch-up call (T=2), its T=1 calls, the target's verify (gamma+1)
+    assert widths == prefills + [(1, 2), (1, 1), (2, 4)], (width, widths)
+
+
+def test_greedy_decodes_draw_no_random_numbers():
+  """Under greedy every sampled token is an argmax and the acceptance test does not depend on the
+  uniforms (p is one-hot), so the compiled loop holds no random-number work; sampling does."""
+  drafter = drafters.ModelDrafter(DRAFT)
+
+  def hlo(sampling):
+    options = decode_options.DecodeOptions(max_new_tokens=4, sampling=sampling, gamma=2)
+    values = S.make_sampling(1.0)[1]
+    inputs = decode_inputs.prepare_inputs(
+      TARGET, options, PROMPTS[:2], PROMPT_LENGTHS[:2], None, values, 0, None
+    ).with_drafter(TARGET, drafter, None)
+    lowered = decoding._speculative_jit.lower(
+      TARGET_PARAMS, DRAFT_PARAMS, inputs, None, target=TARGET, drafter=drafter, options=options
+    )
+    return lowered.compile().as_text()
+
+  assert 'threefry' not in hlo(GREEDY)
+  assert 'threefry' in hlo(S.SamplingConfig())  # the check can fail: sampling draws
 
 
 def test_no_recompilation_for_new_values_seeds_or_prompts():
