@@ -41,6 +41,7 @@ What the model does:
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any
 from typing import Callable
 from typing import Mapping
@@ -474,14 +475,38 @@ class SpeculativeEncoderDecoderModel(t5x_models.EncoderDecoderModel):
     opts: options_lib.DecodeOptions,
   ) -> Array:
     """[rows] sum of the target's standardized log-probs of the generated tokens."""
-    logits = self._target.forward(
-      target_params, encoder_tokens, t5_lib.shift_right(decodes)
-    )  # [rows, L, V]
-    probs = sampling_lib.probs_from_logits(logits, opts.sampling, opts.sampling_params)
-    token_probs = jnp.take_along_axis(probs, decodes[..., None], axis=-1)[..., 0]  # [rows, L]
-    log_probs = jnp.log(jnp.maximum(token_probs, jnp.finfo(jnp.float32).tiny))
-    positions = jnp.arange(decodes.shape[1])[None, :]
-    generated = (positions >= prompt_len[:, None]) & (
-      positions < (prompt_len + num_tokens)[:, None]
+    return _generated_log_probs(
+      target_params,
+      encoder_tokens,
+      decodes,
+      prompt_len,
+      num_tokens,
+      opts.sampling_params,
+      target=self._target,
+      sampling=opts.sampling,
     )
-    return jnp.sum(jnp.where(generated, log_probs, 0.0), axis=1)
+
+
+@functools.partial(jax.jit, static_argnames=('target', 'sampling'))
+def _generated_log_probs(
+  target_params: PyTree,
+  encoder_tokens: Array,
+  decodes: Array,
+  prompt_len: Array,
+  num_tokens: Array,
+  sampling_params: sampling_lib.SamplingParams,
+  *,
+  target: t5_lib.T5,
+  sampling: sampling_lib.SamplingConfig,
+) -> Array:
+  """`SpeculativeEncoderDecoderModel._scores` in one compiled call (called outside a jit, each
+  op of the forward would compile on its own; under T5X's jitted predict it is traced inline)."""
+  logits = target.forward(
+    target_params, encoder_tokens, t5_lib.shift_right(decodes)
+  )  # [rows, L, V]
+  probs = sampling_lib.probs_from_logits(logits, sampling, sampling_params)
+  token_probs = jnp.take_along_axis(probs, decodes[..., None], axis=-1)[..., 0]  # [rows, L]
+  log_probs = jnp.log(jnp.maximum(token_probs, jnp.finfo(jnp.float32).tiny))
+  positions = jnp.arange(decodes.shape[1])[None, :]
+  generated = (positions >= prompt_len[:, None]) & (positions < (prompt_len + num_tokens)[:, None])
+  return jnp.sum(jnp.where(generated, log_probs, 0.0), axis=1)

@@ -53,11 +53,13 @@ def test_lockstep_extend_equals_ragged(setup, batch):
   model, params, encoder_tokens = setup
   encoder_tokens = encoder_tokens[:batch]
   rng = np.random.default_rng(batch)
-  cache = model.init_cache(params, batch, MAX_LENGTH, encoder_tokens)
+  extend = jax.jit(model.extend)  # jitted (one compile, not one per op), as a decode loop runs it
+  cache = jax.jit(model.init_cache, static_argnums=(1, 2))(
+    params, batch, MAX_LENGTH, encoder_tokens
+  )
   prefix = jnp.asarray(rng.integers(0, CONFIG.vocab_size, (batch, MAX_LENGTH)), jnp.int32)
   # Random (non-zero) stale entries everywhere, as in a cache after rejected drafts.
-  _, cache = model.extend(params, cache, prefix, jnp.zeros((batch,), jnp.int32))
-  extend = jax.jit(model.extend)
+  _, cache = extend(params, cache, prefix, jnp.zeros((batch,), jnp.int32))
   # (T, start): single tokens, a verify-sized block, and writes past the end (dropped).
   for num_new, start in [
     (1, 0),
@@ -124,11 +126,14 @@ def test_autoregressive_decode_equals_ragged_greedy(setup, batch):
     eos_id=CONFIG.eos_id,
   )
 
-  cache = model.init_cache(params, batch, MAX_LENGTH, encoder_tokens)
+  extend = jax.jit(model.extend)  # one compile, not one per op
+  cache = jax.jit(model.init_cache, static_argnums=(1, 2))(
+    params, batch, MAX_LENGTH, encoder_tokens
+  )
   token = jnp.zeros((batch,), jnp.int32)
   expected = []
   for i in range(max_new):
-    logits, cache = model.extend(params, cache, token[:, None], jnp.full((batch,), i, jnp.int32))
+    logits, cache = extend(params, cache, token[:, None], jnp.full((batch,), i, jnp.int32))
     token = jnp.argmax(logits[:, 0], -1).astype(jnp.int32)
     expected.append(np.asarray(token))
   expected = np.stack(expected, -1)  # [B, max_new]

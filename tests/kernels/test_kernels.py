@@ -189,7 +189,7 @@ def test_extend_over_t_tokens_equals_t_one_token_extends_bit_for_bit(dtype, lock
   encoder = jnp.asarray(rng.integers(2, 97, (2, 11)), jnp.int32).at[1, 8:].set(0)
   tokens = jnp.asarray(rng.integers(2, 97, (2, 9)), jnp.int32)
   extend = jax.jit(model.extend)
-  cache = model.init_cache(packed, 2, 24, encoder)
+  cache = jax.jit(model.init_cache, static_argnums=(1, 2))(packed, 2, 24, encoder)  # not op by op
   start = (
     (lambda p: jnp.asarray(p, jnp.int32))
     if lockstep
@@ -214,9 +214,10 @@ def test_kernel_path_close_to_xla_path():
   encoder = jnp.asarray(np.random.default_rng(1).integers(2, 97, (1, 9)), jnp.int32)
   tokens = jnp.asarray([[0, 5, 9, 13]], jnp.int32)
   outs = []
+  init_cache, extend = jax.jit(model.init_cache, static_argnums=(1, 2)), jax.jit(model.extend)
   for p in (params, packed):
-    cache = model.init_cache(p, 1, 8, encoder)
-    outs.append(np.asarray(model.extend(p, cache, tokens, jnp.asarray([0], jnp.int32))[0]))
+    cache = init_cache(p, 1, 8, encoder)
+    outs.append(np.asarray(extend(p, cache, tokens, jnp.asarray([0], jnp.int32))[0]))
   np.testing.assert_allclose(outs[1], outs[0], rtol=1e-5, atol=1e-5)
   assert not np.array_equal(outs[1], np.zeros_like(outs[1]))
 
