@@ -364,7 +364,6 @@ def speculative_accept(
   draft_probs = jnp.where(drafted[..., None], draft_probs.astype(jnp.float32), 0.0)
   target_probs = target_probs.astype(jnp.float32)
 
-  uniform_keys = jax.vmap(lambda k: jax.random.fold_in(k, 0))(keys)
   sample_keys = jax.vmap(lambda k: jax.random.fold_in(k, 1))(keys)
   if greedy:
     # p is one-hot, so p(x) is 0 or 1 and the test r q(x) <= p(x), p(x) > 0 gives p(x) > 0 for
@@ -372,6 +371,7 @@ def speculative_accept(
     # in every step; sample_rows skips the correction's noise the same way).
     uniforms = jnp.zeros((batch, gamma), jnp.float32)
   else:
+    uniform_keys = jax.vmap(lambda k: jax.random.fold_in(k, 0))(keys)
     uniforms = jax.vmap(lambda k: jax.random.uniform(k, (gamma,), jnp.float32))(uniform_keys)
   accepted = _accepted(draft_tokens, draft_probs, target_probs, uniforms, lenience)  # [B, gamma]
   if lenient_accepts is not None:
