@@ -16,6 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from speculative.bench import noise
+from speculative.models import interface
 
 Timer = Callable[[int], Any]  # fn(num_calls) -> a jax value to block on
 
@@ -48,13 +49,11 @@ def repeat_extend(params, cache, tokens, start, num_calls, *, model):
 
 @functools.partial(jax.jit, static_argnames=("model", "max_length"))
 def prefill(params, encoder_tokens, *, model, max_length):
-  """What every decode pays once: encoder, cache allocation, the start-token prefill call."""
+  """What every decode pays once: encoder and cache allocation, then the decode loops' own
+  `interface.prefill` of the start token (no decoder call: the first step feeds it)."""
   batch = encoder_tokens.shape[0]
   cache = model.init_cache(params, batch, max_length, encoder_tokens)
-  logits, cache = model.extend(
-    params, cache, jnp.zeros((batch, 1), jnp.int32), jnp.zeros((batch,), jnp.int32)
-  )
-  return logits, cache
+  return interface.prefill(model, params, cache, jnp.zeros((batch, 1), jnp.int32))
 
 
 def cache_at_position(model, params, encoder_tokens: np.ndarray, *, max_length: int, position: int):
