@@ -30,6 +30,33 @@ def _probs(logits, config, **values):
 LOGITS = np.array([[2.0, 1.0, 0.5, -1.0, 3.0, 0.0]], np.float32)
 
 
+def _argmax_cases():
+  rng = np.random.default_rng(0)
+  rows = rng.normal(size=(6, 8000)).astype(np.float32)
+  rows[1, [17, 4000, 7999]] = 9.0  # a three-way tie: the first index
+  rows[2, :] = -np.inf  # all -inf: index 0
+  rows[3, [5, 70]] = np.nan  # NaN counts as the maximum: the first NaN
+  rows[4, 300] = np.inf
+  rows[5, :] = 0.0  # all equal
+  return rows
+
+
+@pytest.mark.parametrize('dtype', [jnp.float32, jnp.bfloat16, jnp.int32])
+def test_argmax_is_jnp_argmax_on_ties_nan_and_inf(dtype):
+  x = jnp.asarray(_argmax_cases() if dtype != jnp.int32 else np.arange(24) % 5, dtype)
+  x = x.reshape(2, 3, -1) if dtype != jnp.int32 else x.reshape(2, 12)
+  got = jax.jit(S.argmax)(x)
+  assert got.dtype == jnp.int32 and got.shape == x.shape[:-1]
+  np.testing.assert_array_equal(np.asarray(got), np.asarray(jnp.argmax(x, axis=-1)))
+
+
+def test_argmax_lowers_to_single_operand_reductions():
+  # jnp.argmax is one variadic (value, index) reduce, which XLA's CPU backend runs element by element.
+  text = jax.jit(S.argmax).lower(jnp.zeros((1, 4, 8000), jnp.float32)).as_text()
+  reduces = [line for line in text.splitlines() if 'stablehlo.reduce(' in line]
+  assert len(reduces) == 2 and all(line.count('init:') == 1 for line in reduces), reduces
+
+
 def test_greedy_is_one_hot_and_temperature_zero_is_greedy():
   expected = np.eye(V, dtype=np.float32)[[4]]
   np.testing.assert_array_equal(_probs(LOGITS, S.SamplingConfig(greedy=True)), expected)
