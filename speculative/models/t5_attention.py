@@ -155,8 +155,13 @@ class MultiHeadDotProductAttention(nn.Module):
     bias: Array,
     deterministic: bool,
     heads_first: bool = False,
+    num_keys: Array | None = None,
   ) -> Array:
     """Attention of query [B,Tq,H,dh] over key/value [B,Tk,H,dh]; bias [B|1,H|1,Tq,Tk] is added.
+
+    `num_keys` [B] int32 (or None): `bias` masks every key at or after num_keys[b] for all of row
+    b's queries (a decode step over a cache: the entries after its last new token). The CPU
+    kernels then skip those keys (same bits, `kernels.decode_attention`); XLA's path needs no hint.
 
     With `heads_first`, key/value are [B,H,dh,Tk] (the decoding caches' layout, as T5X's
     examples): the layout XLA's CPU dots (batch dims b, h) put [B,Tk,H,dh] operands in anyway, so
@@ -166,7 +171,8 @@ class MultiHeadDotProductAttention(nn.Module):
     if heads_first and deterministic and self.out.has_variable(t5_layers.PACKED, 'kernel'):
       # The job packed this decoder for the kernels: attention over the cache row by row, so a
       # T-token verify gives each row the bits of T one-token steps (`kernels.decode_attention`).
-      x = kernels.decode_attention(query, key, value, bias).astype(self.dtype)  # [B, Tq, H, dh]
+      x = kernels.decode_attention(query, key, value, bias, num_keys)  # [B, Tq, H, dh]
+      x = x.astype(self.dtype)
       return self.out(x.reshape(x.shape[:-2] + (self.num_heads * self.head_dim,)))
     if self.float32_logits:
       query = query.astype(jnp.float32)

@@ -94,6 +94,7 @@ class DecoderLayer(nn.Module):
     cross_kv: tuple[Array, Array] | None = None,
     self_kv_cache: tuple[Array, Array] | None = None,
     write_positions: Array | None = None,
+    self_num_keys: Array | None = None,
   ):
     """One decoder layer.
 
@@ -109,6 +110,8 @@ class DecoderLayer(nn.Module):
         `write_positions` and attention runs over the whole cache.
       write_positions: [B, T] int32 cache positions of the T new tokens, or [T] when all rows
         write at the same positions (see `t5_attention.write_rows`).
+      self_num_keys: [B] int32 or None: `self_bias` masks the cache from position
+        self_num_keys[b] on for every query of row b (`T5Attention.attend`'s num_keys).
 
     Returns:
       ([B, T, d] outputs, updated (key, value) cache or None).
@@ -121,7 +124,13 @@ class DecoderLayer(nn.Module):
       value = t5_attention.write_rows(self_kv_cache[1], value, write_positions)
       new_cache = (key, value)
     x = self.self_attention.attend(
-      query, key, value, self_bias, deterministic, heads_first=self_kv_cache is not None
+      query,
+      key,
+      value,
+      self_bias,
+      deterministic,
+      heads_first=self_kv_cache is not None,
+      num_keys=self_num_keys,
     )
     x = _residual(self, x, inputs, deterministic)
 
@@ -271,6 +280,8 @@ class Decoder(_Stack):
     if start.ndim == 0:
       self_bias = self_bias[None]  # [1, H, T, K]
     cross_bias = t5_attention.mask_to_bias(encoder_mask[:, None, None, :], dtype)  # [B, 1, 1, S]
+    # Every query of row b is masked from cache position start[b] + T on.
+    num_keys = jnp.broadcast_to(start + num_new, tokens.shape[:1]).astype(jnp.int32)  # [B]
 
     y = self._embed(tokens, True)  # [B, T, d]
     new_self_kv = []
@@ -284,6 +295,7 @@ class Decoder(_Stack):
         cross_kv=None if cross_kv is None else cross_kv[i],
         self_kv_cache=self_kv[i],
         write_positions=query_positions,
+        self_num_keys=num_keys,
       )
       new_self_kv.append(layer_cache)
     return self._logits(y, True), tuple(new_self_kv)  # [B, T, V] float32

@@ -124,7 +124,7 @@ def test_decode_attention_matches_reference_and_is_row_invariant(b, t, h, dh, k,
   bias = rng.standard_normal(shape).astype(np.float32)
   bias[..., k // 2 :] = -1e10  # masked keys: weight exactly 0
   outs = {
-    isa: np.asarray(kernels.decode_attention(q, key, value, bias, isa)) for isa in _host_isas()
+    isa: np.asarray(kernels.decode_attention(q, key, value, bias, isa=isa)) for isa in _host_isas()
   }
   for isa, out in outs.items():
     np.testing.assert_array_equal(out, outs['portable'], err_msg=f'{isa} differs from portable')
@@ -141,6 +141,37 @@ def test_decode_attention_matches_reference_and_is_row_invariant(b, t, h, dh, k,
     row_bias = bias if bias.shape[2] == 1 else bias[:, :, i : i + 1]
     row = np.asarray(kernels.decode_attention(q[:, i : i + 1], key, value, row_bias))
     np.testing.assert_array_equal(row, outs['portable'][:, i : i + 1])
+
+
+@pytest.mark.parametrize('k', [7, 48, 130])
+def test_decode_attention_over_the_first_num_keys_has_the_bits_of_all_keys(k):
+  # A decode step: row b's queries sit at positions start[b] .. start[b]+T-1 of a cache of k keys
+  # (causal bias, later entries stale); attending over its first start[b]+T keys (what the decoder
+  # passes) must give the bits of attending over all k, on every ISA path, and nothing in the
+  # skipped entries (here NaN) may reach the output.
+  b, t, h, dh = 3, 4, 2, 64
+  rng = np.random.default_rng(k)
+  q = 0.3 * rng.standard_normal((b, t, h, dh)).astype(np.float32)
+  key = rng.standard_normal((b, h, dh, k)).astype(np.float32)
+  value = rng.standard_normal((b, h, dh, k)).astype(np.float32)
+  start = np.array([0, k // 3, k - t], np.int32)
+  positions = start[:, None] + np.arange(t)  # [B, T]
+  bias = rng.standard_normal((b, h, t, k)).astype(np.float32)
+  bias = np.where(np.arange(k) <= positions[:, None, :, None], bias, -1e10).astype(np.float32)
+  num_keys = start + t
+  stale_key, stale_value = key.copy(), value.copy()
+  for row, n in enumerate(num_keys):
+    stale_key[row, ..., n:] = np.nan
+    stale_value[row, ..., n:] = np.nan
+  for isa in _host_isas():
+    full = np.asarray(kernels.decode_attention(q, key, value, bias, isa=isa))
+    first = kernels.decode_attention(q, stale_key, stale_value, bias, num_keys, isa=isa)
+    np.testing.assert_array_equal(np.asarray(first), full, err_msg=isa)
+  np.testing.assert_allclose(
+    full, reference.decode_attention(q, key, value, bias), rtol=2e-5, atol=2e-6
+  )
+  with pytest.raises(ValueError, match=r'num_keys \(2,\) must be \[3\]'):
+    kernels.decode_attention(q, key, value, bias, num_keys[:2])
 
 
 @pytest.mark.parametrize('d', [16, 37, 256])
