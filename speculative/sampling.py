@@ -190,7 +190,7 @@ def argmax(x: jax.Array) -> jax.Array:
 
   Why not `jnp.argmax`: it lowers to one variadic (value, index) reduce, which XLA's CPU backend
   runs element by element (33 us over an 8k vocabulary on a 2-core AVX-512 host, against 3 us for
-  this form; 9 of them ran per speculative step of the shipped pair, docs/results.md). x: [..., V],
+  this form; 9 of them ran per speculative step of the shipped pair, docs/training.md). x: [..., V],
   V >= 1, any real dtype.
   """
   x = jnp.asarray(x)

@@ -111,7 +111,7 @@ class DecoderLayer(nn.Module):
       write_positions: [B, T] int32 cache positions of the T new tokens, or [T] when all rows
         write at the same positions (see `t5_attention.write_rows`).
       self_num_keys: [B] int32 or None: `self_bias` masks the cache from position
-        self_num_keys[b] on for every query of row b (`T5Attention.attend`'s num_keys).
+        self_num_keys[b] on for every query of row b (`MultiHeadDotProductAttention.attend`).
 
     Returns:
       ([B, T, d] outputs, updated (key, value) cache or None).
