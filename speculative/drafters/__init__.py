@@ -9,6 +9,9 @@ One module per concept:
                  step from an online estimate of alpha (Theorem 3.8 with the estimate).
   tables         UnigramDrafter / BigramDrafter: n-gram tables (c ~ 0; paper Table 3), from
                  `estimate_unigram` / `estimate_bigram` on token ids of a corpus.
+  oracle         OracleDrafter(vocab_size, inner=None): proposes a continuation known in advance
+                 (the target's own greedy output): the measured ceiling of a perfect draft
+                 (speculative.bench.ceiling); not a draft source for real jobs.
   prompt_lookup  PromptLookupDrafter(...): copies the continuation of the latest n-gram match in the
                  decoder stream or the encoder input (paper Sec. 3.6), with an optional fallback.
   registry       name -> drafter: `build_drafter`, `DRAFTERS`, `needs_draft_model`,
@@ -27,6 +30,8 @@ from speculative.drafters.base import GuidedDrafter
 from speculative.drafters.base import write_rows
 from speculative.drafters.model import ModelDrafter
 from speculative.drafters.model import draft_confidence
+from speculative.drafters.oracle import OracleDrafter
+from speculative.drafters.oracle import OracleState
 from speculative.drafters.prompt_lookup import DEFAULT_NGRAM_SIZES
 from speculative.drafters.prompt_lookup import PromptLookupDrafter
 from speculative.drafters.prompt_lookup import PromptLookupState
@@ -56,6 +61,8 @@ __all__ = [
   'DrafterSpec',
   'GuidedDrafter',
   'ModelDrafter',
+  'OracleDrafter',
+  'OracleState',
   'PromptLookupDrafter',
   'PromptLookupState',
   'UnigramDrafter',

@@ -66,7 +66,9 @@ from speculative.jobs import resources
 from speculative.models import t5 as t5_lib
 
 __all__ = [
+  'Models',
   'infer',
+  'load_models',
   'main',
 ]
 
@@ -105,7 +107,7 @@ def infer(settings: infer_settings.InferSettings) -> dict[str, Any]:
 
 
 @dataclasses.dataclass(frozen=True)
-class _Models:
+class Models:
   """The loaded target and the speculative mode's drafter (None without that mode)."""
 
   target: t5_lib.T5
@@ -124,7 +126,7 @@ def _run(settings: infer_settings.InferSettings) -> dict[str, Any]:
       settings.overwrite,
       inputs.examples,
     )
-  models = _load_models(settings)
+  models = load_models(settings)
   runs = outputs.resume_runs(settings.output_dir, _decode_fns(settings, models))
   _decode_all(settings, inputs, runs)
   summary = _summary(settings, inputs, runs, models)
@@ -137,7 +139,10 @@ def _run(settings: infer_settings.InferSettings) -> dict[str, Any]:
   return summary
 
 
-def _load_models(settings: infer_settings.InferSettings) -> _Models:
+def load_models(settings: infer_settings.InferSettings) -> Models:
+  """The job's target and drafter with their params, on the decode path the settings choose (the
+  CPU kernels' packed weights where `settings.decode_path().kernels`); shared with
+  `speculative.bench.ceiling`, which measures on the job's own models."""
   target, target_params = checkpoints.load_model(settings.target_config, settings.target_checkpoint)
   draft = drafter = draft_params = None
   if settings.needs_draft_model:
@@ -154,10 +159,10 @@ def _load_models(settings: infer_settings.InferSettings) -> _Models:
       draft_params=draft_params,
       stop_below=settings.draft_stop_below,
     )
-  return _Models(target, target_params, drafter, draft_params)
+  return Models(target, target_params, drafter, draft_params)
 
 
-def _decode_fns(settings: infer_settings.InferSettings, models: _Models) -> dict[str, Any]:
+def _decode_fns(settings: infer_settings.InferSettings, models: Models) -> dict[str, Any]:
   """{mode: fn(encoder_tokens [B, S], rng) -> DecodeResult}, in the order of `settings.modes`."""
   s = settings
   fns = modes.decode_fns(
@@ -248,7 +253,7 @@ def _summary(
   settings: infer_settings.InferSettings,
   inputs: infer_inputs.JobInputs,
   runs: Sequence[outputs.ModeRun],
-  models: _Models,
+  models: Models,
 ) -> dict[str, Any]:
   """metrics.json: the settings, totals per mode, and (both modes) the comparison."""
   s = settings
@@ -283,7 +288,7 @@ def _compare_modes(
   settings: infer_settings.InferSettings,
   inputs: infer_inputs.JobInputs,
   runs: Sequence[outputs.ModeRun],
-  models: _Models,
+  models: Models,
   summary: dict[str, Any],
 ) -> None:
   """Speedup and identical outputs into `summary`; greedy and exact: the divergence audit, and a
