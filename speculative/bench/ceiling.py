@@ -219,9 +219,11 @@ def run(settings: infer_settings.InferSettings, gammas: Sequence[int], json_out:
   with checks.user_errors():
     if not settings.sampling()[0].greedy:
       raise ValueError('the ceiling is measured under greedy decoding: TEMPERATURE must be 0')
-    if not settings.speculative or not settings.needs_draft_model:
+    if not settings.exact:
+      raise ValueError('the ceiling compares exact decodes: LENIENCE must be 1')
+    if not settings.speculative:
       raise ValueError(
-        "the ceiling needs the job's draft model: modes with 'speculative' and drafter 'model'"
+        "the ceiling needs the job's speculative mode: infer.modes must include 'speculative'"
       )
     if json_out is not None:
       checks.probe_writable(os.path.dirname(os.path.abspath(json_out)))

@@ -6,7 +6,8 @@ at every step (alpha = 1, block efficiency gamma + 1 but at the end), so a specu
 it measures the speculative loop's ceiling on a machine: the verify calls, the loop's own work and
 the encoder, with no draft cost. With `inner` (a drafter, e.g. the job's `ModelDrafter`), each step
 also runs the inner drafter's own proposal, at its real cost, and discards it: the ceiling of a
-perfect draft that costs what that one does. `speculative.bench.ceiling` measures both on a job.
+perfect draft that costs what that one does (the inner drafter's state then follows its own drafts,
+not the accepted tokens; only its cost is used). `speculative.bench.ceiling` measures both on a job.
 
 The continuation comes in the params, so it is per call and never recompiles:
   params = {'generated': [B, N] int32, the tokens to propose after each row's prompt (the

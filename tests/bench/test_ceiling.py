@@ -2,6 +2,9 @@
 oracles accept every draft, and bad settings are refused before any model loads."""
 
 import json
+from pathlib import Path
+import subprocess
+import sys
 
 from model_utils import save_tiny_pair
 import numpy as np
@@ -12,6 +15,7 @@ from speculative.infer import inputs as infer_inputs
 from speculative.infer import run as infer_run
 from speculative.infer import settings as infer_settings
 
+REPO = Path(__file__).resolve().parents[2]
 SOURCES = ["Click OK.", "Open the file menu and choose Save.", "Hello", "Select a cell range."]
 
 
@@ -83,13 +87,38 @@ def test_a_differing_output_stops_the_run():
     ceiling._check_same("oracle 3", Result([[4, 6, 1]]), Result([[4, 5, 1]]), [Example()])
 
 
-def test_bad_settings_are_refused_in_one_line(settings, tmp_path):
+def test_bad_settings_are_refused(settings):
   _, kwargs = settings
   with pytest.raises(ValueError, match="greedy decoding: TEMPERATURE must be 0"):
     ceiling.run(infer_settings.InferSettings(**kwargs, temperature=0.7), (3,), None)
-  with pytest.raises(ValueError, match="needs the job's draft model"):
+  with pytest.raises(ValueError, match="exact decodes: LENIENCE must be 1"):
+    ceiling.run(infer_settings.InferSettings(**kwargs, lenience=0.5), (3,), None)
+  with pytest.raises(ValueError, match="needs the job's speculative mode"):
     ceiling.run(infer_settings.InferSettings(**kwargs, modes=("baseline",)), (3,), None)
   with pytest.raises(ValueError, match=r"--gammas: each must be in \[1, 32\]"):
     ceiling.parse_gammas("3,0")
   with pytest.raises(ValueError, match="comma-separated ints"):
     ceiling.parse_gammas("three")
+
+
+def test_the_command_line_refuses_in_one_line_before_loading_models():
+  for flags, message in (
+    (['--gin_bindings=TEMPERATURE = 0.5'], "TEMPERATURE must be 0"),
+    (['--gammas=3,x'], "--gammas must be comma-separated ints, got '3,x'"),
+  ):
+    done = subprocess.run(
+      [
+        sys.executable,
+        "-m",
+        "speculative.bench.ceiling",
+        "--gin_file=configs/local/run.gin",
+        *flags,
+      ],
+      cwd=REPO,
+      capture_output=True,
+      text=True,
+      timeout=120,
+    )
+    assert done.returncode == 2, done.stderr
+    assert message in done.stderr and "Traceback" not in done.stderr, done.stderr
+    assert done.stdout == ""  # nothing decoded, no table
