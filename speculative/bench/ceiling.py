@@ -44,6 +44,7 @@ from speculative.bench import timing
 from speculative.checkpoints import files
 from speculative.decode import batching
 from speculative.decode import modes
+from speculative.decode import state as decode_state
 from speculative.infer import inputs as infer_inputs
 from speculative.infer import run as infer_run
 from speculative.infer import settings as infer_settings
@@ -140,7 +141,7 @@ def measure(
   """Decodes `examples` with every method (see the module docstring); {name: Tally}."""
   fns = method_fns(settings, models, gammas)
   tallies = {name: Tally() for name in [*fns, ENCODER]}
-  max_length = 1 + settings.max_new_tokens + 1  # the baseline's cache (decode/state.py)
+  max_length = decode_state.buffer_length(1, settings.max_new_tokens)  # the baseline's cache
 
   def encoder(encoder_tokens, rng, generated):
     return timing.prefill(

@@ -48,6 +48,7 @@ from speculative.bench import sweep
 from speculative.bench import timing
 from speculative.bench import whole_job as whole_job_lib
 from speculative.decode import batching
+from speculative.decode import state as decode_state
 from speculative.jobs import checks
 from speculative.jobs import runtime
 from speculative.models import t5 as t5_lib
@@ -127,7 +128,7 @@ def _cost_models(
         if methods_lib.is_model_drafter(d)
       },
       encoder_tokens=batching.batches(examples, batch_size, inputs_length)[0][1],
-      max_length=1 + max_new_tokens + max_gamma + 1,  # the speculative loop's cache length
+      max_length=decode_state.buffer_length(1, max_new_tokens, max_gamma),  # the loop's cache
       verify_lengths=range(2, max_gamma + 2),
       position=position,
       repeats=repeats,

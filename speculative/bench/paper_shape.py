@@ -57,6 +57,7 @@ from speculative.bench import roofline
 from speculative.bench import sweep
 from speculative.data import tasks
 from speculative.decode import batching
+from speculative.decode import state as decode_state
 from speculative.infer import inputs as infer_inputs
 from speculative.jobs import checks
 from speculative.models import t5 as t5_lib
@@ -246,7 +247,7 @@ def _cost_model(models, examples, s: PaperShapeSettings, max_gamma: int, timers:
     stock_target=models["stock_target"],
     draft_models={"model": (models["drafters"]["model"][0].model, models["drafters"]["model"][1])},
     encoder_tokens=batching.batches(examples, 1, s.inputs_length)[0][1],
-    max_length=1 + s.max_new_tokens + MAX_VERIFY + 1,  # the speculative loop's, at most
+    max_length=decode_state.buffer_length(1, s.max_new_tokens, MAX_VERIFY),  # the loop's, at most
     verify_lengths=range(2, max_gamma + 2),
     position=s.cost_position,
     repeats=s.cost_repeats,

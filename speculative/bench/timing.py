@@ -15,6 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from speculative import sampling as sampling_lib
 from speculative.bench import noise
 from speculative.models import interface
 
@@ -41,7 +42,7 @@ def repeat_extend(params, cache, tokens, start, num_calls, *, model):
   def body(_, carry):
     cache, tokens = carry
     logits, cache = model.extend(params, cache, tokens, start)  # [B, T, V]
-    return cache, jnp.argmax(logits, axis=-1).astype(jnp.int32)  # [B, T]
+    return cache, sampling_lib.argmax(logits)  # [B, T], the decode loops' argmax
 
   cache, tokens = jax.lax.fori_loop(0, num_calls, body, (cache, tokens))
   return tokens, cache

@@ -119,6 +119,13 @@ def row_keys(rng: jax.Array, row_ids: jax.Array, step: jax.Array, use: int) -> j
   return jax.vmap(one)(row_ids)
 
 
+def buffer_length(prompt_len: int, max_new_tokens: int, gamma: int = 0) -> int:
+  """L_max, the positions of a decode's token buffer and caches (see `start`): the prompt,
+  max_new_tokens, one for the token a done row still writes, and gamma more for a speculative
+  decode (0 for the baseline). The benchmarks size their caches with it."""
+  return prompt_len + max_new_tokens + 1 + gamma
+
+
 def start(
   target: interface.CachedLM,
   target_params: Any,
@@ -139,7 +146,9 @@ def start(
   """
   prompt_tokens, prompt_lengths = inputs.prompt_tokens, inputs.prompt_lengths
   batch, prompt_len = prompt_tokens.shape
-  max_length = prompt_len + options.max_new_tokens + 1 + (0 if drafter is None else options.gamma)
+  max_length = buffer_length(
+    prompt_len, options.max_new_tokens, 0 if drafter is None else options.gamma
+  )
   cache = target.init_cache(target_params, batch, max_length, inputs.encoder_tokens)
   cache = interface.prefill(target, target_params, cache, prompt_tokens)
   draft_state = None
