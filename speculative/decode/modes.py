@@ -22,8 +22,8 @@ from speculative import drafters
 from speculative import sampling as sampling_lib
 from speculative.decode import loops as decoding
 from speculative.decode import options as decode_options
+from speculative.decode import spectr_loop
 from speculative.decode import state as decode_state
-from speculative.spectr import decoding as spectr_decoding
 
 BASELINE = 'baseline'
 SPECULATIVE = 'speculative'
@@ -52,7 +52,7 @@ def decode_fns(
   static options of every mode. 'baseline' is `decoding.autoregressive_decode` of the target;
   'speculative' (only when a `drafter` is given; the options need gamma) is
   `decoding.speculative_decode` with that drafter and `lenience` (None: exact); 'spectr' (only
-  with a drafter and `num_drafts` K >= 1) is `spectr.decoding.spectr_decode` with K drafts of
+  with a drafter and `num_drafts` K >= 1) is `spectr_loop.spectr_decode` with K drafts of
   L = gamma tokens a step (exact; no lenience, a fixed verify width: the options'
   `adaptive_verify` is not used), whose K = 1 emits 'speculative''s tokens for the same rng.
   `check_finite=False` leaves the NaN check to the caller (the result's `metrics.invalid`), so a
@@ -98,7 +98,7 @@ def decode_fns(
     raise ValueError('spectr_decode is exact: it takes no lenience')
 
   def spectr(encoder_tokens: jax.Array, rng: Any = 0) -> decode_state.DecodeResult:
-    return spectr_decoding.spectr_decode(
+    return spectr_loop.spectr_decode(
       target,
       target_params,
       drafter,

@@ -27,7 +27,7 @@ What the model does:
     per-example speculative metrics in aux: num_tokens, target_calls, drafted, accepted, alpha_sum,
     alpha, acceptance_rate, block_efficiency, invalid (and the exactness check's verdicts with
     `check_exactness=True`, see `exactness`). With `method='spectr'` it runs SpecTr instead
-    (`speculative.spectr.decoding.spectr_decode`, `num_drafts` K i.i.d. drafts of gamma = L
+    (`speculative.decode.spectr_loop.spectr_decode`, `num_drafts` K i.i.d. drafts of gamma = L
     tokens a step; sampling only), and aux also holds num_drafts, draft_length, selections,
     single_alpha_sum and alpha_one_draft (alpha is then alpha_sum / selections, the acceptance
     with K drafts, beside alpha_one_draft = single_alpha_sum / selections). `decoder_params`
@@ -64,8 +64,8 @@ from t5x import models as t5x_models  # first: without t5x, fail before the slow
 from speculative import drafters
 from speculative import sampling as sampling_lib
 from speculative.decode import loops as decoding
+from speculative.decode import spectr_loop
 from speculative.models import t5 as t5_lib
-from speculative.spectr import decoding as spectr_decoding
 from speculative.t5x_adapter import draft_checkpoint
 from speculative.t5x_adapter import exactness
 from speculative.t5x_adapter import options as options_lib
@@ -419,7 +419,7 @@ class SpeculativeEncoderDecoderModel(t5x_models.EncoderDecoderModel):
     decode_len = rows.decoder_input_tokens.shape[1]
     common = rows_lib.decode_args(rows, opts, decode_len)
     if opts.method == 'spectr':
-      result = spectr_decoding.spectr_decode(
+      result = spectr_loop.spectr_decode(
         self._target,
         target_params,
         self._drafter,
