@@ -232,6 +232,7 @@ def _job_spectr_samples(tmp_path, target, target_params, draft, draft_params, en
   return result, np.bincount(_outcome_index(result.tokens), minlength=VOCAB**NEW)
 
 
+@pytest.mark.slow  # 24,000 rows twice, two compiles: 35-75 s on a loaded 2-core machine
 def test_spectr_job_samples_the_target_distribution_and_rejects_a_wrong_residual(
   tmp_path, monkeypatch
 ):
