@@ -149,7 +149,14 @@ class InferSettings:
     """The job's matmul path (the CPU kernels or XLA's dot), chosen once (`kernels.policy`: by
     the setting, the rows a decode call runs (`decode_rows`: K x the batch with SpecTr) and the
     backend the job computes on)."""
-    return kernels.policy.choose(self.kernels, self.decode_rows)
+    path = kernels.policy.choose(self.kernels, self.decode_rows)
+    if not self.spectr:
+      return path
+    return dataclasses.replace(
+      path,
+      line=f"{path.line}; the batch counts SpecTr's rows, K x B = {self.num_drafts} x "
+      f"{self.batch_size}",
+    )
 
   def method_knobs(self) -> dict[str, Any]:
     """The method and K, recorded (manifest, summary) only with METHOD = 'spectr', so the
