@@ -2,7 +2,7 @@
 
   weights_format    the content hash and metadata sidecar (model config + sha256) verified before
                     weights load, msgpack decoding that names a corrupt file, storage dtypes
-  t5x_checkpoints   T5X checkpoint directories (format version 3: msgpack + gzip zarr arrays),
+  t5x_format        T5X checkpoint directories (format version 3: msgpack + gzip zarr arrays),
                     read and written atomically so that stock T5X restores them
   params_files      our compact single-file weights (flax msgpack, optionally bfloat16), the
                     shape check of a parameter tree against a model's, and `load_model` (a T5

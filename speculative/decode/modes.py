@@ -45,9 +45,9 @@ def decode_fns(
   """{mode: fn(encoder_tokens [B, S] int32, rng) -> DecodeResult} for an encoder-decoder target.
 
   `options` (DecodeOptions, or its fields as keywords: `gamma=4, max_new_tokens=64, ...`) are the
-  static options of both modes. 'baseline' is `decoding.autoregressive_decode` of the target;
+  static options of both modes. 'baseline' is `loops.autoregressive_decode` of the target;
   'speculative' (only when a `drafter` is given; the options need gamma) is
-  `decoding.speculative_decode` with that drafter and `lenience` (None: exact).
+  `loops.speculative_decode` with that drafter and `lenience` (None: exact).
   `check_finite=False` leaves the NaN check to the caller (the result's `metrics.invalid`), so a
   job can name the examples of a bad batch.
   """

@@ -1,4 +1,4 @@
-"""The decode loops' shared state and in-loop steps (`decoding.py`, `spectr_decoding.py`).
+"""The decode loops' shared state and in-loop steps (`decode/loops.py`, `spectr/decoding.py`).
 
 Stream conventions (per row b):
   * The decoder stream is the prompt (left-aligned in `prompt_tokens[b]`, right-padded, length
@@ -83,7 +83,7 @@ class DecodeResult:
 
 @flax.struct.dataclass
 class DecodeState:
-  """Loop state of the decode loops (`decoding.py` and `spectr_decoding.spectr_decode`).
+  """Loop state of the decode loops (`decode/loops.py` and `spectr/decoding.py`'s `spectr_decode`).
 
   Attributes:
     step: [] int32, loop iteration (the per-row RNG folds it in).
