@@ -65,10 +65,16 @@ def build_manifest(
     "batch_size": s.batch_size,
     "drafter": s.drafter if s.speculative else None,
     "gamma": s.gamma,
+    "gamma_max": s.max_gamma if s.auto_gamma else None,
     **s.decoding_knobs(),
     "seed": s.seed,
     "decode_path": s.decode_path().name,
   }
+
+
+# Recorded by the job after it starts (not settings: never compared, carried over on a resume):
+# an 'auto' job's calibration (speculative/infer/auto_gamma.py), so a resume makes its choices again.
+RECORDED_FIELDS = ("calibration",)
 
 
 def claim_output_dir(
@@ -76,22 +82,33 @@ def claim_output_dir(
   manifest: dict[str, Any],
   overwrite: bool,
   examples: Sequence[infer_inputs.Example] = (),
-) -> None:
+) -> dict[str, Any]:
   """Makes `output_dir` this job's (the caller holds its lock): a killed writer's temporaries are
   removed; outputs of other settings are deleted (`overwrite`) or refused, unless `manifest` (over
   `examples`) only extends the recorded one (`extends`: the finished records are kept and resumed);
-  the manifest is written (atomically)."""
+  the manifest is written (atomically), with the RECORDED_FIELDS of the one it resumes. Returns the
+  manifest written."""
   checkpoints.remove_stale_temporaries(output_dir)  # we hold the lock: no other writer
+  old = lock.read_manifest(output_dir)
+  settings_of = lambda m: {k: v for k, v in m.items() if k not in RECORDED_FIELDS}  # noqa: E731
   if overwrite:
+    old = None
     for name in OUTPUT_FILES:
       if os.path.exists(os.path.join(output_dir, name)):
         os.remove(os.path.join(output_dir, name))
-  elif not extends(lock.read_manifest(output_dir), manifest, examples):
+  elif not extends(settings_of(old) if old else None, manifest, examples):
     lock.check_manifest(
       output_dir,
       manifest,
       "bind infer.overwrite = True (OVERWRITE = True in configs/local/run.gin)",
+      ignore=RECORDED_FIELDS,
     )
+  manifest = {**manifest, **{k: old[k] for k in RECORDED_FIELDS if old and k in old}}
+  write_manifest(output_dir, manifest)
+  return manifest
+
+
+def write_manifest(output_dir: str, manifest: dict[str, Any]) -> None:
   files.write_atomic(
     os.path.join(output_dir, lock.MANIFEST_FILE),
     json.dumps(manifest, indent=2, ensure_ascii=False) + "\n",

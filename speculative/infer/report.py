@@ -74,6 +74,8 @@ def format_report(summary: dict[str, Any]) -> str:
   )
   if "speedup" in summary:
     lines += _comparison_lines(summary)
+  if "gamma_policy" in summary:
+    lines += _gamma_policy_lines(summary)
   return "\n".join(lines) + "\n"
 
 
@@ -85,7 +87,9 @@ def _header_lines(summary: dict[str, Any]) -> list[str]:
     "",
     f"{summary['examples']} examples, batch size {summary['batch_size']}, "
     + (
-      f"drafter {summary.get('drafter', 'model')}, gamma {summary['gamma']}, "
+      f"drafter {summary.get('drafter', 'model')}, gamma {summary['gamma']}"
+      + (f" (0..{summary['gamma_max']})" if summary.get("gamma_max") else "")
+      + ", "
       if "speculative" in summary
       else ""
     )
@@ -220,4 +224,44 @@ def _comparison_lines(summary: dict[str, Any]) -> list[str]:
     ]
   elif summary.get("lenience", 1.0) != 1.0:
     lines += ["", "With lenience < 1 the outputs are expected to differ from the baseline."]
+  return lines
+
+
+def _gamma_policy_lines(summary: dict[str, Any]) -> list[str]:
+  """GAMMA = 'auto': the costs and where they came from, the batches and steps at each gamma, and
+  the speedup Theorem 3.8 predicts with these costs beside the measured one."""
+  policy = summary["gamma_policy"]
+  cal = policy["calibration"]
+  source = {
+    "measured": f"measured by this job in {cal['seconds']:.2f} s (not in the decode times)",
+    "cache": f"from the calibration cache (0 s; measured in {cal['measured_seconds']:.2f} s)",
+    "manifest": "from this output directory's manifest (a resumed job)",
+  }[cal["source"]]
+  verify = ", ".join(f"{v:.2f}" for v in cal["verify_ms"])
+  predicted = policy["predicted_speedup_by_gamma"]
+  lines = [
+    "",
+    f"## Gamma 'auto' (0..{policy['gamma_max']}; 0 = plain decoding)",
+    "",
+    f"Costs {source}: v(T) for T = 1..{policy['gamma_max'] + 1}: {verify} ms "
+    f"(v(1) = t(1), the target's step); the draft's step d(1): {cal['draft_step_ms']:.2f} ms.",
+    f"Acceptance estimate at the end: alpha {policy['final_alpha']:.3f}. Batches by reason: "
+    + ", ".join(f"{k} {v}" for k, v in sorted(policy["reasons"].items()))
+    + ".",
+    "",
+    "| gamma | batches | examples | loop steps | predicted speedup at the final alpha |",
+    "|---|---|---|---|---|",
+  ]
+  for gamma, row in policy["per_gamma"].items():
+    lines.append(
+      f"| {gamma} | {row['batches']} | {row['examples']} | {row['steps']} | "
+      f"{predicted[gamma]:.2f}x |"
+    )
+  if policy.get("predicted_speedup") and "speedup" in summary:
+    lines += [
+      "",
+      f"Predicted speedup of these choices (Theorem 3.8 with the measured costs, decoder steps "
+      f"only): {policy['predicted_speedup']:.2f}x; measured (whole decode, the encoder "
+      f"included): {summary['speedup']:.2f}x.",
+    ]
   return lines

@@ -56,6 +56,7 @@ from speculative.checkpoints import files
 from speculative.decode import audit
 from speculative.decode import batching
 from speculative.decode import modes
+from speculative.infer import auto_gamma
 from speculative.infer import inputs as infer_inputs
 from speculative.infer import outputs
 from speculative.infer import report as infer_report
@@ -114,20 +115,25 @@ class Models:
   target_params: Any
   drafter: Any
   draft_params: Any
+  draft: t5_lib.T5 | None = None  # the draft model the drafter runs (None: a drafter without one)
+  draft_model_params: Any = None  # its params (packed on the kernels' path)
 
 
 def _run(settings: infer_settings.InferSettings) -> dict[str, Any]:
   """`infer` after its checks, holding the output directory's lock."""
   with checks.user_errors():  # a bad input file, or outputs of other settings: refused
     inputs = infer_inputs.load_inputs(settings)
-    outputs.claim_output_dir(
+    manifest = outputs.claim_output_dir(
       settings.output_dir,
       outputs.build_manifest(settings, inputs),
       settings.overwrite,
       inputs.examples,
     )
   models = load_models(settings)
-  runs = outputs.resume_runs(settings.output_dir, _decode_fns(settings, models))
+  fns = _decode_fns(settings, models)
+  if settings.auto_gamma and settings.speculative:
+    fns[modes.SPECULATIVE] = _auto_gamma(settings, models, manifest)
+  runs = outputs.resume_runs(settings.output_dir, fns)
   _decode_all(settings, inputs, runs)
   summary = _summary(settings, inputs, runs, models)
   files.write_atomic(
@@ -151,6 +157,7 @@ def load_models(settings: infer_settings.InferSettings) -> Models:
     target_params = t5_lib.pack_decode_params(target, target_params)
     if draft is not None:
       draft_params = t5_lib.pack_decode_params(draft, draft_params)
+  draft_model_params = draft_params
   if settings.speculative:
     drafter, draft_params = drafters_lib.build_drafter(
       settings.drafter,
@@ -159,22 +166,53 @@ def load_models(settings: infer_settings.InferSettings) -> Models:
       draft_params=draft_params,
       stop_below=settings.draft_stop_below,
     )
-  return Models(target, target_params, drafter, draft_params)
+  return Models(target, target_params, drafter, draft_params, draft, draft_model_params)
 
 
-def _decode_fns(settings: infer_settings.InferSettings, models: Models) -> dict[str, Any]:
-  """{mode: fn(encoder_tokens [B, S], rng) -> DecodeResult}, in the order of `settings.modes`."""
+def _decode_fns(
+  settings: infer_settings.InferSettings, models: Models, gamma: int | None = None
+) -> dict[str, Any]:
+  """{mode: fn(encoder_tokens [B, S], rng) -> DecodeResult}, in the order of `settings.modes`; an
+  'auto' job's speculative mode at `gamma` (0: the baseline's function, None: no such mode)."""
   s = settings
+  speculative = gamma != 0 and not (s.auto_gamma and gamma is None)
   fns = modes.decode_fns(
     models.target,
     models.target_params,
-    models.drafter,
+    models.drafter if speculative else None,
     models.draft_params,
-    options=s.decode_options(),
+    options=s.decode_options(gamma or None),
     sampling_params=s.sampling()[1],
     lenience=None if s.exact else s.lenience,
   )
-  return {mode: fns[mode] for mode in s.modes}
+  if gamma == 0:
+    fns[modes.SPECULATIVE] = fns[modes.BASELINE]  # plain decoding: the baseline's own program
+  return {mode: fns[mode] for mode in s.modes if mode in fns}
+
+
+def _auto_gamma(
+  settings: infer_settings.InferSettings, models: Models, manifest: dict[str, Any]
+) -> auto_gamma.AutoGamma:
+  """The speculative mode of a GAMMA = 'auto' job: its calibration (the manifest's on a resume,
+  else the cache file's or measured now, then recorded in the manifest) and per-gamma decodes."""
+  recorded = manifest.get("calibration")
+  calibration = auto_gamma.calibrate(settings, models, recorded)
+  if recorded is None:
+    outputs.write_manifest(settings.output_dir, {**manifest, "calibration": calibration.to_json()})
+  costs = calibration.costs
+  print(
+    f"gamma auto (0..{costs.gamma_max}): costs "
+    + {
+      "measured": f"measured in {calibration.seconds:.2f} s, cached in {settings.calibration_path}",
+      "cache": f"from the cache {settings.calibration_path} (0 s)",
+      "manifest": "from this output directory's manifest (resumed)",
+    }[calibration.source]
+    + f"; t(1) {costs.verify[0] * 1e3:.2f} ms, v({costs.gamma_max + 1}) "
+    f"{costs.verify[-1] * 1e3:.2f} ms, draft step {costs.draft_step * 1e3:.2f} ms"
+  )
+  return auto_gamma.AutoGamma(
+    calibration, lambda gamma: _decode_fns(settings, models, gamma)[modes.SPECULATIVE]
+  )
 
 
 def _decode_all(
@@ -183,10 +221,18 @@ def _decode_all(
   runs: Sequence[outputs.ModeRun],
 ) -> None:
   """Decodes every example some mode has not finished, batch by batch (length-sorted), the modes
-  interleaved; each batch's records are written as soon as it is done."""
+  interleaved; each batch's records are written as soon as it is done. An 'auto' mode first replays
+  the choices of the batches it finished before (`AutoGamma.replay`), then chooses each batch's
+  gamma before decoding it."""
   from tqdm import tqdm
 
   examples = inputs.examples
+  for run in runs:
+    if isinstance(run.decode, auto_gamma.AutoGamma):
+      with checks.user_errors():
+        run.decode.replay(
+          auto_gamma.done_batches(examples, run.records, settings.batch_size), run.records
+        )
   todo = [e for e in examples if any(e.index not in run.records for run in runs)]
   if len(todo) < len(examples):
     print(f"resuming: {len(examples) - len(todo)} of {len(examples)} examples already done")
@@ -200,29 +246,42 @@ def _decode_all(
     for run in runs:
       if all(e.index in run.records for e in batch_examples):
         continue
-      _decode_batch(run, batch_examples, encoder_tokens, rng, inputs.vocabulary)
+      if isinstance(run.decode, auto_gamma.AutoGamma):
+        choice = run.decode.choose()
+        decode = run.decode.decode_fn(choice.gamma)
+        _decode_batch(run, decode, (choice.gamma,), batch_examples, encoder_tokens, rng, inputs)
+        rows = [run.records[e.index] for e in batch_examples]
+        for row in rows:
+          row["gamma"] = choice.gamma
+        run.decode.observe(choice, rows)
+      else:
+        _decode_batch(run, run.decode, (), batch_examples, encoder_tokens, rng, inputs)
       outputs.write_records(settings.output_dir, runs, run)
 
 
 def _decode_batch(
   run: outputs.ModeRun,
+  decode: modes.DecodeFn,
+  variant: tuple,
   batch_examples: Sequence[infer_inputs.Example],
   encoder_tokens: jax.Array,
   rng,
-  vocabulary,
+  inputs: infer_inputs.JobInputs,
 ) -> None:
-  """One mode over one batch, timed warm (the first call at each input length compiles and is
-  timed apart); the rows' records go into `run.records`."""
-  if encoder_tokens.shape not in run.compiled_shapes:  # compile this shape outside the timing
+  """One mode over one batch with `decode`, timed warm (the first call of each `variant` (an
+  'auto' mode's gamma) at each input length compiles and is timed apart); the rows' records go
+  into `run.records`."""
+  compiled = (encoder_tokens.shape, *variant)
+  if compiled not in run.compiled_shapes:  # compile this shape outside the timing
     t0 = time.perf_counter()
     with resources.CompileCounter() as compiles:
-      jax.block_until_ready(run.decode(encoder_tokens, rng))
+      jax.block_until_ready(decode(encoder_tokens, rng))
     run.compile_s = (run.compile_s or 0.0) + time.perf_counter() - t0
     run.compiles_first_call += compiles.count
-    run.compiled_shapes.add(encoder_tokens.shape)
+    run.compiled_shapes.add(compiled)
   with resources.CompileCounter() as compiles:
     t0 = time.perf_counter()
-    result = run.decode(encoder_tokens, rng)
+    result = decode(encoder_tokens, rng)
     jax.block_until_ready(result)
     seconds = time.perf_counter() - t0
   run.compiles_warm += compiles.count
@@ -240,7 +299,7 @@ def _decode_batch(
   for row, example in enumerate(batch_examples):
     run.records[example.index] = outputs.record(
       example,
-      vocabulary,
+      inputs.vocabulary,
       tokens[row],
       int(lengths[row]),
       {k: v[row] for k, v in metrics.items()},
@@ -264,6 +323,7 @@ def _summary(
     "inputs_length": s.inputs_length,
     "batch_size": s.batch_size,
     "gamma": s.gamma,
+    "gamma_max": s.max_gamma if s.auto_gamma else None,
     "drafter": s.drafter,
     **s.decoding_knobs(),
     "machine": infer_report.machine(),
@@ -275,6 +335,8 @@ def _summary(
     summary[run.name]["compile_s"] = run.compile_s
     summary[run.name]["compiles_first_call"] = run.compiles_first_call
     summary[run.name]["compiles_warm"] = run.compiles_warm
+    if isinstance(run.decode, auto_gamma.AutoGamma):
+      summary["gamma_policy"] = run.decode.summary()
   summary["peak_rss_mib"] = resources.peak_rss_mib()
   if len(runs) == 2:
     _compare_modes(settings, inputs, runs, models, summary)

@@ -12,6 +12,7 @@ from typing import Sequence
 from speculative import drafters as drafters_lib
 from speculative import kernels
 from speculative import sampling as sampling_lib
+from speculative.autogamma import costs
 from speculative.data import tasks
 from speculative.decode import options as decode_options
 from speculative.jobs import checks
@@ -25,6 +26,10 @@ MODES = ("baseline", "speculative")
 DRAFTERS = tuple(name for name in drafters_lib.DRAFTERS if not drafters_lib.needs_corpus(name))
 # gamma: draft tokens per target call. Past ~32 the verify call costs more than drafting saves.
 GAMMA_RANGE = (1, 32)
+# gamma = 'auto': the job chooses gamma in 0..gamma_max per batch from measured costs and the
+# acceptance it observes (speculative/infer/auto_gamma.py); gamma_max None = DEFAULT_GAMMA_MAX.
+AUTO = "auto"
+DEFAULT_GAMMA_MAX = 7
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,7 +51,9 @@ class InferSettings:
   draft_checkpoint: str | None = None
   modes: Sequence[str] = MODES
   batch_size: int = 1
-  gamma: int = 4
+  gamma: int | str = 4
+  gamma_max: int | None = None
+  calibration_file: str | None = None
   drafter: str = "model"
   draft_stop_below: float = 0.0
   adaptive_verify: bool = False
@@ -86,6 +93,23 @@ class InferSettings:
     return self.speculative and drafters_lib.needs_draft_model(self.drafter)
 
   @property
+  def auto_gamma(self) -> bool:
+    """gamma = 'auto': chosen per batch from measured costs (speculative/infer/auto_gamma.py)."""
+    return self.gamma == AUTO
+
+  @property
+  def max_gamma(self) -> int:
+    """The largest gamma a decode may use: gamma itself, or gamma_max under 'auto'."""
+    if self.auto_gamma:
+      return DEFAULT_GAMMA_MAX if self.gamma_max is None else int(self.gamma_max)
+    return int(self.gamma)
+
+  @property
+  def calibration_path(self) -> str:
+    """Where an 'auto' job's measured costs are cached (`autogamma.costs.default_cache_file`)."""
+    return self.calibration_file or costs.default_cache_file()
+
+  @property
   def exact(self) -> bool:
     """lenience 1: the speculative output is the target's (l < 1 changes it)."""
     return float(self.lenience) == 1.0
@@ -117,13 +141,14 @@ class InferSettings:
   def sampling(self) -> tuple[sampling_lib.SamplingConfig, sampling_lib.SamplingParams]:
     return sampling_lib.make_sampling(self.temperature, self.top_k, self.top_p)
 
-  def decode_options(self) -> decode_options.DecodeOptions:
-    """The static options of the job's decode loops (both modes)."""
+  def decode_options(self, gamma: int | None = None) -> decode_options.DecodeOptions:
+    """The static options of the job's decode loops: both modes at the job's gamma, or (an 'auto'
+    job) the baseline with `gamma` None and the speculative mode at each chosen `gamma`."""
     return decode_options.DecodeOptions(
       max_new_tokens=self.max_new_tokens,
       sampling=self.sampling()[0],
       eos_id=tasks.EOS_ID,
-      gamma=self.gamma,
+      gamma=gamma if self.auto_gamma else self.gamma,
       adaptive_verify=self.adaptive_verify,
     )
 
@@ -152,7 +177,7 @@ def _check_source(
 
 def _check_knobs(s: InferSettings) -> None:
   checks.check_int("batch_size", s.batch_size, 1)
-  checks.check_int("gamma", s.gamma, *GAMMA_RANGE)
+  _check_gamma(s)
   checks.check_float("temperature", s.temperature, 0.0)
   checks.check_int("top_k", s.top_k, 0)
   checks.check_float("top_p", s.top_p, 0.0, 1.0, low_inclusive=False)
@@ -167,6 +192,36 @@ def _check_knobs(s: InferSettings) -> None:
   # 'on' where the kernels are unavailable or the job computes off CPU: refused here, before any
   # weights load.
   kernels.policy.choose(s.kernels, s.batch_size)
+
+
+def _check_gamma(s: InferSettings) -> None:
+  """gamma: an int in GAMMA_RANGE or 'auto'; gamma_max only with 'auto', in GAMMA_RANGE; 'auto'
+  replaces the other per-step gamma rules (refused beside them) and needs a writable cache."""
+  if s.gamma != AUTO:
+    if isinstance(s.gamma, str):
+      raise ValueError(f"gamma must be an int in {list(GAMMA_RANGE)} or 'auto', got {s.gamma!r}")
+    checks.check_int("gamma (or 'auto')", s.gamma, *GAMMA_RANGE)
+    if s.gamma_max is not None:
+      raise ValueError(
+        f"gamma_max (GAMMA_MAX = {s.gamma_max!r}) bounds gamma = 'auto' only; with gamma "
+        f"{s.gamma} leave it None"
+      )
+    return
+  checks.check_int("gamma_max (None = 7)", s.gamma_max, *GAMMA_RANGE, allow_none=True)
+  if s.draft_stop_below:
+    raise ValueError(
+      "gamma = 'auto' chooses each batch's gamma from measured costs; draft_stop_below "
+      f"({s.draft_stop_below}) shortens drafts by another rule: use one of the two"
+    )
+  if s.adaptive_verify:
+    raise ValueError(
+      "gamma = 'auto' chooses each batch's verify width from measured costs; adaptive_verify "
+      "narrows it by another rule: use one of the two"
+    )
+  if s.calibration_file is not None and not isinstance(s.calibration_file, str):
+    raise ValueError(f"calibration_file must be a path or None, got {s.calibration_file!r}")
+  if s.speculative:
+    costs.check_cache_file(s.calibration_path)
 
 
 def _check_feature_lengths(task_feature_lengths: Any) -> None:

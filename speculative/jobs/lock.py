@@ -14,6 +14,7 @@ import json
 import os
 from typing import Any
 from typing import Mapping
+from typing import Sequence
 
 LOCK_FILE = '.lock'
 MANIFEST_FILE = 'manifest.json'
@@ -91,7 +92,9 @@ def manifest_differences(old: Mapping[str, Any], new: Mapping[str, Any]) -> list
   ]
 
 
-def check_manifest(directory: str, manifest: Mapping[str, Any], overwrite_hint: str) -> bool:
+def check_manifest(
+  directory: str, manifest: Mapping[str, Any], overwrite_hint: str, ignore: Sequence[str] = ()
+) -> bool:
   """Whether `directory` holds outputs made with `manifest` (True: resume them).
 
   False if there is no manifest and no outputs; ValueError naming every differing field with its
@@ -111,7 +114,7 @@ def check_manifest(directory: str, manifest: Mapping[str, Any], overwrite_hint: 
         f'output directory or {overwrite_hint}'
       )
     return False
-  diffs = manifest_differences(old, manifest)
+  diffs = manifest_differences({k: v for k, v in old.items() if k not in ignore}, manifest)
   if diffs:
     raise ValueError(
       f'{directory} holds outputs of different settings; refusing to mix them:\n  '
