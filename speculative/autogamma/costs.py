@@ -38,7 +38,7 @@ from speculative.checkpoints import files
 POSITION = 16  # cache positions filled before the timed calls (a mid-sentence step)
 CALLS = 4  # chained calls per timing
 ROUNDS = 3  # interleaved rounds (every call once per round, the order rotating); the median counts
-CACHE_VERSION = 1
+CACHE_VERSION = 2
 
 
 def default_cache_file() -> str:
@@ -49,36 +49,72 @@ def default_cache_file() -> str:
 
 @dataclasses.dataclass(frozen=True)
 class Costs:
-  """Measured seconds per call.
+  """Measured seconds: the model calls a step makes, and two whole loop steps that anchor them.
+
+  The step of the gamma-g loop costs its model calls, C(g) = v(g + 1) + g d(1), plus what the loop
+  does besides them (sampling, the acceptance rule, the draft loop's own work, committing tokens).
+  That remainder is measured on the job's compiled loops themselves, twice: the plain loop's step
+  c(0), and the step c(ref_gamma) of one speculative loop. `step(g)` is then c(0) for g = 0 and
+  c(ref_gamma) + C(g) - C(ref_gamma) for g >= 1 (the remainder taken as independent of g).
 
   Attributes:
-    verify: v(T) for T = 1..gamma_max + 1; verify[0] is t(1), the target's 1-token step.
-    draft_step: d(1), the draft model's 1-token step; 0.0 for a drafter without a model (prompt
+    verify: v(T) for T = 1..gamma_max + 1; verify[0] is t(1), the target's 1-token call.
+    draft_step: d(1), the draft model's 1-token call; 0.0 for a drafter without a model (prompt
       lookup proposes by a gather, negligible beside a model call).
+    plain_loop_step: c(0), seconds per step of the plain loop (None: not measured, v(1) is used).
+    ref_gamma: the gamma of the measured speculative loop (None: not measured).
+    ref_loop_step: c(ref_gamma), seconds per step of that loop.
   """
 
   verify: tuple[float, ...]
   draft_step: float
+  plain_loop_step: float | None = None
+  ref_gamma: int | None = None
+  ref_loop_step: float | None = None
 
   def __post_init__(self):
     if len(self.verify) < 2 or not all(v > 0 for v in self.verify) or self.draft_step < 0:
       raise ValueError(f'costs need v(1), v(2), ... > 0 and d(1) >= 0, got {self}')
+    if (self.ref_gamma is None) != (self.ref_loop_step is None) or (
+      self.ref_gamma is not None and not 1 <= self.ref_gamma <= self.gamma_max
+    ):
+      raise ValueError(f'ref_gamma and ref_loop_step come together, gamma in 1..max: {self}')
 
   @property
   def gamma_max(self) -> int:
     return len(self.verify) - 1
 
+  def calls(self, gamma: int) -> float:
+    """C(gamma): the model calls of one step, v(gamma + 1) + gamma d(1) (v(1) for gamma 0)."""
+    return self.verify[gamma] + gamma * self.draft_step
+
+  def step(self, gamma: int) -> float:
+    """Seconds per step of the gamma loop (the class docstring); > 0."""
+    if gamma == 0:
+      return self.plain_loop_step or self.verify[0]
+    if self.ref_gamma is None:
+      return self.calls(gamma)
+    return max(self.ref_loop_step + self.calls(gamma) - self.calls(self.ref_gamma), 1e-9)
+
   def to_json(self) -> dict[str, Any]:
+    ms = lambda seconds: None if seconds is None else round(seconds * 1e3, 6)  # noqa: E731
     return {
-      'verify_ms': [round(v * 1e3, 6) for v in self.verify],
-      'draft_step_ms': round(self.draft_step * 1e3, 6),
+      'verify_ms': [ms(v) for v in self.verify],
+      'draft_step_ms': ms(self.draft_step),
+      'plain_loop_step_ms': ms(self.plain_loop_step),
+      'ref_gamma': self.ref_gamma,
+      'ref_loop_step_ms': ms(self.ref_loop_step),
     }
 
   @classmethod
   def from_json(cls, data: Mapping[str, Any]) -> Costs:
+    seconds = lambda ms: None if ms is None else float(ms) / 1e3  # noqa: E731
     return cls(
       verify=tuple(float(v) / 1e3 for v in data['verify_ms']),
       draft_step=float(data['draft_step_ms']) / 1e3,
+      plain_loop_step=seconds(data.get('plain_loop_step_ms')),
+      ref_gamma=data.get('ref_gamma'),
+      ref_loop_step=seconds(data.get('ref_loop_step_ms')),
     )
 
 
@@ -103,8 +139,8 @@ def measure(
   max_length: int,
   gamma_max: int,
 ) -> Costs:
-  """v(1..gamma_max+1) of `target` and d(1) of `draft` (None: no draft model), each the median
-  over ROUNDS interleaved rounds of CALLS chained calls; every call compiled first, in parallel."""
+  """v(1..gamma_max+1) of `target` and d(1) of `draft` (None: no draft model), each the fastest of
+  ROUNDS interleaved rounds of CALLS chained calls; every call compiled first, in parallel."""
   start = jnp.full((batch,), POSITION, jnp.int32)  # [B]
   calls = {}  # name -> (compiled repeat_extend, its arguments)
   models = [('target', target, target_params, range(1, gamma_max + 2))]
@@ -130,11 +166,39 @@ def measure(
     shift = r % len(keys)
     for key in keys[shift:] + keys[:shift]:
       seconds[key].append(timing.timed(runs[key])[0] / CALLS)
-  median = {key: float(np.median(s)) for key, s in seconds.items()}
+  # The fastest round: load on a shared machine only ever adds time. A wider call never costs
+  # less than a narrower one, so v(T) is made non-decreasing (a noisy dip is lifted to its left).
+  best = {key: float(np.min(s)) for key, s in seconds.items()}
+  verify = np.maximum.accumulate([best[('target', w)] for w in range(1, gamma_max + 2)])
   return Costs(
-    verify=tuple(median[('target', w)] for w in range(1, gamma_max + 2)),
-    draft_step=median[('draft', 1)] if draft is not None else 0.0,
+    verify=tuple(float(v) for v in verify),
+    draft_step=best[('draft', 1)] if draft is not None else 0.0,
   )
+
+
+LOOP_STEP_SECONDS = 0.05  # the timed stretch of a loop: about this long (4 to 16 steps)
+
+
+def loop_step_seconds(decode_fn, encoder_tokens, rng, step_estimate: float) -> float | None:
+  """Seconds per step of a compiled decode loop `decode_fn(encoder_tokens, rng, max_steps=n)` (the
+  modes' functions), without what a call pays once (encoder, prefill, dispatch): the fastest of
+  ROUNDS runs to n1 = 2 steps and to n2 = n1 + k steps (k about LOOP_STEP_SECONDS at
+  `step_estimate` per step), differenced over the steps the loop really ran (fewer if every row
+  finished first). None if it ran fewer than 2 steps past n1."""
+  extra = int(np.clip(round(LOOP_STEP_SECONDS / max(step_estimate, 1e-6)), 4, 16))
+  runs = {}
+  for n in (2, 2 + extra):
+    jax.block_until_ready(decode_fn(encoder_tokens, rng, max_steps=n))  # compile, warm
+    times, steps = [], 0
+    for _ in range(ROUNDS):
+      seconds, result = timing.timed(lambda: decode_fn(encoder_tokens, rng, max_steps=n))  # noqa: B023
+      times.append(seconds)
+      steps = int(np.max(np.asarray(result.metrics.target_calls)))
+    runs[n] = (min(times), steps)
+  (short, short_steps), (long, long_steps) = runs.values()
+  if long_steps - short_steps < 2:
+    return None
+  return max(long - short, 1e-9) / (long_steps - short_steps)
 
 
 def key_fields(
@@ -146,8 +210,10 @@ def key_fields(
   gamma_max: int,
   target_config: Mapping[str, Any],
   draft_config: Mapping[str, Any] | None,
+  loop: str,
 ) -> dict[str, Any]:
-  """What the costs depend on: the device, the decode path, the shapes and the models."""
+  """What the costs depend on: the device, the decode path, the shapes, the models and the loop
+  (`loop`: what else shapes its step: the drafter, the sampling strategy)."""
   device = jax.devices()[0]
   return {
     'backend': jax.default_backend(),
@@ -163,6 +229,7 @@ def key_fields(
     'position': POSITION,
     'target_config': dict(target_config),
     'draft_config': None if draft_config is None else dict(draft_config),
+    'loop': loop,
   }
 
 

@@ -14,8 +14,10 @@ The rule, in the order `choose` applies it:
      batches' counts decayed by half every HALF_LIFE drafted tokens, plus PRIOR_WEIGHT pseudo-drafts
      at PRIOR_ALPHA. The prior is optimistic on purpose: a job that has drafted nothing yet
      speculates (when the costs allow it) and so measures its acceptance first.
-  2. The predicted speedup of each gamma: `analysis.walltime_improvement` (Theorem 3.8) with the
-     measured draft-step ratio c = d(1) / t(1) and verify ratios v(T) / t(1); gamma 0 is 1.
+  2. The predicted speedup of each gamma: Theorem 3.8 with the measured costs, the expected tokens
+     per step (Eq. 1) over the step's time relative to a plain step (`costs.Costs.step`: the model
+     calls v(gamma + 1) + gamma d(1), anchored on the measured steps of the compiled loops); gamma
+     0 is 1.
   3. The best gamma; the previous batch's gamma is kept while it predicts within HYSTERESIS of the
      best (a new gamma compiles a new loop; noise in alpha should not).
   4. Gamma 0 does not lock in (alpha only moves on batches that draft). The probe rule: when
@@ -85,16 +87,21 @@ class Choice:
 
 
 def predicted_speedups(costs: costs_lib.Costs, alpha: float) -> dict[int, float]:
-  """{gamma: Theorem 3.8's speedup over plain decoding} for gamma in 0..costs.gamma_max."""
-  t1 = costs.verify[0]
+  """{gamma: Theorem 3.8's speedup over plain decoding} for gamma in 0..costs.gamma_max: the
+  expected tokens per step (Eq. 1) times the plain loop's step over the gamma loop's
+  (`Costs.step`). Without the measured loop steps this is `analysis.walltime_improvement` with
+  c = d(1) / t(1) and v(T) / t(1)."""
   return {
-    g: float(
-      analysis.walltime_improvement(
-        alpha, g, costs.draft_step / t1, lambda width: costs.verify[width - 1] / t1
-      )
-    )
+    g: float(analysis.expected_tokens(alpha, g)) * costs.step(0) / costs.step(g)
     for g in range(costs.gamma_max + 1)
   }
+
+
+def reference_gamma(costs: costs_lib.Costs) -> int:
+  """The gamma >= 1 the model calls alone predict best at PRIOR_ALPHA: the speculative loop whose
+  step the calibration measures (the one a new job is most likely to run first)."""
+  speedups = predicted_speedups(costs, PRIOR_ALPHA)
+  return _argmax(speedups, range(1, costs.gamma_max + 1))
 
 
 def _argmax(speedups: dict[int, float], gammas: Iterable[int]) -> int:

@@ -27,7 +27,7 @@ BASELINE = 'baseline'
 SPECULATIVE = 'speculative'
 MODES = (BASELINE, SPECULATIVE)
 
-DecodeFn = Callable[[jax.Array, Any], decode_state.DecodeResult]
+DecodeFn = Callable[..., decode_state.DecodeResult]  # fn(encoder_tokens, rng, max_steps=None)
 
 
 def decode_fns(
@@ -42,7 +42,8 @@ def decode_fns(
   check_finite: bool = False,
   **option_fields: Any,
 ) -> dict[str, DecodeFn]:
-  """{mode: fn(encoder_tokens [B, S] int32, rng) -> DecodeResult} for an encoder-decoder target.
+  """{mode: fn(encoder_tokens [B, S] int32, rng, max_steps=None) -> DecodeResult} for an
+  encoder-decoder target (`max_steps`: see `decoding.autoregressive_decode`).
 
   `options` (DecodeOptions, or its fields as keywords: `gamma=4, max_new_tokens=64, ...`) are the
   static options of both modes. 'baseline' is `loops.autoregressive_decode` of the target;
@@ -54,7 +55,9 @@ def decode_fns(
   options = decode_options.DecodeOptions.create(options, **option_fields)
   runtime = dict(sampling_params=sampling_params, check_finite=check_finite)
 
-  def baseline(encoder_tokens: jax.Array, rng: Any = 0) -> decode_state.DecodeResult:
+  def baseline(
+    encoder_tokens: jax.Array, rng: Any = 0, max_steps: int | None = None
+  ) -> decode_state.DecodeResult:
     return decoding.autoregressive_decode(
       target,
       target_params,
@@ -62,6 +65,7 @@ def decode_fns(
       options=options,
       rng=rng,
       encoder_tokens=encoder_tokens,
+      max_steps=max_steps,
       **runtime,
     )
 
@@ -70,7 +74,9 @@ def decode_fns(
     return fns
   options = options.speculative()
 
-  def speculative(encoder_tokens: jax.Array, rng: Any = 0) -> decode_state.DecodeResult:
+  def speculative(
+    encoder_tokens: jax.Array, rng: Any = 0, max_steps: int | None = None
+  ) -> decode_state.DecodeResult:
     return decoding.speculative_decode(
       target,
       target_params,
@@ -81,6 +87,7 @@ def decode_fns(
       rng=rng,
       encoder_tokens=encoder_tokens,
       lenience=lenience,
+      max_steps=max_steps,
       **runtime,
     )
 

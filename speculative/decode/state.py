@@ -226,9 +226,21 @@ def propose(
   return Drafts(proposal, draft_state, drafted, draft_tokens, verify_tokens)
 
 
-def run_loop(body, state: DecodeState, prompt_lengths: jax.Array, max_new_tokens: int):
-  """`body` until every row is done (one `lax.while_loop`), then the DecodeResult."""
-  state = jax.lax.while_loop(lambda s: ~jnp.all(s.done), body, state)
+def run_loop(
+  body,
+  state: DecodeState,
+  prompt_lengths: jax.Array,
+  max_new_tokens: int,
+  max_steps: jax.Array | None = None,
+):
+  """`body` until every row is done, or for at most `max_steps` ([] int32) steps (one
+  `lax.while_loop`), then the DecodeResult."""
+
+  def more(s: DecodeState) -> jax.Array:
+    running = ~jnp.all(s.done)
+    return running if max_steps is None else running & (s.step < max_steps)
+
+  state = jax.lax.while_loop(more, body, state)
   return make_result(state, prompt_lengths, max_new_tokens)
 
 

@@ -26,11 +26,13 @@ from speculative.decode import modes
 from speculative.decode import state as decode_state
 
 
-def calibrate(settings, models, recorded: dict[str, Any] | None) -> costs_lib.Calibration:
-  """The job's costs: the manifest's record on a resume (the same choices again), else the cache
-  file's entry for this device, batch, decode path, shapes and models, else measured now."""
-  if recorded is not None:
-    return costs_lib.Calibration.from_json(recorded, 'manifest')
+def calibrate(
+  settings, models, decode_fn: Callable[[int], modes.DecodeFn], encoder_tokens, rng
+) -> costs_lib.Calibration:
+  """The job's costs: the cache file's entry for this device, batch, decode path, shapes, models
+  and loop, else measured now (`costs.measure`: the model calls; `costs.loop_step_seconds`: the
+  plain loop and the `policy.reference_gamma` loop on the first batch, `encoder_tokens`, with the
+  functions the job decodes with, `decode_fn(gamma)`) and written to the cache."""
   s = settings
   max_length = decode_state.buffer_length(1, s.max_new_tokens, s.max_gamma)
   fields = costs_lib.key_fields(
@@ -41,11 +43,11 @@ def calibrate(settings, models, recorded: dict[str, Any] | None) -> costs_lib.Ca
     gamma_max=s.max_gamma,
     target_config=checkpoints.config_dict(s.target_config),
     draft_config=checkpoints.config_dict(s.draft_config) if models.draft is not None else None,
+    loop=f"drafter {s.drafter}, {s.sampling()[0]}, lenience {'exact' if s.exact else 'on'}",
   )
-  return costs_lib.load_or_measure(
-    s.calibration_path,
-    fields,
-    lambda: costs_lib.measure(
+
+  def measure() -> costs_lib.Costs:
+    calls = costs_lib.measure(
       models.target,
       models.target_params,
       models.draft,
@@ -54,8 +56,18 @@ def calibrate(settings, models, recorded: dict[str, Any] | None) -> costs_lib.Ca
       encoder_length=s.inputs_length,
       max_length=max_length,
       gamma_max=s.max_gamma,
-    ),
-  )
+    )
+    ref = policy.reference_gamma(calls)
+    plain = costs_lib.loop_step_seconds(decode_fn(0), encoder_tokens, rng, calls.step(0))
+    spec = costs_lib.loop_step_seconds(decode_fn(ref), encoder_tokens, rng, calls.step(ref))
+    return dataclasses.replace(
+      calls,
+      plain_loop_step=plain,
+      ref_gamma=ref if spec is not None else None,
+      ref_loop_step=spec,
+    )
+
+  return costs_lib.load_or_measure(s.calibration_path, fields, measure)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,15 +81,19 @@ class BatchChoice:
 
 
 class AutoGamma:
-  """The speculative mode of an 'auto' job: `decode_fn(gamma)` and the policy's state."""
+  """The speculative mode of an 'auto' job: `decode_fn(gamma)`, the calibration (made at the
+  first batch by `calibrate_fn(encoder_tokens, rng)`, or given: a resumed job's record) and the
+  policy's state."""
 
   def __init__(
     self,
-    calibration: costs_lib.Calibration,
+    calibration: costs_lib.Calibration | None,
     fns_for_gamma: Callable[[int], modes.DecodeFn],
+    calibrate_fn: Callable[[Any, Any], costs_lib.Calibration] | None = None,
   ):
     self.calibration = calibration
     self._fns_for_gamma = fns_for_gamma
+    self._calibrate_fn = calibrate_fn
     self._fns: dict[int, modes.DecodeFn] = {}
     self.state = policy.PolicyState()
     self.batches: list[BatchChoice] = []
@@ -86,6 +102,11 @@ class AutoGamma:
     if gamma not in self._fns:
       self._fns[gamma] = self._fns_for_gamma(gamma)
     return self._fns[gamma]
+
+  def calibrate(self, encoder_tokens, rng) -> None:
+    """Calibrates on a batch (the job's first) unless calibrated already."""
+    if self.calibration is None:
+      self.calibration = self._calibrate_fn(encoder_tokens, rng)
 
   def choose(self) -> policy.Choice:
     return policy.choose(self.calibration.costs, self.state)
@@ -105,7 +126,13 @@ class AutoGamma:
   def replay(self, done_batches: Sequence[Sequence[Any]], records: dict[int, dict]) -> None:
     """The choices of the batches an interrupted run finished, in its order (`done_batches`:
     `batching.length_sorted_batches` of the finished examples), from their records: the state a
-    resumed job continues from is the one the uninterrupted job had."""
+    resumed job continues from is the one the uninterrupted job had. Needs the recorded
+    calibration (a job records it before its first batch)."""
+    if done_batches and self.calibration is None:
+      raise ValueError(
+        'the output directory holds records of an auto-gamma job but its manifest has no '
+        'calibration; use a new output directory or OVERWRITE = True'
+      )
     for batch_examples in done_batches:
       rows = [records[e.index] for e in batch_examples]
       choice = self.choose()
@@ -141,6 +168,7 @@ class AutoGamma:
         'measured_seconds': self.calibration.measured_seconds,
         'key': self.calibration.key,
         **costs.to_json(),
+        'step_ms': [round(costs.step(g) * 1e3, 6) for g in range(costs.gamma_max + 1)],
       },
       'per_gamma': {str(g): per_gamma[g] for g in sorted(per_gamma)},
       'reasons': reasons,

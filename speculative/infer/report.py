@@ -238,13 +238,21 @@ def _gamma_policy_lines(summary: dict[str, Any]) -> list[str]:
     "manifest": "from this output directory's manifest (a resumed job)",
   }[cal["source"]]
   verify = ", ".join(f"{v:.2f}" for v in cal["verify_ms"])
+  steps = ", ".join(f"{v:.2f}" for v in cal["step_ms"])
   predicted = policy["predicted_speedup_by_gamma"]
+  anchors = (
+    f"the compiled loops' steps measured: plain {cal['plain_loop_step_ms']:.2f} ms, gamma "
+    f"{cal['ref_gamma']} {cal['ref_loop_step_ms']:.2f} ms"
+    if cal.get("ref_gamma") is not None and cal.get("plain_loop_step_ms") is not None
+    else "the loops' own steps not resolved: model calls only"
+  )
   lines = [
     "",
     f"## Gamma 'auto' (0..{policy['gamma_max']}; 0 = plain decoding)",
     "",
-    f"Costs {source}: v(T) for T = 1..{policy['gamma_max'] + 1}: {verify} ms "
-    f"(v(1) = t(1), the target's step); the draft's step d(1): {cal['draft_step_ms']:.2f} ms.",
+    f"Costs {source}: the target's call v(T) for T = 1..{policy['gamma_max'] + 1}: {verify} ms; "
+    f"the draft's call d(1): {cal['draft_step_ms']:.2f} ms; {anchors}; so a step at gamma "
+    f"0..{policy['gamma_max']}: {steps} ms.",
     f"Acceptance estimate at the end: alpha {policy['final_alpha']:.3f}. Batches by reason: "
     + ", ".join(f"{k} {v}" for k, v in sorted(policy["reasons"].items()))
     + ".",

@@ -52,6 +52,7 @@ import numpy as np
 
 from speculative import checkpoints
 from speculative import drafters as drafters_lib
+from speculative.autogamma import costs as costs_lib
 from speculative.checkpoints import files
 from speculative.decode import audit
 from speculative.decode import batching
@@ -193,12 +194,28 @@ def _decode_fns(
 def _auto_gamma(
   settings: infer_settings.InferSettings, models: Models, manifest: dict[str, Any]
 ) -> auto_gamma.AutoGamma:
-  """The speculative mode of a GAMMA = 'auto' job: its calibration (the manifest's on a resume,
-  else the cache file's or measured now, then recorded in the manifest) and per-gamma decodes."""
+  """The speculative mode of a GAMMA = 'auto' job: per-gamma decodes and the calibration, the
+  manifest's on a resume, else made at the first batch (the cache file's or measured then) and
+  recorded in the manifest before that batch is decoded."""
   recorded = manifest.get("calibration")
-  calibration = auto_gamma.calibrate(settings, models, recorded)
-  if recorded is None:
-    outputs.write_manifest(settings.output_dir, {**manifest, "calibration": calibration.to_json()})
+  calibration = None
+  if recorded is not None:
+    calibration = costs_lib.Calibration.from_json(recorded, "manifest")
+    _print_calibration(settings, calibration)
+
+  def calibrate(encoder_tokens, rng) -> costs_lib.Calibration:
+    new = auto_gamma.calibrate(settings, models, auto.decode_fn, encoder_tokens, rng)
+    outputs.write_manifest(settings.output_dir, {**manifest, "calibration": new.to_json()})
+    _print_calibration(settings, new)
+    return new
+
+  auto = auto_gamma.AutoGamma(
+    calibration, lambda gamma: _decode_fns(settings, models, gamma)[modes.SPECULATIVE], calibrate
+  )
+  return auto
+
+
+def _print_calibration(settings: infer_settings.InferSettings, calibration) -> None:
   costs = calibration.costs
   print(
     f"gamma auto (0..{costs.gamma_max}): costs "
@@ -207,11 +224,8 @@ def _auto_gamma(
       "cache": f"from the cache {settings.calibration_path} (0 s)",
       "manifest": "from this output directory's manifest (resumed)",
     }[calibration.source]
-    + f"; t(1) {costs.verify[0] * 1e3:.2f} ms, v({costs.gamma_max + 1}) "
-    f"{costs.verify[-1] * 1e3:.2f} ms, draft step {costs.draft_step * 1e3:.2f} ms"
-  )
-  return auto_gamma.AutoGamma(
-    calibration, lambda gamma: _decode_fns(settings, models, gamma)[modes.SPECULATIVE]
+    + "; seconds per step by gamma: "
+    + ", ".join(f"{costs.step(g) * 1e3:.2f} ms" for g in range(costs.gamma_max + 1))
   )
 
 
@@ -247,6 +261,7 @@ def _decode_all(
       if all(e.index in run.records for e in batch_examples):
         continue
       if isinstance(run.decode, auto_gamma.AutoGamma):
+        run.decode.calibrate(encoder_tokens, rng)  # the first batch: measured or cached
         choice = run.decode.choose()
         decode = run.decode.decode_fn(choice.gamma)
         _decode_batch(run, decode, (choice.gamma,), batch_examples, encoder_tokens, rng, inputs)

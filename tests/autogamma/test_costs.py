@@ -94,3 +94,22 @@ def test_measure_times_every_width_and_the_draft_on_a_tiny_pair():
   )
   assert no_draft.draft_step == 0.0 and len(no_draft.verify) == 2
   jax.clear_caches()
+
+
+def test_loop_step_seconds_differences_two_capped_runs_of_the_compiled_loop():
+  """The plain loop of a tiny T5 capped at 2 and 2 + k steps (`max_steps`): a positive time per
+  step; a loop whose rows all finish within 3 steps cannot be resolved (None)."""
+  import jax.numpy as jnp
+  import numpy as np
+
+  from speculative.decode import modes
+
+  target = T5(model_utils.tiny_t5_config(2))
+  params = model_utils.random_params(target, 0)
+  encoder_tokens = jnp.asarray(np.arange(2, 10, dtype=np.int32).reshape(2, 4))
+  long = modes.decode_fns(target, params, max_new_tokens=24, eos_id=None)['baseline']
+  seconds = costs_lib.loop_step_seconds(long, encoder_tokens, 0, step_estimate=1e-3)
+  assert seconds is not None and 0 < seconds < 1
+  short = modes.decode_fns(target, params, max_new_tokens=3, eos_id=None)['baseline']
+  assert costs_lib.loop_step_seconds(short, encoder_tokens, 0, step_estimate=1e-3) is None
+  jax.clear_caches()

@@ -66,7 +66,9 @@ def pair(tmp_path_factory):
 
 @pytest.fixture
 def inject(monkeypatch):
-  """inject(costs): `costs.measure` returns `costs` (and counts its calls) instead of timing."""
+  """inject(costs): `costs.measure` returns `costs` (and counts its calls) instead of timing the
+  model calls, and the loops' steps are not timed (`loop_step_seconds` None: the model calls
+  alone)."""
   calls = []
 
   def set_costs(costs):
@@ -75,6 +77,7 @@ def inject(monkeypatch):
       return costs
 
     monkeypatch.setattr(costs_lib, "measure", measure)
+    monkeypatch.setattr(costs_lib, "loop_step_seconds", lambda *args, **kwargs: None)
     return calls
 
   return set_costs
