@@ -166,16 +166,20 @@ def check_not_tracked(name: str, path: Any, allowed_by: str, repo_root=REPO_ROOT
     )
 
 
+USER_ERRORS = (ValueError, OSError, RuntimeError)
+
+
 @contextlib.contextmanager
-def user_errors():
-  """Marks a ValueError, OSError or RuntimeError raised inside as the user's to fix (a bad setting,
-  path or input file, a refused resume, a locked output directory): the runners' command line
-  (`gin_utils.run_gin_main`) prints its message alone and exits non-zero, without a traceback.
-  The exception itself is re-raised unchanged, so Python callers catch it as before. Wrap a job's
-  checks, which run before any compute, and nothing else."""
+def user_errors(types: tuple[type[BaseException], ...] = USER_ERRORS):
+  """Marks an error of `types` (default: a ValueError, OSError or RuntimeError) raised inside as the
+  user's to fix (a bad setting, path or input file, a refused resume, a locked output directory):
+  the runners' command line (`gin_utils.run_gin_main`) prints its message alone and exits
+  non-zero, without a traceback. The exception itself is re-raised unchanged, so Python callers
+  catch it as before. Wrap a job's checks, which run before any compute, and nothing else; a
+  weights load, with the narrower `checkpoints.LOAD_ERRORS` (a file that fails to parse)."""
   try:
     yield
-  except (ValueError, OSError, RuntimeError) as e:
+  except types as e:
     e.user_message = str(e)
     raise
 
