@@ -9,6 +9,7 @@ import os
 from typing import Any
 from typing import Sequence
 
+from speculative import checkpoints
 from speculative import drafters as drafters_lib
 from speculative import kernels
 from speculative import sampling as sampling_lib
@@ -76,6 +77,7 @@ class InferSettings:
     _check_models(self)
     _check_paths(self)
     sampling_lib.make_sampling(self.temperature, self.top_k, self.top_p)[1].validate()
+    _check_weights(self)  # last: it reads (hashes) the weights files
 
   @property
   def speculative(self) -> bool:
@@ -185,7 +187,7 @@ def _check_models(s: InferSettings) -> None:
   if not isinstance(s.target_config, t5_lib.T5Config):
     raise ValueError(f"target_config must be a t5.T5Config, got {type(s.target_config).__name__}")
   checks.check_readable("target_checkpoint", s.target_checkpoint)
-  if not (s.speculative and s.drafter != "prompt_lookup"):
+  if not s.needs_draft_model:
     return
   if s.draft_config is None or not s.draft_checkpoint:
     raise ValueError(
@@ -200,6 +202,14 @@ def _check_models(s: InferSettings) -> None:
       f"{s.target_config.vocab_size}"
     )
   checks.check_readable("draft_checkpoint", s.draft_checkpoint)
+
+
+def _check_weights(s: InferSettings) -> None:
+  """Each weights path the job loads is weights of its model config (`checkpoints.check_weights`):
+  refused here, with one line naming it, before anything loads or compiles."""
+  checkpoints.check_weights("target_checkpoint", s.target_checkpoint, s.target_config)
+  if s.needs_draft_model:
+    checkpoints.check_weights("draft_checkpoint", s.draft_checkpoint, s.draft_config)
 
 
 def _check_paths(s: InferSettings) -> None:

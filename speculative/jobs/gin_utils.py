@@ -10,7 +10,8 @@ console scripts (`speculative-infer` also under `python -m speculative.infer`): 
 run files and bindings (a missing file, a line or binding gin cannot parse, an unknown parameter, an
 unused macro, a macro left `%gin.REQUIRED`), `--help` lists a run file's knobs (`format_knobs`), and
 every user error leaves through one exit path, `call_with_user_errors`: one `<prog>: error:` line
-and exit status 2.
+and exit status 2; SIGINT and SIGTERM (`interrupts`) through the same one: one `<prog>:` line
+saying how far the job got, exit status 130 or 143.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from typing import Callable
 from typing import Sequence
 
 from speculative.jobs import checks
+from speculative.jobs import interrupts
 from speculative.jobs import runtime
 
 # (python module, attribute, gin module): registered as `<gin module>.<attribute>`.
@@ -513,6 +515,7 @@ def run_parsed(
   """
   import gin  # deferred: only runners need gin
 
+  interrupts.install()  # SIGINT/SIGTERM: one line, exit 130/143 (`call_with_user_errors`)
   quiet_native_logs(args.verbose)
   runtime.apply_cpu_defaults()  # before jax starts a backend; the user's XLA_FLAGS win
   logging.basicConfig(level=logging.INFO if args.verbose else log_level)
@@ -564,6 +567,12 @@ def call_with_user_errors(fn: Callable[[], Any], prefix: str, debug) -> Any:
   one exit path for the user's errors."""
   try:
     return fn()
+  except KeyboardInterrupt as e:  # SIGINT or SIGTERM (`interrupts`): one line, 128 + the signal
+    if debug:
+      raise
+    line, status = interrupts.exit_line(e)
+    print(f'{prefix.replace("error: ", "")}{line}', file=sys.stderr)
+    sys.exit(status)
   except Exception as e:  # pylint: disable=broad-except
     message = checks.user_message(e)
     if message is None or debug:

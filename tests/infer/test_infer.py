@@ -204,7 +204,11 @@ def test_resume_under_sampling_redoes_only_what_is_missing_byte_identical(setup,
     return original(example, *args)
 
   monkeypatch.setattr(infer_outputs, "record", interrupted)
-  with pytest.raises(KeyboardInterrupt, match="^$"):
+  # Two of the three batches done by both modes; the third's baseline rows written, not its
+  # speculative ones: the interrupt says so.
+  with pytest.raises(
+    KeyboardInterrupt, match="^interrupted after 4 of 6 examples; the same command resumes$"
+  ):
     infer.infer(output_dir=str(out), **kwargs)
   done = {m: {r["index"] for r in _records(out, m)} for m in infer_settings.MODES}
   assert 2 in done["baseline"] and 2 not in done["speculative"]
@@ -356,8 +360,17 @@ def test_bad_inputs_raise_clear_errors(setup, tmp_path):
     infer.infer(output_dir=str(tmp_path / "d"), **{**kwargs, "input_file": str(empty)})
   corrupt = tmp_path / "corrupt.msgpack"
   corrupt.write_bytes(b"\x00garbage")
-  with pytest.raises(ValueError, match="corrupt params file"):
+  with pytest.raises(ValueError, match="corrupt.msgpack is not a weights file"):
     infer.infer(output_dir=str(tmp_path / "e"), **{**kwargs, "draft_checkpoint": str(corrupt)})
+  # Well-formed msgpack that is no flax array: it passes the checks and fails to parse at load,
+  # with one line naming it, and before anything is written (no output directory left).
+  import msgpack
+
+  unparsable = tmp_path / "unparsable.msgpack"
+  unparsable.write_bytes(msgpack.packb({"kernel": msgpack.ExtType(1, b"garbage")}))
+  with pytest.raises(ValueError, match=r"^corrupt params file \S+unparsable.msgpack: "):
+    infer.infer(output_dir=str(tmp_path / "e2"), **{**kwargs, "draft_checkpoint": str(unparsable)})
+  assert not (tmp_path / "e2").exists()
   mismatched = dataclasses.replace(tiny_t5_config(1), vocab_size=4000)
   with pytest.raises(ValueError, match="vocab"):
     infer.infer(output_dir=str(tmp_path / "f"), **{**kwargs, "draft_config": mismatched})
