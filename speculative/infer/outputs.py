@@ -60,14 +60,8 @@ def build_manifest(
     "draft_checkpoint_sha256": (
       checkpoints.verify_weights(s.draft_checkpoint, s.draft_config) if draft else None
     ),
-    "param_dtype": "float32",
     "modes": list(s.modes),
-    "batch_size": s.batch_size,
-    "drafter": s.drafter if s.speculative else None,
-    "gamma": s.gamma,
-    **s.decoding_knobs(),
-    "seed": s.seed,
-    "decode_path": s.decode_path().name,
+    **s.output_settings(),
   }
 
 

@@ -314,12 +314,10 @@ def _summary(
     "examples": len(indices),
     "inputs_truncated": inputs.num_truncated,
     "inputs_length": s.inputs_length,
-    "batch_size": s.batch_size,
-    "gamma": s.gamma,
-    "drafter": s.drafter,
-    **s.decoding_knobs(),
+    **s.output_settings(),
+    "settings": s.output_settings(),  # as the manifest records them; the report's header
     "machine": infer_report.machine(),
-    "decode_path": s.decode_path().line,
+    "decode_path": s.decode_path().line,  # the manifest's name of the path, and why
   }
   for run in runs:
     records = [run.records[i] for i in indices]

@@ -16,6 +16,7 @@ from speculative import sampling as sampling_lib
 from speculative.data import tasks
 from speculative.decode import options as decode_options
 from speculative.jobs import checks
+from speculative.jobs import runtime
 from speculative.models import t5 as t5_lib
 
 MODES = ("baseline", "speculative")
@@ -100,16 +101,33 @@ class InferSettings:
   def max_new_tokens(self) -> int:
     return int(self.task_feature_lengths["targets"])
 
-  def decoding_knobs(self) -> dict[str, Any]:
-    """The knobs that shape the decoded tokens besides gamma and the drafter (manifest, summary)."""
+  def output_settings(self) -> dict[str, Any]:
+    """Every setting besides the inputs and the weights that can change an output, one entry each:
+    the manifest records them (a resume must match each), metrics.json holds them and the report's
+    header names them (`infer.report`). A new such setting is one line here (and one row of
+    tests/infer/test_resume_fingerprint.py)."""
     return {
+      "batch_size": self.batch_size,
+      "drafter": self.drafter if self.speculative else None,
+      "gamma": self.gamma,
       "draft_stop_below": self.draft_stop_below,
       "adaptive_verify": self.adaptive_verify,
       "lenience": self.lenience,
       "temperature": self.temperature,
       "top_k": self.top_k,
       "top_p": self.top_p,
+      "seed": self.seed,
+      "decode_path": self.decode_path().name,
+      "param_dtype": runtime.PARAM_DTYPE,
+      "dtype": self.compute_dtype(),
     }
+
+  def compute_dtype(self) -> str:
+    """The models' activation dtype (their configs' `dtype`): 'float32', or 'target bfloat16,
+    draft float32' where the two differ."""
+    target = str(self.target_config.dtype)
+    draft = str(self.draft_config.dtype) if self.needs_draft_model else target
+    return target if draft == target else f"target {target}, draft {draft}"
 
   def decode_path(self) -> kernels.policy.Path:
     """The job's matmul path (the CPU kernels or XLA's dot), chosen once (`kernels.policy`: by

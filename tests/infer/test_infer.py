@@ -87,6 +87,15 @@ def test_predictions_metrics_and_greedy_identity(setup, monkeypatch):
   assert "Walltime speedup" in (out / "report.md").read_text()
   assert "XLA compiles: baseline" in (out / "report.md").read_text()
   assert not [p for p in os.listdir(out) if ".tmp-" in p]
+  # The report's header names every setting that can change an output, as the manifest has it.
+  manifest = json.loads((out / "manifest.json").read_text())
+  assert summary["settings"] == {k: manifest[k] for k in summary["settings"]}
+  assert (
+    "Settings that change the outputs: batch_size = 2, drafter = 'model', gamma = 3, "
+    "draft_stop_below = 0.0, adaptive_verify = False, lenience = 1.0, temperature = 0.0, "
+    f"top_k = 0, top_p = 1.0, seed = 0, decode_path = '{manifest['decode_path']}', "
+    "param_dtype = 'float32', dtype = 'float32'\n"
+  ) in (out / "report.md").read_text()
 
 
 # 'on' needs the built kernels and a job that computes on CPU (the kernels' FFI handlers are CPU's).
