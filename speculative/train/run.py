@@ -421,8 +421,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     "train",
     __doc__.splitlines()[0],
     argv,
-    logging.INFO,
-    default_gin_files=("configs/train/small_target.gin",),
+    default_gin_files=("configs/train/small_target.gin",),  # INFO lines with --verbose only
   )
 
 
