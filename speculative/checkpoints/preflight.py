@@ -30,7 +30,7 @@ def check_weights(name: str, path: Any, config: Any = None) -> str:
   metadata records one.
 
   FileNotFoundError / PermissionError '<name> does not exist: <path>' / '... is not readable';
-  CheckpointError '<name> <path>: <what is wrong>' for an empty file, a file that is not msgpack
+  CheckpointError '<name>: <path> <what is wrong>' for an empty file, a file that is not msgpack
   weights or ends inside its data, a directory that is no T5X checkpoint (no `checkpoint` msgpack,
   a missing zarr array), and weights whose sha256 or model config differ from their metadata.
   """
@@ -45,23 +45,19 @@ def check_weights(name: str, path: Any, config: Any = None) -> str:
     if path.is_dir() or path.name == t5x_format.CHECKPOINT_FILE:
       return _check_t5x_checkpoint(path, config)
     if not path.is_file():
-      raise weights_format.CheckpointError('is neither a file nor a directory')
+      raise weights_format.CheckpointError(f'{path} is neither a file nor a directory')
     return _check_params_file(path, config)
-  except (weights_format.CheckpointError, FileNotFoundError) as e:
-    message = str(e)
-    # The messages of weights_format and t5x_format name the file already; else name it here.
-    where = '' if str(path) in message else f'{path}: '
-    raise weights_format.CheckpointError(f'{name} {where}{message}') from None
+  except (weights_format.CheckpointError, FileNotFoundError) as e:  # each names the file
+    raise weights_format.CheckpointError(f'{name}: {e}') from None
 
 
 def _check_params_file(path: Path, config: Any) -> str:
   size = path.stat().st_size
   if size == 0:
-    raise weights_format.CheckpointError('is empty (0 bytes), not a weights file')
-  digest = weights_format.verify_weights(path, config)
+    raise weights_format.CheckpointError(f'{path} is empty (0 bytes), not a weights file')
   if weights_format.read_metadata(path) is None:  # nothing to verify it against: walk its msgpack
-    check_msgpack_structure(path, size)
-  return digest
+    check_msgpack_structure(path, size)  # first: a file refused here gets no 'no metadata' warning
+  return weights_format.verify_weights(path, config)
 
 
 def check_msgpack_structure(path: Path, size: int | None = None) -> None:

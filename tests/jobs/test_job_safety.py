@@ -54,8 +54,10 @@ def no_model_load(monkeypatch):
 
 
 # The bad-input table of docs/batch_jobs.md: (row id, how to break the job, error, message).
-def _zeros(root, tmp):
-  (tmp / "zeros.msgpack").write_bytes(bytes(64 * 1024))
+def _zeros(root, tmp):  # the target without its sidecar, 8 KiB of its arrays' bytes zeroed
+  data = bytearray((root / "t.msgpack").read_bytes())
+  data[len(data) // 2 : len(data) // 2 + 8192] = bytes(8192)
+  (tmp / "zeros.msgpack").write_bytes(bytes(data))
   return {"target_checkpoint": str(tmp / "zeros.msgpack")}
 
 
@@ -203,38 +205,38 @@ BAD_INPUTS = [
     "empty_weights_file",
     _weights("draft", _empty_file),
     checkpoints.CheckpointError,
-    r"draft_checkpoint \S+e.msgpack: is empty \(0 bytes\), not a weights file",
+    r"draft_checkpoint: \S+e.msgpack is empty \(0 bytes\), not a weights file",
   ),
   (
     "empty_weights_dir",
     _weights("target", _empty_dir),
     checkpoints.CheckpointError,
-    r"target_checkpoint no T5X checkpoint in \S+empty",
+    r"target_checkpoint: no T5X checkpoint in \S+empty",
   ),
   (
     "truncated_weights",
     _weights("draft", _truncated),
     checkpoints.CheckpointError,
-    r"draft_checkpoint \S+half.msgpack is truncated",
+    r"draft_checkpoint: \S+half.msgpack is truncated",
   ),
   (
     "not_weights",
     _weights("target", _not_msgpack),
     checkpoints.CheckpointError,
-    r"target_checkpoint \S+notes.msgpack is not a weights file",
+    r"target_checkpoint: \S+notes.msgpack is not a weights file",
   ),
   (
     "t5x_checkpoint_missing_an_array",
     _weights("draft", _t5x_without_array),
     checkpoints.CheckpointError,
-    r"draft_checkpoint missing array target/",
+    r"draft_checkpoint: missing array target/",
   ),
-  ("zeros_weights", _zeros, checkpoints.CheckpointError, "target_checkpoint \\S+zeros.msgpack"),
+  ("zeros_weights", _zeros, checkpoints.CheckpointError, "target_checkpoint: \\S+zeros.msgpack"),
   (
     "corrupt_weights",
     _flipped,
     checkpoints.CheckpointError,
-    "target_checkpoint \\S+flipped.msgpack is corrupt or was changed",
+    "target_checkpoint: \\S+flipped.msgpack is corrupt or was changed",
   ),
   (
     "wrong_config_same_shapes",
