@@ -61,12 +61,18 @@ def register_configurables() -> None:
 
 def load_macro(gin_file: str, macro: str, expected_type: type | None = None) -> Any:
   """The value a gin file binds to `macro` (e.g. EMBEDDED_TARGET in configs/models/*.gin), with
-  configurable references evaluated. Clears the global gin config first."""
+  configurable references evaluated. Clears the global gin config first. `gin_file` and its
+  includes are looked up as a runner's (`resolve_gin_file`: the working directory, then the
+  repository); one found in neither is a FileNotFoundError naming the search path."""
   import gin  # deferred: only runners need gin
 
   register_configurables()
   gin.clear_config()
-  gin.parse_config_file(str(gin_file))
+  with _quiet_file_readers():  # its includes, from any working directory (as `parse`)
+    for prefix in search_paths():
+      if prefix not in gin.config._LOCATION_PREFIXES:  # pylint: disable=protected-access
+        gin.add_config_file_search_path(prefix)
+    gin.parse_config_file(resolve_gin_file(str(gin_file)))
   value = gin.query_parameter(f'%{macro}')
   if isinstance(value, gin.config.ConfigurableReference):
     value = value.scoped_configurable_fn()
