@@ -521,7 +521,6 @@ def run_parsed(
   """
   import gin  # deferred: only runners need gin
 
-  interrupts.install()  # SIGINT/SIGTERM: one line, exit 130/143 (`call_with_user_errors`)
   quiet_native_logs(args.verbose)
   runtime.apply_cpu_defaults()  # before jax starts a backend; the user's XLA_FLAGS win
   logging.basicConfig(level=logging.INFO if args.verbose else log_level)
@@ -546,9 +545,10 @@ def run_parsed(
     parser.error(
       f'--gin_file is required (e.g. --gin_file={example}); --help lists the knobs of a run file'
     )
-  return parse_and_call(
-    parser, configurable, [*args.gin_file, *extra_gin_files], args.gin_bindings, args.debug
-  )
+  with interrupts.installed():  # SIGINT/SIGTERM: one line, exit 130/143 (`call_with_user_errors`)
+    return parse_and_call(
+      parser, configurable, [*args.gin_file, *extra_gin_files], args.gin_bindings, args.debug
+    )
 
 
 def parse_and_call(

@@ -4,7 +4,7 @@
   Interrupted   the exception both signals raise (a KeyboardInterrupt, so `except Exception` never
                 swallows it); a job sets its `message` to how far it got ("interrupted after 3 of
                 8 examples; the same command resumes")
-  install       makes both signals raise it (the runners' command line, `gin_utils.run_parsed`)
+  installed     both signals raise it inside (the runners' command line, `gin_utils.run_parsed`)
   deferred      a block a signal does not cut: it is raised when the block ends (a batch's records
                 and their timings are written together or not at all)
   exit_line     (the line, the exit status) the runners print and exit with
@@ -40,11 +40,19 @@ def _raise(signum: int, frame) -> None:
   raise Interrupted(signum)
 
 
-def install() -> None:
-  """SIGINT and SIGTERM raise `Interrupted` (in the main thread, where Python runs handlers)."""
-  if threading.current_thread() is threading.main_thread():
-    for signum in SIGNALS:
-      signal.signal(signum, _raise)
+@contextlib.contextmanager
+def installed() -> Iterator[None]:
+  """Inside, SIGINT and SIGTERM raise `Interrupted` (in the main thread, where Python runs
+  handlers; elsewhere nothing changes); the previous handlers are restored after."""
+  if threading.current_thread() is not threading.main_thread():
+    yield
+    return
+  previous = {signum: signal.signal(signum, _raise) for signum in SIGNALS}
+  try:
+    yield
+  finally:
+    for signum, handler in previous.items():
+      signal.signal(signum, handler)
 
 
 @contextlib.contextmanager
