@@ -427,7 +427,12 @@ def signal_at_write(
 ) -> tuple[int, str]:
   """Runs `cmd` as `kill_at_write` does, stopped just after its `count`-th write of `out/<name>`,
   then sends it `signum` (SIGINT, SIGTERM) and lets it go on: (its exit status, its stderr)."""
-  proc = _stopped_at_write(cmd, out, name, count, mid_write=False, log=log, env=env, stderr=True)
+  # A process started ignoring SIGINT (under `nohup`, or `&` in a script) passes that on to its
+  # children; the run takes Python's default handler back, as a terminal's job has.
+  setup = "import signal; signal.signal(signal.SIGINT, signal.default_int_handler)"
+  proc = _stopped_at_write(
+    cmd, out, name, count, mid_write=False, log=log, env=env, setup=setup, stderr=True
+  )
   proc.send_signal(signum)
   proc.send_signal(signal.SIGCONT)
   proc.wait()

@@ -43,11 +43,16 @@ def _raise(signum: int, frame) -> None:
 @contextlib.contextmanager
 def installed() -> Iterator[None]:
   """Inside, SIGINT and SIGTERM raise `Interrupted` (in the main thread, where Python runs
-  handlers; elsewhere nothing changes); the previous handlers are restored after."""
+  handlers; elsewhere nothing changes); the previous handlers are restored after. A signal the
+  process was started ignoring (SIGINT under `nohup` or `&` in a script) stays ignored."""
   if threading.current_thread() is not threading.main_thread():
     yield
     return
-  previous = {signum: signal.signal(signum, _raise) for signum in SIGNALS}
+  previous = {
+    signum: signal.signal(signum, _raise)
+    for signum in SIGNALS
+    if signal.getsignal(signum) is not signal.SIG_IGN
+  }
   try:
     yield
   finally:

@@ -41,3 +41,13 @@ def test_the_exit_line_is_the_jobs_message():
   stopped = interrupts.Interrupted(signal.SIGTERM, 'interrupted after 3 of 8 examples; ...')
   assert interrupts.exit_line(stopped) == ('interrupted after 3 of 8 examples; ...', 143)
   assert interrupts.exit_line(KeyboardInterrupt()) == ('interrupted', 130)
+
+
+def test_a_signal_the_process_ignores_stays_ignored():
+  before = signal.signal(signal.SIGINT, signal.SIG_IGN)  # as under nohup, or `&` in a script
+  try:
+    with interrupts.installed():
+      assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+      assert signal.getsignal(signal.SIGTERM) is interrupts._raise
+  finally:
+    signal.signal(signal.SIGINT, before)
