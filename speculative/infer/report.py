@@ -80,8 +80,8 @@ def format_report(summary: dict[str, Any]) -> str:
 
 
 def _header_lines(summary: dict[str, Any]) -> list[str]:
-  """What ran on what: examples, batch, drafter and gamma, temperature, machine; truncated inputs;
-  the speculative options that are on."""
+  """What ran on what: examples, batch, drafter and gamma, temperature, machine; every setting that
+  can change an output (`settings_line`); truncated inputs; the speculative options that are on."""
   lines = [
     "# Batch inference report",
     "",
@@ -99,6 +99,8 @@ def _header_lines(summary: dict[str, Any]) -> list[str]:
     f"Decode path: {summary.get('decode_path', 'XLA dot')}",
     "",
   ]
+  if summary.get("settings"):
+    lines += [settings_line(summary["settings"]), ""]
   if summary.get("inputs_truncated"):
     lines += [
       f"Inputs truncated: {summary['inputs_truncated']} of {summary['examples']} were "
@@ -118,6 +120,14 @@ def _header_lines(summary: dict[str, Any]) -> list[str]:
   if any(knobs):
     lines += ["Speculative options: " + "; ".join(k for k in knobs if k), ""]
   return lines
+
+
+def settings_line(output_settings: dict[str, Any]) -> str:
+  """The report's line of every setting that can change an output (`InferSettings.output_settings`,
+  as the manifest records them), each as its gin binding reads: `temperature = 0.0`."""
+  return "Settings that change the outputs: " + ", ".join(
+    f"{name} = {value!r}" for name, value in output_settings.items()
+  )
 
 
 # The quality columns of the mode table: ROUGE for a summarization job (its metrics carry

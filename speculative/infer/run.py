@@ -42,6 +42,7 @@ import dataclasses
 import json
 import logging
 import os
+import signal
 import time
 from typing import Any
 from typing import Sequence
@@ -63,6 +64,7 @@ from speculative.infer import outputs
 from speculative.infer import report as infer_report
 from speculative.infer import settings as infer_settings
 from speculative.jobs import checks
+from speculative.jobs import interrupts
 from speculative.jobs import lock
 from speculative.jobs import resources
 from speculative.models import t5 as t5_lib
@@ -80,11 +82,14 @@ def infer(settings: infer_settings.InferSettings) -> dict[str, Any]:
   """Runs the job; returns the metrics dict also written to `output_dir/metrics.json`. Called with
   `InferSettings`' fields as keyword arguments (`checks.settings_entry`; gin: `infer.*`).
 
-  Before anything is loaded, every knob's type and range (`InferSettings`), every path and the
-  output directory's writability are checked; then the output directory is locked (one writer) and
-  its manifest compared (a re-run resumes only outputs of identical settings, or of the same
-  settings with fewer examples of the same inputs: a larger `num_examples` grows a finished job;
-  `overwrite` deletes outputs of other settings instead of refusing). `num_examples`: how many examples (>= 1) from the
+  Before anything is loaded, every knob's type and range (`InferSettings`), every path (the
+  weights: `checkpoints.check_weights`) and the output directory's writability are checked; then
+  the output directory is locked (one writer) and its manifest compared (a re-run resumes only
+  outputs of identical settings, or of the same settings with fewer examples of the same inputs: a
+  larger `num_examples` grows a finished job; `overwrite` deletes outputs of other settings instead
+  of refusing). Nothing is written before the first batch's records are: the manifest (and
+  `overwrite`'s deletions) come with them, so a job that fails or is interrupted before then
+  leaves the output directory as it found it (no lock file, no directory it created). `num_examples`: how many examples (>= 1) from the
   start of the task split / input file; None = all. `gamma` in GAMMA_RANGE; `temperature` >= 0;
   `top_k` >= 0 (0 = off); `top_p` in (0, 1]; `lenience` in (0, 1]; `batch_size` >= 1.
 
@@ -98,14 +103,39 @@ def infer(settings: infer_settings.InferSettings) -> dict[str, Any]:
   (`speculative.kernels.policy`); chosen once for the job and recorded in its manifest. Where jax
   computes on a GPU or TPU, 'auto' is XLA's dot and 'on' is refused with the settings' checks.
   """
-  output_lock = lock.OutputLock(settings.output_dir)
   with checks.user_errors():
-    checks.probe_writable(settings.output_dir)
-    output_lock.acquire()
+    created = checks.probe_writable(settings.output_dir)
+    try:
+      output_lock = lock.OutputLock(settings.output_dir).acquire()
+    except BaseException:
+      checks.remove_created(settings.output_dir, created)
+      raise
+  claim = _Claim(settings.output_dir, settings.overwrite)
   try:
-    return _run(settings)
+    return _run(settings, claim)
+  except BaseException:
+    if not claim.done:  # failed before its first write: the directory as it was found
+      output_lock.release(remove=output_lock.created)
+      checks.remove_created(settings.output_dir, created)
+    raise
   finally:
     output_lock.release()
+
+
+class _Claim:
+  """The output directory made this job's (`outputs.claim_output_dir`: old outputs deleted where
+  `overwrite`, the manifest written) once, just before the job's first write, so that a job that
+  fails or is interrupted before it leaves the directory as it found it."""
+
+  def __init__(self, output_dir: str, overwrite: bool):
+    self.output_dir, self.overwrite = output_dir, overwrite
+    self.manifest: dict[str, Any] | None = None
+    self.done = False
+
+  def __call__(self) -> None:
+    if not self.done:
+      outputs.claim_output_dir(self.output_dir, self.manifest, self.overwrite)
+      self.done = True
 
 
 @dataclasses.dataclass(frozen=True)
@@ -120,23 +150,33 @@ class Models:
   draft_model_params: Any = None  # its params (packed on the kernels' path)
 
 
-def _run(settings: infer_settings.InferSettings) -> dict[str, Any]:
-  """`infer` after its checks, holding the output directory's lock."""
+def _run(settings: infer_settings.InferSettings, claim: _Claim) -> dict[str, Any]:
+  """`infer` after its checks, holding the output directory's lock; `claim` is called before the
+  first write."""
   with checks.user_errors():  # a bad input file, or outputs of other settings: refused
     inputs = infer_inputs.load_inputs(settings)
-    manifest = outputs.claim_output_dir(
-      settings.output_dir,
-      outputs.build_manifest(settings, inputs),
-      settings.overwrite,
-      inputs.examples,
+    claim.manifest = outputs.build_manifest(settings, inputs)
+    resume = outputs.check_output_dir(
+      settings.output_dir, claim.manifest, settings.overwrite, inputs.examples
     )
-  models = load_models(settings)
-  fns = _decode_fns(settings, models)
-  if settings.auto_gamma and settings.speculative:
-    fns[modes.SPECULATIVE] = _auto_gamma(settings, models, manifest)
-  runs = outputs.resume_runs(settings.output_dir, fns)
-  _decode_all(settings, inputs, runs)
+  runs = outputs.resume_runs(settings.output_dir, settings.modes, resume)
+  recorded = (lock.read_manifest(settings.output_dir) or {}).get("calibration") if resume else None
+  try:
+    models = load_models(settings)
+    fns = _decode_fns(settings, models)
+    if settings.auto_gamma and settings.speculative:
+      fns[modes.SPECULATIVE] = _auto_gamma(settings, models, claim, recorded)
+    for run in runs:
+      run.decode = fns[run.name]
+    _decode_all(settings, inputs, runs, claim)
+  except KeyboardInterrupt as e:  # SIGINT/SIGTERM: the batch in flight is discarded
+    done = sum(all(x.index in run.records for run in runs) for x in inputs.examples)
+    raise interrupts.Interrupted(
+      getattr(e, "signum", signal.SIGINT),
+      f"interrupted after {done} of {len(inputs.examples)} examples; the same command resumes",
+    ) from None
   summary = _summary(settings, inputs, runs, models)
+  claim()  # every example was done already: the manifest of a grown or identical job
   files.write_atomic(
     os.path.join(settings.output_dir, "metrics.json"), json.dumps(summary, indent=2) + "\n"
   )
@@ -150,10 +190,14 @@ def load_models(settings: infer_settings.InferSettings) -> Models:
   """The job's target and drafter with their params, on the decode path the settings choose (the
   CPU kernels' packed weights where `settings.decode_path().kernels`); shared with
   `speculative.bench.ceiling`, which measures on the job's own models."""
-  target, target_params = checkpoints.load_model(settings.target_config, settings.target_checkpoint)
   draft = drafter = draft_params = None
-  if settings.needs_draft_model:
-    draft, draft_params = checkpoints.load_model(settings.draft_config, settings.draft_checkpoint)
+  # A file that passed the settings' checks but fails to parse: one line naming it, no traceback.
+  with checks.user_errors(checkpoints.LOAD_ERRORS):
+    target, target_params = checkpoints.load_model(
+      settings.target_config, settings.target_checkpoint
+    )
+    if settings.needs_draft_model:
+      draft, draft_params = checkpoints.load_model(settings.draft_config, settings.draft_checkpoint)
   if settings.decode_path().kernels:  # packed once, here; both modes' steps then use the kernels
     target_params = t5_lib.pack_decode_params(target, target_params)
     if draft is not None:
@@ -192,20 +236,23 @@ def _decode_fns(
 
 
 def _auto_gamma(
-  settings: infer_settings.InferSettings, models: Models, manifest: dict[str, Any]
+  settings: infer_settings.InferSettings,
+  models: Models,
+  claim: _Claim,
+  recorded: dict[str, Any] | None,
 ) -> auto_gamma.AutoGamma:
   """The speculative mode of a GAMMA = 'auto' job: per-gamma decodes and the calibration, the
-  manifest's on a resume, else made at the first batch (the cache file's or measured then) and
-  recorded in the manifest before that batch is decoded."""
-  recorded = manifest.get("calibration")
+  `recorded` one of a resumed job's manifest, else made at the first batch (the cache file's, or
+  measured then); the manifest the job writes records it (`claim`)."""
   calibration = None
   if recorded is not None:
     calibration = costs_lib.Calibration.from_json(recorded, "manifest")
+    claim.manifest["calibration"] = recorded
     _print_calibration(settings, calibration)
 
   def calibrate(encoder_tokens, rng) -> costs_lib.Calibration:
     new = auto_gamma.calibrate(settings, models, auto.decode_fn, encoder_tokens, rng)
-    outputs.write_manifest(settings.output_dir, {**manifest, "calibration": new.to_json()})
+    claim.manifest["calibration"] = new.to_json()
     _print_calibration(settings, new)
     return new
 
@@ -233,11 +280,13 @@ def _decode_all(
   settings: infer_settings.InferSettings,
   inputs: infer_inputs.JobInputs,
   runs: Sequence[outputs.ModeRun],
+  claim: _Claim,
 ) -> None:
   """Decodes every example some mode has not finished, batch by batch (length-sorted), the modes
-  interleaved; each batch's records are written as soon as it is done. An 'auto' mode first replays
-  the choices of the batches it finished before (`AutoGamma.replay`), then chooses each batch's
-  gamma before decoding it."""
+  interleaved; each batch's records are written as soon as it is done (`claim` before the first
+  write). A signal during a write ends the job after it (`interrupts.deferred`): the records in
+  memory are the records on disk. An 'auto' mode first replays the choices of the batches it
+  finished before (`AutoGamma.replay`), then chooses each batch's gamma before decoding it."""
   from tqdm import tqdm
 
   examples = inputs.examples
@@ -251,27 +300,36 @@ def _decode_all(
   if len(todo) < len(examples):
     print(f"resuming: {len(examples) - len(todo)} of {len(examples)} examples already done")
   batches = batching.length_sorted_batches(todo, settings.batch_size)
-  for batch_examples in tqdm(batches, desc="decoding", unit="batch", disable=not settings.progress):
-    length = batching.padded_length(batch_examples, settings.inputs_length)
-    encoder_tokens = jnp.asarray(  # [batch, length]: the batch's length bucket, not inputs_length
-      batching.pad_batch(batch_examples, settings.batch_size, length)
-    )
-    rng = jax.random.fold_in(jax.random.PRNGKey(settings.seed), batch_examples[0].index)
-    for run in runs:
-      if all(e.index in run.records for e in batch_examples):
-        continue
-      if isinstance(run.decode, auto_gamma.AutoGamma):
-        run.decode.calibrate(encoder_tokens, rng)  # the first batch: measured or cached
-        choice = run.decode.choose()
-        decode = run.decode.decode_fn(choice.gamma)
-        _decode_batch(run, decode, (choice.gamma,), batch_examples, encoder_tokens, rng, inputs)
-        rows = [run.records[e.index] for e in batch_examples]
-        for row in rows:
-          row["gamma"] = choice.gamma
-        run.decode.observe(choice, rows)
-      else:
-        _decode_batch(run, run.decode, (), batch_examples, encoder_tokens, rng, inputs)
-      outputs.write_records(settings.output_dir, runs, run)
+  with tqdm(batches, desc="decoding", unit="batch", disable=not settings.progress) as bar:
+    for batch_examples in bar:
+      length = batching.padded_length(batch_examples, settings.inputs_length)
+      encoder_tokens = jnp.asarray(  # [batch, length]: the batch's length bucket, not inputs_length
+        batching.pad_batch(batch_examples, settings.batch_size, length)
+      )
+      rng = jax.random.fold_in(jax.random.PRNGKey(settings.seed), batch_examples[0].index)
+      for run in runs:  # at the first batch, before the manifest is written: the calibration
+        if isinstance(run.decode, auto_gamma.AutoGamma):
+          run.decode.calibrate(encoder_tokens, rng)  # the cache's, or measured on this batch
+      for run in runs:
+        if all(e.index in run.records for e in batch_examples):
+          continue
+        auto, decode, variant = None, run.decode, ()
+        if isinstance(run.decode, auto_gamma.AutoGamma):
+          auto = run.decode
+          choice = auto.choose()
+          decode, variant = auto.decode_fn(choice.gamma), (choice.gamma,)
+        records = _decode_batch(
+          run, decode, variant, batch_examples, encoder_tokens, rng, inputs.vocabulary
+        )
+        if auto is not None:
+          for row in records.values():
+            row["gamma"] = choice.gamma
+        with interrupts.deferred():  # the records, their timings and the manifest: all or none
+          claim()
+          run.records.update(records)
+          outputs.write_records(settings.output_dir, runs, run)
+          if auto is not None:
+            auto.observe(choice, [records[e.index] for e in batch_examples])
 
 
 def _decode_batch(
@@ -281,11 +339,11 @@ def _decode_batch(
   batch_examples: Sequence[infer_inputs.Example],
   encoder_tokens: jax.Array,
   rng,
-  inputs: infer_inputs.JobInputs,
-) -> None:
-  """One mode over one batch with `decode`, timed warm (the first call of each `variant` (an
-  'auto' mode's gamma) at each input length compiles and is timed apart); the rows' records go
-  into `run.records`."""
+  vocabulary,
+) -> dict[int, dict]:
+  """One mode over one batch with `decode`, timed warm (the first call of each `variant`, an
+  'auto' mode's gamma, at each input length compiles and is timed apart): {example index: its
+  record}."""
   compiled = (encoder_tokens.shape, *variant)
   if compiled not in run.compiled_shapes:  # compile this shape outside the timing
     t0 = time.perf_counter()
@@ -311,16 +369,18 @@ def _decode_batch(
     raise FloatingPointError(
       f"NaN/inf logits while decoding examples {[e.index for e in batch_examples]}"
     )
-  for row, example in enumerate(batch_examples):
-    run.records[example.index] = outputs.record(
+  return {
+    example.index: outputs.record(
       example,
-      inputs.vocabulary,
+      vocabulary,
       tokens[row],
       int(lengths[row]),
       {k: v[row] for k, v in metrics.items()},
       seconds,
       len(batch_examples),
     )
+    for row, example in enumerate(batch_examples)
+  }
 
 
 def _summary(
@@ -336,13 +396,10 @@ def _summary(
     "examples": len(indices),
     "inputs_truncated": inputs.num_truncated,
     "inputs_length": s.inputs_length,
-    "batch_size": s.batch_size,
-    "gamma": s.gamma,
-    "gamma_max": s.max_gamma if s.auto_gamma else None,
-    "drafter": s.drafter,
-    **s.decoding_knobs(),
+    **s.output_settings(),
+    "settings": s.output_settings(),  # as the manifest records them; the report's header
     "machine": infer_report.machine(),
-    "decode_path": s.decode_path().line,
+    "decode_path": s.decode_path().line,  # the manifest's name of the path, and why
   }
   for run in runs:
     records = [run.records[i] for i in indices]

@@ -9,6 +9,7 @@ import os
 from typing import Any
 from typing import Sequence
 
+from speculative import checkpoints
 from speculative import drafters as drafters_lib
 from speculative import kernels
 from speculative import sampling as sampling_lib
@@ -16,6 +17,7 @@ from speculative.autogamma import costs
 from speculative.data import tasks
 from speculative.decode import options as decode_options
 from speculative.jobs import checks
+from speculative.jobs import runtime
 from speculative.models import t5 as t5_lib
 
 MODES = ("baseline", "speculative")
@@ -83,6 +85,7 @@ class InferSettings:
     _check_models(self)
     _check_paths(self)
     sampling_lib.make_sampling(self.temperature, self.top_k, self.top_p)[1].validate()
+    _check_weights(self)  # last: it reads (hashes) the weights files
 
   @property
   def speculative(self) -> bool:
@@ -122,16 +125,34 @@ class InferSettings:
   def max_new_tokens(self) -> int:
     return int(self.task_feature_lengths["targets"])
 
-  def decoding_knobs(self) -> dict[str, Any]:
-    """The knobs that shape the decoded tokens besides gamma and the drafter (manifest, summary)."""
+  def output_settings(self) -> dict[str, Any]:
+    """Every setting besides the inputs and the weights that can change an output, one entry each:
+    the manifest records them (a resume must match each), metrics.json holds them and the report's
+    header names them (`infer.report`). A new such setting is one line here (and one row of
+    tests/infer/test_resume_fingerprint.py)."""
     return {
+      "batch_size": self.batch_size,
+      "drafter": self.drafter if self.speculative else None,
+      "gamma": self.gamma,
+      **({"gamma_max": self.max_gamma} if self.auto_gamma else {}),
       "draft_stop_below": self.draft_stop_below,
       "adaptive_verify": self.adaptive_verify,
       "lenience": self.lenience,
       "temperature": self.temperature,
       "top_k": self.top_k,
       "top_p": self.top_p,
+      "seed": self.seed,
+      "decode_path": self.decode_path().name,
+      "param_dtype": runtime.PARAM_DTYPE,
+      "dtype": self.compute_dtype(),
     }
+
+  def compute_dtype(self) -> str:
+    """The models' activation dtype (their configs' `dtype`): 'float32', or 'target bfloat16,
+    draft float32' where the two differ."""
+    target = str(self.target_config.dtype)
+    draft = str(self.draft_config.dtype) if self.needs_draft_model else target
+    return target if draft == target else f"target {target}, draft {draft}"
 
   def decode_path(self) -> kernels.policy.Path:
     """The job's matmul path (the CPU kernels or XLA's dot), chosen once (`kernels.policy`: by
@@ -240,7 +261,7 @@ def _check_models(s: InferSettings) -> None:
   if not isinstance(s.target_config, t5_lib.T5Config):
     raise ValueError(f"target_config must be a t5.T5Config, got {type(s.target_config).__name__}")
   checks.check_readable("target_checkpoint", s.target_checkpoint)
-  if not (s.speculative and s.drafter != "prompt_lookup"):
+  if not s.needs_draft_model:
     return
   if s.draft_config is None or not s.draft_checkpoint:
     raise ValueError(
@@ -255,6 +276,14 @@ def _check_models(s: InferSettings) -> None:
       f"{s.target_config.vocab_size}"
     )
   checks.check_readable("draft_checkpoint", s.draft_checkpoint)
+
+
+def _check_weights(s: InferSettings) -> None:
+  """Each weights path the job loads is weights of its model config (`checkpoints.check_weights`):
+  refused here, with one line naming it, before anything loads or compiles."""
+  checkpoints.check_weights("target_checkpoint", s.target_checkpoint, s.target_config)
+  if s.needs_draft_model:
+    checkpoints.check_weights("draft_checkpoint", s.draft_checkpoint, s.draft_config)
 
 
 def _check_paths(s: InferSettings) -> None:

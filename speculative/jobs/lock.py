@@ -34,27 +34,40 @@ class OutputLock:
   def __init__(self, directory: str):
     self.path = os.path.join(directory, LOCK_FILE)
     self._fd: int | None = None
+    self.created = False  # this run created the lock file (it was not there before)
 
   def acquire(self) -> 'OutputLock':
-    fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-      fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError as e:
-      holder = os.pread(fd, 64, 0).decode(errors='replace').strip() or 'unknown'
+    while True:
+      existed = os.path.exists(self.path)
+      fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+      try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+      except OSError as e:
+        holder = os.pread(fd, 64, 0).decode(errors='replace').strip() or 'unknown'
+        os.close(fd)
+        if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+          raise RuntimeError(
+            f'{os.path.dirname(self.path)} is in use by another run (pid {holder}, '
+            f'lock {self.path}); wait for it or use another output directory'
+          ) from None
+        raise
+      if _same_file(fd, self.path):
+        break
+      # The holder removed the lock file (`release(remove=True)`) between our open and our
+      # flock: this lock is on a file no other run sees. Take the one at the path instead.
       os.close(fd)
-      if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-        raise RuntimeError(
-          f'{os.path.dirname(self.path)} is in use by another run (pid {holder}, '
-          f'lock {self.path}); wait for it or use another output directory'
-        ) from None
-      raise
     os.ftruncate(fd, 0)
     os.pwrite(fd, str(os.getpid()).encode(), 0)
     self._fd = fd
+    self.created = not existed
     return self
 
-  def release(self) -> None:
+  def release(self, remove: bool = False) -> None:
+    """Unlocks; `remove`: also deletes the lock file (while still holding it), so that a run that
+    failed before writing leaves its output directory as it found it."""
     if self._fd is not None:
+      if remove and _same_file(self._fd, self.path):
+        os.remove(self.path)
       fcntl.flock(self._fd, fcntl.LOCK_UN)
       os.close(self._fd)
       self._fd = None
@@ -64,6 +77,16 @@ class OutputLock:
 
   def __exit__(self, *exc) -> None:
     self.release()
+
+
+def _same_file(fd: int, path: str) -> bool:
+  """The open file `fd` is the file at `path` (not one removed since it was opened)."""
+  try:
+    st = os.stat(path)
+  except FileNotFoundError:
+    return False
+  own = os.fstat(fd)
+  return (st.st_dev, st.st_ino) == (own.st_dev, own.st_ino)
 
 
 # ----------------------------------------------------------------------------------------------
