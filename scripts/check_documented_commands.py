@@ -156,10 +156,12 @@ COMMANDS = [
     'spectr_job',
     'docs/batch_jobs.md',
     """.venv/bin/speculative-infer --gin_file=configs/local/run.gin --gin_bindings="METHOD = """
-    """'spectr'" --gin_bindings="NUM_DRAFTS = 4" --gin_bindings="TEMPERATURE = 1.0" """
+    """'spectr'" --gin_bindings="NUM_DRAFTS = 4" --gin_bindings="GAMMA = 3" """
+    """--gin_bindings="TEMPERATURE = 1.0" """
     """--gin_bindings="INFER_OUTPUT_DIR = 'outputs/spectr_run'\"""",
     """.venv/bin/speculative-infer --gin_file=configs/local/run.gin --gin_bindings="METHOD = """
-    """'spectr'" --gin_bindings="NUM_DRAFTS = 4" --gin_bindings="TEMPERATURE = 1.0" """
+    """'spectr'" --gin_bindings="NUM_DRAFTS = 4" --gin_bindings="GAMMA = 3" """
+    """--gin_bindings="TEMPERATURE = 1.0" """
     """--gin_bindings="INFER_OUTPUT_DIR = 'outputs/spectr_run'\"""" + TWO,
     expect='SpecTr, K = 4 drafts of L = 3 tokens',
   ),
@@ -230,13 +232,13 @@ COMMANDS = [
   ),
   Command(
     'train_small_target',
-    README,
+    'docs/training.md',
     'python -m speculative.train --gin_file=configs/train/small_target.gin',
     '.venv/bin/python -m speculative.train --gin_file=configs/train/small_target.gin' + TRAIN_SMALL,
   ),
   Command(
     'train_export_only',
-    README,
+    'docs/training.md',
     '--gin_bindings="train.export_only = True"',
     '.venv/bin/python -m speculative.train --gin_file=configs/train/small_target.gin'
     + TRAIN_SMALL
@@ -245,22 +247,22 @@ COMMANDS = [
   ),
   Command(
     'fetch_small_pair',
-    README,
+    'docs/training.md',
     'python -m speculative.train.pair --fetch_sources',
     '.venv/bin/python -m speculative.train.pair --fetch_sources',
   ),
   Command(
     'train_small_draft',
-    README,
-    '`small_draft*.gin`',
+    'docs/training.md',
+    'python -m speculative.train --gin_file=configs/train/small_draft.gin',
     '.venv/bin/python -m speculative.train --gin_file=configs/train/small_draft.gin' + TRAIN_SMALL,
     needs=lambda: 'the distillation set and the draft data run of docs/training.md (../runs/)',
     refusal='does not exist',
   ),
   Command(
     'train_multitask',
-    README,
-    '`configs/train/multitask_target.gin`',
+    'docs/training.md',
+    'python -m speculative.train --gin_file=configs/train/multitask_target.gin',
     '.venv/bin/python -m speculative.train --gin_file=configs/train/multitask_target.gin'
     + TRAIN_SMALL,
     needs=lambda: 'the grown initial target of docs/training.md (python -m speculative.train.grow)',
@@ -268,7 +270,7 @@ COMMANDS = [
   ),
   Command(
     'benchmark',
-    README,
+    'docs/benchmark.md',
     'python -m speculative.benchmark --gin_file=configs/benchmark/embedded.gin  #',
     '.venv/bin/python -m speculative.benchmark --gin_file=configs/benchmark/embedded.gin'
     + BENCH_SMALL
@@ -277,7 +279,7 @@ COMMANDS = [
   ),
   Command(
     'benchmark_quick',
-    README,
+    'docs/benchmark.md',
     'python -m speculative.benchmark --gin_file=configs/benchmark/embedded.gin --quick',
     '.venv/bin/python -m speculative.benchmark --gin_file=configs/benchmark/embedded.gin --quick'
     + BENCH_SMALL,
@@ -292,7 +294,7 @@ COMMANDS = [
   ),
   Command(
     'benchmark_batch',
-    README,
+    'docs/benchmark.md',
     'python -m speculative.benchmark --gin_file=configs/benchmark/batch.gin',
     '.venv/bin/python -m speculative.benchmark --gin_file=configs/benchmark/batch.gin'
     + BENCH_SMALL,
@@ -301,7 +303,7 @@ COMMANDS = [
   ),
   Command(
     'benchmark_whole_job',
-    README,
+    'docs/benchmark.md',
     'python -m speculative.benchmark --gin_file=configs/benchmark/whole_job.gin',
     '.venv/bin/python -m speculative.benchmark --gin_file=configs/benchmark/whole_job.gin'
     + BENCH_SMALL
@@ -310,7 +312,7 @@ COMMANDS = [
   ),
   Command(
     'benchmark_roofline',
-    README,
+    'docs/benchmark.md',
     'python -m speculative.benchmark --gin_file=configs/benchmark/roofline.gin',
     '.venv/bin/python -m speculative.benchmark --gin_file=configs/benchmark/roofline.gin'
     + BENCH_SMALL
@@ -319,45 +321,33 @@ COMMANDS = [
   ),
   Command(
     'spectr_page',
-    README,
+    'docs/benchmark.md',
     'python -m speculative.bench.spectr_page --num_examples 12 --repeats 2 --output_dir docs/spectr',
     '.venv/bin/python -m speculative.bench.spectr_page --num_examples 1 --repeats 1'
     ' --output_dir outputs/spectr --ks 1 2 --ls 2 --cost_repeats 3',
   ),
   Command(
     'drafters_page',
-    README,
+    'docs/benchmark.md',
     'python -m speculative.bench.drafters_page --output_dir=docs/drafters --num_examples 40',
     '.venv/bin/python -m speculative.bench.drafters_page --output_dir=outputs/drafters'
     ' --num_examples 2 --walltime_examples 1 --gammas 1,2 --max_gamma 2 --stop_below 0.5'
     ' --repeats 1 --batch_size 2',
   ),
   Command(
-    'loop_overhead',
-    README,
-    'python experiments/loop_overhead/bench_core_loop.py',
-    '.venv/bin/python experiments/loop_overhead/bench_core_loop.py --steps 2 4 --repeats 3'
-    ' --calls 2',
-  ),
-  Command(
-    't5_speed',
-    README,
-    'python experiments/t5_speed/bench_t5.py --sizes small base',
-    '.venv/bin/python experiments/t5_speed/bench_t5.py --sizes small --new_tokens 4 --repeats 1',
-  ),
-  Command(
-    'cpu_runtime',
-    README,
-    'python experiments/cpu_runtime/bench_runtime.py',
-    '.venv/bin/python experiments/cpu_runtime/bench_runtime.py --rounds 1 --num_examples 1'
-    ' --max_new_tokens 4 --settings default',
-  ),
-  Command(
-    'bf16_audit',
-    README,
-    'python experiments/bf16_audit/audit_bf16.py --num_examples=500 --batch_size=8',
-    '.venv/bin/python experiments/bf16_audit/audit_bf16.py --num_examples=2 --batch_size=2'
-    ' --max_new_tokens 8',
+    'audit_bf16',
+    'docs/exactness.md',
+    '.venv/bin/speculative-infer --gin_file=configs/local/run.gin --gin_bindings="NUM_EXAMPLES = 500"'
+    """ --gin_bindings="KERNELS = 'off'" --gin_bindings="BATCH_SIZE = 8\"""",
+    # docs/exactness.md's audit at 2 sentences: both models in bfloat16 on XLA's dot, every greedy
+    # divergence audited (a mismatch fails the job).
+    '.venv/bin/speculative-infer --gin_file=configs/local/run.gin'
+    + TWO
+    + """ --gin_bindings="KERNELS = 'off'" --gin_bindings="BATCH_SIZE = 2\""""
+    + """ --gin_bindings="embedded_target/t5.T5Config.dtype = 'bfloat16'\""""
+    + """ --gin_bindings="embedded_draft/t5.T5Config.dtype = 'bfloat16'\""""
+    + """ --gin_bindings="INFER_OUTPUT_DIR = 'outputs/audit_bf16'\"""",
+    expect='Identical outputs: 2 / 2',
   ),
   Command(
     'compare',

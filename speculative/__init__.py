@@ -1,6 +1,6 @@
 """speculative: exact speculative decoding (Leviathan et al. 2023) and SpecTr in JAX/Flax.
 
-The packages (README.md, Layout):
+The packages (docs/design.md, section 1):
   decode       the decode loops, their state and inputs, the modes of a job, batching, the audit
   spectr       SpecTr: k-Seq, the sequence-level selection, OTM-k, and its decode loop
   drafters     the drafters (a draft model, n-gram tables, prompt lookup) and their registry

@@ -256,14 +256,20 @@ class Trial:
   kills_leaving_temporaries: int = 0  # kills mid-write: the next run had temporaries to remove
 
 
-def _popen(cmd: list[str], log: Path, env: dict[str, str] | None = None) -> subprocess.Popen:
+def _popen(
+  cmd: list[str], log: Path, env: dict[str, str] | None = None, stderr: Path | None = None
+) -> subprocess.Popen:
+  """`cmd` started in the repository, its output appended to `log` (its stderr to `stderr` where
+  given)."""
   env = dict(
     os.environ,
     PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
     **(env or {}),
   )
-  with open(log, "ab") as f:
-    return subprocess.Popen(cmd, cwd=REPO, env=env, stdout=f, stderr=subprocess.STDOUT)
+  with open(log, "ab") as f, open(stderr or os.devnull, "wb") as e:
+    return subprocess.Popen(
+      cmd, cwd=REPO, env=env, stdout=f, stderr=e if stderr else subprocess.STDOUT
+    )
 
 
 def _failed(proc: subprocess.Popen, log: Path, what: str) -> SoakError:
@@ -409,6 +415,44 @@ def kill_at_write(
   file `out/<name>`: just before the rename that completes it (`mid_write`: its temporary is left
   for the next run to remove) or just after (see `_STOP_AT_WRITE`). SoakError if the run exits
   before it gets there."""
+  proc = _stopped_at_write(
+    cmd, out, name, count, mid_write=mid_write, log=log, env=env, setup=setup
+  )
+  proc.send_signal(signal.SIGKILL)
+  proc.wait()
+
+
+def signal_at_write(
+  cmd: list[str], out: Path, name: str, count: int, signum: int, *, log: Path, env=None
+) -> tuple[int, str]:
+  """Runs `cmd` as `kill_at_write` does, stopped just after its `count`-th write of `out/<name>`,
+  then sends it `signum` (SIGINT, SIGTERM) and lets it go on: (its exit status, its stderr)."""
+  # A process started ignoring SIGINT (under `nohup`, or `&` in a script) passes that on to its
+  # children; the run takes Python's default handler back, as a terminal's job has.
+  setup = "import signal; signal.signal(signal.SIGINT, signal.default_int_handler)"
+  proc = _stopped_at_write(
+    cmd, out, name, count, mid_write=False, log=log, env=env, setup=setup, stderr=True
+  )
+  proc.send_signal(signum)
+  proc.send_signal(signal.SIGCONT)
+  proc.wait()
+  return proc.returncode, log.with_suffix(".stderr").read_text(errors="replace")
+
+
+def _stopped_at_write(
+  cmd: list[str],
+  out: Path,
+  name: str,
+  count: int,
+  *,
+  mid_write: bool,
+  log: Path,
+  env: dict[str, str] | None = None,
+  setup: str = "",
+  stderr: bool = False,
+) -> subprocess.Popen:
+  """`cmd` run until it stops itself at the `count`-th write of `out/<name>` (`_STOP_AT_WRITE`);
+  `stderr`: its stderr apart, in `log` with the suffix .stderr. SoakError if it exits first."""
   python, kind, job, *args = cmd
   if kind not in ("-m", "-c"):
     raise ValueError(
@@ -416,7 +460,7 @@ def kill_at_write(
     )
   when = "before" if mid_write else "after"
   wrapped = [python, "-c", _STOP_AT_WRITE, str(out), name, str(count), when, setup, kind, job]
-  proc = _popen(wrapped + args, log, env)
+  proc = _popen(wrapped + args, log, env, log.with_suffix(".stderr") if stderr else None)
   try:
     _, status = os.waitpid(proc.pid, os.WUNTRACED)  # returns when the run stops itself, or exits
   except BaseException:
@@ -426,8 +470,7 @@ def kill_at_write(
   if not os.WIFSTOPPED(status):
     proc.returncode = os.waitstatus_to_exitcode(status)  # reaped by waitpid: Popen cannot see it
     raise _failed(proc, log, f"{out}: the run ended before its write {count} of {name}")
-  proc.send_signal(signal.SIGKILL)
-  proc.wait()
+  return proc
 
 
 def run_trial(

@@ -74,9 +74,9 @@ def test_test_folders_mirror_the_packages():
   assert folders <= packages, folders - packages
 
 
-def test_tests_import_nothing_from_scripts_or_experiments():
+def test_tests_import_nothing_from_scripts():
   """No import of a module there, and no sys.path entry or file-location import pointing there."""
-  outside = {p.stem for folder in ('scripts', 'experiments') for p in (REPO / folder).rglob('*.py')}
+  outside = {p.stem for p in (REPO / 'scripts').rglob('*.py')}
   offenders = []
   for path in (REPO / 'tests').rglob('*.py'):
     source = path.read_text(encoding='utf-8')
@@ -89,12 +89,12 @@ def test_tests_import_nothing_from_scripts_or_experiments():
         ('sys.path.insert', 'sys.path.append', 'spec_from_file_location')
       ):
         text = ast.unparse(node)
-        names = ['scripts'] if 'scripts' in text or 'experiments' in text else []
+        names = ['scripts'] if 'scripts' in text else []
       else:
         continue
       for name in names:
         top = name.split('.')[0]
-        if top in ('scripts', 'experiments') or top in outside:
+        if top == 'scripts' or top in outside:
           offenders.append(f'{path.relative_to(REPO)}:{node.lineno} {name}')
   assert not offenders, offenders
 

@@ -15,6 +15,7 @@ from speculative import checkpoints
 from speculative.data import tasks
 from speculative.data import vocabulary as vocabulary_lib
 from speculative.infer import inputs as infer_inputs
+from speculative.jobs import checks
 from speculative.models import t5 as t5_lib
 
 
@@ -102,14 +103,33 @@ def num_params(params: Any) -> int:
   return int(sum(np.prod(x.shape) for x in jax.tree_util.tree_leaves(params)))
 
 
+def check_checkpoint(
+  config: t5_lib.T5Config, checkpoint: str | None, *, allow_random_init: bool, what: str
+) -> bool:
+  """Whether the `what` model ('target', 'draft') loads `checkpoint` (True: its weights checked,
+  `checkpoints.check_weights`) or random weights stand in for a missing one (False, only with
+  `allow_random_init`); an error naming the file otherwise. Cheap to repeat (the hash is cached)."""
+  if checkpoint and os.path.exists(checkpoint):
+    checkpoints.check_weights(f"{what}_checkpoint", checkpoint, config)
+    return True
+  if not allow_random_init:
+    raise FileNotFoundError(
+      f"{what} checkpoint does not exist: {checkpoint!r} (set "
+      "allow_random_init=True, e.g. --quick, to time random weights)"
+    )
+  return False
+
+
 def build_model(
   config: t5_lib.T5Config, checkpoint: str | None, *, allow_random_init: bool, seed: int, what: str
 ) -> tuple[t5_lib.T5, Any, str]:
-  """(model, f32 params, description). A missing checkpoint is an error unless allow_random_init."""
-  if checkpoint and os.path.exists(checkpoint):
-    model, params = checkpoints.load_model(config, checkpoint)
+  """(model, f32 params, description). A missing checkpoint is an error unless allow_random_init
+  (`check_checkpoint`); a file that fails to parse, one line naming it."""
+  if check_checkpoint(config, checkpoint, allow_random_init=allow_random_init, what=what):
+    with checks.user_errors(checkpoints.LOAD_ERRORS):
+      model, params = checkpoints.load_model(config, checkpoint)
     source = checkpoint
-  elif allow_random_init:
+  else:
     if checkpoint:
       logging.warning(
         "%s checkpoint %s does not exist: using RANDOM-INIT weights", what, checkpoint
@@ -117,11 +137,6 @@ def build_model(
     model = t5_lib.T5(config)
     params = jax.jit(model.init_params)(jax.random.PRNGKey(seed))
     source = f"random init (seed {seed})"
-  else:
-    raise FileNotFoundError(
-      f"{what} checkpoint does not exist: {checkpoint!r} (set "
-      "allow_random_init=True, e.g. --quick, to time random weights)"
-    )
   return model, params, f"{source}, {num_params(params) / 1e6:.1f}M params"
 
 

@@ -93,8 +93,9 @@ def load_pair(args: argparse.Namespace) -> Pair:
     for role in ('target', 'draft')
   }
   target, target_params, draft, draft_params, descriptions = inputs_lib.build_pair(
-    (configs['target'], args.target_checkpoint),
-    (configs['draft'], args.draft_checkpoint),
+    # Relative weights paths missing here are the repository's, as the runners' are.
+    (configs['target'], checks.resolve_input_path(args.target_checkpoint)),
+    (configs['draft'], checks.resolve_input_path(args.draft_checkpoint)),
     allow_random_init=args.allow_random_init,
     seed=args.seed,
   )

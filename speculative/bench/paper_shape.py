@@ -157,9 +157,12 @@ class PaperShapeSettings:
         f"shipped_draft_config's vocabulary ({self.shipped_draft_config.vocab_size}) differs "
         f"from target_config's ({self.target_config.vocab_size})"
       )
-    for name in ("source_checkpoint", "shipped_draft_checkpoint"):  # relative: the repository's
+    for name, config in (
+      ("source_checkpoint", self.source_config),
+      ("shipped_draft_checkpoint", self.shipped_draft_config),
+    ):  # relative: the repository's
       object.__setattr__(self, name, checks.resolve_input_path(getattr(self, name)))
-      checks.check_readable(name, getattr(self, name))
+      checkpoints.check_weights(name, getattr(self, name), config)
 
   def memory_need(self) -> memory_fit.Need:
     """The larger of the two parts' needs (they run one after the other)."""
@@ -341,9 +344,11 @@ def measure_costs(s: PaperShapeSettings, examples, log: Callable[[str], None]) -
 
 
 def _load(config: t5_lib.T5Config, path: str) -> Any:
-  """Float32 host params of `path`, checked against `config`'s shapes."""
-  params = checkpoints.load_params(path, dtype=np.float32)
-  checkpoints.validate_params(params, t5_lib.T5(config).param_shapes(), name=path)
+  """Float32 host params of `path`, checked against `config`'s shapes; a file that fails to parse
+  is one line naming it."""
+  with checks.user_errors(checkpoints.LOAD_ERRORS):
+    params = checkpoints.load_params(path, dtype=np.float32)
+    checkpoints.validate_params(params, t5_lib.T5(config).param_shapes(), name=path)
   return params
 
 

@@ -10,6 +10,7 @@ from typing import Sequence
 import numpy as np
 
 from speculative import kernels
+from speculative.bench import inputs as inputs_lib
 from speculative.bench import methods as methods_lib
 from speculative.drafters import registry as drafter_registry
 from speculative.infer import inputs as infer_inputs
@@ -100,6 +101,15 @@ class BenchmarkSettings:
       )
     if self.whole_job_examples and 0 not in [float(t) for t in self.temperatures]:
       raise ValueError("whole_job_examples needs temperature 0 in temperatures (greedy groups)")
+    # Last: it reads (hashes) the weights. A missing one is refused unless allow_random_init.
+    for what, config, path in (
+      ("target", self.target_config, self.target_checkpoint),
+      ("draft", self.draft_config, self.draft_checkpoint),
+    ):
+      if config is not None:
+        inputs_lib.check_checkpoint(
+          config, path, allow_random_init=self.allow_random_init, what=what
+        )
 
   @property
   def use_t5x(self) -> bool:

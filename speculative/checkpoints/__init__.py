@@ -2,12 +2,14 @@
 
   weights_format    the content hash and metadata sidecar (model config + sha256) verified before
                     weights load, msgpack decoding that names a corrupt file, storage dtypes
-  t5x_checkpoints   T5X checkpoint directories (format version 3: msgpack + gzip zarr arrays),
+  t5x_format        T5X checkpoint directories (format version 3: msgpack + gzip zarr arrays),
                     read and written atomically so that stock T5X restores them
   params_files      our compact single-file weights (flax msgpack, optionally bfloat16), the
                     shape check of a parameter tree against a model's, and `load_model` (a T5
                     and its float32 params from either kind)
   files             atomic writes and the clean-up of a killed writer's temporaries
+  preflight         `check_weights`: a weights path checked before any compute (one line naming
+                    the setting, the file and what is wrong)
 
 `load_t5x_checkpoint` returns the `target` tree (the model parameters, no 'params' key), which is
 exactly the `speculative.models.t5.T5` parameter tree; `load_params` reads either kind.
@@ -22,6 +24,8 @@ from speculative.checkpoints.params_files import load_model
 from speculative.checkpoints.params_files import load_params
 from speculative.checkpoints.params_files import save_params
 from speculative.checkpoints.params_files import validate_params
+from speculative.checkpoints.preflight import LOAD_ERRORS
+from speculative.checkpoints.preflight import check_weights
 from speculative.checkpoints.t5x_format import T5X_CHECKPOINT_VERSION
 from speculative.checkpoints.t5x_format import checkpoint_steps
 from speculative.checkpoints.t5x_format import find_checkpoint_dir
@@ -43,8 +47,10 @@ __all__ = [
   'T5X_CHECKPOINT_VERSION',
   'COMPUTE_ONLY_FIELDS',
   'CheckpointError',
+  'LOAD_ERRORS',
   'add_metadata',
   'check_config',
+  'check_weights',
   'checkpoint_steps',
   'config_dict',
   'find_checkpoint_dir',

@@ -39,7 +39,7 @@ Params = Any
 PathLike = str | os.PathLike
 
 T5X_CHECKPOINT_VERSION = 3
-_CHECKPOINT_FILE = 'checkpoint'
+CHECKPOINT_FILE = 'checkpoint'  # the msgpack file of a checkpoint directory
 _STEP_DIR = re.compile(r'checkpoint_(\d+)')
 # T5X aims for 64 MiB zarr chunks.
 _CHUNK_BYTES = 64 * 1024 * 1024
@@ -54,7 +54,7 @@ def checkpoint_steps(model_dir: PathLike) -> list[int]:
   steps = []
   for child in model_dir.iterdir():
     match = _STEP_DIR.fullmatch(child.name)
-    if match and (child / _CHECKPOINT_FILE).is_file():
+    if match and (child / CHECKPOINT_FILE).is_file():
       steps.append(int(match.group(1)))
   return sorted(steps)
 
@@ -69,26 +69,26 @@ def find_checkpoint_dir(path: PathLike) -> Path:
   if not path.exists():
     raise FileNotFoundError(f'T5X checkpoint path does not exist: {path}')
   if path.is_file():
-    if path.name != _CHECKPOINT_FILE:
+    if path.name != CHECKPOINT_FILE:
       raise weights_format.CheckpointError(
         f'not a T5X checkpoint file (expected a file named '
-        f'{_CHECKPOINT_FILE!r} or a checkpoint directory): {path}'
+        f'{CHECKPOINT_FILE!r} or a checkpoint directory): {path}'
       )
     return path.parent
-  if (path / _CHECKPOINT_FILE).is_file():
+  if (path / CHECKPOINT_FILE).is_file():
     return path
   if _STEP_DIR.fullmatch(path.name):
     hint = ''
     if (path / 'state').is_dir() or (path / '_CHECKPOINT_METADATA').exists():
       hint = ' (this looks like an Orbax checkpoint, which is not supported)'
     raise FileNotFoundError(
-      f'T5X checkpoint directory {path} has no {_CHECKPOINT_FILE!r} msgpack '
+      f'T5X checkpoint directory {path} has no {CHECKPOINT_FILE!r} msgpack '
       f'file{hint}; it may be incomplete'
     )
   steps = checkpoint_steps(path)
   if not steps:
     raise FileNotFoundError(
-      f'no T5X checkpoint in {path}: neither a {_CHECKPOINT_FILE!r} file nor '
+      f'no T5X checkpoint in {path}: neither a {CHECKPOINT_FILE!r} file nor '
       'complete checkpoint_<step> subdirectories'
     )
   return path / f'checkpoint_{steps[-1]}'
@@ -102,7 +102,7 @@ def _is_ts_spec(value: Any) -> bool:
 
 
 def _read_msgpack(checkpoint_dir: Path) -> dict:
-  file = checkpoint_dir / _CHECKPOINT_FILE
+  file = checkpoint_dir / CHECKPOINT_FILE
   data = file.read_bytes()
   contents = weights_format.restore_msgpack(data, f'T5X checkpoint msgpack {file}')
   if not isinstance(contents, dict) or 'optimizer' not in contents:
@@ -138,6 +138,29 @@ def _absolute_spec(spec: Mapping[str, Any], checkpoint_dir: Path, name: str) -> 
   return spec, array_dir
 
 
+def _checked_spec(leaf: Mapping[str, Any], checkpoint_dir: Path, name: str) -> tuple[dict, Path]:
+  """`_absolute_spec` of a leaf whose zarr array is on disk; CheckpointError naming it if not."""
+  spec, array_dir = _absolute_spec(leaf, checkpoint_dir, name)
+  if not (array_dir / '.zarray').is_file():
+    raise weights_format.CheckpointError(
+      f'missing array {name}: zarr directory {array_dir} does not exist '
+      'or has no .zarray (incomplete or corrupt checkpoint)'
+    )
+  return spec, array_dir
+
+
+def check_structure(checkpoint_dir: PathLike) -> None:
+  """The structure of a checkpoint directory, checked without reading an array: its msgpack
+  parses as a T5X checkpoint of a supported version, and every tensorstore array of its target has
+  its zarr directory. CheckpointError naming the file or array otherwise."""
+  checkpoint_dir = Path(os.path.abspath(checkpoint_dir))
+  target = _read_msgpack(checkpoint_dir)['optimizer']['target']
+  flat = flax.traverse_util.flatten_dict(target, is_leaf=lambda _, v: _is_ts_spec(v), sep='/')
+  for key, leaf in flat.items():
+    if _is_ts_spec(leaf):
+      _checked_spec(leaf, checkpoint_dir, f'target/{key}')
+
+
 def _read_tree(tree: Any, checkpoint_dir: Path, prefix: str, dtype: np.dtype | None) -> Any:
   """Replaces every leaf of `tree` (inline array or tensorstore spec) by a numpy array."""
   import tensorstore as ts  # deferred: only checkpoint I/O needs it
@@ -148,12 +171,7 @@ def _read_tree(tree: Any, checkpoint_dir: Path, prefix: str, dtype: np.dtype | N
   for key, leaf in flat.items():
     name = f'{prefix}/{key}'
     if _is_ts_spec(leaf):
-      spec, array_dir = _absolute_spec(leaf, checkpoint_dir, name)
-      if not (array_dir / '.zarray').is_file():
-        raise weights_format.CheckpointError(
-          f'missing array {name}: zarr directory {array_dir} does not exist '
-          'or has no .zarray (incomplete or corrupt checkpoint)'
-        )
+      spec, array_dir = _checked_spec(leaf, checkpoint_dir, name)
       try:
         store = ts.open(spec, open=True, read=True).result()
         pending[key] = store.read()
@@ -318,7 +336,7 @@ def save_t5x_checkpoint(
   try:
     _write_checkpoint_msgpack(params, optimizer_state, tmp_dir, step, np_dtype)
     for name, data in (extra_files or {}).items():
-      if '/' in name or name in (_CHECKPOINT_FILE, weights_format.DIR_METADATA):
+      if '/' in name or name in (CHECKPOINT_FILE, weights_format.DIR_METADATA):
         raise ValueError(f'extra file name {name!r} is not allowed')
       files.write_atomic(tmp_dir / name, data)
     if config is not None:
@@ -362,7 +380,7 @@ def _write_checkpoint_msgpack(
       'state': {'step': np.asarray(step, np.int32), 'param_states': param_states},
     },
   }
-  with open(tmp_dir / _CHECKPOINT_FILE, 'wb') as f:
+  with open(tmp_dir / CHECKPOINT_FILE, 'wb') as f:
     f.write(serialization.msgpack_serialize(contents))
     f.flush()
     os.fsync(f.fileno())

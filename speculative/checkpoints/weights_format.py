@@ -47,10 +47,7 @@ def sha256_of(path: PathLike, *, exclude: tuple[str, ...] = (DIR_METADATA,)) -> 
   path = Path(path)
   digest = hashlib.sha256()
   if path.is_file():
-    with open(path, 'rb') as f:
-      for block in iter(lambda: f.read(1 << 20), b''):
-        digest.update(block)
-    return digest.hexdigest()
+    return _file_sha256(path)
   if not path.is_dir():
     raise FileNotFoundError(f'cannot hash {path}: it does not exist')
   for root, dirs, files in os.walk(path):
@@ -63,6 +60,23 @@ def sha256_of(path: PathLike, *, exclude: tuple[str, ...] = (DIR_METADATA,)) -> 
       digest.update(relative.encode() + b'\0')
       digest.update(sha256_of(file).encode())
   return digest.hexdigest()
+
+
+# {(device, inode, size, mtime_ns): sha256} of the files hashed in this process: a job's check of
+# its weights, its manifest and a load verify the same file, which is read and hashed once.
+_FILE_DIGESTS: dict[tuple[int, int, int, int], str] = {}
+
+
+def _file_sha256(path: Path) -> str:
+  stat = path.stat()
+  key = (stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns)
+  if key not in _FILE_DIGESTS:
+    digest = hashlib.sha256()
+    with open(path, 'rb') as f:
+      for block in iter(lambda: f.read(1 << 20), b''):
+        digest.update(block)
+    _FILE_DIGESTS[key] = digest.hexdigest()
+  return _FILE_DIGESTS[key]
 
 
 def config_dict(config: Any) -> dict | None:

@@ -38,7 +38,7 @@ margin: for bfloat16 logits of magnitude 5-10 the bound is 0.4-0.8 logit units (
 divergences had gaps 0.0098 and 0.0047; a wrong acceptance rule typically emits tokens whole logit
 units below the top). For float32, eps = 2^-23 makes the bound ~1e-5 at that magnitude, so any
 float32 divergence with a visible gap is a mismatch. Pass `bound_factor` to tighten or loosen it;
-`experiments/bf16_audit/audit_bf16.py` prints the measured ratios next to its verdicts.
+`logit_error_ratios` measures the ratios on a model and its inputs.
 
 The API takes only the model object, its params, the encoder inputs and token id lists, so any
 runner (speculative.infer, the benchmark) can call it; `audit_arrays` is the same audit on padded

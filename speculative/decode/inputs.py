@@ -15,6 +15,8 @@ from speculative import sampling as sampling_lib
 from speculative.decode import options as decode_options
 from speculative.models import interface
 
+NO_STEP_LIMIT = np.int32(np.iinfo(np.int32).max)
+
 
 @flax.struct.dataclass
 class DecodeInputs:
@@ -29,6 +31,9 @@ class DecodeInputs:
     row_ids: [B] int32 RNG row identities.
     draft_encoder_tokens: [B, S'] int32 encoder input of an encoder-decoder draft (by default the
       target's `encoder_tokens`), or None (no encoder input, or no drafter).
+    max_steps: [] int32, the loop stops after this many steps even if rows are not done (a
+      run-time value: the jobs' calibration times a few steps of the compiled loop with it;
+      default: no limit).
   """
 
   prompt_tokens: jax.Array
@@ -38,6 +43,7 @@ class DecodeInputs:
   rng: jax.Array
   row_ids: jax.Array
   draft_encoder_tokens: jax.Array | None = None
+  max_steps: jax.Array = NO_STEP_LIMIT
 
   def with_drafter(
     self, target: interface.CachedLM, drafter: Any, draft_encoder_tokens=None
@@ -78,9 +84,12 @@ def prepare_inputs(
   sampling_params,
   rng,
   row_ids,
+  max_steps: int | None = None,
 ) -> DecodeInputs:
   """Validates and normalizes the inputs shared by every decoder (ValueError naming the first bad
   one); `options` are checked on construction, here only against the target (eos_id < vocab)."""
+  if max_steps is not None:
+    decode_options.check_positive_int('max_steps', max_steps)
   eos_id = options.eos_id
   sampling_params = _sampling_values(options.sampling, sampling_params)
   if prompt_tokens is None:
@@ -112,6 +121,7 @@ def prepare_inputs(
     sampling_params=sampling_params,
     rng=as_key(rng),
     row_ids=row_ids,
+    max_steps=jnp.asarray(NO_STEP_LIMIT if max_steps is None else max_steps, jnp.int32),
   )
 
 

@@ -6,7 +6,7 @@ sampling values, rng) is an array, so new prompts of the same shapes, a new temp
 top-p value or a new seed never recompile (`TRACE_COUNTS` counts traces, for tests).
 
 The loop state, the stream conventions (buffer, lengths, EOS, per-row RNG) and the in-loop steps
-shared with speculative/spectr/decoding.py live in decode/state.py; the eager input checks in
+shared with decode/spectr_loop.py live in decode/state.py; the eager input checks in
 decode/inputs.py.
 
 Exactness: the speculative loop's output is distributed exactly as the baseline's (and equal to it
@@ -88,7 +88,7 @@ def _autoregressive_jit(
     )
     return state.advance(tokens, lengths, done, cache, None, metrics)
 
-  return decode_state.run_loop(body, state, prompt_lengths, max_new_tokens)
+  return decode_state.run_loop(body, state, prompt_lengths, max_new_tokens, inputs.max_steps)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -190,7 +190,7 @@ def _speculative_jit(
     )
     return state.advance(tokens, lengths, done, cache, drafts.draft_state, metrics)
 
-  return decode_state.run_loop(body, state, prompt_lengths, max_new_tokens)
+  return decode_state.run_loop(body, state, prompt_lengths, max_new_tokens, inputs.max_steps)
 
 
 def _accept(
@@ -253,6 +253,7 @@ def autoregressive_decode(
   encoder_tokens: jax.Array | None = None,
   row_ids: jax.Array | None = None,
   check_finite: bool = True,
+  max_steps: int | None = None,
   **option_fields: Any,
 ) -> decode_state.DecodeResult:
   """Baseline: one target `extend` call with T=1 per generated token.
@@ -270,13 +271,23 @@ def autoregressive_decode(
     encoder_tokens: [B, S] int32 for encoder-decoder targets.
     row_ids: [B] int32 RNG row identities (default arange(B)).
     check_finite: raise ValueError after decoding if any distribution was NaN (syncs with the host).
+    max_steps: stop after this many loop steps even if rows are not done (a run-time value: no
+      recompile; default None: no limit). For timing a few steps of the compiled loop.
 
   Returns:
     DecodeResult with tokens [B, max_new_tokens], lengths [B] and metrics (target_calls).
   """
   options = decode_options.DecodeOptions.create(options, **option_fields)
   inputs = decode_inputs.prepare_inputs(
-    target, options, prompt_tokens, prompt_lengths, encoder_tokens, sampling_params, rng, row_ids
+    target,
+    options,
+    prompt_tokens,
+    prompt_lengths,
+    encoder_tokens,
+    sampling_params,
+    rng,
+    row_ids,
+    max_steps,
   )
   result = _autoregressive_jit(
     target_params,
@@ -314,11 +325,12 @@ def speculative_decode(
   row_ids: jax.Array | None = None,
   check_finite: bool = True,
   lenience: float | jax.Array | None = None,
+  max_steps: int | None = None,
   **option_fields: Any,
 ) -> decode_state.DecodeResult:
   """Speculative decoding: gamma draft tokens, one target call over gamma+1 positions per step.
 
-  Arguments as in `autoregressive_decode`, plus:
+  Arguments as in `autoregressive_decode` (max_steps included), plus:
     drafter: a Drafter (static), e.g. `ModelDrafter(draft_model)`; draft_params: its parameters.
     options: as there, with `gamma` (draft tokens per step, >= 1; the maximum when the drafter
       adapts it) and `adaptive_verify` (True feeds the target only 1 + max_b num_drafted[b]
@@ -338,7 +350,15 @@ def speculative_decode(
   """
   options = decode_options.DecodeOptions.create(options, **option_fields).speculative()
   inputs = decode_inputs.prepare_inputs(
-    target, options, prompt_tokens, prompt_lengths, encoder_tokens, sampling_params, rng, row_ids
+    target,
+    options,
+    prompt_tokens,
+    prompt_lengths,
+    encoder_tokens,
+    sampling_params,
+    rng,
+    row_ids,
+    max_steps,
   ).with_drafter(target, drafter, draft_encoder_tokens)
   result = _speculative_jit(
     target_params,

@@ -30,7 +30,7 @@ SPECULATIVE = 'speculative'
 SPECTR = 'spectr'
 MODES = (BASELINE, SPECULATIVE, SPECTR)
 
-DecodeFn = Callable[[jax.Array, Any], decode_state.DecodeResult]
+DecodeFn = Callable[..., decode_state.DecodeResult]  # fn(encoder_tokens, rng, max_steps=None)
 
 
 def decode_fns(
@@ -46,12 +46,13 @@ def decode_fns(
   check_finite: bool = False,
   **option_fields: Any,
 ) -> dict[str, DecodeFn]:
-  """{mode: fn(encoder_tokens [B, S] int32, rng) -> DecodeResult} for an encoder-decoder target.
+  """{mode: fn(encoder_tokens [B, S] int32, rng, max_steps=None) -> DecodeResult} for an
+  encoder-decoder target (`max_steps`: see `decoding.autoregressive_decode`).
 
   `options` (DecodeOptions, or its fields as keywords: `gamma=4, max_new_tokens=64, ...`) are the
-  static options of every mode. 'baseline' is `decoding.autoregressive_decode` of the target;
+  static options of every mode. 'baseline' is `loops.autoregressive_decode` of the target;
   'speculative' (only when a `drafter` is given; the options need gamma) is
-  `decoding.speculative_decode` with that drafter and `lenience` (None: exact); 'spectr' (only
+  `loops.speculative_decode` with that drafter and `lenience` (None: exact); 'spectr' (only
   with a drafter and `num_drafts` K >= 1) is `spectr_loop.spectr_decode` with K drafts of
   L = gamma tokens a step (exact; no lenience, a fixed verify width: the options'
   `adaptive_verify` is not used), whose K = 1 emits 'speculative''s tokens for the same rng.
@@ -61,7 +62,9 @@ def decode_fns(
   options = decode_options.DecodeOptions.create(options, **option_fields)
   runtime = dict(sampling_params=sampling_params, check_finite=check_finite)
 
-  def baseline(encoder_tokens: jax.Array, rng: Any = 0) -> decode_state.DecodeResult:
+  def baseline(
+    encoder_tokens: jax.Array, rng: Any = 0, max_steps: int | None = None
+  ) -> decode_state.DecodeResult:
     return decoding.autoregressive_decode(
       target,
       target_params,
@@ -69,6 +72,7 @@ def decode_fns(
       options=options,
       rng=rng,
       encoder_tokens=encoder_tokens,
+      max_steps=max_steps,
       **runtime,
     )
 
@@ -77,7 +81,9 @@ def decode_fns(
     return fns
   options = options.speculative()
 
-  def speculative(encoder_tokens: jax.Array, rng: Any = 0) -> decode_state.DecodeResult:
+  def speculative(
+    encoder_tokens: jax.Array, rng: Any = 0, max_steps: int | None = None
+  ) -> decode_state.DecodeResult:
     return decoding.speculative_decode(
       target,
       target_params,
@@ -88,6 +94,7 @@ def decode_fns(
       rng=rng,
       encoder_tokens=encoder_tokens,
       lenience=lenience,
+      max_steps=max_steps,
       **runtime,
     )
 
@@ -97,7 +104,9 @@ def decode_fns(
   if lenience is not None:
     raise ValueError('spectr_decode is exact: it takes no lenience')
 
-  def spectr(encoder_tokens: jax.Array, rng: Any = 0) -> decode_state.DecodeResult:
+  def spectr(
+    encoder_tokens: jax.Array, rng: Any = 0, max_steps: int | None = None
+  ) -> decode_state.DecodeResult:
     return spectr_loop.spectr_decode(
       target,
       target_params,
@@ -108,6 +117,7 @@ def decode_fns(
       options=options,
       rng=rng,
       encoder_tokens=encoder_tokens,
+      max_steps=max_steps,
       **runtime,
     )
 

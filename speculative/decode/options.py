@@ -7,8 +7,8 @@ it to the jitted loop as one static argument. The run-time values (prompts, samp
 seed, lenience) stay arrays: a new value of one of them never recompiles.
 
   options = DecodeOptions(max_new_tokens=64, sampling=SamplingConfig(), eos_id=1, gamma=4)
-  decoding.speculative_decode(target, params, drafter, draft_params, None, options=options,
-                              encoder_tokens=tokens, sampling_params=values, rng=0)
+  loops.speculative_decode(target, params, drafter, draft_params, None, options=options,
+                           encoder_tokens=tokens, sampling_params=values, rng=0)
 """
 
 from __future__ import annotations

@@ -1,9 +1,9 @@
 """SpecTr decoding (Sun et al., NeurIPS 2023): K i.i.d. draft sequences per step, one target call.
 
-`spectr_decode` is `decoding.speculative_decode` with K drafts instead of one: every step drafts K
+`spectr_decode` is `decode/loops.py`'s `speculative_decode` with K drafts instead of one: every step drafts K
 sequences of length L (= gamma) for each row, verifies all K x (L+1) positions in one batched target
 `extend`, and picks the emitted block with the sequence-level selection of the paper's Algorithm 3
-(`spectr_sequence.spectr_sequence_select`, k-Seq with the optimal rho* at every depth). The output is
+(`spectr/sequence.py`'s `spectr_sequence_select`, k-Seq with the optimal rho* at every depth). The output is
 distributed exactly as the target's (identical to it under argmax), and K = 1 is Leviathan's
 algorithm: the same tokens as `speculative_decode` for the same rng (tested).
 
@@ -19,12 +19,12 @@ flags and metrics stay per original row ([B, ...]). A step:
   4. commit the block exactly as `speculative_decode` does (EOS, max_new_tokens);
   5. all K copies of row b adopt the chosen branch's caches: its cache rows are gathered into all K
      slots. The chosen branch's caches hold exactly the committed stream on the positions the
-     invariants of `decoding.py` / `ModelDrafter` need (the other branches differ only there);
+     invariants of `decode/loops.py` / `ModelDrafter` need (the other branches differ only there);
      entries beyond the committed length are stale and never read, so copying whole rows is
      correct. Cache leaves that the target's `extend` passes through unchanged (e.g. a T5's encoder
      output and cross-attention keys/values) are identical in all K copies and are not copied.
 
-Keys (row b, step s; `decoding_state.row_keys` = fold_in(fold_in(fold_in(rng, row_id), s), use)):
+Keys (row b, step s; `decode/state.py`'s `row_keys` = fold_in(fold_in(fold_in(rng, row_id), s), use)):
   * draft copy 0 uses use=0, the key speculative_decode's drafter gets; copy j >= 1 uses
     fold_in(use=2 key, j);
   * use=1 is split as in `speculative_accept`: fold_in(., 0) gives the acceptance uniforms, shape
@@ -59,7 +59,7 @@ from speculative.models import interface
 from speculative.spectr import kseq
 from speculative.spectr import sequence
 
-# Key `use` ids (see the module docstring); 0 and 1 are decoding.py's.
+# Key `use` ids (see the module docstring); 0 and 1 are decode/loops.py's.
 _USE_DRAFT, _USE_SELECT, _USE_EXTRA_DRAFTS = 0, 1, 2
 
 
@@ -235,7 +235,7 @@ def _spectr_jit(
     )
     return state.advance(tokens, lengths, done, cache, draft_state, metrics)
 
-  return decoding_state.run_loop(body, state, prompt_lengths, max_new_tokens)
+  return decoding_state.run_loop(body, state, prompt_lengths, max_new_tokens, inputs.max_steps)
 
 
 def spectr_decode(
@@ -256,14 +256,17 @@ def spectr_decode(
   row_ids: jax.Array | None = None,
   num_iters: int = kseq.DEFAULT_BISECTION_ITERS,
   check_finite: bool = True,
+  max_steps: int | None = None,
   **option_fields: Any,
 ) -> decoding_state.DecodeResult:
   """SpecTr decoding: K i.i.d. drafts of length L, one target call over K x (L+1) positions a step.
 
-  Arguments as in `decoding.speculative_decode` (gamma is `draft_length`), plus:
+  Arguments as in `decode/loops.py`'s `speculative_decode` (gamma is `draft_length`), plus:
     num_drafts: K, drafts per row and step (static, >= 1). K = 1 is `speculative_decode`.
     draft_length: L, tokens per draft (static, >= 1): the options' gamma.
     num_iters: bisection steps for rho* (static).
+    max_steps: stop after this many steps even if rows are not done (a run-time value, as in
+      `speculative_decode`; default: no limit).
   The drafter must sample its copies independently given different keys (`ModelDrafter` does; a
   deterministic drafter gives K identical drafts, which is exact but gains nothing), and its state
   must have the batch on axis 0 of every leaf.
@@ -278,7 +281,15 @@ def spectr_decode(
   decode_options.check_positive_int('num_iters', num_iters)
   options = decode_options.DecodeOptions.create(options, **option_fields).speculative()
   inputs = decode_inputs.prepare_inputs(
-    target, options, prompt_tokens, prompt_lengths, encoder_tokens, sampling_params, rng, row_ids
+    target,
+    options,
+    prompt_tokens,
+    prompt_lengths,
+    encoder_tokens,
+    sampling_params,
+    rng,
+    row_ids,
+    max_steps,
   ).with_drafter(target, drafter, draft_encoder_tokens)
   result = _spectr_jit(
     target_params,

@@ -1,4 +1,4 @@
-"""The decode loops' shared state and in-loop steps (`decoding.py`, `spectr_decoding.py`).
+"""The decode loops' shared state and in-loop steps (`decode/loops.py`, `decode/spectr_loop.py`).
 
 Stream conventions (per row b):
   * The decoder stream is the prompt (left-aligned in `prompt_tokens[b]`, right-padded, length
@@ -83,7 +83,7 @@ class DecodeResult:
 
 @flax.struct.dataclass
 class DecodeState:
-  """Loop state of the decode loops (`decoding.py` and `spectr_decoding.spectr_decode`).
+  """Loop state of the decode loops (`decode/loops.py` and `decode/spectr_loop.py`'s `spectr_decode`).
 
   Attributes:
     step: [] int32, loop iteration (the per-row RNG folds it in).
@@ -226,9 +226,21 @@ def propose(
   return Drafts(proposal, draft_state, drafted, draft_tokens, verify_tokens)
 
 
-def run_loop(body, state: DecodeState, prompt_lengths: jax.Array, max_new_tokens: int):
-  """`body` until every row is done (one `lax.while_loop`), then the DecodeResult."""
-  state = jax.lax.while_loop(lambda s: ~jnp.all(s.done), body, state)
+def run_loop(
+  body,
+  state: DecodeState,
+  prompt_lengths: jax.Array,
+  max_new_tokens: int,
+  max_steps: jax.Array | None = None,
+):
+  """`body` until every row is done, or for at most `max_steps` ([] int32) steps (one
+  `lax.while_loop`), then the DecodeResult."""
+
+  def more(s: DecodeState) -> jax.Array:
+    running = ~jnp.all(s.done)
+    return running if max_steps is None else running & (s.step < max_steps)
+
+  state = jax.lax.while_loop(more, body, state)
   return make_result(state, prompt_lengths, max_new_tokens)
 
 

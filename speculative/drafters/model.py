@@ -102,7 +102,7 @@ class ModelDrafter(base.GuidedDrafterBase):
       sampled, and the verify call has a static width anyway). At least one token is drafted. The
       loop over draft calls ends as soon as every row has stopped, so at batch 1 a low-confidence
       step saves draft calls; the target's verify call keeps its static width gamma+1 unless the
-      decode loop runs with `adaptive_verify=True` (see decoding.py). Exact for any threshold: the
+      decode loop runs with `adaptive_verify=True` (see decode/loops.py). Exact for any threshold: the
       stop decision depends only on the draft's own computations.
 
   Draft state: the draft model's cache (max_length positions).

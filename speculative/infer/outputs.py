@@ -60,39 +60,56 @@ def build_manifest(
     "draft_checkpoint_sha256": (
       checkpoints.verify_weights(s.draft_checkpoint, s.draft_config) if draft else None
     ),
-    "param_dtype": "float32",
     "modes": list(s.modes),
-    "batch_size": s.batch_size,
-    "drafter": s.drafter if s.speculative else None,
-    "gamma": s.gamma,
-    **s.method_knobs(),
-    **s.decoding_knobs(),
-    "seed": s.seed,
-    "decode_path": s.decode_path().name,
+    **s.output_settings(),
   }
 
 
-def claim_output_dir(
+OVERWRITE_HINT = "bind infer.overwrite = True (OVERWRITE = True in configs/local/run.gin)"
+# Recorded by the job after it starts (not settings: never compared, carried over on a resume):
+# an 'auto' job's calibration (speculative/infer/auto_gamma.py), so a resume makes its choices again.
+RECORDED_FIELDS = ("calibration",)
+
+
+def settings_of(manifest: dict[str, Any] | None) -> dict[str, Any] | None:
+  """`manifest` without its RECORDED_FIELDS: what a re-run's settings are compared with."""
+  if manifest is None:
+    return None
+  return {k: v for k, v in manifest.items() if k not in RECORDED_FIELDS}
+
+
+def check_output_dir(
   output_dir: str,
   manifest: dict[str, Any],
   overwrite: bool,
   examples: Sequence[infer_inputs.Example] = (),
-) -> None:
-  """Makes `output_dir` this job's (the caller holds its lock): a killed writer's temporaries are
-  removed; outputs of other settings are deleted (`overwrite`) or refused, unless `manifest` (over
-  `examples`) only extends the recorded one (`extends`: the finished records are kept and resumed);
-  the manifest is written (atomically)."""
+) -> bool:
+  """Whether the job resumes the outputs `output_dir` holds (the caller holds its lock); writes
+  nothing. Outputs of other settings are refused (ValueError naming each differing field), unless
+  `overwrite` (they are deleted at the first write: `claim_output_dir`) or `manifest` (over
+  `examples`) only extends the recorded one (`extends`: the finished records are resumed)."""
+  if overwrite:
+    return False
+  if extends(settings_of(lock.read_manifest(output_dir)), manifest, examples):
+    return True
+  return lock.check_manifest(output_dir, manifest, OVERWRITE_HINT, ignore=RECORDED_FIELDS)
+
+
+def claim_output_dir(output_dir: str, manifest: dict[str, Any], overwrite: bool) -> None:
+  """Makes `output_dir` this job's, just before its first write (the caller holds its lock and
+  checked it with `check_output_dir`): a killed writer's temporaries are removed, the outputs of
+  other settings deleted (`overwrite`), and `manifest` written (atomically). A job that fails before
+  it gets here (a bad input, a file that fails to parse at load, an interrupt during the compile)
+  leaves the directory as it found it."""
   checkpoints.remove_stale_temporaries(output_dir)  # we hold the lock: no other writer
   if overwrite:
     for name in OUTPUT_FILES:
       if os.path.exists(os.path.join(output_dir, name)):
         os.remove(os.path.join(output_dir, name))
-  elif not extends(lock.read_manifest(output_dir), manifest, examples):
-    lock.check_manifest(
-      output_dir,
-      manifest,
-      "bind infer.overwrite = True (OVERWRITE = True in configs/local/run.gin)",
-    )
+  write_manifest(output_dir, manifest)
+
+
+def write_manifest(output_dir: str, manifest: dict[str, Any]) -> None:
   files.write_atomic(
     os.path.join(output_dir, lock.MANIFEST_FILE),
     json.dumps(manifest, indent=2, ensure_ascii=False) + "\n",
@@ -126,14 +143,16 @@ def extends(
   )
 
 
-def resume_runs(output_dir: str, decode_fns: dict[str, Any]) -> list[ModeRun]:
+def resume_runs(output_dir: str, modes: Sequence[str], resume: bool = True) -> list[ModeRun]:
   """A ModeRun per mode, holding the records (with their decode times) an earlier, interrupted
-  run of the same settings finished."""
+  run of the same settings finished (none unless `resume`: `check_output_dir`); its `decode` is
+  set once the models have loaded."""
   runs = []
-  timings = read_timings(output_dir)
-  for mode, decode in decode_fns.items():
+  timings = read_timings(output_dir) if resume else {}
+  for mode in modes:
+    decode = None
     path = os.path.join(output_dir, f"predictions-{mode}.jsonl")
-    records = read_predictions(path)
+    records = read_predictions(path) if resume else {}
     for index, record in records.items():
       record["decode_s"] = timings.get(mode, {}).get(index, float("nan"))
     runs.append(ModeRun(mode, decode, path, records))

@@ -97,20 +97,24 @@ def format_report(summary: dict[str, Any]) -> str:
   )
   if "speedup" in summary:
     lines += _comparison_lines(summary)
+  if "gamma_policy" in summary:
+    lines += _gamma_policy_lines(summary)
   if summary.get("method") == "spectr" and "spectr" in summary:
     lines += _spectr_lines(summary)
   return "\n".join(lines) + "\n"
 
 
 def _header_lines(summary: dict[str, Any]) -> list[str]:
-  """What ran on what: examples, batch, drafter and gamma, temperature, machine; truncated inputs;
-  the speculative options that are on."""
+  """What ran on what: examples, batch, drafter and gamma, temperature, machine; every setting that
+  can change an output (`settings_line`); truncated inputs; the speculative options that are on."""
   lines = [
     "# Batch inference report",
     "",
     f"{summary['examples']} examples, batch size {summary['batch_size']}, "
     + (
-      f"drafter {summary.get('drafter', 'model')}, gamma {summary['gamma']}, "
+      f"drafter {summary.get('drafter', 'model')}, gamma {summary['gamma']}"
+      + (f" (0..{summary['gamma_max']})" if summary.get("gamma_max") else "")
+      + ", "
       if "speculative" in summary
       else ""
     )
@@ -125,6 +129,8 @@ def _header_lines(summary: dict[str, Any]) -> list[str]:
     f"Decode path: {summary.get('decode_path', 'XLA dot')}",
     "",
   ]
+  if summary.get("settings"):
+    lines += [settings_line(summary["settings"]), ""]
   if summary.get("inputs_truncated"):
     lines += [
       f"Inputs truncated: {summary['inputs_truncated']} of {summary['examples']} were "
@@ -144,6 +150,14 @@ def _header_lines(summary: dict[str, Any]) -> list[str]:
   if any(knobs):
     lines += ["Speculative options: " + "; ".join(k for k in knobs if k), ""]
   return lines
+
+
+def settings_line(output_settings: dict[str, Any]) -> str:
+  """The report's line of every setting that can change an output (`InferSettings.output_settings`,
+  as the manifest records them), each as its gin binding reads: `temperature = 0.0`."""
+  return "Settings that change the outputs: " + ", ".join(
+    f"{name} = {value!r}" for name, value in output_settings.items()
+  )
 
 
 # The quality columns of the mode table: ROUGE for a summarization job (its metrics carry
@@ -291,4 +305,52 @@ def _comparison_lines(summary: dict[str, Any]) -> list[str]:
     ]
   elif summary.get("lenience", 1.0) != 1.0:
     lines += ["", "With lenience < 1 the outputs are expected to differ from the baseline."]
+  return lines
+
+
+def _gamma_policy_lines(summary: dict[str, Any]) -> list[str]:
+  """GAMMA = 'auto': the costs and where they came from, the batches and steps at each gamma, and
+  the speedup Theorem 3.8 predicts with these costs beside the measured one."""
+  policy = summary["gamma_policy"]
+  cal = policy["calibration"]
+  source = {
+    "measured": f"measured by this job in {cal['seconds']:.2f} s (not in the decode times)",
+    "cache": f"from the calibration cache (0 s; measured in {cal['measured_seconds']:.2f} s)",
+    "manifest": "from this output directory's manifest (a resumed job)",
+  }[cal["source"]]
+  verify = ", ".join(f"{v:.2f}" for v in cal["verify_ms"])
+  steps = ", ".join(f"{v:.2f}" for v in cal["step_ms"])
+  predicted = policy["predicted_speedup_by_gamma"]
+  anchors = (
+    f"the compiled loops' steps measured: plain {cal['plain_loop_step_ms']:.2f} ms, gamma "
+    f"{cal['ref_gamma']} {cal['ref_loop_step_ms']:.2f} ms"
+    if cal.get("ref_gamma") is not None and cal.get("plain_loop_step_ms") is not None
+    else "the loops' own steps not resolved: model calls only"
+  )
+  lines = [
+    "",
+    f"## Gamma 'auto' (0..{policy['gamma_max']}; 0 = plain decoding)",
+    "",
+    f"Costs {source}: the target's call v(T) for T = 1..{policy['gamma_max'] + 1}: {verify} ms; "
+    f"the draft's call d(1): {cal['draft_step_ms']:.2f} ms; {anchors}; so a step at gamma "
+    f"0..{policy['gamma_max']}: {steps} ms.",
+    f"Acceptance estimate at the end: alpha {policy['final_alpha']:.3f}. Batches by reason: "
+    + ", ".join(f"{k} {v}" for k, v in sorted(policy["reasons"].items()))
+    + ".",
+    "",
+    "| gamma | batches | examples | loop steps | predicted speedup at the final alpha |",
+    "|---|---|---|---|---|",
+  ]
+  for gamma, row in policy["per_gamma"].items():
+    lines.append(
+      f"| {gamma} | {row['batches']} | {row['examples']} | {row['steps']} | "
+      f"{predicted[gamma]:.2f}x |"
+    )
+  if policy.get("predicted_speedup") and "speedup" in summary:
+    lines += [
+      "",
+      f"Predicted speedup of these choices (Theorem 3.8 with the measured costs, decoder steps "
+      f"only): {policy['predicted_speedup']:.2f}x; measured (whole decode, the encoder "
+      f"included): {summary['speedup']:.2f}x.",
+    ]
   return lines

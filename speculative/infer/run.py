@@ -42,6 +42,7 @@ import dataclasses
 import json
 import logging
 import os
+import signal
 import time
 from typing import Any
 from typing import Sequence
@@ -52,15 +53,18 @@ import numpy as np
 
 from speculative import checkpoints
 from speculative import drafters as drafters_lib
+from speculative.autogamma import costs as costs_lib
 from speculative.checkpoints import files
 from speculative.decode import audit
 from speculative.decode import batching
 from speculative.decode import modes
+from speculative.infer import auto_gamma
 from speculative.infer import inputs as infer_inputs
 from speculative.infer import outputs
 from speculative.infer import report as infer_report
 from speculative.infer import settings as infer_settings
 from speculative.jobs import checks
+from speculative.jobs import interrupts
 from speculative.jobs import lock
 from speculative.jobs import resources
 from speculative.models import t5 as t5_lib
@@ -78,11 +82,14 @@ def infer(settings: infer_settings.InferSettings) -> dict[str, Any]:
   """Runs the job; returns the metrics dict also written to `output_dir/metrics.json`. Called with
   `InferSettings`' fields as keyword arguments (`checks.settings_entry`; gin: `infer.*`).
 
-  Before anything is loaded, every knob's type and range (`InferSettings`), every path and the
-  output directory's writability are checked; then the output directory is locked (one writer) and
-  its manifest compared (a re-run resumes only outputs of identical settings, or of the same
-  settings with fewer examples of the same inputs: a larger `num_examples` grows a finished job;
-  `overwrite` deletes outputs of other settings instead of refusing). `num_examples`: how many examples (>= 1) from the
+  Before anything is loaded, every knob's type and range (`InferSettings`), every path (the
+  weights: `checkpoints.check_weights`) and the output directory's writability are checked; then
+  the output directory is locked (one writer) and its manifest compared (a re-run resumes only
+  outputs of identical settings, or of the same settings with fewer examples of the same inputs: a
+  larger `num_examples` grows a finished job; `overwrite` deletes outputs of other settings instead
+  of refusing). Nothing is written before the first batch's records are: the manifest (and
+  `overwrite`'s deletions) come with them, so a job that fails or is interrupted before then
+  leaves the output directory as it found it (no lock file, no directory it created). `num_examples`: how many examples (>= 1) from the
   start of the task split / input file; None = all. `gamma` in GAMMA_RANGE; `temperature` >= 0;
   `top_k` >= 0 (0 = off); `top_p` in (0, 1]; `lenience` in (0, 1]; `batch_size` >= 1.
 
@@ -96,14 +103,39 @@ def infer(settings: infer_settings.InferSettings) -> dict[str, Any]:
   (`speculative.kernels.policy`); chosen once for the job and recorded in its manifest. Where jax
   computes on a GPU or TPU, 'auto' is XLA's dot and 'on' is refused with the settings' checks.
   """
-  output_lock = lock.OutputLock(settings.output_dir)
   with checks.user_errors():
-    checks.probe_writable(settings.output_dir)
-    output_lock.acquire()
+    created = checks.probe_writable(settings.output_dir)
+    try:
+      output_lock = lock.OutputLock(settings.output_dir).acquire()
+    except BaseException:
+      checks.remove_created(settings.output_dir, created)
+      raise
+  claim = _Claim(settings.output_dir, settings.overwrite)
   try:
-    return _run(settings)
+    return _run(settings, claim)
+  except BaseException:
+    if not claim.done:  # failed before its first write: the directory as it was found
+      output_lock.release(remove=output_lock.created)
+      checks.remove_created(settings.output_dir, created)
+    raise
   finally:
     output_lock.release()
+
+
+class _Claim:
+  """The output directory made this job's (`outputs.claim_output_dir`: old outputs deleted where
+  `overwrite`, the manifest written) once, just before the job's first write, so that a job that
+  fails or is interrupted before it leaves the directory as it found it."""
+
+  def __init__(self, output_dir: str, overwrite: bool):
+    self.output_dir, self.overwrite = output_dir, overwrite
+    self.manifest: dict[str, Any] | None = None
+    self.done = False
+
+  def __call__(self) -> None:
+    if not self.done:
+      outputs.claim_output_dir(self.output_dir, self.manifest, self.overwrite)
+      self.done = True
 
 
 @dataclasses.dataclass(frozen=True)
@@ -114,22 +146,37 @@ class Models:
   target_params: Any
   drafter: Any
   draft_params: Any
+  draft: t5_lib.T5 | None = None  # the draft model the drafter runs (None: a drafter without one)
+  draft_model_params: Any = None  # its params (packed on the kernels' path)
 
 
-def _run(settings: infer_settings.InferSettings) -> dict[str, Any]:
-  """`infer` after its checks, holding the output directory's lock."""
+def _run(settings: infer_settings.InferSettings, claim: _Claim) -> dict[str, Any]:
+  """`infer` after its checks, holding the output directory's lock; `claim` is called before the
+  first write."""
   with checks.user_errors():  # a bad input file, or outputs of other settings: refused
     inputs = infer_inputs.load_inputs(settings)
-    outputs.claim_output_dir(
-      settings.output_dir,
-      outputs.build_manifest(settings, inputs),
-      settings.overwrite,
-      inputs.examples,
+    claim.manifest = outputs.build_manifest(settings, inputs)
+    resume = outputs.check_output_dir(
+      settings.output_dir, claim.manifest, settings.overwrite, inputs.examples
     )
-  models = load_models(settings)
-  runs = outputs.resume_runs(settings.output_dir, _decode_fns(settings, models))
-  _decode_all(settings, inputs, runs)
+  runs = outputs.resume_runs(settings.output_dir, settings.job_modes, resume)
+  recorded = (lock.read_manifest(settings.output_dir) or {}).get("calibration") if resume else None
+  try:
+    models = load_models(settings)
+    fns = _decode_fns(settings, models)
+    if settings.auto_gamma and settings.speculative:
+      fns[modes.SPECULATIVE] = _auto_gamma(settings, models, claim, recorded)
+    for run in runs:
+      run.decode = fns[run.name]
+    _decode_all(settings, inputs, runs, claim)
+  except KeyboardInterrupt as e:  # SIGINT/SIGTERM: the batch in flight is discarded
+    done = sum(all(x.index in run.records for run in runs) for x in inputs.examples)
+    raise interrupts.Interrupted(
+      getattr(e, "signum", signal.SIGINT),
+      f"interrupted after {done} of {len(inputs.examples)} examples; the same command resumes",
+    ) from None
   summary = _summary(settings, inputs, runs, models)
+  claim()  # every example was done already: the manifest of a grown or identical job
   files.write_atomic(
     os.path.join(settings.output_dir, "metrics.json"), json.dumps(summary, indent=2) + "\n"
   )
@@ -143,14 +190,19 @@ def load_models(settings: infer_settings.InferSettings) -> Models:
   """The job's target and drafter with their params, on the decode path the settings choose (the
   CPU kernels' packed weights where `settings.decode_path().kernels`); shared with
   `speculative.bench.ceiling`, which measures on the job's own models."""
-  target, target_params = checkpoints.load_model(settings.target_config, settings.target_checkpoint)
   draft = drafter = draft_params = None
-  if settings.needs_draft_model:
-    draft, draft_params = checkpoints.load_model(settings.draft_config, settings.draft_checkpoint)
+  # A file that passed the settings' checks but fails to parse: one line naming it, no traceback.
+  with checks.user_errors(checkpoints.LOAD_ERRORS):
+    target, target_params = checkpoints.load_model(
+      settings.target_config, settings.target_checkpoint
+    )
+    if settings.needs_draft_model:
+      draft, draft_params = checkpoints.load_model(settings.draft_config, settings.draft_checkpoint)
   if settings.decode_path().kernels:  # packed once, here; both modes' steps then use the kernels
     target_params = t5_lib.pack_decode_params(target, target_params)
     if draft is not None:
       draft_params = t5_lib.pack_decode_params(draft, draft_params)
+  draft_model_params = draft_params
   if settings.speculative:
     drafter, draft_params = drafters_lib.build_drafter(
       settings.drafter,
@@ -159,73 +211,153 @@ def load_models(settings: infer_settings.InferSettings) -> Models:
       draft_params=draft_params,
       stop_below=settings.draft_stop_below,
     )
-  return Models(target, target_params, drafter, draft_params)
+  return Models(target, target_params, drafter, draft_params, draft, draft_model_params)
 
 
-def _decode_fns(settings: infer_settings.InferSettings, models: Models) -> dict[str, Any]:
+def _decode_fns(
+  settings: infer_settings.InferSettings, models: Models, gamma: int | None = None
+) -> dict[str, Any]:
   """{mode: fn(encoder_tokens [B, S], rng) -> DecodeResult}, in the order of
   `settings.job_modes` (with METHOD = 'spectr', SpecTr after the modes: every mode of a batch gets
-  the same rng, so SpecTr with K = 1 emits the speculative mode's tokens)."""
+  the same rng, so SpecTr with K = 1 emits the speculative mode's tokens); an 'auto' job's
+  speculative mode at `gamma` (0: the baseline's function, None: no such mode)."""
   s = settings
+  speculative = gamma != 0 and not (s.auto_gamma and gamma is None)
   fns = modes.decode_fns(
     models.target,
     models.target_params,
-    models.drafter,
+    models.drafter if speculative else None,
     models.draft_params,
-    options=s.decode_options(),
+    options=s.decode_options(gamma or None),
     sampling_params=s.sampling()[1],
     lenience=None if s.exact else s.lenience,
     num_drafts=s.num_drafts if s.spectr else None,
   )
-  return {mode: fns[mode] for mode in s.job_modes}
+  if gamma == 0:
+    fns[modes.SPECULATIVE] = fns[modes.BASELINE]  # plain decoding: the baseline's own program
+  return {mode: fns[mode] for mode in s.job_modes if mode in fns}
+
+
+def _auto_gamma(
+  settings: infer_settings.InferSettings,
+  models: Models,
+  claim: _Claim,
+  recorded: dict[str, Any] | None,
+) -> auto_gamma.AutoGamma:
+  """The speculative mode of a GAMMA = 'auto' job: per-gamma decodes and the calibration, the
+  `recorded` one of a resumed job's manifest, else made at the first batch (the cache file's, or
+  measured then); the manifest the job writes records it (`claim`)."""
+  calibration = None
+  if recorded is not None:
+    calibration = costs_lib.Calibration.from_json(recorded, "manifest")
+    claim.manifest["calibration"] = recorded
+    _print_calibration(settings, calibration)
+
+  def calibrate(encoder_tokens, rng) -> costs_lib.Calibration:
+    new = auto_gamma.calibrate(settings, models, auto.decode_fn, encoder_tokens, rng)
+    claim.manifest["calibration"] = new.to_json()
+    _print_calibration(settings, new)
+    return new
+
+  auto = auto_gamma.AutoGamma(
+    calibration, lambda gamma: _decode_fns(settings, models, gamma)[modes.SPECULATIVE], calibrate
+  )
+  return auto
+
+
+def _print_calibration(settings: infer_settings.InferSettings, calibration) -> None:
+  costs = calibration.costs
+  print(
+    f"gamma auto (0..{costs.gamma_max}): costs "
+    + {
+      "measured": f"measured in {calibration.seconds:.2f} s, cached in {settings.calibration_path}",
+      "cache": f"from the cache {settings.calibration_path} (0 s)",
+      "manifest": "from this output directory's manifest (resumed)",
+    }[calibration.source]
+    + "; seconds per step by gamma: "
+    + ", ".join(f"{costs.step(g) * 1e3:.2f} ms" for g in range(costs.gamma_max + 1))
+  )
 
 
 def _decode_all(
   settings: infer_settings.InferSettings,
   inputs: infer_inputs.JobInputs,
   runs: Sequence[outputs.ModeRun],
+  claim: _Claim,
 ) -> None:
   """Decodes every example some mode has not finished, batch by batch (length-sorted), the modes
-  interleaved; each batch's records are written as soon as it is done."""
+  interleaved; each batch's records are written as soon as it is done (`claim` before the first
+  write). A signal during a write ends the job after it (`interrupts.deferred`): the records in
+  memory are the records on disk. An 'auto' mode first replays the choices of the batches it
+  finished before (`AutoGamma.replay`), then chooses each batch's gamma before decoding it."""
   from tqdm import tqdm
 
   examples = inputs.examples
+  for run in runs:
+    if isinstance(run.decode, auto_gamma.AutoGamma):
+      with checks.user_errors():
+        run.decode.replay(
+          auto_gamma.done_batches(examples, run.records, settings.batch_size), run.records
+        )
   todo = [e for e in examples if any(e.index not in run.records for run in runs)]
   if len(todo) < len(examples):
     print(f"resuming: {len(examples) - len(todo)} of {len(examples)} examples already done")
   batches = batching.length_sorted_batches(todo, settings.batch_size)
-  for batch_examples in tqdm(batches, desc="decoding", unit="batch", disable=not settings.progress):
-    length = batching.padded_length(batch_examples, settings.inputs_length)
-    encoder_tokens = jnp.asarray(  # [batch, length]: the batch's length bucket, not inputs_length
-      batching.pad_batch(batch_examples, settings.batch_size, length)
-    )
-    rng = jax.random.fold_in(jax.random.PRNGKey(settings.seed), batch_examples[0].index)
-    for run in runs:
-      if all(e.index in run.records for e in batch_examples):
-        continue
-      _decode_batch(run, batch_examples, encoder_tokens, rng, inputs.vocabulary)
-      outputs.write_records(settings.output_dir, runs, run)
+  with tqdm(batches, desc="decoding", unit="batch", disable=not settings.progress) as bar:
+    for batch_examples in bar:
+      length = batching.padded_length(batch_examples, settings.inputs_length)
+      encoder_tokens = jnp.asarray(  # [batch, length]: the batch's length bucket, not inputs_length
+        batching.pad_batch(batch_examples, settings.batch_size, length)
+      )
+      rng = jax.random.fold_in(jax.random.PRNGKey(settings.seed), batch_examples[0].index)
+      for run in runs:  # at the first batch, before the manifest is written: the calibration
+        if isinstance(run.decode, auto_gamma.AutoGamma):
+          run.decode.calibrate(encoder_tokens, rng)  # the cache's, or measured on this batch
+      for run in runs:
+        if all(e.index in run.records for e in batch_examples):
+          continue
+        auto, decode, variant = None, run.decode, ()
+        if isinstance(run.decode, auto_gamma.AutoGamma):
+          auto = run.decode
+          choice = auto.choose()
+          decode, variant = auto.decode_fn(choice.gamma), (choice.gamma,)
+        records = _decode_batch(
+          run, decode, variant, batch_examples, encoder_tokens, rng, inputs.vocabulary
+        )
+        if auto is not None:
+          for row in records.values():
+            row["gamma"] = choice.gamma
+        with interrupts.deferred():  # the records, their timings and the manifest: all or none
+          claim()
+          run.records.update(records)
+          outputs.write_records(settings.output_dir, runs, run)
+          if auto is not None:
+            auto.observe(choice, [records[e.index] for e in batch_examples])
 
 
 def _decode_batch(
   run: outputs.ModeRun,
+  decode: modes.DecodeFn,
+  variant: tuple,
   batch_examples: Sequence[infer_inputs.Example],
   encoder_tokens: jax.Array,
   rng,
   vocabulary,
-) -> None:
-  """One mode over one batch, timed warm (the first call at each input length compiles and is
-  timed apart); the rows' records go into `run.records`."""
-  if encoder_tokens.shape not in run.compiled_shapes:  # compile this shape outside the timing
+) -> dict[int, dict]:
+  """One mode over one batch with `decode`, timed warm (the first call of each `variant`, an
+  'auto' mode's gamma, at each input length compiles and is timed apart): {example index: its
+  record}."""
+  compiled = (encoder_tokens.shape, *variant)
+  if compiled not in run.compiled_shapes:  # compile this shape outside the timing
     t0 = time.perf_counter()
     with resources.CompileCounter() as compiles:
-      jax.block_until_ready(run.decode(encoder_tokens, rng))
+      jax.block_until_ready(decode(encoder_tokens, rng))
     run.compile_s = (run.compile_s or 0.0) + time.perf_counter() - t0
     run.compiles_first_call += compiles.count
-    run.compiled_shapes.add(encoder_tokens.shape)
+    run.compiled_shapes.add(compiled)
   with resources.CompileCounter() as compiles:
     t0 = time.perf_counter()
-    result = run.decode(encoder_tokens, rng)
+    result = decode(encoder_tokens, rng)
     jax.block_until_ready(result)
     seconds = time.perf_counter() - t0
   run.compiles_warm += compiles.count
@@ -240,8 +372,8 @@ def _decode_batch(
     raise FloatingPointError(
       f"NaN/inf logits while decoding examples {[e.index for e in batch_examples]}"
     )
-  for row, example in enumerate(batch_examples):
-    run.records[example.index] = outputs.record(
+  return {
+    example.index: outputs.record(
       example,
       vocabulary,
       tokens[row],
@@ -250,6 +382,8 @@ def _decode_batch(
       seconds,
       len(batch_examples),
     )
+    for row, example in enumerate(batch_examples)
+  }
 
 
 def _summary(
@@ -265,13 +399,10 @@ def _summary(
     "examples": len(indices),
     "inputs_truncated": inputs.num_truncated,
     "inputs_length": s.inputs_length,
-    "batch_size": s.batch_size,
-    "gamma": s.gamma,
-    "drafter": s.drafter,
-    **s.method_knobs(),
-    **s.decoding_knobs(),
+    **s.output_settings(),
+    "settings": s.output_settings(),  # as the manifest records them; the report's header
     "machine": infer_report.machine(),
-    "decode_path": s.decode_path().line,
+    "decode_path": s.decode_path().line,  # the manifest's name of the path, and why
   }
   for run in runs:
     records = [run.records[i] for i in indices]
@@ -279,6 +410,8 @@ def _summary(
     summary[run.name]["compile_s"] = run.compile_s
     summary[run.name]["compiles_first_call"] = run.compiles_first_call
     summary[run.name]["compiles_warm"] = run.compiles_warm
+    if isinstance(run.decode, auto_gamma.AutoGamma):
+      summary["gamma_policy"] = run.decode.summary()
   summary["peak_rss_mib"] = resources.peak_rss_mib()
   by_name = {run.name: run for run in runs}
   if "baseline" in by_name and "speculative" in by_name:

@@ -9,12 +9,15 @@ import os
 from typing import Any
 from typing import Sequence
 
+from speculative import checkpoints
 from speculative import drafters as drafters_lib
 from speculative import kernels
 from speculative import sampling as sampling_lib
+from speculative.autogamma import costs
 from speculative.data import tasks
 from speculative.decode import options as decode_options
 from speculative.jobs import checks
+from speculative.jobs import runtime
 from speculative.models import t5 as t5_lib
 
 MODES = ("baseline", "speculative")
@@ -43,6 +46,10 @@ NGRAM_REFUSAL = (
 SPECTR_DRAFTERS = ("model",)
 # gamma: draft tokens per target call. Past ~32 the verify call costs more than drafting saves.
 GAMMA_RANGE = (1, 32)
+# gamma = 'auto': the job chooses gamma in 0..gamma_max per batch from measured costs and the
+# acceptance it observes (speculative/infer/auto_gamma.py); gamma_max None = DEFAULT_GAMMA_MAX.
+AUTO = "auto"
+DEFAULT_GAMMA_MAX = 7
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,7 +73,9 @@ class InferSettings:
   method: str = "speculative"
   num_drafts: int = 1
   batch_size: int = 1
-  gamma: int = 4
+  gamma: int | str = 4
+  gamma_max: int | None = None
+  calibration_file: str | None = None
   drafter: str = "model"
   draft_stop_below: float = 0.0
   adaptive_verify: bool = False
@@ -97,6 +106,7 @@ class InferSettings:
     _check_models(self)
     _check_paths(self)
     sampling_lib.make_sampling(self.temperature, self.top_k, self.top_p)[1].validate()
+    _check_weights(self)  # last: it reads (hashes) the weights files
 
   @property
   def speculative(self) -> bool:
@@ -122,6 +132,23 @@ class InferSettings:
     return self.speculative and drafters_lib.needs_draft_model(self.drafter)
 
   @property
+  def auto_gamma(self) -> bool:
+    """gamma = 'auto': chosen per batch from measured costs (speculative/infer/auto_gamma.py)."""
+    return self.gamma == AUTO
+
+  @property
+  def max_gamma(self) -> int:
+    """The largest gamma a decode may use: gamma itself, or gamma_max under 'auto'."""
+    if self.auto_gamma:
+      return DEFAULT_GAMMA_MAX if self.gamma_max is None else int(self.gamma_max)
+    return int(self.gamma)
+
+  @property
+  def calibration_path(self) -> str:
+    """Where an 'auto' job's measured costs are cached (`autogamma.costs.default_cache_file`)."""
+    return self.calibration_file or costs.default_cache_file()
+
+  @property
   def exact(self) -> bool:
     """lenience 1: the speculative output is the target's (l < 1 changes it)."""
     return float(self.lenience) == 1.0
@@ -134,16 +161,36 @@ class InferSettings:
   def max_new_tokens(self) -> int:
     return int(self.task_feature_lengths["targets"])
 
-  def decoding_knobs(self) -> dict[str, Any]:
-    """The knobs that shape the decoded tokens besides gamma and the drafter (manifest, summary)."""
+  def output_settings(self) -> dict[str, Any]:
+    """Every setting besides the inputs and the weights that can change an output, one entry each:
+    the manifest records them (a resume must match each), metrics.json holds them and the report's
+    header names them (`infer.report`). A new such setting is one line here (and one row of
+    tests/infer/test_resume_fingerprint.py)."""
     return {
+      "batch_size": self.batch_size,
+      "drafter": self.drafter if self.speculative else None,
+      "gamma": self.gamma,
+      **({"gamma_max": self.max_gamma} if self.auto_gamma else {}),
+      # SpecTr's method and K only with METHOD = 'spectr' (one-draft manifests stay as they were).
+      **({"method": self.method, "num_drafts": self.num_drafts} if self.spectr else {}),
       "draft_stop_below": self.draft_stop_below,
       "adaptive_verify": self.adaptive_verify,
       "lenience": self.lenience,
       "temperature": self.temperature,
       "top_k": self.top_k,
       "top_p": self.top_p,
+      "seed": self.seed,
+      "decode_path": self.decode_path().name,
+      "param_dtype": runtime.PARAM_DTYPE,
+      "dtype": self.compute_dtype(),
     }
+
+  def compute_dtype(self) -> str:
+    """The models' activation dtype (their configs' `dtype`): 'float32', or 'target bfloat16,
+    draft float32' where the two differ."""
+    target = str(self.target_config.dtype)
+    draft = str(self.draft_config.dtype) if self.needs_draft_model else target
+    return target if draft == target else f"target {target}, draft {draft}"
 
   def decode_path(self) -> kernels.policy.Path:
     """The job's matmul path (the CPU kernels or XLA's dot), chosen once (`kernels.policy`: by
@@ -158,21 +205,17 @@ class InferSettings:
       f"{self.batch_size}",
     )
 
-  def method_knobs(self) -> dict[str, Any]:
-    """The method and K, recorded (manifest, summary) only with METHOD = 'spectr', so the
-    manifests of one-draft jobs stay as they were; L is the gamma."""
-    return {"method": self.method, "num_drafts": self.num_drafts} if self.spectr else {}
-
   def sampling(self) -> tuple[sampling_lib.SamplingConfig, sampling_lib.SamplingParams]:
     return sampling_lib.make_sampling(self.temperature, self.top_k, self.top_p)
 
-  def decode_options(self) -> decode_options.DecodeOptions:
-    """The static options of the job's decode loops (both modes)."""
+  def decode_options(self, gamma: int | None = None) -> decode_options.DecodeOptions:
+    """The static options of the job's decode loops: both modes at the job's gamma, or (an 'auto'
+    job) the baseline with `gamma` None and the speculative mode at each chosen `gamma`."""
     return decode_options.DecodeOptions(
       max_new_tokens=self.max_new_tokens,
       sampling=self.sampling()[0],
       eos_id=tasks.EOS_ID,
-      gamma=self.gamma,
+      gamma=gamma if self.auto_gamma else self.gamma,
       adaptive_verify=self.adaptive_verify,
     )
 
@@ -212,7 +255,10 @@ def _check_method(s: InferSettings) -> None:
     return
   refuse = lambda why: ValueError(f"method (METHOD) = 'spectr': {why}")  # noqa: E731
   if isinstance(s.gamma, str):  # GAMMA = 'auto' (chosen from measured costs) is one-draft only
-    raise refuse(f"GAMMA must be an integer draft length L, got {s.gamma!r}")
+    raise refuse(
+      f"GAMMA must be an integer draft length L (e.g. GAMMA = 3), got {s.gamma!r}: 'auto' "
+      "chooses a one-draft gamma from measured costs"
+    )
   if "speculative" not in s.modes:
     raise refuse(
       "SpecTr is decoded beside one-draft speculative decoding; modes must include "
@@ -238,7 +284,7 @@ def _check_method(s: InferSettings) -> None:
 
 def _check_knobs(s: InferSettings) -> None:
   checks.check_int("batch_size", s.batch_size, 1)
-  checks.check_int("gamma", s.gamma, *GAMMA_RANGE)
+  _check_gamma(s)
   checks.check_float("temperature", s.temperature, 0.0)
   checks.check_int("top_k", s.top_k, 0)
   checks.check_float("top_p", s.top_p, 0.0, 1.0, low_inclusive=False)
@@ -257,6 +303,36 @@ def _check_knobs(s: InferSettings) -> None:
   kernels.policy.choose(s.kernels, s.batch_size)
 
 
+def _check_gamma(s: InferSettings) -> None:
+  """gamma: an int in GAMMA_RANGE or 'auto'; gamma_max only with 'auto', in GAMMA_RANGE; 'auto'
+  replaces the other per-step gamma rules (refused beside them) and needs a writable cache."""
+  if s.gamma != AUTO:
+    if isinstance(s.gamma, str):
+      raise ValueError(f"gamma must be an int in {list(GAMMA_RANGE)} or 'auto', got {s.gamma!r}")
+    checks.check_int("gamma (or 'auto')", s.gamma, *GAMMA_RANGE)
+    if s.gamma_max is not None:
+      raise ValueError(
+        f"gamma_max (GAMMA_MAX = {s.gamma_max!r}) bounds gamma = 'auto' only; with gamma "
+        f"{s.gamma} leave it None"
+      )
+    return
+  checks.check_int("gamma_max (None = 7)", s.gamma_max, *GAMMA_RANGE, allow_none=True)
+  if s.draft_stop_below:
+    raise ValueError(
+      "gamma = 'auto' chooses each batch's gamma from measured costs; draft_stop_below "
+      f"({s.draft_stop_below}) shortens drafts by another rule: use one of the two"
+    )
+  if s.adaptive_verify:
+    raise ValueError(
+      "gamma = 'auto' chooses each batch's verify width from measured costs; adaptive_verify "
+      "narrows it by another rule: use one of the two"
+    )
+  if s.calibration_file is not None and not isinstance(s.calibration_file, str):
+    raise ValueError(f"calibration_file must be a path or None, got {s.calibration_file!r}")
+  if s.speculative:
+    costs.check_cache_file(s.calibration_path)
+
+
 def _check_feature_lengths(task_feature_lengths: Any) -> None:
   if not isinstance(task_feature_lengths, dict) or set(task_feature_lengths) != {
     "inputs",
@@ -273,7 +349,7 @@ def _check_models(s: InferSettings) -> None:
   if not isinstance(s.target_config, t5_lib.T5Config):
     raise ValueError(f"target_config must be a t5.T5Config, got {type(s.target_config).__name__}")
   checks.check_readable("target_checkpoint", s.target_checkpoint)
-  if not (s.speculative and s.drafter != "prompt_lookup"):
+  if not s.needs_draft_model:
     return
   if s.draft_config is None or not s.draft_checkpoint:
     raise ValueError(
@@ -288,6 +364,14 @@ def _check_models(s: InferSettings) -> None:
       f"{s.target_config.vocab_size}"
     )
   checks.check_readable("draft_checkpoint", s.draft_checkpoint)
+
+
+def _check_weights(s: InferSettings) -> None:
+  """Each weights path the job loads is weights of its model config (`checkpoints.check_weights`):
+  refused here, with one line naming it, before anything loads or compiles."""
+  checkpoints.check_weights("target_checkpoint", s.target_checkpoint, s.target_config)
+  if s.needs_draft_model:
+    checkpoints.check_weights("draft_checkpoint", s.draft_checkpoint, s.draft_config)
 
 
 def _check_paths(s: InferSettings) -> None:

@@ -3,6 +3,7 @@ an error that names the knob. No gin, no jax.
 
   check_int / check_float / check_choice    type and range of a knob, ValueError naming it
   check_readable / probe_writable            paths: readable inputs, a writable output directory
+  remove_created                             the output directory a failed job created, removed
   resolve_input_path                         a relative input path missing here, found under the repo
   resolve_input_fields                       resolve_input_path on a settings object's input fields
   check_not_tracked                          an output path that is no file git tracks here
@@ -123,9 +124,24 @@ def resolve_input_fields(settings: Any, names: Sequence[str]) -> None:
     object.__setattr__(settings, name, value)
 
 
-def probe_writable(directory: str) -> None:
+def probe_writable(directory: str) -> str | None:
   """Creates `directory` if needed and writes+deletes a probe file in it, so that an unwritable
-  output directory fails now rather than after the compute."""
+  output directory fails now rather than after the compute. Returns the outermost directory it
+  created (None: `directory` existed), which a job that fails before writing removes
+  (`remove_created`). A path that is, or lies under, a file is refused naming that file."""
+  absolute = os.path.abspath(directory)
+  existing = absolute
+  while not os.path.lexists(existing):
+    existing = os.path.dirname(existing)
+  if not os.path.isdir(existing):
+    raise NotADirectoryError(
+      f'output directory {directory} is a file, not a directory'
+      if existing == absolute
+      else f'output directory {directory} cannot be created: {existing} is a file'
+    )
+  created = None
+  if existing != absolute:  # the first missing directory below the deepest existing one
+    created = os.path.join(existing, os.path.relpath(absolute, existing).split(os.sep)[0])
   try:
     os.makedirs(directory, exist_ok=True)
     probe = os.path.join(directory, f'.write-probe-{os.getpid()}')
@@ -134,6 +150,23 @@ def probe_writable(directory: str) -> None:
     os.remove(probe)
   except OSError as e:
     raise PermissionError(f'output directory {directory} is not writable: {e.strerror or e}') from e
+  return created
+
+
+def remove_created(directory: str, created: str | None) -> None:
+  """Removes `directory` and its parents up to `created` (what `probe_writable` created), each only
+  if it is empty: a job that failed before writing anything leaves no directory behind."""
+  if created is None:
+    return
+  current, top = os.path.abspath(directory), os.path.abspath(created)
+  while current.startswith(top):
+    try:
+      os.rmdir(current)
+    except OSError:  # not empty (or gone): keep it and everything above
+      return
+    if current == top:
+      return
+    current = os.path.dirname(current)
 
 
 def tracked_by_git(path: str | os.PathLike, repo_root: str | os.PathLike = REPO_ROOT) -> bool:
@@ -166,16 +199,20 @@ def check_not_tracked(name: str, path: Any, allowed_by: str, repo_root=REPO_ROOT
     )
 
 
+USER_ERRORS = (ValueError, OSError, RuntimeError)
+
+
 @contextlib.contextmanager
-def user_errors():
-  """Marks a ValueError, OSError or RuntimeError raised inside as the user's to fix (a bad setting,
-  path or input file, a refused resume, a locked output directory): the runners' command line
-  (`gin_utils.run_gin_main`) prints its message alone and exits non-zero, without a traceback.
-  The exception itself is re-raised unchanged, so Python callers catch it as before. Wrap a job's
-  checks, which run before any compute, and nothing else."""
+def user_errors(types: tuple[type[BaseException], ...] = USER_ERRORS):
+  """Marks an error of `types` (default: a ValueError, OSError or RuntimeError) raised inside as the
+  user's to fix (a bad setting, path or input file, a refused resume, a locked output directory):
+  the runners' command line (`gin_utils.run_gin_main`) prints its message alone and exits
+  non-zero, without a traceback. The exception itself is re-raised unchanged, so Python callers
+  catch it as before. Wrap a job's checks, which run before any compute, and nothing else; a
+  weights load, with the narrower `checkpoints.LOAD_ERRORS` (a file that fails to parse)."""
   try:
     yield
-  except (ValueError, OSError, RuntimeError) as e:
+  except types as e:
     e.user_message = str(e)
     raise
 

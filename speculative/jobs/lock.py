@@ -14,6 +14,7 @@ import json
 import os
 from typing import Any
 from typing import Mapping
+from typing import Sequence
 
 LOCK_FILE = '.lock'
 MANIFEST_FILE = 'manifest.json'
@@ -33,27 +34,40 @@ class OutputLock:
   def __init__(self, directory: str):
     self.path = os.path.join(directory, LOCK_FILE)
     self._fd: int | None = None
+    self.created = False  # this run created the lock file (it was not there before)
 
   def acquire(self) -> 'OutputLock':
-    fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-      fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError as e:
-      holder = os.pread(fd, 64, 0).decode(errors='replace').strip() or 'unknown'
+    while True:
+      existed = os.path.exists(self.path)
+      fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+      try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+      except OSError as e:
+        holder = os.pread(fd, 64, 0).decode(errors='replace').strip() or 'unknown'
+        os.close(fd)
+        if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+          raise RuntimeError(
+            f'{os.path.dirname(self.path)} is in use by another run (pid {holder}, '
+            f'lock {self.path}); wait for it or use another output directory'
+          ) from None
+        raise
+      if _same_file(fd, self.path):
+        break
+      # The holder removed the lock file (`release(remove=True)`) between our open and our
+      # flock: this lock is on a file no other run sees. Take the one at the path instead.
       os.close(fd)
-      if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-        raise RuntimeError(
-          f'{os.path.dirname(self.path)} is in use by another run (pid {holder}, '
-          f'lock {self.path}); wait for it or use another output directory'
-        ) from None
-      raise
     os.ftruncate(fd, 0)
     os.pwrite(fd, str(os.getpid()).encode(), 0)
     self._fd = fd
+    self.created = not existed
     return self
 
-  def release(self) -> None:
+  def release(self, remove: bool = False) -> None:
+    """Unlocks; `remove`: also deletes the lock file (while still holding it), so that a run that
+    failed before writing leaves its output directory as it found it."""
     if self._fd is not None:
+      if remove and _same_file(self._fd, self.path):
+        os.remove(self.path)
       fcntl.flock(self._fd, fcntl.LOCK_UN)
       os.close(self._fd)
       self._fd = None
@@ -63,6 +77,16 @@ class OutputLock:
 
   def __exit__(self, *exc) -> None:
     self.release()
+
+
+def _same_file(fd: int, path: str) -> bool:
+  """The open file `fd` is the file at `path` (not one removed since it was opened)."""
+  try:
+    st = os.stat(path)
+  except FileNotFoundError:
+    return False
+  own = os.fstat(fd)
+  return (st.st_dev, st.st_ino) == (own.st_dev, own.st_ino)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -91,7 +115,9 @@ def manifest_differences(old: Mapping[str, Any], new: Mapping[str, Any]) -> list
   ]
 
 
-def check_manifest(directory: str, manifest: Mapping[str, Any], overwrite_hint: str) -> bool:
+def check_manifest(
+  directory: str, manifest: Mapping[str, Any], overwrite_hint: str, ignore: Sequence[str] = ()
+) -> bool:
   """Whether `directory` holds outputs made with `manifest` (True: resume them).
 
   False if there is no manifest and no outputs; ValueError naming every differing field with its
@@ -111,7 +137,7 @@ def check_manifest(directory: str, manifest: Mapping[str, Any], overwrite_hint: 
         f'output directory or {overwrite_hint}'
       )
     return False
-  diffs = manifest_differences(old, manifest)
+  diffs = manifest_differences({k: v for k, v in old.items() if k not in ignore}, manifest)
   if diffs:
     raise ValueError(
       f'{directory} holds outputs of different settings; refusing to mix them:\n  '

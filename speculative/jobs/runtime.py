@@ -6,9 +6,9 @@ call `apply_cpu_defaults()` at the top of `main`,
 before any jax computation. A user who set `XLA_FLAGS` keeps exactly their flags.
 
 `DEFAULT_CPU_XLA_FLAGS` holds the settings that made our decoding faster on the project's CPU
-machines in paired, interleaved measurements (`experiments/cpu_runtime/bench_runtime.py`; figures and the settings
-that did not help are in docs/cpu_runtime.md). Every candidate there is exact
-(token-identical to the float32 default, checked by the script and by tests/jobs/test_runtime.py).
+machines in paired, interleaved measurements (docs/cpu_runtime.md: the figures and the settings
+that did not help). Every candidate there is exact (token-identical to the float32 default,
+checked by tests/jobs/test_runtime.py).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from collections.abc import MutableMapping
 import os
 from typing import Any
 
-# Measured by experiments/cpu_runtime/bench_runtime.py (docs/cpu_runtime.md): none of the candidate
+# Measured in paired child processes (docs/cpu_runtime.md): none of the candidate
 # XLA CPU flags was faster beyond the measurement's spread, so the default adds none.
 DEFAULT_CPU_XLA_FLAGS: tuple[str, ...] = ()
 

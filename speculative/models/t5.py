@@ -228,7 +228,7 @@ class T5(interface.ModuleLM):
   use_kernels: bool = True
 
   # `extend` accepts a scalar `start` (all rows at one position), used by the baseline loop when
-  # its rows advance together (`decoding.autoregressive_decode`); not a dataclass field.
+  # its rows advance together (`decode/loops.py`'s `autoregressive_decode`); not a dataclass field.
   lockstep_extend = True
   module_type = Transformer
 

@@ -2,10 +2,10 @@
 selecting among K i.i.d. drafts so that the output is distributed exactly as the target's. One
 import for the three parts:
 
-  spectr_kseq      token-level k-Seq with the optimal rho* by bisection (the derivation of its
+  kseq.py          token-level k-Seq with the optimal rho* by bisection (the derivation of its
                    residual is that module's docstring)
-  spectr_sequence  the sequence-level selection over K draft sequences (the paper's Algorithm 3)
-  spectr_otm       the exact OTM-k optimum of tiny problems (LP and min-cut), the ground truth
+  sequence.py      the sequence-level selection over K draft sequences (the paper's Algorithm 3)
+  otm.py           the exact OTM-k optimum of tiny problems (LP and min-cut), the ground truth
 
 Notation as everywhere in this project: `p` is the TARGET distribution and `q` the DRAFT (the
 SpecTr paper uses the opposite letters). The decode loop is `speculative.decode.spectr_loop`

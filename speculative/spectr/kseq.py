@@ -42,8 +42,8 @@ residual numerator is clamped at 0 and normalized by its own sum, and falls back
 sum is 0 (then a rejection has probability 0 up to rounding, e.g. q == p). No NaNs for one-hot,
 disjoint or identical q and p.
 
-The sequence-level selection (Algorithm 3) is spectr_sequence.py; the exact OTM-k optimum of tiny
-problems (ground truth for tests) spectr_otm.py.
+The sequence-level selection (Algorithm 3) is spectr/sequence.py; the exact OTM-k optimum of tiny
+problems (ground truth for tests) spectr/otm.py.
 """
 
 from __future__ import annotations

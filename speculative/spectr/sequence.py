@@ -1,6 +1,6 @@
 """SpecTr's sequence-level selection (the paper's Algorithm 3), K i.i.d. draft sequences of length L
-per row, with k-Seq (rho*, spectr_kseq.py) as the token-level selection; vectorized over rows. The
-decode loop around it is spectr_decoding.py.
+per row, with k-Seq (rho*, spectr/kseq.py) as the token-level selection; vectorized over rows. The
+decode loop around it is decode/spectr_loop.py.
 
 The K drafts of a row form a tree walked depth by depth. At depth i (0-based) the drafts still in
 the running ("survivors": those whose first i tokens equal the i tokens emitted so far) hold i.i.d.
@@ -40,7 +40,7 @@ from speculative.spectr import kseq
 def _geometric_sum_counted(beta_value: jax.Array, count: jax.Array, max_count: int) -> jax.Array:
   """g(beta) = sum_{j < count} (1 - beta)^j for a run-time count in [0, max_count]. [...] float32.
 
-  Equals `spectr_kseq.geometric_sum(beta, count)` (the masked terms are exact zeros); count == 1 gives 1.0
+  Equals `kseq.geometric_sum(beta, count)` (the masked terms are exact zeros); count == 1 gives 1.0
   exactly, count == 0 gives 0.
   """
   one_minus = 1.0 - jnp.clip(beta_value, 0.0, 1.0)  # [...]

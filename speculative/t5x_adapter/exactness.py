@@ -2,7 +2,7 @@
 
 Greedy speculative decoding emits the target's greedy tokens, up to reduced-precision near-ties
 (docs/exactness.md). With the check on, each greedy `predict_batch_with_aux` call also decodes the
-same rows with the baseline (`decoding.autoregressive_decode`, one target step per token, same
+same rows with the baseline (`decode/loops.py`'s `autoregressive_decode`, one target step per token, same
 target parameters) and audits every row whose output differs with `speculative.decode.audit.audit_arrays`
 (first differing position, the target's float32 logits there after the shared prefix, top-2 gap,
 verdict near-tie or mismatch). A near-tie is logged (absl, INFO); a mismatch raises

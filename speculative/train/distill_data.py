@@ -1,5 +1,5 @@
 """Sequence-level distillation data: the target's own translations of the training sources as a
-training TSV for the draft (Kim & Rush 2016; docs/training.md, "Draft: distillation plan").
+training TSV for the draft (Kim & Rush 2016; docs/training.md, "On a CPU").
 
 Commands (from the repo root). First translate the training sources with the target, greedy
 (an `infer` job over a file; resumable like any job):

@@ -1,14 +1,14 @@
 """Greedy alpha of a draft against the target, teacher-forced on the target's own greedy output.
 
 Command (from the repo root; the predictions come from a baseline `infer` job of the target on the
-full test split, the command in docs/training.md "What shipped", with INFER_OUTPUT_DIR = <dir>):
+full test split, the command in docs/training.md, "The shipped pair's numbers", with INFER_OUTPUT_DIR = <dir>):
   .venv/bin/python -m speculative.train.draft_agreement models/embedded/draft.msgpack \
       --predictions <dir>/predictions-baseline.jsonl [--gamma 3 5 7] [--check_target] \
       [--target_gin_file configs/models/embedded_target.gin --target_macro EMBEDDED_TARGET \
        --target_checkpoint models/embedded/target.msgpack]
 Any target loads (its gin file and macro, its weights); the predictions must be its own greedy
 outputs (checked against their manifest), of either task (translation or summarization).
-The shipped pair's figures: docs/training.md ("Draft: distilled to the shipped target").
+The shipped pair's figures: docs/training.md ("The shipped pair's numbers").
 
 In greedy speculative decoding the draft's proposal at position t is accepted exactly when its
 argmax given the target's prefix y_<t equals y_t, the target's own argmax there. So one batched

@@ -15,7 +15,7 @@ then, at once while the machine is warm, a second call returns the rest:
 and `python -m speculative.train.transport collect` joins and verifies both calls' files here.
 To continue a trained pair instead (both models from their weights, fresh optimizers, the one
 draft shape that ships), carry it over in parts (`transport pack_upload` here, one part per call,
-`transport unpack_upload` there; docs/training.md, "The pair continued on an accelerator") and add
+`transport unpack_upload` there; docs/training.md, "The pair on an accelerator") and add
 `--continue_from <folder with target.msgpack and draft.msgpack>`.
 CPU dry run of the same code at toy shapes and budgets (~2 min on 2 cores):
   .venv/bin/python -m speculative.train.pair --toy --sources .device/small_pair \

@@ -170,8 +170,9 @@ def _initial_params(s: settings_lib.TrainSettings, model: t5_lib.T5):
 def _load_float32_params(path: str, model: t5_lib.T5):
   """A T5X checkpoint directory or a `.msgpack` (e.g. a bf16 model exactly as it is served) as
   float32 device arrays, its shapes checked against `model` (the error names `path`)."""
-  params = checkpoints.load_params(path, dtype=np.float32)
-  checkpoints.validate_params(params, model.param_shapes(), name=path)
+  with checks.user_errors(checkpoints.LOAD_ERRORS):  # a file that fails to parse: one line
+    params = checkpoints.load_params(path, dtype=np.float32)
+    checkpoints.validate_params(params, model.param_shapes(), name=path)
   return jax.tree_util.tree_map(jnp.asarray, params)
 
 
@@ -420,8 +421,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     "train",
     __doc__.splitlines()[0],
     argv,
-    logging.INFO,
-    default_gin_files=("configs/train/small_target.gin",),
+    default_gin_files=("configs/train/small_target.gin",),  # INFO lines with --verbose only
   )
 
 

@@ -92,12 +92,15 @@ class TrainSettings:
     for path in (*self.train_files, self.validation_tsv, *self.exclude_heldout, *extra):
       if not os.path.isfile(path):
         raise FileNotFoundError(f"data file does not exist: {path}")
-    if self.starts_from_init_checkpoint and not os.path.exists(self.init_checkpoint):
-      raise FileNotFoundError(f"init_checkpoint does not exist: {self.init_checkpoint}")
     if self.init_checkpoint is not None and self.fork_checkpoint is not None:
       raise ValueError("set init_checkpoint or fork_checkpoint, not both")
+    # The weights the run starts from or distils from, checked before any data loads
+    # (`checkpoints.check_weights`; their shapes are checked against the model at load).
+    if self.starts_from_init_checkpoint:
+      checkpoints.check_weights("init_checkpoint", self.init_checkpoint)
     if self.starts_from_fork:
       train_checkpoints.fork_step(self.fork_checkpoint)  # names the problem before any compute
+      checkpoints.check_weights("fork_checkpoint", self.fork_checkpoint, self.model_config)
     if self.has_own_checkpoint:
       train_checkpoints.check_origin(self.output_dir, self.origin)
     if self.optimizer not in steps.OPTIMIZERS:
@@ -108,6 +111,8 @@ class TrainSettings:
       raise ValueError(f"distill_weight must be in [0, 1], got {self.distill_weight}")
     if self.distill_weight > 0 and (self.teacher_config is None or self.teacher_checkpoint is None):
       raise ValueError("distillation needs teacher_config and teacher_checkpoint")
+    if self.distill_weight > 0:
+      checkpoints.check_weights("teacher_checkpoint", self.teacher_checkpoint)
     train_data.make_buckets(self.bucket_lengths, self.tokens_per_batch)  # names a bad bucket list
     if self.input_prefixes is not None and len(self.input_prefixes) != len(self.train_files):
       raise ValueError(

@@ -407,7 +407,11 @@ def test_kernels_on_off_cpu_is_refused_before_any_work(monkeypatch, platform):
 
   monkeypatch.setattr(policy, "backend", lambda given=None: platform)
   kwargs = dict(
-    target_config=TARGET, target_checkpoint=None, draft_config=DRAFT, batch_sizes=[1, 8]
+    target_config=TARGET,
+    target_checkpoint=None,
+    draft_config=DRAFT,
+    batch_sizes=[1, 8],
+    allow_random_init=True,  # no weights: the settings' weights check passes
   )
   with pytest.raises(ValueError, match=rf"^kernels = on, but this job computes on {platform}: "):
     bench_settings.BenchmarkSettings(kernels="on", **kwargs)

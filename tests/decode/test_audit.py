@@ -140,6 +140,20 @@ def test_constructed_near_tie_depends_on_dtype():
   assert f'tok{b}' in table
 
 
+@pytest.mark.parametrize('dtype,top', [('bfloat16', 10.0), ('float32', 1.0)])
+def test_verdicts_on_both_sides_of_the_bound(dtype, top):
+  """The verdict rule on constructed float32 logits: a speculative token 0.9 bound below the top is
+  a near-tie, 1.1 bound below a mismatch, and a stopped output (-1) a mismatch however close."""
+  bound = audit.rounding_bound([top], dtype)  # C * eps(dtype) * max(|top|, 1)
+  logits = np.full((3, 5), -4.0, np.float32)
+  logits[:, 0] = top
+  logits[:, 2] = [top - 0.9 * bound, top - 1.1 * bound, top - 0.9 * bound]
+  out = audit.classify_logits(logits, np.zeros(3, np.int32), np.asarray([2, 2, -1]), dtype)
+  assert np.asarray(out['near_tie']).tolist() == [True, False, False]
+  np.testing.assert_allclose(np.asarray(out['bound']), bound, rtol=1e-6)
+  np.testing.assert_allclose(np.asarray(out['deficit'])[:2], [0.9 * bound, 1.1 * bound], rtol=1e-2)
+
+
 def test_length_only_difference_is_a_mismatch():
   model = T5(TINY)
   divergences = audit.audit_divergences(model, _params(), ENCODER[:1], [[4, 1]], [[4, 1, 7]])

@@ -390,3 +390,60 @@ def test_the_check_rejects_known_wrong_samplers(monkeypatch, control, mode):
   tokens, _ = _decode(mode, 'xla', setting, seed=3, target=target)
   assert _verdict(tokens, exact) is not None
   assert _verdict(tokens, wrong) is None  # and the planted bug is what ran
+
+
+def test_auto_gamma_batches_sample_exactly(monkeypatch):
+  """GAMMA = 'auto': SAMPLES rows of SOURCE in two batches, each decoded by the program
+  `infer.auto_gamma.AutoGamma` runs for the gamma it chose (forced here to 0, plain decoding, then
+  2), its choices observed in between: together the samples pass `_verdict` against the NumPy
+  enumeration under top-k and top-p (XLA's dot). The choice depends only on finished batches, so
+  each batch is an exact sampler whatever it chose."""
+  from speculative.autogamma import costs as costs_lib
+  from speculative.autogamma import policy
+  from speculative.decode import modes
+  from speculative.decode import options as decode_options
+  from speculative.infer import auto_gamma
+
+  setting = 'top_k+top_p'
+  options = decode_options.DecodeOptions(max_new_tokens=NEW, sampling=SAMPLING, eos_id=None)
+  params = sampling_lib.SamplingParams.create(**SETTINGS[setting])
+
+  def fns_for_gamma(gamma):
+    fns = modes.decode_fns(
+      TARGET,
+      TARGET_PARAMS,
+      drafters.ModelDrafter(DRAFT) if gamma else None,
+      DRAFT_PARAMS,
+      options=dataclasses.replace(options, gamma=gamma or None),
+      sampling_params=params,
+    )
+    return fns['speculative' if gamma else 'baseline']
+
+  calibration = costs_lib.Calibration(costs_lib.Costs((1e-3,) * 3, 1e-4), 'k', {}, 'cache', 0, 0)
+  auto = auto_gamma.AutoGamma(calibration, fns_for_gamma)
+  forced = iter([0, 2])
+  monkeypatch.setattr(
+    policy, 'choose', lambda costs, state: policy.Choice(next(forced), policy.BEST, 0.5, {})
+  )
+  half = SAMPLES // 2
+  samples = []
+  for batch in range(2):
+    choice = auto.choose()
+    result = auto.decode_fn(choice.gamma)(jnp.asarray(np.tile(SOURCE, (half, 1))), 10 + batch)
+    metrics = jax.tree.map(np.asarray, result.metrics)
+    auto.observe(
+      choice,
+      [
+        {
+          'drafted': metrics.drafted.sum(),
+          'alpha_sum': metrics.alpha_sum.sum(),
+          'index': batch,
+          'target_calls': 1,
+          'num_tokens': NEW,
+        }
+      ],
+    )
+    samples.append(np.asarray(result.tokens))
+  assert [b.choice.gamma for b in auto.batches] == [0, 2]
+  assert auto.state.drafted > 0  # the gamma-2 batch drafted and was observed
+  assert (verdict := _verdict(np.concatenate(samples), _exact(setting))) is None, verdict

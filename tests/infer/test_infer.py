@@ -87,6 +87,15 @@ def test_predictions_metrics_and_greedy_identity(setup, monkeypatch):
   assert "Walltime speedup" in (out / "report.md").read_text()
   assert "XLA compiles: baseline" in (out / "report.md").read_text()
   assert not [p for p in os.listdir(out) if ".tmp-" in p]
+  # The report's header names every setting that can change an output, as the manifest has it.
+  manifest = json.loads((out / "manifest.json").read_text())
+  assert summary["settings"] == {k: manifest[k] for k in summary["settings"]}
+  assert (
+    "Settings that change the outputs: batch_size = 2, drafter = 'model', gamma = 3, "
+    "draft_stop_below = 0.0, adaptive_verify = False, lenience = 1.0, temperature = 0.0, "
+    f"top_k = 0, top_p = 1.0, seed = 0, decode_path = '{manifest['decode_path']}', "
+    "param_dtype = 'float32', dtype = 'float32'\n"
+  ) in (out / "report.md").read_text()
 
 
 # 'on' needs the built kernels and a job that computes on CPU (the kernels' FFI handlers are CPU's).
@@ -204,7 +213,11 @@ def test_resume_under_sampling_redoes_only_what_is_missing_byte_identical(setup,
     return original(example, *args)
 
   monkeypatch.setattr(infer_outputs, "record", interrupted)
-  with pytest.raises(KeyboardInterrupt, match="^$"):
+  # Two of the three batches done by both modes; the third's baseline rows written, not its
+  # speculative ones: the interrupt says so.
+  with pytest.raises(
+    KeyboardInterrupt, match="^interrupted after 4 of 6 examples; the same command resumes$"
+  ):
     infer.infer(output_dir=str(out), **kwargs)
   done = {m: {r["index"] for r in _records(out, m)} for m in infer_settings.MODES}
   assert 2 in done["baseline"] and 2 not in done["speculative"]
@@ -356,8 +369,22 @@ def test_bad_inputs_raise_clear_errors(setup, tmp_path):
     infer.infer(output_dir=str(tmp_path / "d"), **{**kwargs, "input_file": str(empty)})
   corrupt = tmp_path / "corrupt.msgpack"
   corrupt.write_bytes(b"\x00garbage")
-  with pytest.raises(ValueError, match="corrupt params file"):
+  with pytest.raises(ValueError, match="corrupt.msgpack is not a weights file"):
     infer.infer(output_dir=str(tmp_path / "e"), **{**kwargs, "draft_checkpoint": str(corrupt)})
+  # Well-formed msgpack that is no flax array: it passes the checks and fails to parse at load,
+  # with one line naming it, and before anything is written (no output directory left).
+  import msgpack
+
+  unparsable = tmp_path / "unparsable.msgpack"
+  unparsable.write_bytes(msgpack.packb({"kernel": msgpack.ExtType(1, b"garbage")}))
+  with pytest.raises(ValueError, match=r"^corrupt params file \S+unparsable.msgpack: "):
+    infer.infer(output_dir=str(tmp_path / "e2"), **{**kwargs, "draft_checkpoint": str(unparsable)})
+  assert not (tmp_path / "e2").exists()
+  found = tmp_path / "e3"  # an empty directory that exists: left empty, no lock file in it
+  found.mkdir()
+  with pytest.raises(ValueError, match="corrupt params file"):
+    infer.infer(output_dir=str(found), **{**kwargs, "draft_checkpoint": str(unparsable)})
+  assert os.listdir(found) == []
   mismatched = dataclasses.replace(tiny_t5_config(1), vocab_size=4000)
   with pytest.raises(ValueError, match="vocab"):
     infer.infer(output_dir=str(tmp_path / "f"), **{**kwargs, "draft_config": mismatched})

@@ -139,12 +139,13 @@ def test_bad_settings_are_refused_in_one_line_before_any_model_loads(
 
 
 def test_gamma_auto_with_spectr_is_refused(setup, tmp_path):
-  """GAMMA = 'auto' (chosen from measured one-draft costs) is refused with SpecTr, naming it,
-  whichever check sees it first (here the integer check of GAMMA)."""
+  """GAMMA = 'auto' (a one-draft gamma chosen from measured costs) is refused with SpecTr in one
+  line naming it, before any model loads."""
   _, kwargs = setup
-  with pytest.raises(ValueError, match="gamma|GAMMA") as refused:
-    infer_settings.InferSettings(output_dir=str(tmp_path), **{**kwargs, "gamma": "auto"})
-  assert "'auto'" in str(refused.value)
+  with pytest.raises(ValueError, match=r"^method \(METHOD\) = 'spectr': GAMMA must be an integer"):
+    infer_settings.InferSettings(
+      output_dir=str(tmp_path), **{**kwargs, "gamma": "auto", "num_drafts": 2}
+    )
 
 
 def test_the_kernels_batch_policy_counts_k_times_b_rows(setup, tmp_path):
@@ -158,7 +159,8 @@ def test_the_kernels_batch_policy_counts_k_times_b_rows(setup, tmp_path):
     output_dir=str(tmp_path), **{**kwargs, "method": "speculative"}
   )
   assert one.decode_rows == 2 and one.job_modes == ("baseline", "speculative")
-  assert one.method_knobs() == {}
+  assert "method" not in one.output_settings() and "num_drafts" not in one.output_settings()
+  assert s.output_settings()["method"] == "spectr" and s.output_settings()["num_drafts"] == 2
 
 
 # ----------------------------------------------------------------------------------------------

@@ -242,7 +242,7 @@ def test_the_shipped_run_file_works_from_another_directory(
 
   seen = {}
 
-  def settings_only(settings):
+  def settings_only(settings, claim):
     seen["settings"] = settings
     return {}
 

@@ -54,8 +54,10 @@ def no_model_load(monkeypatch):
 
 
 # The bad-input table of docs/batch_jobs.md: (row id, how to break the job, error, message).
-def _zeros(root, tmp):
-  (tmp / "zeros.msgpack").write_bytes(bytes(64 * 1024))
+def _zeros(root, tmp):  # the target without its sidecar, 8 KiB of its arrays' bytes zeroed
+  data = bytearray((root / "t.msgpack").read_bytes())
+  data[len(data) // 2 : len(data) // 2 + 8192] = bytes(8192)
+  (tmp / "zeros.msgpack").write_bytes(bytes(data))
   return {"target_checkpoint": str(tmp / "zeros.msgpack")}
 
 
@@ -78,6 +80,61 @@ def _text(name, data):
 def _blocked_output(root, tmp):
   (tmp / "a_file").write_text("x")
   return {"output_dir": str(tmp / "a_file" / "out")}
+
+
+def _file_output(root, tmp):
+  (tmp / "a_file").write_text("x")
+  return {"output_dir": str(tmp / "a_file")}
+
+
+def _weights(role, make):
+  """A `role` ('target' or 'draft') weights path made by `make(root, tmp)`."""
+
+  def change(root, tmp):
+    return {f"{role}_checkpoint": str(make(root, tmp))}
+
+  return change
+
+
+def _empty_file(root, tmp):
+  (tmp / "e.msgpack").write_bytes(b"")
+  return tmp / "e.msgpack"
+
+
+def _empty_dir(root, tmp):
+  (tmp / "empty").mkdir()
+  return tmp / "empty"
+
+
+def _truncated(root, tmp):  # the first half of the draft, no sidecar
+  data = (root / "d.msgpack").read_bytes()
+  (tmp / "half.msgpack").write_bytes(data[: len(data) // 2])
+  return tmp / "half.msgpack"
+
+
+def _not_msgpack(root, tmp):
+  (tmp / "notes.msgpack").write_text("these are not weights\n")
+  return tmp / "notes.msgpack"
+
+
+def _t5x_without_array(root, tmp):  # a T5X checkpoint directory whose first zarr array is gone
+  params = checkpoints.load_params(root / "d.msgpack")
+  directory = checkpoints.save_t5x_checkpoint(params, tmp / "model", 1)
+  first = sorted(p for p in directory.iterdir() if p.name.startswith("target."))[0]
+  shutil.rmtree(first)
+  return tmp / "model"
+
+
+def _unrecorded_vocabulary(root, tmp):
+  """Target and draft configs of vocab_size 4000 on weights without a config sidecar (so only the
+  vocabulary check can refuse them)."""
+  paths = save_tiny_pair(tmp, SOURCES, record_config=False)
+  return {
+    "target_config": dataclasses.replace(tiny_t5_config(2), vocab_size=4000),
+    "draft_config": dataclasses.replace(tiny_t5_config(1), vocab_size=4000),
+    "target_checkpoint": paths["target_checkpoint"],
+    "draft_checkpoint": paths["draft_checkpoint"],
+  }
 
 
 BAD_INPUTS = [
@@ -120,15 +177,18 @@ BAD_INPUTS = [
   ),
   (
     "vocabulary_larger_than_target",
-    {
-      "target_config": dataclasses.replace(tiny_t5_config(2), vocab_size=4000),
-      "draft_config": dataclasses.replace(tiny_t5_config(1), vocab_size=4000),
-    },
+    _unrecorded_vocabulary,
     ValueError,
     r"the target's vocab_size 4000 is smaller than the 8000 pieces of its inputs' vocabulary "
     r"\(infer.vocabulary_path = '\S+spm8k.model'\)",
   ),
-  ("unwritable_output", _blocked_output, PermissionError, "is not writable"),
+  (
+    "output_under_a_file",
+    _blocked_output,
+    NotADirectoryError,
+    r"output directory \S+a_file/out cannot be created: \S+a_file is a file",
+  ),
+  ("output_is_a_file", _file_output, NotADirectoryError, r"\S+a_file is a file, not a directory"),
   (
     "not_utf8",
     _text("latin1.txt", b"Click OK.\nCaf\xe9\n"),
@@ -141,12 +201,42 @@ BAD_INPUTS = [
     ValueError,
     "gap.txt:2: empty input line",
   ),
-  ("zeros_weights", _zeros, checkpoints.CheckpointError, "zeros.msgpack"),
+  (
+    "empty_weights_file",
+    _weights("draft", _empty_file),
+    checkpoints.CheckpointError,
+    r"draft_checkpoint: \S+e.msgpack is empty \(0 bytes\), not a weights file",
+  ),
+  (
+    "empty_weights_dir",
+    _weights("target", _empty_dir),
+    checkpoints.CheckpointError,
+    r"target_checkpoint: no T5X checkpoint in \S+empty",
+  ),
+  (
+    "truncated_weights",
+    _weights("draft", _truncated),
+    checkpoints.CheckpointError,
+    r"draft_checkpoint: \S+half.msgpack is truncated",
+  ),
+  (
+    "not_weights",
+    _weights("target", _not_msgpack),
+    checkpoints.CheckpointError,
+    r"target_checkpoint: \S+notes.msgpack is not a weights file",
+  ),
+  (
+    "t5x_checkpoint_missing_an_array",
+    _weights("draft", _t5x_without_array),
+    checkpoints.CheckpointError,
+    r"draft_checkpoint: missing array target/",
+  ),
+  ("zeros_weights", _zeros, checkpoints.CheckpointError, "target_checkpoint: \\S+zeros.msgpack"),
   (
     "corrupt_weights",
     _flipped,
     checkpoints.CheckpointError,
-    "flipped.msgpack is corrupt or was changed",
+    "target_checkpoint: \\S+flipped.msgpack is corrupt or was changed",
   ),
   (
     "wrong_config_same_shapes",
@@ -218,8 +308,11 @@ def test_bad_input_table(setup, tmp_path, no_model_load, row_id, change, error, 
   root, kwargs = setup
   kwargs = {**kwargs, "output_dir": str(tmp_path / "out")}
   kwargs.update(change(root, tmp_path) if callable(change) else change)
+  existed = os.path.exists(kwargs["output_dir"])
   with pytest.raises(error, match=message) as info:
     infer.infer(**kwargs)
+  # Refused before anything was written: no output directory made, no lock file left.
+  assert os.path.exists(kwargs["output_dir"]) == existed
   # The error reads as docs/batch_jobs.md documents it.
   documented = _docs_tables()[0][row_id]
   raised = f"{type(info.value).__name__}: {info.value}"
@@ -236,6 +329,12 @@ def test_a_target_much_larger_than_the_vocabulary_warns(setup, tmp_path, caplog)
     "target_config": dataclasses.replace(tiny_t5_config(2), vocab_size=32128),
     "draft_config": dataclasses.replace(tiny_t5_config(1), vocab_size=32128),
     "output_dir": str(tmp_path / "out"),
+    # Weights without a config sidecar: with one, check_weights refuses the vocab_size first.
+    **{
+      k: v
+      for k, v in save_tiny_pair(tmp_path, SOURCES, record_config=False).items()
+      if k.endswith("_checkpoint")
+    },
   }
   settings = infer_settings.InferSettings(**{**kwargs, **t5_sized})
   with caplog.at_level(logging.WARNING):
@@ -382,6 +481,50 @@ def test_train_killed_at_a_random_write_ends_byte_identical(kill_soak, tmp_path)
   assert (out / "export.msgpack").is_file()
   assert (out / "checkpoint_24" / "optax_state.msgpack").is_file()
   assert not [p for p in out.rglob("*") if ".tmp" in p.name]
+
+
+@pytest.mark.slow
+def test_sigint_and_sigterm_end_the_cli_with_one_line(kill_soak, tmp_path):
+  """The real CLI, sent SIGINT (Ctrl-C) or SIGTERM just after a batch's speculative records are
+  written: one stderr line saying how far it got, exit status 130 / 143, the records of the finished
+  batches only and no temporary; the same command then resumes to predictions byte-identical to an
+  uninterrupted run's."""
+  import signal
+
+  work = tmp_path / "work"
+  kill_soak.prepare_infer(work)
+  cache = {
+    "JAX_COMPILATION_CACHE_DIR": str(tmp_path / "xla_cache"),
+    "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
+  }
+  path = os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])
+  env = dict(os.environ, PYTHONPATH=path, **cache)
+  subprocess.run(
+    kill_soak.infer_command(work, tmp_path / "reference"), cwd=REPO, env=env, check=True
+  )
+  reference = kill_soak.infer_outputs(tmp_path / "reference")
+  # (signal, the write of predictions-speculative.jsonl it follows, exit status, examples done).
+  for signum, count, status, done in ((signal.SIGINT, 2, 130, 4), (signal.SIGTERM, 3, 143, 6)):
+    out = tmp_path / signal.Signals(signum).name
+    cmd = kill_soak.infer_command(work, out)
+    code, stderr = kill_soak.signal_at_write(
+      cmd,
+      out,
+      "predictions-speculative.jsonl",
+      count,
+      signum,
+      log=out.with_suffix(".log"),
+      env=cache,
+    )
+    assert (code, stderr) == (
+      status,
+      f"speculative-infer: interrupted after {done} of 24 examples; the same command resumes\n",
+    )
+    lines = {name: data.count(b"\n") for name, data in kill_soak.infer_outputs(out).items()}
+    assert lines == {f"predictions-{m}.jsonl": done for m in ("baseline", "speculative")}
+    assert not kill_soak.leftovers(out)
+    subprocess.run(cmd, cwd=REPO, env=env, check=True, capture_output=True)
+    assert kill_soak.infer_outputs(out) == reference
 
 
 @pytest.mark.parametrize(

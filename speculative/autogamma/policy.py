@@ -1,0 +1,152 @@
+"""The job's choice of gamma per batch: Theorem 3.8 with measured costs and the observed acceptance.
+
+A job with `GAMMA = 'auto'` decodes each batch of its speculative mode at one gamma in
+{0, 1, ..., gamma_max}; 0 is plain decoding (the baseline loop: no draft call, a 1-token target
+step). Before each batch the job calls `choose`, decodes, then `observe`s what the batch drafted and
+accepted. Everything here is host-side arithmetic on numbers the job already has (the measured
+`costs.Costs` and the records' `drafted` / `alpha_sum`), deterministic, so a resumed job replays the
+same choices from its finished records (`replay`).
+
+The rule, in the order `choose` applies it:
+  1. alpha: the acceptance estimate. alpha_sum / drafted over what the job has drafted (each
+     position's sum_x min(p, q), the paper's beta, summed over the batch's rows: one width serves
+     the whole batch per step, so the rows' acceptances combine as this pooled ratio), with older
+     batches' counts decayed by half every HALF_LIFE drafted tokens, plus PRIOR_WEIGHT pseudo-drafts
+     at PRIOR_ALPHA. The prior is optimistic on purpose: a job that has drafted nothing yet
+     speculates (when the costs allow it) and so measures its acceptance first.
+  2. The predicted speedup of each gamma: Theorem 3.8 with the measured costs, the expected tokens
+     per step (Eq. 1) over the step's time relative to a plain step (`costs.Costs.step`: the model
+     calls v(gamma + 1) + gamma d(1), anchored on the measured steps of the compiled loops); gamma
+     0 is 1.
+  3. The best gamma; the previous batch's gamma is kept while it predicts within HYSTERESIS of the
+     best (a new gamma compiles a new loop; noise in alpha should not).
+  4. Gamma 0 does not lock in (alpha only moves on batches that draft). The probe rule: when
+     gamma 0 is chosen but some gamma would pay at alpha = 1 (the measured costs' ceiling), every
+     PROBE_EVERY-th consecutive plain batch is decoded at the best gamma >= 1 instead; its
+     acceptance enters alpha like any other batch's. When not even alpha = 1 pays, the job never
+     probes (the costs do not change within a job).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Iterable
+
+from speculative import analysis
+from speculative.autogamma import costs as costs_lib
+
+PRIOR_ALPHA = 0.8
+PRIOR_WEIGHT = 4.0  # pseudo-drafted tokens at PRIOR_ALPHA
+HALF_LIFE = 256.0  # drafted tokens after which older batches count half
+HYSTERESIS = 0.02  # keep the previous gamma while within 2% of the best prediction
+PROBE_EVERY = 8  # the probe rule: every 8th consecutive plain batch drafts
+
+# Why a batch got its gamma (the report counts batches per reason).
+BEST = 'best'
+KEPT = 'kept'
+PROBE = 'probe'
+NEVER_PAYS = 'never pays'
+
+
+@dataclasses.dataclass(frozen=True)
+class PolicyState:
+  """What the choice remembers between batches.
+
+  Attributes:
+    alpha_sum: decayed sum over drafted positions of sum_x min(p(x), q(x)).
+    drafted: decayed count of drafted positions (same decay).
+    plain_streak: consecutive batches decoded at gamma 0 (reset by any batch that drafts).
+    gamma: the previous batch's gamma (None before the first).
+  """
+
+  alpha_sum: float = 0.0
+  drafted: float = 0.0
+  plain_streak: int = 0
+  gamma: int | None = None
+
+  def alpha(self) -> float:
+    """The acceptance estimate (rule 1)."""
+    return (self.alpha_sum + PRIOR_ALPHA * PRIOR_WEIGHT) / (self.drafted + PRIOR_WEIGHT)
+
+
+@dataclasses.dataclass(frozen=True)
+class Choice:
+  """One batch's gamma and what it was chosen from.
+
+  Attributes:
+    gamma: in [0, gamma_max]; 0 = plain decoding.
+    reason: BEST, KEPT, PROBE or NEVER_PAYS.
+    alpha: the acceptance estimate it used.
+    predicted: {gamma: predicted speedup over plain decoding} at that alpha.
+  """
+
+  gamma: int
+  reason: str
+  alpha: float
+  predicted: dict[int, float]
+
+
+def predicted_speedups(costs: costs_lib.Costs, alpha: float) -> dict[int, float]:
+  """{gamma: Theorem 3.8's speedup over plain decoding} for gamma in 0..costs.gamma_max: the
+  expected tokens per step (Eq. 1) times the plain loop's step over the gamma loop's
+  (`Costs.step`). Without the measured loop steps this is `analysis.walltime_improvement` with
+  c = d(1) / t(1) and v(T) / t(1)."""
+  return {
+    g: float(analysis.expected_tokens(alpha, g)) * costs.step(0) / costs.step(g)
+    for g in range(costs.gamma_max + 1)
+  }
+
+
+def reference_gamma(costs: costs_lib.Costs) -> int:
+  """The gamma >= 1 the model calls alone predict best at PRIOR_ALPHA: the speculative loop whose
+  step the calibration measures (the one a new job is most likely to run first)."""
+  speedups = predicted_speedups(costs, PRIOR_ALPHA)
+  return _argmax(speedups, range(1, costs.gamma_max + 1))
+
+
+def _argmax(speedups: dict[int, float], gammas: Iterable[int]) -> int:
+  """The gamma of the largest prediction among `gammas` (ties: the smaller gamma)."""
+  return max(gammas, key=lambda g: (speedups[g], -g))
+
+
+def choose(costs: costs_lib.Costs, state: PolicyState) -> Choice:
+  """The gamma of the next batch (the module docstring's rules 1-4)."""
+  alpha = state.alpha()
+  speedups = predicted_speedups(costs, alpha)
+  gammas = range(costs.gamma_max + 1)
+  best = _argmax(speedups, gammas)
+  chosen, reason = best, BEST
+  if state.gamma is not None and speedups[state.gamma] >= (1.0 - HYSTERESIS) * speedups[best]:
+    chosen, reason = state.gamma, (BEST if state.gamma == best else KEPT)
+  if chosen == 0:
+    if max(predicted_speedups(costs, 1.0).values()) <= 1.0:
+      return Choice(0, NEVER_PAYS, alpha, speedups)
+    if state.plain_streak + 1 >= PROBE_EVERY:
+      return Choice(_argmax(speedups, gammas[1:]), PROBE, alpha, speedups)
+  return Choice(chosen, reason, alpha, speedups)
+
+
+def observe(state: PolicyState, gamma: int, drafted: int, alpha_sum: float) -> PolicyState:
+  """The state after a batch decoded at `gamma` drafted `drafted` positions (all rows) whose
+  sum_x min(p, q) summed to `alpha_sum`."""
+  if gamma == 0:
+    return dataclasses.replace(state, plain_streak=state.plain_streak + 1, gamma=0)
+  keep = 0.5 ** (drafted / HALF_LIFE)
+  return PolicyState(
+    alpha_sum=state.alpha_sum * keep + alpha_sum,
+    drafted=state.drafted * keep + drafted,
+    plain_streak=0,
+    gamma=gamma,
+  )
+
+
+def observe_records(state: PolicyState, gamma: int, records: Iterable[dict]) -> PolicyState:
+  """`observe` of one batch from its rows' records (`drafted`, `alpha_sum`): the job and its
+  resume both observe through here, so a resumed job reaches the same state bit for bit."""
+  records = list(records)
+  return observe(
+    state,
+    gamma,
+    sum(int(r['drafted']) for r in records),
+    sum(float(r['alpha_sum']) for r in records),
+  )

@@ -1,0 +1,124 @@
+"""The per-batch gamma choice (speculative/autogamma/policy.py) on injected costs: exact choices, the
+probe rule out of gamma 0, and the decayed acceptance estimate."""
+
+import dataclasses
+
+import pytest
+
+from speculative.autogamma import costs as costs_lib
+from speculative.autogamma import policy
+
+
+def _costs(verify_ratios, draft_ratio, t1=1e-3):
+  """Costs with v(T) = verify_ratios[T-1] * t1 and d(1) = draft_ratio * t1."""
+  return costs_lib.Costs(tuple(r * t1 for r in verify_ratios), draft_ratio * t1)
+
+
+# v(T) proportional to T: a compute-bound verify. With any draft cost, gamma tokens at alpha 1 cost
+# (gamma + 1) target steps plus the drafts: speculation can never pay.
+ONLY_PLAIN_PAYS = _costs([1, 2, 3, 4, 5, 6, 7, 8], 0.5)
+# A flat verify (the paper's TPU assumption) and a draft step 0.12 of the target's: at alpha 0.8,
+# Theorem 3.8 gives 1.607, 1.968, 2.171, 2.271, 2.306, 2.297, 2.261 for gamma 1..7: gamma 5.
+FIVE_AT_ALPHA_08 = _costs([1] * 8, 0.12)
+# A verify that grows by half a step per token and a draft step 0.1: gamma 1 pays iff
+# (1 + alpha) / 1.6 > 1, i.e. alpha > 0.6; at alpha 1 it predicts 1.25x.
+PAYS_ABOVE_06 = _costs([1 + 0.5 * t for t in range(8)], 0.1)
+
+
+def _confident(alpha, drafted=100_000):
+  """A state that has drafted so much at `alpha` that the prior no longer moves the estimate."""
+  return policy.PolicyState(alpha_sum=alpha * drafted, drafted=drafted)
+
+
+def test_theorem_3_8_with_the_measured_costs():
+  speedups = policy.predicted_speedups(FIVE_AT_ALPHA_08, 0.8)
+  assert speedups[0] == 1.0
+  want = [1.607, 1.968, 2.171, 2.271, 2.306, 2.297, 2.261]
+  assert [round(speedups[g], 3) for g in range(1, 8)] == want
+  # The verify ratios enter as v(gamma + 1) / t(1), the draft as gamma * d(1) / t(1).
+  speedups = policy.predicted_speedups(PAYS_ABOVE_06, 0.6)
+  assert speedups[1] == pytest.approx(1.6 / 1.6)
+  assert speedups[2] == pytest.approx((1 + 0.6 + 0.36) / (2.0 + 0.2))
+
+
+def test_where_only_plain_decoding_pays_it_always_chooses_0_and_never_probes():
+  state = policy.PolicyState()
+  for _ in range(3 * policy.PROBE_EVERY):
+    choice = policy.choose(ONLY_PLAIN_PAYS, state)
+    assert (choice.gamma, choice.reason) == (0, policy.NEVER_PAYS)
+    state = policy.observe(state, choice.gamma, 0, 0.0)
+  assert state.plain_streak == 3 * policy.PROBE_EVERY
+
+
+def test_where_gamma_5_pays_at_alpha_08_it_chooses_5():
+  choice = policy.choose(FIVE_AT_ALPHA_08, _confident(0.8))
+  assert (choice.gamma, choice.reason) == (5, policy.BEST)
+  assert choice.alpha == pytest.approx(0.8)
+  # Lower acceptance, shorter drafts: at alpha 0.5 the same costs choose gamma 2.
+  assert policy.choose(FIVE_AT_ALPHA_08, _confident(0.5)).gamma == 2
+
+
+def test_a_job_that_has_drafted_nothing_speculates_first():
+  """The optimistic prior: no acceptance seen yet, costs that pay above alpha 0.6."""
+  choice = policy.choose(PAYS_ABOVE_06, policy.PolicyState())
+  assert choice.gamma >= 1 and choice.alpha == policy.PRIOR_ALPHA
+
+
+def test_gamma_0_probes_every_8th_plain_batch_and_returns_when_drafts_pay():
+  """Low acceptance: plain decoding, with a probe batch every PROBE_EVERY-th consecutive plain
+  batch; once the probes' drafts are accepted (alpha 0.95), speculation returns for good."""
+  state = _confident(0.3, drafted=2_000)
+  gammas = []
+  for _ in range(2 * policy.PROBE_EVERY):  # the drafts keep failing: probes only
+    choice = policy.choose(PAYS_ABOVE_06, state)
+    gammas.append(choice.gamma)
+    if choice.gamma:
+      assert choice.reason == policy.PROBE
+      state = policy.observe(state, choice.gamma, 40, 0.3 * 40)
+    else:
+      state = policy.observe(state, 0, 0, 0.0)
+  probe = [0] * (policy.PROBE_EVERY - 1) + [1]
+  assert gammas == probe * 2
+  # The drafts start to pay: each probe's 40 drafts are accepted at 0.95.
+  returned_after = None
+  for batch in range(200):
+    choice = policy.choose(PAYS_ABOVE_06, state)
+    if choice.gamma and choice.reason != policy.PROBE:
+      returned_after = batch
+      break
+    drafted = 40 if choice.gamma else 0
+    state = policy.observe(state, choice.gamma, drafted, 0.95 * drafted)
+  assert returned_after is not None, state
+  # It stays: many more batches at alpha 0.95, all speculative.
+  for _ in range(50):
+    choice = policy.choose(PAYS_ABOVE_06, state)
+    assert choice.gamma >= 1
+    state = policy.observe(state, choice.gamma, 40, 0.95 * 40)
+
+
+def test_the_previous_gamma_is_kept_within_the_hysteresis():
+  state = dataclasses.replace(_confident(0.8), gamma=4)
+  speedups = policy.predicted_speedups(FIVE_AT_ALPHA_08, 0.8)
+  assert speedups[4] >= (1 - policy.HYSTERESIS) * speedups[5]
+  assert policy.choose(FIVE_AT_ALPHA_08, state).gamma == 4
+  assert policy.choose(FIVE_AT_ALPHA_08, state).reason == policy.KEPT
+  state = dataclasses.replace(state, gamma=1)  # 1.607 against 2.306: not kept
+  assert policy.choose(FIVE_AT_ALPHA_08, state).gamma == 5
+
+
+def test_observe_decays_older_batches_by_half_every_half_life():
+  state = policy.observe(policy.PolicyState(), 3, 100, 20.0)
+  assert (state.drafted, state.alpha_sum, state.gamma) == (100, 20.0, 3)
+  half = int(policy.HALF_LIFE)
+  state = policy.observe(state, 3, half, 1.0 * half)
+  assert state.drafted == pytest.approx(50 + half)
+  assert state.alpha_sum == pytest.approx(10 + half)
+  assert policy.observe(state, 0, 0, 0.0).plain_streak == 1
+  assert policy.observe(policy.observe(state, 0, 0, 0.0), 2, 1, 1.0).plain_streak == 0
+
+
+def test_observe_records_sums_the_rows():
+  rows = [{'drafted': 6, 'alpha_sum': 1.5}, {'drafted': 3, 'alpha_sum': 2.25}]
+  assert policy.observe_records(policy.PolicyState(), 2, rows) == policy.observe(
+    policy.PolicyState(), 2, 9, 3.75
+  )

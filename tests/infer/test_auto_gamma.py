@@ -1,0 +1,242 @@
+"""GAMMA = 'auto' through the job (speculative.infer) on the correlated tiny pair, with injected
+costs: plain decoding only where nothing pays (no draft call), greedy identity with drafts accepted
+at batch 1 and 8, the calibration cached and recorded, a resumed sampled job byte-identical, and
+the settings it refuses."""
+
+import json
+import os
+from pathlib import Path
+import subprocess
+import sys
+
+import model_utils
+import pytest
+
+from speculative import infer
+from speculative.autogamma import costs as costs_lib
+from speculative.autogamma import policy
+from speculative.decode import batching
+from speculative.decode import state as decode_state
+from speculative.infer import inputs as infer_inputs
+from speculative.infer import outputs as infer_outputs
+from speculative.infer import settings as infer_settings
+
+REPO = Path(__file__).resolve().parents[2]
+SOURCES = [
+  "Click OK.",
+  "Open the file menu and choose Save.",
+  "Hello",
+  "Select a cell range.",
+  "Press Enter to perform the search.",
+  "Choose Format - Cells.",
+  "Insert a new sheet.",
+  "The dialog closes.",
+  "Type the name of the file.",
+  "Save the document.",
+]
+MAX_NEW = 12
+
+
+def _costs(verify_ratios, draft_ratio, t1=1e-3):
+  return costs_lib.Costs(tuple(r * t1 for r in verify_ratios), draft_ratio * t1)
+
+
+# gamma_max 3 (T = 1..4). Compute-bound verify: nothing pays, not even at alpha 1.
+ONLY_PLAIN_PAYS = _costs([1, 2, 3, 4], 0.5)
+# A flat verify and a cheap draft: every gamma >= 1 pays at the pair's alpha (~0.4).
+DRAFTS_PAY = _costs([1, 1, 1, 1], 0.05)
+# Gamma 1 pays only above alpha 0.6 (policy tests): the prior speculates, the pair's acceptance
+# then sends the job to plain decoding, and probes return to drafting: the choices vary.
+PAYS_ABOVE_06 = _costs([1, 1.5, 2, 2.5], 0.1)
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory):
+  root = tmp_path_factory.mktemp("auto")
+  kwargs = dict(
+    **model_utils.save_tiny_pair(root, SOURCES, record_config=False),
+    input_prefix="translate English to German: ",
+    task_feature_lengths={"inputs": 24, "targets": MAX_NEW},
+    gamma="auto",
+    gamma_max=3,
+    progress=False,
+  )
+  return root, kwargs
+
+
+@pytest.fixture
+def inject(monkeypatch):
+  """inject(costs): `costs.measure` returns `costs` (and counts its calls) instead of timing the
+  model calls, and the loops' steps are not timed (`loop_step_seconds` None: the model calls
+  alone)."""
+  calls = []
+
+  def set_costs(costs):
+    def measure(*args, **kwargs):
+      calls.append(kwargs)
+      return costs
+
+    monkeypatch.setattr(costs_lib, "measure", measure)
+    monkeypatch.setattr(costs_lib, "loop_step_seconds", lambda *args, **kwargs: None)
+    return calls
+
+  return set_costs
+
+
+def _records(out, mode):
+  return [json.loads(line) for line in (out / f"predictions-{mode}.jsonl").open()]
+
+
+def test_where_only_plain_decoding_pays_the_job_never_drafts(pair, inject, tmp_path):
+  root, kwargs = pair
+  calls = inject(ONLY_PLAIN_PAYS)
+  cache = tmp_path / "calibration.json"
+  traced = decode_state.TRACE_COUNTS["speculative_decode"]
+  summary = infer.infer(
+    output_dir=str(tmp_path / "out"), batch_size=2, calibration_file=str(cache), **kwargs
+  )
+  spec = _records(tmp_path / "out", "speculative")
+  assert all(r["gamma"] == 0 and r["drafted"] == 0 for r in spec)
+  assert [r["tokens"] for r in spec] == [
+    r["tokens"] for r in _records(tmp_path / "out", "baseline")
+  ]
+  # No speculative loop was even traced: every batch ran the baseline's program (no draft call).
+  assert decode_state.TRACE_COUNTS["speculative_decode"] == traced
+  policy_summary = summary["gamma_policy"]
+  settings = infer_settings.InferSettings(output_dir=str(tmp_path / "x"), batch_size=2, **kwargs)
+  calls_of = {r["index"]: r["target_calls"] for r in spec}
+  steps = sum(  # the loop's steps: each batch's (length-sorted, as the job forms them) longest row
+    max(calls_of[e.index] for e in batch)
+    for batch in batching.length_sorted_batches(infer_inputs.load_inputs(settings).examples, 2)
+  )
+  assert policy_summary["per_gamma"] == {"0": {"batches": 5, "steps": steps, "examples": 10}}
+  assert policy_summary["reasons"] == {policy.NEVER_PAYS: 5}
+  assert policy_summary["calibration"]["source"] == "measured" and len(calls) == 1
+  assert calls[0]["gamma_max"] == 3 and calls[0]["batch"] == 2
+  manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
+  assert manifest["gamma"] == "auto" and manifest["gamma_max"] == 3
+  assert costs_lib.Costs.from_json(manifest["calibration"]["costs"]) == ONLY_PLAIN_PAYS
+  report = (tmp_path / "out" / "report.md").read_text()
+  assert "## Gamma 'auto' (0..3; 0 = plain decoding)" in report
+  assert "gamma auto (0..3)" in report and "never pays 5" in report
+  # A second job on this device, batch and models: the costs come from the cache, nothing measured.
+  again = infer.infer(
+    output_dir=str(tmp_path / "out2"), batch_size=2, calibration_file=str(cache), **kwargs
+  )
+  assert again["gamma_policy"]["calibration"]["source"] == "cache" and len(calls) == 1
+  assert again["gamma_policy"]["calibration"]["seconds"] == 0.0
+
+
+@pytest.mark.parametrize("batch_size", [1, 8])
+def test_greedy_auto_equals_the_baseline_with_drafts_accepted(pair, inject, tmp_path, batch_size):
+  root, kwargs = pair
+  inject(DRAFTS_PAY)
+  out = tmp_path / "out"
+  summary = infer.infer(
+    output_dir=str(out),
+    batch_size=batch_size,
+    calibration_file=str(tmp_path / "c.json"),
+    **kwargs,
+  )
+  assert summary["identical_outputs"] == len(SOURCES)
+  spec = _records(out, "speculative")
+  base = _records(out, "baseline")
+  assert [r["tokens"] for r in spec] == [r["tokens"] for r in base]
+  gammas = {r["gamma"] for r in spec}
+  assert gammas and 0 not in gammas, gammas
+  events = {
+    g: model_utils.speculation_events([r for r in spec if r["gamma"] == g], g, MAX_NEW)
+    for g in gammas
+  }
+  accepted = sum(e["accepted"] for e in events.values())
+  drafted = sum(e["drafted"] for e in events.values())
+  assert 0 < accepted < drafted, events
+  assert any(e["bonus"] for e in events.values()), events  # a fully accepted block, bonus token
+  assert any(e["eos"] for e in events.values()) and any(e["capped"] for e in events.values())
+
+
+def test_a_resumed_sampled_auto_job_reuses_its_calibration_byte_identically(
+  pair, inject, tmp_path, monkeypatch
+):
+  """Temperature 1, batch 1, choices that vary (PAYS_ABOVE_06); the job is interrupted after 6
+  speculative records, and the re-run reads the calibration from its manifest (nothing measured,
+  even with another cache file), replays the 6 batches' choices and finishes byte-identical to an
+  uninterrupted job with the same costs."""
+  root, kwargs = pair
+  kwargs = {**kwargs, "temperature": 1.0, "seed": 3, "batch_size": 1}
+  calls = inject(PAYS_ABOVE_06)
+  reference = infer.infer(
+    output_dir=str(tmp_path / "ref"), calibration_file=str(tmp_path / "a.json"), **kwargs
+  )
+  gammas = [r["gamma"] for r in _records(tmp_path / "ref", "speculative")]
+  assert len(set(gammas)) > 1, gammas  # the choices vary, so a wrong replay would show
+  assert reference["gamma_policy"]["calibration"]["source"] == "measured"
+
+  original = infer_outputs.record
+  seen = []
+
+  def interrupted(example, *args):
+    seen.append(example.index)
+    if len(seen) == 13:  # 6 batches of both modes, then the 7th batch's baseline row
+      raise KeyboardInterrupt
+    return original(example, *args)
+
+  out = tmp_path / "run"
+  monkeypatch.setattr(infer_outputs, "record", interrupted)
+  with pytest.raises(KeyboardInterrupt):
+    infer.infer(output_dir=str(out), calibration_file=str(tmp_path / "b.json"), **kwargs)
+  assert len(_records(out, "speculative")) == 6
+  monkeypatch.setattr(infer_outputs, "record", original)
+  measured = len(calls)
+  resumed = infer.infer(output_dir=str(out), calibration_file=str(tmp_path / "c.json"), **kwargs)
+  assert len(calls) == measured and not (tmp_path / "c.json").exists()
+  assert resumed["gamma_policy"]["calibration"]["source"] == "manifest"
+  for mode in infer_settings.MODES:
+    name = f"predictions-{mode}.jsonl"
+    assert (out / name).read_bytes() == (tmp_path / "ref" / name).read_bytes()
+  assert resumed["gamma_policy"]["per_gamma"] == reference["gamma_policy"]["per_gamma"]
+
+
+BAD = [
+  (dict(gamma="fast"), "gamma must be an int in \\[1, 32\\] or 'auto', got 'fast'"),
+  (dict(gamma=0), "gamma \\(or 'auto'\\) must be in \\[1, 32\\]"),
+  (dict(gamma=33), "gamma \\(or 'auto'\\) must be in \\[1, 32\\]"),
+  (dict(gamma=3, gamma_max=5), "gamma_max \\(GAMMA_MAX = 5\\) bounds gamma = 'auto' only"),
+  (dict(gamma="auto", gamma_max=0), "gamma_max \\(None = 7\\) must be in \\[1, 32\\]"),
+  (dict(gamma="auto", gamma_max=33), "gamma_max \\(None = 7\\) must be in \\[1, 32\\]"),
+  (dict(gamma="auto", draft_stop_below=0.4), "draft_stop_below \\(0.4\\) shortens drafts"),
+  (dict(gamma="auto", adaptive_verify=True), "adaptive_verify narrows it by another rule"),
+  (dict(gamma="auto", calibration_file="/proc/x/c.json"), "calibration cache /proc/x/c.json"),
+]
+
+
+@pytest.mark.parametrize("bad, message", BAD, ids=[str(b) for b, _ in BAD])
+def test_bad_gamma_settings_are_refused_naming_them(pair, bad, message, tmp_path):
+  root, kwargs = pair
+  kwargs = {**kwargs, **bad}
+  with pytest.raises((ValueError, PermissionError), match=message):
+    infer_settings.InferSettings(output_dir=str(tmp_path), **kwargs)
+
+
+def test_an_unwritable_calibration_cache_is_one_line_before_any_model_loads(tmp_path):
+  blocker = tmp_path / "file"
+  blocker.write_text("")
+  proc = subprocess.run(
+    [
+      sys.executable,
+      "-m",
+      "speculative.infer",
+      "--gin_file=configs/local/run.gin",
+      f"--gin_bindings=CALIBRATION_FILE = '{blocker}/c.json'",
+      f"--gin_bindings=INFER_OUTPUT_DIR = '{tmp_path / 'out'}'",
+    ],
+    cwd=REPO,
+    capture_output=True,
+    text=True,
+    timeout=300,
+    env={**os.environ, "JAX_PLATFORMS": "cpu"},
+  )
+  assert proc.returncode == 2, proc.stderr
+  lines = proc.stderr.strip().splitlines()
+  assert len(lines) == 1 and f"calibration cache {blocker}/c.json: cannot create" in lines[0], lines
+  assert not (tmp_path / "out" / "manifest.json").exists()
