@@ -153,6 +153,17 @@ COMMANDS = [
     expect='Identical outputs: 2 / 2',
   ),
   Command(
+    'spectr_job',
+    'docs/batch_jobs.md',
+    """.venv/bin/speculative-infer --gin_file=configs/local/run.gin --gin_bindings="METHOD = """
+    """'spectr'" --gin_bindings="NUM_DRAFTS = 4" --gin_bindings="TEMPERATURE = 1.0" """
+    """--gin_bindings="INFER_OUTPUT_DIR = 'outputs/spectr_run'\"""",
+    """.venv/bin/speculative-infer --gin_file=configs/local/run.gin --gin_bindings="METHOD = """
+    """'spectr'" --gin_bindings="NUM_DRAFTS = 4" --gin_bindings="TEMPERATURE = 1.0" """
+    """--gin_bindings="INFER_OUTPUT_DIR = 'outputs/spectr_run'\"""" + TWO,
+    expect='SpecTr, K = 4 drafts of L = 3 tokens',
+  ),
+  Command(
     'own_t5x_checkpoint',
     README,
     '`configs/runs/infer.gin` plus a model file (`configs/models/t5_1_1_*.gin`)',

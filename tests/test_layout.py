@@ -14,7 +14,8 @@ REPO = Path(__file__).resolve().parents[1]
 
 MOVED = [
   ('speculative.decoding', 'speculative.decode.loops'),
-  ('speculative.spectr_decoding', 'speculative.spectr.decoding'),
+  ('speculative.spectr_decoding', 'speculative.decode.spectr_loop'),
+  ('speculative.spectr.decoding', 'speculative.decode.spectr_loop'),
   ('speculative.params_files', 'speculative.checkpoints.params_files'),
   ('speculative.tasks', 'speculative.data.tasks'),
   ('speculative.infer_settings', 'speculative.infer.settings'),

@@ -13,7 +13,7 @@ Models and inputs: the options of bench/pages.py (the embedded target and draft,
 in the papers), exact sampling at temperature 1 (no top-k), --max_new_tokens 64.
 
 Methods, all on the same inputs and per-input seeds: `baseline`, `speculative L` (gamma = L) and
-`spectr K L` (spectr.decoding.spectr_decode, K in --ks, L in --ls). With the same seed, spectr K=1
+`spectr K L` (decode.spectr_loop.spectr_decode, K in --ks, L in --ls). With the same seed, spectr K=1
 emits exactly speculative L's tokens (checked and reported). Timing as the benchmark's sweep
 (bench/pages.time_rows): each method compiled on the first input, then every input decoded
 --repeats times by every method, interleaved; a method's walltime = sum over inputs of the median
@@ -48,7 +48,7 @@ from speculative.bench import sweep
 from speculative.bench import timing
 from speculative.data import tasks
 from speculative.decode import batching
-from speculative.spectr import decoding as spectr_decoding
+from speculative.decode import spectr_loop as spectr_decoding
 
 MODULE = 'speculative.bench.spectr_page'
 SPECTR = 'spectr'

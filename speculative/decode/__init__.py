@@ -1,11 +1,10 @@
 """Decoding: the loops and what they run on.
 
-  loops     `autoregressive_decode` and `speculative_decode` (Leviathan et al. 2023, Algorithm 1)
-  state     the loop state, its metrics and the shared while-loop (`run_loop`)
-  inputs    prompt preparation and argument checks shared by every loop
-  modes     the jitted decode functions of a job's modes (baseline, speculative, spectr, ...)
-  batching  batches of examples, sorted by length
-  audit     the exactness audit: greedy divergences and their explanation
-
-SpecTr's loop is `speculative.spectr.decoding`.
+loops     `autoregressive_decode` and `speculative_decode` (Leviathan et al. 2023, Algorithm 1)
+spectr_loop  `spectr_decode` (Sun et al. 2023): K drafts a step, `speculative.spectr`'s selection
+state     the loop state, its metrics and the shared while-loop (`run_loop`)
+inputs    prompt preparation and argument checks shared by every loop
+modes     the jitted decode functions of a job's modes (baseline, speculative, spectr, ...)
+batching  batches of examples, sorted by length
+audit     the exactness audit: greedy divergences and their explanation
 """

@@ -22,7 +22,7 @@ from speculative.jobs import lock
 
 # What an output directory holds (removed by `overwrite`).
 OUTPUT_FILES = ("manifest.json", "timings.json", "metrics.json", "report.md") + tuple(
-  f"predictions-{mode}.jsonl" for mode in infer_settings.MODES
+  f"predictions-{mode}.jsonl" for mode in infer_settings.ALL_MODES
 )
 
 
@@ -181,10 +181,17 @@ def record(
     "drafted": int(metrics["drafted"]),
     "accepted": int(metrics["accepted"]),
     "alpha_sum": float(metrics["alpha_sum"]),
+    # SpecTr: the selections' one-draft acceptance at the same conditionals, and their count.
+    **{k: _number(metrics[k]) for k in ("single_alpha_sum", "selections") if k in metrics},
     "inputs_truncated": example.truncated,
     # The batch's decode walltime, split evenly over its rows (batch 1: the example's own time).
     "decode_s": seconds / batch_rows,
   }
+
+
+def _number(value: Any) -> int | float:
+  value = np.asarray(value)
+  return int(value) if np.issubdtype(value.dtype, np.integer) else float(value)
 
 
 def write_records(output_dir: str, runs: Sequence[ModeRun], run: ModeRun) -> None:

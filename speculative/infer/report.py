@@ -43,9 +43,17 @@ def summarize(
   }
   if max_new_tokens is not None and records:
     out["cap_pct"] = 100.0 * sum(hit_length_cap(r, max_new_tokens) for r in records) / len(records)
-  if drafted:
+  out["block_efficiency_ci95"] = block_efficiency_interval(records)
+  out["drafted"], out["accepted"] = drafted, sum(r.get("accepted", 0) for r in records)
+  selections = sum(r.get("selections", 0) for r in records)
+  if selections:  # SpecTr: acceptance per selection, with K drafts and with one at the same p, q
+    out["alpha"] = sum(r["alpha_sum"] for r in records) / selections
+    out["alpha_one_draft"] = sum(r["single_alpha_sum"] for r in records) / selections
+    out["selections"] = selections
+  elif drafted:
     out["alpha"] = sum(r["alpha_sum"] for r in records) / drafted
-    out["acceptance_rate"] = sum(r["accepted"] for r in records) / drafted
+  if drafted:
+    out["acceptance_rate"] = out["accepted"] / drafted
   ordered = sorted(records, key=lambda r: r["index"])
   # The loop rate reads the outputs only: it is reported with or without references.
   out.update(metrics.loop_rate([], [r["prediction"] for r in ordered]))
@@ -53,6 +61,21 @@ def summarize(
     for metric_fn in metric_fns:  # seqio-style: (targets, predictions) -> {name: value}
       out.update(metric_fn([r["reference"] for r in ordered], [r["prediction"] for r in ordered]))
   return out
+
+
+def block_efficiency_interval(records: Sequence[dict], z: float = 1.96) -> list[float] | None:
+  """The 95% interval of block efficiency, sum(tokens) / sum(target calls) over the examples: the
+  ratio estimator's normal interval, BE +- z * sqrt(sum_i (t_i - BE c_i)^2 / (n (n-1))) / mean(c)
+  (the delta method; examples independent). None below 2 examples or without target calls."""
+  n = len(records)
+  calls = [r["target_calls"] for r in records]
+  if n < 2 or not sum(calls):
+    return None
+  tokens = [r["num_tokens"] for r in records]
+  ratio = sum(tokens) / sum(calls)
+  residual = sum((t - ratio * c) ** 2 for t, c in zip(tokens, calls)) / (n * (n - 1))
+  half = z * residual**0.5 / (sum(calls) / n)
+  return [ratio - half, ratio + half]
 
 
 def machine() -> str:
@@ -74,6 +97,8 @@ def format_report(summary: dict[str, Any]) -> str:
   )
   if "speedup" in summary:
     lines += _comparison_lines(summary)
+  if summary.get("method") == "spectr" and "spectr" in summary:
+    lines += _spectr_lines(summary)
   if "gamma_policy" in summary:
     lines += _gamma_policy_lines(summary)
   return "\n".join(lines) + "\n"
@@ -91,6 +116,11 @@ def _header_lines(summary: dict[str, Any]) -> list[str]:
       + (f" (0..{summary['gamma_max']})" if summary.get("gamma_max") else "")
       + ", "
       if "speculative" in summary
+      else ""
+    )
+    + (
+      f"method spectr (K = {summary['num_drafts']} drafts of L = {summary['gamma']} tokens), "
+      if summary.get("method") == "spectr"
       else ""
     )
     + f"temperature {summary['temperature']}; "
@@ -137,7 +167,7 @@ SUMMARIZATION_COLUMNS = (("ROUGE-1", "rouge1"), ("ROUGE-2", "rouge2"), ("ROUGE-L
 
 
 def _quality_columns(summary: dict[str, Any]) -> tuple[tuple[str, str], ...]:
-  modes = [summary[mode] for mode in settings.MODES if mode in summary]
+  modes = [summary[mode] for mode in settings.ALL_MODES if mode in summary]
   if any("rouge1" in m for m in modes):
     return SUMMARIZATION_COLUMNS
   return TRANSLATION_COLUMNS
@@ -150,11 +180,11 @@ def _mode_table(summary: dict[str, Any]) -> list[str]:
     "| mode | "
     + "".join(f"{header} | " for header, _ in quality)
     + "loop % | length cap % | tokens | target calls | "
-    "block efficiency | alpha | acceptance | decode s | sentences/s | tokens/s | "
+    "block efficiency | 95% interval | alpha | acceptance | decode s | sentences/s | tokens/s | "
     "compile s |",
-    "|---|" + "---|" * (len(quality) + 11),
+    "|---|" + "---|" * (len(quality) + 12),
   ]
-  for mode in settings.MODES:
+  for mode in settings.ALL_MODES:
     if mode not in summary:
       continue
     m = summary[mode]
@@ -164,11 +194,52 @@ def _mode_table(summary: dict[str, Any]) -> list[str]:
       + "".join(f"{fmt(key, '{:.2f}')} | " for _, key in quality)
       + f"{fmt('loop_pct', '{:.1f}')} | {fmt('cap_pct', '{:.1f}')} | "
       f"{m['generated_tokens']} | "
-      f"{m['target_calls']} | {m['block_efficiency']:.3f} | {fmt('alpha')} | "
+      f"{m['target_calls']} | {m['block_efficiency']:.3f} | {_interval(m)} | {fmt('alpha')} | "
       f"{fmt('acceptance_rate')} | {m['decode_s']:.2f} | "
       f"{fmt('sentences_per_s', '{:.2f}')} | {m['tokens_per_s']:.1f} | "
       f"{fmt('compile_s', '{:.1f}')} |"
     )
+  return lines
+
+
+def _interval(m: dict[str, Any]) -> str:
+  ci = m.get("block_efficiency_ci95")
+  return f"{ci[0]:.3f}-{ci[1]:.3f}" if ci else "-"
+
+
+def _spectr_lines(summary: dict[str, Any]) -> list[str]:
+  """SpecTr's K, L, acceptance with K drafts against one draft at the same conditionals, tokens
+  drafted and accepted, block efficiency and walltime against the baseline and speculative."""
+  m = summary["spectr"]
+  k, length = summary["num_drafts"], summary["gamma"]
+  lines = [
+    "",
+    f"SpecTr, K = {k} drafts of L = {length} tokens a step, one target call over K x (L+1) = "
+    f"{k * (length + 1)} positions: block efficiency {m['block_efficiency']:.3f}"
+    + (f" (speculative, one draft: {summary['speculative']['block_efficiency']:.3f})"),
+    f"Acceptance per selection (alpha_sum / selections, {m.get('selections', 0)} selections): "
+    f"{m.get('alpha', float('nan')):.3f} with K drafts against "
+    f"{m.get('alpha_one_draft', float('nan')):.3f} with one draft at the same conditionals "
+    "(single_alpha_sum / selections); the table's alpha column for spectr is the former.",
+    f"Tokens drafted {m['drafted']} (L per step; the draft model drew K x that), accepted "
+    f"{m['accepted']}.",
+  ]
+  speed = [
+    f"{m[f'speedup_per_token_vs_{other}']:.2f}x against {other}"
+    for other in ("baseline", "speculative")
+    if f"speedup_per_token_vs_{other}" in m
+  ]
+  if speed:
+    lines.append(
+      "Walltime per generated token (warm, same process; the modes sample different outputs): "
+      + ", ".join(speed)
+      + "."
+    )
+  lines.append(
+    f"Outputs identical to speculative decoding (same seed): {m['identical_to_speculative']} / "
+    f"{summary['examples']}"
+    + (" (K = 1: SpecTr is speculative decoding, so all)" if k == 1 else "")
+  )
   return lines
 
 
@@ -178,7 +249,7 @@ def _resource_lines(summary: dict[str, Any]) -> list[str]:
   parts = [
     f"{mode} {summary[mode]['compiles_first_call']} in the first call at each input length, "
     f"{summary[mode]['compiles_warm']} after"
-    for mode in settings.MODES
+    for mode in settings.ALL_MODES
     if mode in summary and "compiles_first_call" in summary[mode]
   ]
   if not parts:

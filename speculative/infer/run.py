@@ -159,7 +159,7 @@ def _run(settings: infer_settings.InferSettings, claim: _Claim) -> dict[str, Any
     resume = outputs.check_output_dir(
       settings.output_dir, claim.manifest, settings.overwrite, inputs.examples
     )
-  runs = outputs.resume_runs(settings.output_dir, settings.modes, resume)
+  runs = outputs.resume_runs(settings.output_dir, settings.job_modes, resume)
   recorded = (lock.read_manifest(settings.output_dir) or {}).get("calibration") if resume else None
   try:
     models = load_models(settings)
@@ -217,8 +217,10 @@ def load_models(settings: infer_settings.InferSettings) -> Models:
 def _decode_fns(
   settings: infer_settings.InferSettings, models: Models, gamma: int | None = None
 ) -> dict[str, Any]:
-  """{mode: fn(encoder_tokens [B, S], rng) -> DecodeResult}, in the order of `settings.modes`; an
-  'auto' job's speculative mode at `gamma` (0: the baseline's function, None: no such mode)."""
+  """{mode: fn(encoder_tokens [B, S], rng) -> DecodeResult}, in the order of
+  `settings.job_modes` (with METHOD = 'spectr', SpecTr after the modes: every mode of a batch gets
+  the same rng, so SpecTr with K = 1 emits the speculative mode's tokens); an 'auto' job's
+  speculative mode at `gamma` (0: the baseline's function; None: not built here)."""
   s = settings
   speculative = gamma != 0 and not (s.auto_gamma and gamma is None)
   fns = modes.decode_fns(
@@ -229,10 +231,11 @@ def _decode_fns(
     options=s.decode_options(gamma or None),
     sampling_params=s.sampling()[1],
     lenience=None if s.exact else s.lenience,
+    num_drafts=s.num_drafts if s.spectr else None,
   )
   if gamma == 0:
     fns[modes.SPECULATIVE] = fns[modes.BASELINE]  # plain decoding: the baseline's own program
-  return {mode: fns[mode] for mode in s.modes if mode in fns}
+  return {mode: fns[mode] for mode in s.job_modes if mode in fns}
 
 
 def _auto_gamma(
@@ -410,8 +413,11 @@ def _summary(
     if isinstance(run.decode, auto_gamma.AutoGamma):
       summary["gamma_policy"] = run.decode.summary()
   summary["peak_rss_mib"] = resources.peak_rss_mib()
-  if len(runs) == 2:
-    _compare_modes(settings, inputs, runs, models, summary)
+  by_name = {run.name: run for run in runs}
+  if "baseline" in by_name and "speculative" in by_name:
+    _compare_modes(settings, inputs, [by_name["baseline"], by_name["speculative"]], models, summary)
+  if settings.spectr:
+    _compare_spectr(settings, inputs, by_name, summary)
   summary["samples"] = [
     {k: runs[0].records[i][k] for k in ("inputs", "reference", "prediction")} for i in indices[:3]
   ]
@@ -454,6 +460,43 @@ def _compare_modes(
       f"greedy speculative output differs from the baseline beyond "
       f"rounding (audit verdict 'mismatch') on {len(bad)} examples, e.g. "
       f"{bad[:5]}; see metrics.json 'divergences'"
+    )
+
+
+def _compare_spectr(
+  settings: infer_settings.InferSettings,
+  inputs: infer_inputs.JobInputs,
+  runs: dict[str, outputs.ModeRun],
+  summary: dict[str, Any],
+) -> None:
+  """SpecTr against the baseline and one-draft speculative decoding into `summary["spectr"]`: the
+  walltime per generated token (the modes sample different outputs, so per token) and the decode
+  seconds; the outputs identical to the speculative mode's (same rng). K = 1 must emit the
+  speculative mode's tokens: a difference fails the job (after writing metrics.json) if
+  `require_identical`."""
+  indices = [e.index for e in inputs.examples]
+  spectr = summary["spectr"]
+  spectr.update(method="spectr", K=settings.num_drafts, L=settings.gamma)
+  for other in ("baseline", "speculative"):
+    if other in summary:
+      spectr[f"speedup_per_token_vs_{other}"] = (
+        spectr["tokens_per_s"] / summary[other]["tokens_per_s"]
+      )
+      spectr[f"decode_s_ratio_vs_{other}"] = summary[other]["decode_s"] / spectr["decode_s"]
+  same = [
+    i
+    for i in indices
+    if runs["spectr"].records[i]["tokens"] == runs["speculative"].records[i]["tokens"]
+  ]
+  spectr["identical_to_speculative"] = len(same)
+  if settings.num_drafts == 1 and len(same) < len(indices) and settings.require_identical:
+    files.write_atomic(
+      os.path.join(settings.output_dir, "metrics.json"), json.dumps(summary, indent=2)
+    )
+    differ = [i for i in indices if i not in set(same)]
+    raise AssertionError(
+      f"SpecTr with K = 1 differs from speculative decoding with the same seed on "
+      f"{len(differ)} examples, e.g. {differ[:5]}: a bug"
     )
 
 

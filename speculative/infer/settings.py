@@ -21,11 +21,29 @@ from speculative.jobs import runtime
 from speculative.models import t5 as t5_lib
 
 MODES = ("baseline", "speculative")
+# The speculative method: one draft a step (Leviathan et al.), or SpecTr's K drafts (Sun et al.),
+# decoded beside the baseline and one-draft speculative decoding as a third mode.
+METHODS = ("speculative", "spectr")
+SPECTR = "spectr"
+# Every mode a job may decode (the files an output directory may hold), in report order.
+ALL_MODES = MODES + (SPECTR,)
+# K, SpecTr's drafts a step. 8 is the largest measured (docs/spectr); the verify call grows K-fold.
+NUM_DRAFTS_RANGE = (1, 8)
 # Draft sources of the speculative mode (names of the drafter registry, speculative.drafters.registry):
 # the draft model, copying n-grams from the source sentence or the generated prefix, or copying with
-# the draft model as the fallback for rows without a match. The n-gram table drafters need a corpus
-# and are benchmarked only (speculative.benchmark).
+# the draft model as the fallback for rows without a match.
 DRAFTERS = tuple(name for name in drafters_lib.DRAFTERS if not drafters_lib.needs_corpus(name))
+# The n-gram table drafters (unigram, bigram) are the drafter benchmark's only: a job refuses them,
+# saying why (NGRAM_REFUSAL).
+NGRAM_REFUSAL = (
+  "drafter {name!r} is benchmark-only (python -m speculative.bench.drafters_page): its table is "
+  "estimated from a training corpus, and on the shipped pair it gave 1.10-1.19 tokens per target "
+  "call at gamma 4 (docs/drafters/drafters.md) while the gamma+1 verify costs 1.5-2x a step, so "
+  "a job would run slower than the baseline; use DRAFTER = 'model'"
+)
+# SpecTr's drafts must be i.i.d. samples: the draft model's. A deterministic drafter gives K
+# identical drafts (exact, but K-fold work for nothing).
+SPECTR_DRAFTERS = ("model",)
 # gamma: draft tokens per target call. Past ~32 the verify call costs more than drafting saves.
 GAMMA_RANGE = (1, 32)
 # gamma = 'auto': the job chooses gamma in 0..gamma_max per batch from measured costs and the
@@ -52,6 +70,8 @@ class InferSettings:
   draft_config: t5_lib.T5Config | None = None
   draft_checkpoint: str | None = None
   modes: Sequence[str] = MODES
+  method: str = "speculative"
+  num_drafts: int = 1
   batch_size: int = 1
   gamma: int | str = 4
   gamma_max: int | None = None
@@ -81,6 +101,7 @@ class InferSettings:
     _check_modes(self.modes)
     _check_source(self.mixture_or_task_name, self.input_file, self.split, self.input_prefix)
     _check_knobs(self)
+    _check_method(self)
     _check_feature_lengths(self.task_feature_lengths)
     _check_models(self)
     _check_paths(self)
@@ -90,6 +111,21 @@ class InferSettings:
   @property
   def speculative(self) -> bool:
     return "speculative" in self.modes
+
+  @property
+  def spectr(self) -> bool:
+    """METHOD = 'spectr': SpecTr decoded as a third mode beside the baseline and speculative."""
+    return self.method == SPECTR
+
+  @property
+  def job_modes(self) -> tuple[str, ...]:
+    """The modes the job decodes, in order: `modes`, then 'spectr' with METHOD = 'spectr'."""
+    return tuple(self.modes) + ((SPECTR,) if self.spectr else ())
+
+  @property
+  def decode_rows(self) -> int:
+    """The most rows a decode call runs: the batch, K x the batch for SpecTr's K drafts."""
+    return self.batch_size * (self.num_drafts if self.spectr else 1)
 
   @property
   def needs_draft_model(self) -> bool:
@@ -135,6 +171,7 @@ class InferSettings:
       "drafter": self.drafter if self.speculative else None,
       "gamma": self.gamma,
       **({"gamma_max": self.max_gamma} if self.auto_gamma else {}),
+      **self.method_knobs(),
       "draft_stop_below": self.draft_stop_below,
       "adaptive_verify": self.adaptive_verify,
       "lenience": self.lenience,
@@ -156,8 +193,21 @@ class InferSettings:
 
   def decode_path(self) -> kernels.policy.Path:
     """The job's matmul path (the CPU kernels or XLA's dot), chosen once (`kernels.policy`: by
-    the setting, the batch size and the backend the job computes on)."""
-    return kernels.policy.choose(self.kernels, self.batch_size)
+    the setting, the rows a decode call runs (`decode_rows`: K x the batch with SpecTr) and the
+    backend the job computes on)."""
+    path = kernels.policy.choose(self.kernels, self.decode_rows)
+    if not self.spectr:
+      return path
+    return dataclasses.replace(
+      path,
+      line=f"{path.line}; the batch counts SpecTr's rows, K x B = {self.num_drafts} x "
+      f"{self.batch_size}",
+    )
+
+  def method_knobs(self) -> dict[str, Any]:
+    """The method and K, recorded (manifest, summary) only with METHOD = 'spectr', so the
+    manifests of one-draft jobs stay as they were; L is the gamma."""
+    return {"method": self.method, "num_drafts": self.num_drafts} if self.spectr else {}
 
   def sampling(self) -> tuple[sampling_lib.SamplingConfig, sampling_lib.SamplingParams]:
     return sampling_lib.make_sampling(self.temperature, self.top_k, self.top_p)
@@ -174,7 +224,7 @@ class InferSettings:
     )
 
 
-def _check_modes(modes: Any) -> None:
+def _check_modes(modes: Any) -> None:  # 'spectr' is METHOD's, not a mode to list
   if isinstance(modes, str) or not modes:
     raise ValueError(f"modes must be a non-empty sequence of {MODES}, got {modes!r}")
   for mode in modes:
@@ -196,6 +246,43 @@ def _check_source(
     raise ValueError(f"input_prefix must be a string ('' for none), got {input_prefix!r}")
 
 
+def _check_method(s: InferSettings) -> None:
+  """METHOD and NUM_DRAFTS, and what SpecTr refuses: each a one-line ValueError naming it."""
+  checks.check_choice("method (METHOD)", s.method, METHODS)
+  checks.check_int("num_drafts (NUM_DRAFTS)", s.num_drafts, *NUM_DRAFTS_RANGE)
+  if not s.spectr:
+    if s.num_drafts != 1:
+      raise ValueError(
+        f"num_drafts (NUM_DRAFTS) = {s.num_drafts} needs method (METHOD) = 'spectr'; "
+        "one-draft speculative decoding drafts one sequence a step"
+      )
+    return
+  refuse = lambda why: ValueError(f"method (METHOD) = 'spectr': {why}")  # noqa: E731
+  if isinstance(s.gamma, str):  # GAMMA = 'auto' (chosen from measured costs) is one-draft only
+    raise refuse(f"GAMMA must be an integer draft length L, got {s.gamma!r}")
+  if "speculative" not in s.modes:
+    raise refuse(
+      "SpecTr is decoded beside one-draft speculative decoding; modes must include "
+      f"'speculative', got {tuple(s.modes)!r}"
+    )
+  if s.drafter not in SPECTR_DRAFTERS:
+    raise refuse(
+      f"drafter {s.drafter!r} is deterministic and would give K identical drafts; SpecTr needs "
+      f"i.i.d. drafts: DRAFTER = {SPECTR_DRAFTERS[0]!r}"
+    )
+  if s.temperature == 0:
+    raise refuse(
+      "at temperature 0 the draft model's K drafts are the same argmax draft and SpecTr is "
+      "speculative decoding; set TEMPERATURE > 0 or METHOD = 'speculative'"
+    )
+  if s.draft_stop_below:
+    raise refuse("draft_stop_below (adaptive gamma) is not supported; SpecTr drafts L tokens")
+  if s.adaptive_verify:
+    raise refuse("adaptive_verify is not supported; SpecTr verifies K x (L+1) positions")
+  if s.lenience != 1.0:
+    raise refuse("lenience is not supported; SpecTr is exact (LENIENCE = 1.0)")
+
+
 def _check_knobs(s: InferSettings) -> None:
   checks.check_int("batch_size", s.batch_size, 1)
   _check_gamma(s)
@@ -208,6 +295,8 @@ def _check_knobs(s: InferSettings) -> None:
   checks.check_float("draft_stop_below", s.draft_stop_below, 0.0, 1.0, high_inclusive=False)
   checks.check_int("seed", s.seed, 0)
   checks.check_int("num_examples (None = all)", s.num_examples, 1, allow_none=True)
+  if s.drafter in drafters_lib.DRAFTERS and drafters_lib.needs_corpus(s.drafter):
+    raise ValueError(NGRAM_REFUSAL.format(name=s.drafter))
   checks.check_choice("drafter", s.drafter, DRAFTERS)
   checks.check_choice("kernels", s.kernels, kernels.policy.SETTINGS)
   # 'on' where the kernels are unavailable or the job computes off CPU: refused here, before any

@@ -8,7 +8,8 @@ import for the three parts:
   otm.py           the exact OTM-k optimum of tiny problems (LP and min-cut), the ground truth
 
 Notation as everywhere in this project: `p` is the TARGET distribution and `q` the DRAFT (the
-SpecTr paper uses the opposite letters). The decode loop is spectr/decoding.py.
+SpecTr paper uses the opposite letters). The decode loop is `speculative.decode.spectr_loop`
+(old paths `speculative.spectr.decoding`, `speculative.spectr_decoding`).
 """
 
 from speculative.spectr.kseq import DEFAULT_BISECTION_ITERS

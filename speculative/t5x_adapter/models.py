@@ -26,9 +26,13 @@ What the model does:
     cache, gamma drafts per target call) and returns T5X's `(decodes [B, L], {'scores': [B]})`, plus
     per-example speculative metrics in aux: num_tokens, target_calls, drafted, accepted, alpha_sum,
     alpha, acceptance_rate, block_efficiency, invalid (and the exactness check's verdicts with
-    `check_exactness=True`, see `exactness`). `decoder_params` (temperature, topk, topp,
-    gamma, decode_rng, eos_id, max_decode_steps) override the model's defaults per call with T5X's
-    semantics; `num_decodes`, `return_all_decodes` (sorted by score, ascending) and
+    `check_exactness=True`, see `exactness`). With `method='spectr'` it runs SpecTr instead
+    (`speculative.decode.spectr_loop.spectr_decode`, `num_drafts` K i.i.d. drafts of gamma = L
+    tokens a step; sampling only), and aux also holds num_drafts, draft_length, selections,
+    single_alpha_sum and alpha_one_draft (alpha is then alpha_sum / selections, the acceptance
+    with K drafts, beside alpha_one_draft = single_alpha_sum / selections). `decoder_params`
+    (temperature, topk, topp, gamma, decode_rng, eos_id, max_decode_steps, method, num_drafts)
+    override the model's defaults per call with T5X's semantics; `num_decodes`, `return_all_decodes` (sorted by score, ascending) and
     `prompt_with_targets` behave as with `decoding.temperature_sample`.
   * `scores` are the target's log-probabilities of the generated tokens under the standardized
     (temperature / top-k / top-p) distribution, like temperature_sample's `rescale_log_probs=True`
@@ -60,6 +64,7 @@ from t5x import models as t5x_models  # first: without t5x, fail before the slow
 from speculative import drafters
 from speculative import sampling as sampling_lib
 from speculative.decode import loops as decoding
+from speculative.decode import spectr_loop
 from speculative.models import t5 as t5_lib
 from speculative.t5x_adapter import draft_checkpoint
 from speculative.t5x_adapter import exactness
@@ -187,6 +192,10 @@ class SpeculativeEncoderDecoderModel(t5x_models.EncoderDecoderModel):
     gamma: draft tokens per target call.
     drafter: a name of the drafter registry (`speculative.drafters.registry`) that needs no corpus:
       'model' (default), 'prompt_lookup' or 'prompt_lookup+model'; its params are the draft's.
+    method: 'speculative' (default; one draft a step) or 'spectr' (SpecTr: `num_drafts` K i.i.d.
+      drafts of gamma tokens, one target call over K x (gamma+1) positions; exact; needs sampling
+      and drafter 'model', whose draws are i.i.d.).
+    num_drafts: K in 1..8 (1 with 'speculative'); K = 1 emits speculative decoding's tokens.
     temperature, topk, topp: default sampling, with T5X `temperature_sample` semantics and defaults
       (1.0, 1, 0.0 = greedy; temperature 1 with topk 0 is exact sampling).
     compute_scores: compute `scores` in aux (one extra target forward unless greedy).
@@ -218,6 +227,8 @@ class SpeculativeEncoderDecoderModel(t5x_models.EncoderDecoderModel):
     draft_checkpoint_path: str | None = None,
     gamma: int = 4,
     drafter: str = 'model',
+    method: str = 'speculative',
+    num_drafts: int = 1,
     temperature: float = 1.0,
     topk: int = 1,
     topp: float = 0.0,
@@ -237,10 +248,14 @@ class SpeculativeEncoderDecoderModel(t5x_models.EncoderDecoderModel):
     self._draft_params: PyTree | None = None
     self._compute_scores = bool(compute_scores)
     self._check_exactness = bool(check_exactness)
+    self._drafter_name = drafter
     self._decode_defaults = dict(gamma=gamma, temperature=temperature, topk=topk, topp=topp)
+    if method != 'speculative' or num_drafts != 1:  # a one-draft model's defaults stay as before
+      self._decode_defaults.update(method=method, num_drafts=num_drafts)
     # Validate the defaults now: a bad gin binding fails at construction, not mid-job. (The
     # vocabulary's eos_id is read at decode time: reading it here would open a gs:// model file.)
     defaults = options_lib.resolve_decoder_params(None, **self._decode_defaults)
+    self._check_spectr_drafter(defaults)
     if self._check_exactness and not defaults.sampling.greedy:
       logging.warning(
         'check_exactness applies to greedy decodes only; the default decode samples (%s), so '
@@ -281,6 +296,14 @@ class SpeculativeEncoderDecoderModel(t5x_models.EncoderDecoderModel):
   def decode_defaults(self) -> dict[str, Any]:
     """The default gamma / temperature / topk / topp (per-call `decoder_params` override them)."""
     return dict(self._decode_defaults)
+
+  def _check_spectr_drafter(self, opts: options_lib.DecodeOptions) -> None:
+    """SpecTr needs i.i.d. drafts: the draft model's; a deterministic drafter is refused."""
+    if opts.method == 'spectr' and self._drafter_name != 'model':
+      raise ValueError(
+        f"method = 'spectr' needs drafter = 'model' (i.i.d. drafts); drafter "
+        f'{self._drafter_name!r} is deterministic and would give K identical drafts'
+      )
 
   # -- parameters ------------------------------------------------------------------------------
   def get_initial_variables(
@@ -395,9 +418,20 @@ class SpeculativeEncoderDecoderModel(t5x_models.EncoderDecoderModel):
     rows = rows_lib.expand_rows(batch, num_decodes, opts.eos_id, prompt_with_targets)
     decode_len = rows.decoder_input_tokens.shape[1]
     common = rows_lib.decode_args(rows, opts, decode_len)
-    result = decoding.speculative_decode(
-      self._target, target_params, self._drafter, draft_params, gamma=opts.gamma, **common
-    )
+    if opts.method == 'spectr':
+      result = spectr_loop.spectr_decode(
+        self._target,
+        target_params,
+        self._drafter,
+        draft_params,
+        num_drafts=opts.num_drafts,
+        draft_length=opts.gamma,
+        **common,
+      )
+    else:
+      result = decoding.speculative_decode(
+        self._target, target_params, self._drafter, draft_params, gamma=opts.gamma, **common
+      )
     decodes, num_tokens = rows_lib.t5x_layout(
       result, rows, decode_len, prompt_with_targets
     )  # [B*N, L]
@@ -407,7 +441,7 @@ class SpeculativeEncoderDecoderModel(t5x_models.EncoderDecoderModel):
       )
     else:  # greedy: log 1 per token, as T5X reports
       scores = jnp.zeros((decodes.shape[0],), jnp.float32)
-    aux = rows_lib.metrics_aux(result, scores, num_tokens)  # each [B*N]
+    aux = rows_lib.metrics_aux(result, scores, num_tokens, opts)  # each [B*N]
     if self._check_exactness:
       aux.update(
         self._exactness_aux(target_params, rows, opts, common, decodes, num_tokens, num_decodes)
@@ -463,6 +497,7 @@ class SpeculativeEncoderDecoderModel(t5x_models.EncoderDecoderModel):
     )
     if opts.decode_rng is None:
       opts = dataclasses.replace(opts, decode_rng=jax.random.PRNGKey(0))
+    self._check_spectr_drafter(opts)
     return opts
 
   def _scores(

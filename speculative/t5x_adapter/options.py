@@ -13,7 +13,8 @@ themselves need t5x, so they are testable (and usable) anywhere:
   temperature <= 1e-4 (`MIN_TEMPERATURE`) is greedy whatever topk/topp say, topk=0 and topp=0.0 mean
   "no filter", and a non-zero topk together with a non-zero topp is an error. `resolve_decoder_params`
   applies exactly these rules and returns our static `SamplingConfig` plus run-time `SamplingParams`,
-  the static `gamma`, `eos_id`, `max_decode_steps` and the decode RNG.
+  the static `gamma`, `eos_id`, `max_decode_steps`, the method ('speculative' or 'spectr', with
+  SpecTr's `num_drafts` K) and the decode RNG.
 """
 
 from __future__ import annotations
@@ -60,7 +61,12 @@ _SUPPORTED_DECODER_PARAMS = (
   'decode_rng',
   'eos_id',
   'max_decode_steps',
+  'method',
+  'num_drafts',
 )
+# The decode methods: one draft a step, or SpecTr's K i.i.d. drafts of gamma tokens (K in 1..8).
+METHODS = ('speculative', 'spectr')
+NUM_DRAFTS_RANGE = (1, 8)
 
 
 def _dtype_name(dtype: Any) -> str:
@@ -143,6 +149,8 @@ class DecodeOptions:
     eos_id: stop token (static).
     max_decode_steps: cap on generated tokens (static) or None for the full decoder length.
     decode_rng: PRNG key (or None: the caller's `rng`, else PRNGKey(0), as in T5X).
+    method: 'speculative' (one draft a step) or 'spectr' (K drafts of gamma tokens; static).
+    num_drafts: K (static; 1 with 'speculative').
   """
 
   gamma: int
@@ -151,6 +159,8 @@ class DecodeOptions:
   eos_id: int
   max_decode_steps: int | None
   decode_rng: Any
+  method: str = 'speculative'
+  num_drafts: int = 1
 
 
 def _is_traced(x: Any) -> bool:
@@ -187,12 +197,14 @@ def resolve_decoder_params(
   topk: int = 1,
   topp: float = 0.0,
   eos_id: int = 1,
+  method: str = 'speculative',
+  num_drafts: int = 1,
 ) -> DecodeOptions:
   """Merges per-call `decoder_params` over the model's defaults, with T5X's semantics.
 
   Args:
     decoder_params: T5X-style overrides: temperature, topk, topp, gamma, decode_rng, eos_id,
-      max_decode_steps. Other keys raise a ValueError naming them.
+      max_decode_steps, method, num_drafts. Other keys raise a ValueError naming them.
     gamma, temperature, topk, topp, eos_id: the model's defaults (T5X's defaults for the three
       sampling knobs are 1.0, 1, 0.0, i.e. greedy).
 
@@ -214,6 +226,9 @@ def resolve_decoder_params(
     sampling, sampling_params = _traced_sampling(temperature, topk, topp)
   else:
     sampling, sampling_params = _static_sampling(float(temperature), int(topk), float(topp))
+  method, num_drafts = check_method(
+    params.get('method', method), params.get('num_drafts', num_drafts), sampling
+  )
   return DecodeOptions(
     gamma=gamma,
     sampling=sampling,
@@ -221,7 +236,31 @@ def resolve_decoder_params(
     eos_id=eos_id,
     max_decode_steps=max_steps,
     decode_rng=params.get('decode_rng'),
+    method=method,
+    num_drafts=num_drafts,
   )
+
+
+def check_method(
+  method: Any, num_drafts: Any, sampling: sampling_lib.SamplingConfig | None = None
+) -> tuple[str, int]:
+  """(method, K), checked: a method of METHODS, K an int in NUM_DRAFTS_RANGE, K = 1 with
+  'speculative', and SpecTr under sampling only (`sampling` greedy: its K drafts would be the same
+  argmax draft, and SpecTr speculative decoding with K-fold work). ValueError naming the problem."""
+  if _is_traced(method) or method not in METHODS:
+    raise ValueError(f'method must be one of {METHODS}, got {method!r}')
+  low, high = NUM_DRAFTS_RANGE
+  num_drafts = _static_int('num_drafts', num_drafts, low)
+  if num_drafts > high:
+    raise ValueError(f"decoder_params['num_drafts'] must be <= {high}, got {num_drafts}")
+  if method == 'speculative' and num_drafts != 1:
+    raise ValueError(f"num_drafts = {num_drafts} needs method = 'spectr' (K drafts a step)")
+  if method == 'spectr' and sampling is not None and sampling.greedy:
+    raise ValueError(
+      "method = 'spectr' needs sampling (temperature > 1e-4 and topk != 1): greedy drafts are "
+      "K copies of one argmax draft, i.e. speculative decoding; use method = 'speculative'"
+    )
+  return method, num_drafts
 
 
 def _check_keys(params: Mapping[str, Any]) -> None:

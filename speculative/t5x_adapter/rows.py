@@ -120,12 +120,17 @@ def t5x_layout(
 
 
 def metrics_aux(
-  result: decode_state.DecodeResult, scores: Array, num_tokens: Array
+  result: decode_state.DecodeResult,
+  scores: Array,
+  num_tokens: Array,
+  opts: options_lib.DecodeOptions | None = None,
 ) -> dict[str, Array]:
-  """aux: scores and the per-row speculative metrics (docs/design.md, metric definitions)."""
+  """aux: scores and the per-row speculative metrics (docs/design.md, metric definitions); with
+  SpecTr (`opts.method`) also K, L and the acceptance with K drafts (alpha = alpha_sum /
+  selections) beside one draft's at the same conditionals (alpha_one_draft)."""
   metrics = result.metrics
   drafted = jnp.maximum(metrics.drafted, 1).astype(jnp.float32)
-  return {
+  aux = {
     'scores': scores,
     'num_tokens': num_tokens.astype(jnp.int32),
     'target_calls': metrics.target_calls,
@@ -137,6 +142,19 @@ def metrics_aux(
     'block_efficiency': result.lengths / jnp.maximum(metrics.target_calls, 1),
     'invalid': metrics.invalid.astype(jnp.int32),
   }
+  if opts is None or opts.method != 'spectr':
+    return aux
+  selections = jnp.maximum(metrics.selections, 1).astype(jnp.float32)
+  rows = num_tokens.shape[0]
+  aux.update(
+    num_drafts=jnp.full((rows,), opts.num_drafts, jnp.int32),
+    draft_length=jnp.full((rows,), opts.gamma, jnp.int32),
+    selections=metrics.selections,
+    single_alpha_sum=metrics.single_alpha_sum,
+    alpha=jnp.where(metrics.selections > 0, metrics.alpha_sum / selections, 0.0),
+    alpha_one_draft=jnp.where(metrics.selections > 0, metrics.single_alpha_sum / selections, 0.0),
+  )
+  return aux
 
 
 def sort_decodes(

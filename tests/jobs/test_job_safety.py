@@ -244,6 +244,30 @@ BAD_INPUTS = [
     checkpoints.CheckpointError,
     "different model config:\n  mlp_activations: weights \\['gelu', 'linear'\\]",
   ),
+  # SpecTr (METHOD = 'spectr') and the n-gram drafters.
+  ("method_unknown", {"method": "medusa"}, ValueError, r"unknown method \(METHOD\) 'medusa'"),
+  (
+    "num_drafts_zero",
+    {"method": "spectr", "num_drafts": 0, "temperature": 1.0},
+    ValueError,
+    r"num_drafts \(NUM_DRAFTS\) must be in \[1, 8\]",
+  ),
+  ("num_drafts_huge", {"method": "spectr", "num_drafts": 9, "temperature": 1.0}, ValueError, "8"),
+  ("num_drafts_one_draft", {"num_drafts": 2}, ValueError, r"needs method \(METHOD\) = 'spectr'"),
+  (
+    "spectr_deterministic_drafter",
+    {"method": "spectr", "num_drafts": 2, "temperature": 1.0, "drafter": "prompt_lookup+model"},
+    ValueError,
+    "is deterministic",
+  ),
+  ("spectr_greedy", {"method": "spectr", "num_drafts": 2}, ValueError, "at temperature 0"),
+  (
+    "spectr_option",
+    {"method": "spectr", "num_drafts": 2, "temperature": 1.0, "adaptive_verify": True},
+    ValueError,
+    "adaptive_verify is not supported",
+  ),
+  ("ngram_drafter", {"drafter": "bigram"}, ValueError, "drafter 'bigram' is benchmark-only"),
 ]
 
 

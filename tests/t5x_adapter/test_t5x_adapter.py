@@ -122,6 +122,9 @@ def test_decoder_params_follow_t5x_temperature_sample():
   # Per-call overrides of the static values.
   opts = resolve({'gamma': 7, 'eos_id': 5, 'max_decode_steps': 9}, gamma=4)
   assert (opts.gamma, opts.eos_id, opts.max_decode_steps) == (7, 5, 9)
+  assert (opts.method, opts.num_drafts) == ('speculative', 1)
+  spectr = resolve({'method': 'spectr', 'num_drafts': 4, 'temperature': 1.0, 'topk': 0}, gamma=4)
+  assert (spectr.method, spectr.num_drafts, spectr.gamma) == ('spectr', 4, 4)
 
 
 @pytest.mark.parametrize(
@@ -136,6 +139,11 @@ def test_decoder_params_follow_t5x_temperature_sample():
     ({'temperature': np.array([0.5, 1.0])}, 'per-example'),
     ({'beam_size': 4}, 'unknown decoder_params'),
     ({'rescale_log_probs': False}, 'not supported'),
+    ({'method': 'medusa'}, 'method must be one of'),
+    ({'num_drafts': 2}, "needs method = 'spectr'"),
+    ({'method': 'spectr', 'num_drafts': 9, 'topk': 0}, 'must be <= 8'),
+    ({'method': 'spectr', 'num_drafts': 1.5, 'topk': 0}, 'must be an int'),
+    ({'method': 'spectr', 'num_drafts': 2}, 'needs sampling'),  # T5X's default topk=1: greedy
   ],
 )
 def test_decoder_params_errors(params, message):

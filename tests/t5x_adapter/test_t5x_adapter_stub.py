@@ -362,6 +362,46 @@ def test_adapter_reproduces_stock_t5x_greedy_tokens(adapter, t5x_stub):
   assert float(aux['block_efficiency'][0]) == pytest.approx(GAMMA + 1)
 
 
+SPECTR_AUX = ('num_drafts', 'draft_length', 'selections', 'single_alpha_sum', 'alpha_one_draft')
+
+
+def test_spectr_k1_emits_speculative_tokens_and_k2_reports_its_aux(adapter, pair, smoke_inputs):
+  """SpecTr through the adapter at temperature 1 (exact sampling), 4 smoke inputs: with K = 1
+  (gin's METHOD / NUM_DRAFTS) the decodes equal speculative decoding's for the same rng, token for
+  token; K = 2 per call (decoder_params) gives other samples; aux holds K, L, the selections and
+  the acceptance with K drafts (alpha) beside one draft's at the same conditionals."""
+  batch = _batch(smoke_inputs[:4], DECODE_LEN)
+  rng = jax.random.PRNGKey(5)
+  speculative = _model(adapter, pair, temperature=1.0, topk=0)
+  spectr = _model(adapter, pair, temperature=1.0, topk=0, method='spectr', num_drafts=1)
+  want, want_aux = speculative.predict_batch_with_aux(pair['tree'], batch, rng=rng)
+  got, aux = spectr.predict_batch_with_aux(pair['tree'], batch, rng=rng)
+  np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+  for key in ('num_tokens', 'target_calls', 'drafted', 'accepted', 'block_efficiency'):
+    np.testing.assert_array_equal(np.asarray(aux[key]), np.asarray(want_aux[key]))
+  assert set(aux) == set(want_aux) | set(SPECTR_AUX)
+  np.testing.assert_array_equal(aux['num_drafts'], 1)
+  np.testing.assert_array_equal(aux['draft_length'], GAMMA)
+  np.testing.assert_allclose(aux['alpha'], aux['alpha_one_draft'], rtol=1e-6)  # K = 1: the same
+  events = model_utils.speculation_events(_records(got, aux), GAMMA, DECODE_LEN)
+  assert 0 < events['accepted'] < events['drafted'] and events['bonus'] and events['partial']
+
+  k2, aux2 = speculative.predict_batch_with_aux(
+    pair['tree'], batch, rng=rng, decoder_params={'method': 'spectr', 'num_drafts': 2}
+  )
+  aux2 = {k: np.asarray(v) for k, v in aux2.items()}
+  assert set(aux2) == set(aux) and not np.array_equal(np.asarray(k2), np.asarray(got))
+  np.testing.assert_array_equal(aux2['num_drafts'], 2)
+  assert np.all(aux2['alpha'] >= aux2['alpha_one_draft'] - 1e-6)
+  assert np.all((aux2['block_efficiency'] >= 1) & (aux2['block_efficiency'] <= GAMMA + 1))
+  np.testing.assert_array_equal(aux2['drafted'], GAMMA * aux2['target_calls'])
+  assert np.all(aux2['accepted'] <= aux2['drafted']) and np.all(aux2['selections'] > 0)
+  with pytest.raises(ValueError, match="method = 'spectr' needs sampling"):
+    speculative.predict_batch_with_aux(
+      pair['tree'], batch, decoder_params={'method': 'spectr', 'num_drafts': 2, 'topk': 1}
+    )
+
+
 @pytest.mark.slow
 def test_sampled_decodes_their_scores_and_the_rng(adapter, pair, smoke_inputs):
   """Temperature 1 (exact sampling), num_decodes 3, return_all_decodes: [B, 3, L] decodes sorted
@@ -504,6 +544,15 @@ def test_check_exactness(adapter, pair, smoke_inputs, monkeypatch):
     ({'drafter': 'bigram'}, 'estimates tables from a corpus'),
     ({'draft_size': 'tiny'}, 'give exactly one of draft size'),
     ({'draft_config': None, 'draft_size': 'medium'}, 'unknown draft size'),
+    ({'method': 'medusa'}, 'method must be one of'),
+    ({'num_drafts': 2}, "num_drafts = 2 needs method = 'spectr'"),
+    ({'method': 'spectr', 'num_drafts': 9, 'topk': 0}, r"num_drafts'\] must be <= 8"),
+    ({'method': 'spectr', 'num_drafts': 0, 'topk': 0}, r"num_drafts'\] must be >= 1"),
+    ({'method': 'spectr', 'num_drafts': 2}, "method = 'spectr' needs sampling"),
+    (
+      {'method': 'spectr', 'num_drafts': 2, 'topk': 0, 'drafter': 'prompt_lookup+model'},
+      "needs drafter = 'model'",
+    ),
   ],
 )
 def test_bad_model_arguments_fail_at_construction(adapter, pair, kwargs, message):
@@ -713,3 +762,16 @@ def test_speculative_gin_builds_the_model_and_restores_the_draft(
   model = _gin_value(gin.query_parameter('%MODEL'))
   assert model.decode_defaults == {'gamma': 5, 'temperature': 0.7, 'topk': 40, 'topp': 0.0}
   assert model.check_exactness
+  # SpecTr through the macros: METHOD and NUM_DRAFTS reach the model's defaults.
+  gin.clear_config()
+  spectr = ['TEMPERATURE = 1.0', "METHOD = 'spectr'", 'NUM_DRAFTS = 4']
+  gin.parse_config_files_and_bindings([str(model_file)], macros + spectr, finalize_config=False)
+  model = _gin_value(gin.query_parameter('%MODEL'))
+  assert model.decode_defaults == {
+    'gamma': 5,
+    'temperature': 1.0,
+    'topk': 0,
+    'topp': 0.0,
+    'method': 'spectr',
+    'num_drafts': 4,
+  }

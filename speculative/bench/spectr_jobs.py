@@ -1,0 +1,127 @@
+"""The SpecTr jobs table: `speculative.infer` jobs run with METHOD = 'spectr', one row per job.
+
+  python -m speculative.bench.spectr_jobs outputs/numbers/* [--log LOG] [--c 0.061]
+
+Reads each job's metrics.json and manifest.json (and, with --log, the load averages that
+scripts/spectr_jobs.sh prints around each job) and prints a Markdown table: block efficiency of
+SpecTr and of one-draft speculative decoding in the same job (same examples, same seeds) with 95%
+intervals, the paired difference (z), the acceptance with K drafts and with one, the walltime per
+generated token against the baseline and against one-draft speculative decoding, and the cost
+model's prediction for a device where the K x (L+1) verify costs one target step and a K-row draft
+step one draft step: speedup = BE / (1 + L c), with c = draft step / target step (--c: measured on
+this CPU by `speculative.bench.spectr_page`, docs/spectr/results.json costs.c['1']).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import sys
+from typing import Any
+from typing import Sequence
+
+Z95 = 1.96
+
+
+def read_job(output_dir: str) -> dict[str, Any]:
+  """metrics.json, manifest.json and the three prediction files' (tokens, target calls) of a job."""
+  with open(os.path.join(output_dir, 'metrics.json'), encoding='utf-8') as f:
+    metrics = json.load(f)
+  with open(os.path.join(output_dir, 'manifest.json'), encoding='utf-8') as f:
+    manifest = json.load(f)
+  records = {}
+  for mode in ('speculative', 'spectr'):
+    with open(os.path.join(output_dir, f'predictions-{mode}.jsonl'), encoding='utf-8') as f:
+      rows = [json.loads(line) for line in f]
+    records[mode] = {r['index']: (r['num_tokens'], r['target_calls']) for r in rows}
+  return dict(
+    name=os.path.basename(output_dir.rstrip('/')),
+    metrics=metrics,
+    manifest=manifest,
+    records=records,
+  )
+
+
+def paired_difference(spectr: dict[int, tuple], one: dict[int, tuple]) -> tuple[float, float]:
+  """(BE_spectr - BE_one, its standard error) over the same examples: the difference of two ratio
+  estimators, linearized per example (delta method), its variance from the per-example
+  differences of the linearized terms (paired: both modes decode the same inputs)."""
+  indices = sorted(spectr)
+  n = len(indices)
+
+  def linearized(records):
+    tokens = [records[i][0] for i in indices]
+    calls = [records[i][1] for i in indices]
+    ratio, mean_calls = sum(tokens) / sum(calls), sum(calls) / n
+    return ratio, [(t - ratio * c) / mean_calls for t, c in zip(tokens, calls)]
+
+  ratio_s, terms_s = linearized(spectr)
+  ratio_1, terms_1 = linearized(one)
+  diffs = [a - b for a, b in zip(terms_s, terms_1)]
+  mean = sum(diffs) / n
+  variance = sum((d - mean) ** 2 for d in diffs) / (n - 1) / n
+  return ratio_s - ratio_1, variance**0.5
+
+
+def read_loads(log_path: str | None) -> dict[str, str]:
+  """{job name: 'start -> end'} 1-minute load averages from scripts/spectr_jobs.sh's log."""
+  if not log_path:
+    return {}
+  loads, start = {}, {}
+  load = re.compile(r'load average: ([\d.]+)')
+  with open(log_path, encoding='utf-8') as f:
+    for line in f:
+      begun = re.match(r'=== (\S+) ', line)
+      if begun and load.search(line):
+        current = begun.group(1)
+        start[current] = load.search(line).group(1)
+      elif line.startswith('rc=') and load.search(line):
+        loads[current] = f'{start[current]} -> {load.search(line).group(1)}'
+  return loads
+
+
+def table(jobs: Sequence[dict[str, Any]], c: float, loads: dict[str, str]) -> str:
+  header = (
+    '| job | task | B | K | L | examples | BE SpecTr [95%] | BE one draft [95%] | diff (z) | '
+    'accept. K / 1 draft | ms/token base / one / SpecTr | SpecTr vs baseline | vs one draft | '
+    f'device prediction (c = {c:.3f}) | identical to one draft | decode path | load |'
+  )
+  lines = [header, '|' + '---|' * header.count(' | ') + '---|']
+  for job in jobs:
+    m, manifest = job['metrics'], job['manifest']
+    s, one, base = m['spectr'], m['speculative'], m['baseline']
+    k, length = m['num_drafts'], m['gamma']
+    diff, se = paired_difference(job['records']['spectr'], job['records']['speculative'])
+    ms = lambda mode: 1e3 / mode['tokens_per_s']  # noqa: E731
+    ci = lambda mode: '{:.3f} [{:.3f}, {:.3f}]'.format(  # noqa: E731
+      mode['block_efficiency'], *mode['block_efficiency_ci95']
+    )
+    task = manifest['inputs'].get('task') if isinstance(manifest['inputs'], dict) else None
+    lines.append(
+      f"| {job['name']} | {task or manifest['inputs']} | {m['batch_size']} | {k} | {length} | "
+      f"{m['examples']} | {ci(s)} | {ci(one)} | {diff:+.3f} ({diff / se if se else 0:+.1f}) | "
+      f"{s['alpha']:.3f} / {s['alpha_one_draft']:.3f} | "
+      f'{ms(base):.1f} / {ms(one):.1f} / {ms(s):.1f} | '
+      f"{s['speedup_per_token_vs_baseline']:.2f}x | {s['speedup_per_token_vs_speculative']:.2f}x | "
+      f"{s['block_efficiency'] / (1 + length * c):.2f}x vs baseline, "
+      f"{s['block_efficiency'] / one['block_efficiency']:.2f}x vs one draft | "
+      f"{s['identical_to_speculative']} / {m['examples']} | {m['decode_path']} | "
+      f"{loads.get(job['name'], '-')} |"
+    )
+  return '\n'.join(lines) + '\n'
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument('output_dirs', nargs='+')
+  parser.add_argument('--log', default=None, help="scripts/spectr_jobs.sh's log (load averages)")
+  parser.add_argument('--c', type=float, default=0.061, help='draft step / target step')
+  args = parser.parse_args(argv)
+  jobs = [read_job(d) for d in args.output_dirs]
+  sys.stdout.write(table(jobs, args.c, read_loads(args.log)))
+
+
+if __name__ == '__main__':
+  main()
