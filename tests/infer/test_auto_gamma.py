@@ -77,7 +77,9 @@ def inject(monkeypatch):
       return costs
 
     monkeypatch.setattr(costs_lib, "measure", measure)
-    monkeypatch.setattr(costs_lib, "loop_step_seconds", lambda *args, **kwargs: None)
+    monkeypatch.setattr(
+      costs_lib, "loop_step_seconds", lambda fns, *args, **kwargs: dict.fromkeys(fns)
+    )
     return calls
 
   return set_costs
