@@ -295,6 +295,21 @@ def _read_cache(path: str) -> dict[str, Any]:
     return {}
 
 
+def find_costs(path: str, **match: Any) -> Costs | None:
+  """The costs of the cache file's most recent entry whose key fields equal `match` (e.g.
+  backend, device_kind, batch_size, target_config, draft_config) and whose decode path is XLA's
+  dot; None if there is none (or no readable cache). For the T5X adapter, which cannot time
+  inside T5X's jitted predict function and reads what a job measured."""
+  found = None
+  for entry in _read_cache(path).values():
+    fields = entry.get('fields', {})
+    if str(fields.get('decode_path', '')).startswith('XLA') and all(
+      json.loads(json.dumps(fields.get(k))) == json.loads(json.dumps(v)) for k, v in match.items()
+    ):
+      found = Costs.from_json(entry['costs'])
+  return found
+
+
 @dataclasses.dataclass(frozen=True)
 class Calibration:
   """The costs a job used and where they came from.
