@@ -267,6 +267,11 @@ def check_cache_file(path: str) -> None:
   directory = os.path.dirname(os.path.abspath(path)) or '.'
   if os.path.isdir(path):
     raise PermissionError(f'calibration cache {path} is a directory, not a file')
+  existing = directory
+  while not os.path.exists(existing):
+    existing = os.path.dirname(existing)
+  if not os.path.isdir(existing):
+    raise PermissionError(f'calibration cache {path}: {existing} is a file, not a directory')
   try:
     os.makedirs(directory, exist_ok=True)
   except OSError as e:
