@@ -153,6 +153,14 @@ COMMANDS = [
     expect='Identical outputs: 2 / 2',
   ),
   Command(
+    'auto_gamma_bench',
+    'docs/auto_gamma.md',
+    '.venv/bin/python -m speculative.bench.auto_gamma --gin_file=configs/local/run.gin',
+    '.venv/bin/python -m speculative.bench.auto_gamma --gin_file=configs/local/run.gin'
+    ' --gammas=3 --rounds=1 --gin_bindings="NUM_EXAMPLES = 2"',
+    expect='auto: ',
+  ),
+  Command(
     'spectr_job',
     'docs/batch_jobs.md',
     """.venv/bin/speculative-infer --gin_file=configs/local/run.gin --gin_bindings="METHOD = """

@@ -43,16 +43,22 @@ _CACHE_THRESHOLDS = {
 
 
 def pytest_configure(config):
-  if hasattr(config, 'workerinput') or os.environ.get('JAX_COMPILATION_CACHE_DIR'):
-    return  # an xdist worker (it inherited the controller's folder), or a folder chosen outside
+  if hasattr(config, 'workerinput'):
+    return  # an xdist worker: it inherited the controller's folders
+  # The user's cache directory stays untouched: jobs with GAMMA = 'auto' (the run files' default)
+  # cache their measured costs under $XDG_CACHE_HOME, here a fresh folder per session.
+  user_cache = tempfile.mkdtemp(prefix='speculative-tests-xdg-cache-')
+  config._speculative_folders = [user_cache]  # pylint: disable=protected-access
+  os.environ['XDG_CACHE_HOME'] = user_cache
+  if os.environ.get('JAX_COMPILATION_CACHE_DIR'):
+    return  # a compilation cache folder chosen outside
   folder = tempfile.mkdtemp(prefix='speculative-tests-jax-cache-')
-  config._speculative_jax_cache = folder  # pylint: disable=protected-access
+  config._speculative_folders.append(folder)  # pylint: disable=protected-access
   os.environ.update(_CACHE_THRESHOLDS, JAX_COMPILATION_CACHE_DIR=folder)
 
 
 def pytest_unconfigure(config):
-  folder = getattr(config, '_speculative_jax_cache', None)
-  if folder:
+  for folder in getattr(config, '_speculative_folders', []):
     shutil.rmtree(folder, ignore_errors=True)
 
 

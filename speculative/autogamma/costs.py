@@ -177,28 +177,41 @@ def measure(
 
 
 LOOP_STEP_SECONDS = 0.05  # the timed stretch of a loop: about this long (4 to 16 steps)
+LOOP_ROUNDS = 5
 
 
-def loop_step_seconds(decode_fn, encoder_tokens, rng, step_estimate: float) -> float | None:
-  """Seconds per step of a compiled decode loop `decode_fn(encoder_tokens, rng, max_steps=n)` (the
-  modes' functions), without what a call pays once (encoder, prefill, dispatch): the fastest of
-  ROUNDS runs to n1 = 2 steps and to n2 = n1 + k steps (k about LOOP_STEP_SECONDS at
-  `step_estimate` per step), differenced over the steps the loop really ran (fewer if every row
-  finished first). None if it ran fewer than 2 steps past n1."""
-  extra = int(np.clip(round(LOOP_STEP_SECONDS / max(step_estimate, 1e-6)), 4, 16))
-  runs = {}
-  for n in (2, 2 + extra):
-    jax.block_until_ready(decode_fn(encoder_tokens, rng, max_steps=n))  # compile, warm
-    times, steps = [], 0
-    for _ in range(ROUNDS):
-      seconds, result = timing.timed(lambda: decode_fn(encoder_tokens, rng, max_steps=n))  # noqa: B023
-      times.append(seconds)
-      steps = int(np.max(np.asarray(result.metrics.target_calls)))
-    runs[n] = (min(times), steps)
-  (short, short_steps), (long, long_steps) = runs.values()
-  if long_steps - short_steps < 2:
-    return None
-  return max(long - short, 1e-9) / (long_steps - short_steps)
+def loop_step_seconds(
+  decode_fns: Mapping[Any, Any], encoder_tokens, rng, step_estimates: Mapping[Any, float]
+) -> dict[Any, float | None]:
+  """Seconds per step of compiled decode loops, {name: decode_fn(encoder_tokens, rng,
+  max_steps=n)} (the modes' functions), without what a call pays once (encoder, prefill, dispatch):
+  each loop runs to n1 = 2 steps and to n2 = n1 + k steps (k about LOOP_STEP_SECONDS at its
+  `step_estimates` per step), the loops and lengths interleaved in LOOP_ROUNDS rounds; the fastest
+  of each, differenced over the steps the loop really ran (fewer if every row finished first).
+  None for a loop that ran fewer than 2 steps past n1."""
+  lengths = {
+    name: (2, 2 + int(np.clip(round(LOOP_STEP_SECONDS / max(step_estimates[name], 1e-6)), 4, 16)))
+    for name in decode_fns
+  }
+  runs = {(name, n): [] for name in decode_fns for n in lengths[name]}
+  steps = {}
+  for name, n in runs:  # compile and warm every (loop, length)
+    jax.block_until_ready(decode_fns[name](encoder_tokens, rng, max_steps=n))
+  keys = list(runs)
+  for r in range(LOOP_ROUNDS):
+    shift = r % len(keys)
+    for name, n in keys[shift:] + keys[:shift]:
+      seconds, result = timing.timed(
+        lambda: decode_fns[name](encoder_tokens, rng, max_steps=n)  # noqa: B023
+      )
+      runs[(name, n)].append(seconds)
+      steps[(name, n)] = int(np.max(np.asarray(result.metrics.target_calls)))
+  out = {}
+  for name, (short, long) in lengths.items():
+    ran = steps[(name, long)] - steps[(name, short)]
+    elapsed = min(runs[(name, long)]) - min(runs[(name, short)])
+    out[name] = max(elapsed, 1e-9) / ran if ran >= 2 else None
+  return out
 
 
 def key_fields(
@@ -254,6 +267,11 @@ def check_cache_file(path: str) -> None:
   directory = os.path.dirname(os.path.abspath(path)) or '.'
   if os.path.isdir(path):
     raise PermissionError(f'calibration cache {path} is a directory, not a file')
+  existing = directory
+  while not os.path.exists(existing):
+    existing = os.path.dirname(existing)
+  if not os.path.isdir(existing):
+    raise PermissionError(f'calibration cache {path}: {existing} is a file, not a directory')
   try:
     os.makedirs(directory, exist_ok=True)
   except OSError as e:
@@ -280,6 +298,21 @@ def _read_cache(path: str) -> dict[str, Any]:
   except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
     logging.warning('calibration cache %s is unreadable (%s); measuring afresh', path, e)
     return {}
+
+
+def find_costs(path: str, **match: Any) -> Costs | None:
+  """The costs of the cache file's most recent entry whose key fields equal `match` (e.g.
+  backend, device_kind, batch_size, target_config, draft_config) and whose decode path is XLA's
+  dot; None if there is none (or no readable cache). For the T5X adapter, which cannot time
+  inside T5X's jitted predict function and reads what a job measured."""
+  found = None
+  for entry in _read_cache(path).values():
+    fields = entry.get('fields', {})
+    if str(fields.get('decode_path', '')).startswith('XLA') and all(
+      json.loads(json.dumps(fields.get(k))) == json.loads(json.dumps(v)) for k, v in match.items()
+    ):
+      found = Costs.from_json(entry['costs'])
+  return found
 
 
 @dataclasses.dataclass(frozen=True)

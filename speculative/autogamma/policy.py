@@ -97,6 +97,12 @@ def predicted_speedups(costs: costs_lib.Costs, alpha: float) -> dict[int, float]
   }
 
 
+def best_gamma(costs: costs_lib.Costs, alpha: float) -> int:
+  """The gamma in 0..gamma_max that Theorem 3.8 predicts fastest at `alpha` (0: plain decoding);
+  the T5X adapter's one choice per batch size."""
+  return _argmax(predicted_speedups(costs, alpha), range(costs.gamma_max + 1))
+
+
 def reference_gamma(costs: costs_lib.Costs) -> int:
   """The gamma >= 1 the model calls alone predict best at PRIOR_ALPHA: the speculative loop whose
   step the calibration measures (the one a new job is most likely to run first)."""

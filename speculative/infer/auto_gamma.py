@@ -58,8 +58,13 @@ def calibrate(
       gamma_max=s.max_gamma,
     )
     ref = policy.reference_gamma(calls)
-    plain = costs_lib.loop_step_seconds(decode_fn(0), encoder_tokens, rng, calls.step(0))
-    spec = costs_lib.loop_step_seconds(decode_fn(ref), encoder_tokens, rng, calls.step(ref))
+    loops = costs_lib.loop_step_seconds(
+      {0: decode_fn(0), ref: decode_fn(ref)},
+      encoder_tokens,
+      rng,
+      {0: calls.step(0), ref: calls.step(ref)},
+    )
+    plain, spec = loops[0], loops[ref]
     return dataclasses.replace(
       calls,
       plain_loop_step=plain,

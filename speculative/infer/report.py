@@ -97,10 +97,10 @@ def format_report(summary: dict[str, Any]) -> str:
   )
   if "speedup" in summary:
     lines += _comparison_lines(summary)
-  if "gamma_policy" in summary:
-    lines += _gamma_policy_lines(summary)
   if summary.get("method") == "spectr" and "spectr" in summary:
     lines += _spectr_lines(summary)
+  if "gamma_policy" in summary:
+    lines += _gamma_policy_lines(summary)
   return "\n".join(lines) + "\n"
 
 

@@ -220,7 +220,7 @@ def _decode_fns(
   """{mode: fn(encoder_tokens [B, S], rng) -> DecodeResult}, in the order of
   `settings.job_modes` (with METHOD = 'spectr', SpecTr after the modes: every mode of a batch gets
   the same rng, so SpecTr with K = 1 emits the speculative mode's tokens); an 'auto' job's
-  speculative mode at `gamma` (0: the baseline's function, None: no such mode)."""
+  speculative mode at `gamma` (0: the baseline's function; None: not built here)."""
   s = settings
   speculative = gamma != 0 and not (s.auto_gamma and gamma is None)
   fns = modes.decode_fns(

@@ -256,8 +256,8 @@ def _check_method(s: InferSettings) -> None:
   refuse = lambda why: ValueError(f"method (METHOD) = 'spectr': {why}")  # noqa: E731
   if isinstance(s.gamma, str):  # GAMMA = 'auto' (chosen from measured costs) is one-draft only
     raise refuse(
-      f"GAMMA must be an integer draft length L (e.g. GAMMA = 3), got {s.gamma!r}: 'auto' "
-      "chooses a one-draft gamma from measured costs"
+      f"GAMMA must be an integer draft length L, got {s.gamma!r} (e.g. GAMMA = 3; 'auto' "
+      "chooses a one-draft gamma from measured costs)"
     )
   if "speculative" not in s.modes:
     raise refuse(

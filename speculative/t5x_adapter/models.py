@@ -61,8 +61,11 @@ import numpy as np
 import seqio
 from t5x import models as t5x_models  # first: without t5x, fail before the slow imports
 
+from speculative import checkpoints
 from speculative import drafters
 from speculative import sampling as sampling_lib
+from speculative.autogamma import costs as costs_lib
+from speculative.autogamma import policy
 from speculative.decode import loops as decoding
 from speculative.decode import spectr_loop
 from speculative.models import t5 as t5_lib
@@ -189,7 +192,13 @@ class SpeculativeEncoderDecoderModel(t5x_models.EncoderDecoderModel):
     draft_config: an explicit draft config (T5X `network.T5Config` or ours).
     draft_checkpoint_path: the draft's weights when `predict_batch_with_aux` is called with
       target-only params (the T5X restore path uses `draft_checkpoint.add_draft_checkpoint`).
-    gamma: draft tokens per target call.
+    gamma: draft tokens per target call, or 'auto': chosen once per batch size (when T5X traces
+      the predict function; a choice inside its jit is not possible) by Theorem 3.8 from the costs a
+      `speculative.infer` job with GAMMA = 'auto' measured for these models on this device at that
+      batch size on XLA's path (KERNELS = 'off' on a CPU), read from `calibration_file`, at the
+      acceptance `expected_alpha`; 0 is plain decoding. aux gains 'gamma'.
+    calibration_file: the cost cache (None: `autogamma.costs.default_cache_file()`).
+    expected_alpha: the acceptance the 'auto' choice assumes (default the jobs' prior, 0.8).
     drafter: a name of the drafter registry (`speculative.drafters.registry`) that needs no corpus:
       'model' (default), 'prompt_lookup' or 'prompt_lookup+model'; its params are the draft's.
     method: 'speculative' (default; one draft a step) or 'spectr' (SpecTr: `num_drafts` K i.i.d.
@@ -225,7 +234,9 @@ class SpeculativeEncoderDecoderModel(t5x_models.EncoderDecoderModel):
     draft_size: str | None = None,
     draft_config: Any = None,
     draft_checkpoint_path: str | None = None,
-    gamma: int = 4,
+    gamma: int | str = 4,
+    calibration_file: str | None = None,
+    expected_alpha: float = policy.PRIOR_ALPHA,
     drafter: str = 'model',
     method: str = 'speculative',
     num_drafts: int = 1,
@@ -250,6 +261,10 @@ class SpeculativeEncoderDecoderModel(t5x_models.EncoderDecoderModel):
     self._check_exactness = bool(check_exactness)
     self._drafter_name = drafter
     self._decode_defaults = dict(gamma=gamma, temperature=temperature, topk=topk, topp=topp)
+    self._calibration_file = calibration_file or costs_lib.default_cache_file()
+    if not 0.0 <= float(expected_alpha) <= 1.0:
+      raise ValueError(f'expected_alpha must be in [0, 1], got {expected_alpha!r}')
+    self._expected_alpha = float(expected_alpha)
     if method != 'speculative' or num_drafts != 1:  # a one-draft model's defaults stay as before
       self._decode_defaults.update(method=method, num_drafts=num_drafts)
     # Validate the defaults now: a bad gin binding fails at construction, not mid-job. (The
@@ -285,8 +300,9 @@ class SpeculativeEncoderDecoderModel(t5x_models.EncoderDecoderModel):
     return self._draft
 
   @property
-  def gamma(self) -> int:
-    return int(self._decode_defaults['gamma'])
+  def gamma(self) -> int | str:
+    gamma = self._decode_defaults['gamma']
+    return gamma if gamma == options_lib.AUTO else int(gamma)
 
   @property
   def check_exactness(self) -> bool:
@@ -429,9 +445,16 @@ class SpeculativeEncoderDecoderModel(t5x_models.EncoderDecoderModel):
         **common,
       )
     else:
-      result = decoding.speculative_decode(
-        self._target, target_params, self._drafter, draft_params, gamma=opts.gamma, **common
-      )
+      gamma = opts.gamma
+      if gamma == options_lib.AUTO:
+        gamma = self.auto_gamma(rows.encoder_tokens.shape[0])
+        opts = dataclasses.replace(opts, gamma=gamma)
+      if gamma == 0:  # plain decoding pays most on this device at this batch size
+        result = decoding.autoregressive_decode(self._target, target_params, **common)
+      else:
+        result = decoding.speculative_decode(
+          self._target, target_params, self._drafter, draft_params, gamma=gamma, **common
+        )
     decodes, num_tokens = rows_lib.t5x_layout(
       result, rows, decode_len, prompt_with_targets
     )  # [B*N, L]
@@ -442,11 +465,38 @@ class SpeculativeEncoderDecoderModel(t5x_models.EncoderDecoderModel):
     else:  # greedy: log 1 per token, as T5X reports
       scores = jnp.zeros((decodes.shape[0],), jnp.float32)
     aux = rows_lib.metrics_aux(result, scores, num_tokens, opts)  # each [B*N]
+    if self._decode_defaults['gamma'] == options_lib.AUTO or (decoder_params or {}).get(
+      'gamma'
+    ) == (options_lib.AUTO):
+      aux['gamma'] = jnp.full((decodes.shape[0],), opts.gamma, jnp.int32)
     if self._check_exactness:
       aux.update(
         self._exactness_aux(target_params, rows, opts, common, decodes, num_tokens, num_decodes)
       )
     return rows_lib.sort_decodes(decodes, aux, num_decodes, bool(return_all_decodes))
+
+  def auto_gamma(self, batch: int) -> int:
+    """gamma = 'auto' at `batch` rows: the best gamma (0..gamma_max) at `expected_alpha` by the
+    costs measured for these models on this device at this batch size (the cache file's most
+    recent XLA-path entry); a ValueError naming what to run where there is none."""
+    device = jax.devices()[0]
+    costs = costs_lib.find_costs(
+      self._calibration_file,
+      backend=jax.default_backend(),
+      device_kind=device.device_kind,
+      batch_size=int(batch),
+      target_config=checkpoints.config_dict(self._target.config),
+      draft_config=checkpoints.config_dict(self._draft.config),
+    )
+    if costs is None:
+      raise ValueError(
+        f"gamma = 'auto': no measured costs for batch {batch} of these target and draft models "
+        f'on this {jax.default_backend()} device (XLA path) in {self._calibration_file}; '
+        "measure them with a speculative.infer job (GAMMA = 'auto', BATCH_SIZE = "
+        f"{batch}, KERNELS = 'off', the same models: configs/runs/infer.gin), which caches them "
+        'there, or give an int gamma'
+      )
+    return policy.best_gamma(costs, self._expected_alpha)
 
   def _exactness_aux(
     self,

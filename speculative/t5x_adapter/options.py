@@ -66,6 +66,7 @@ _SUPPORTED_DECODER_PARAMS = (
 )
 # The decode methods: one draft a step, or SpecTr's K i.i.d. drafts of gamma tokens (K in 1..8).
 METHODS = ('speculative', 'spectr')
+AUTO = 'auto'  # gamma chosen from measured costs (speculative/autogamma/)
 NUM_DRAFTS_RANGE = (1, 8)
 
 
@@ -143,7 +144,8 @@ class DecodeOptions:
   """Everything one `predict_batch_with_aux` call decodes with.
 
   Attributes:
-    gamma: draft tokens per speculative step (static).
+    gamma: draft tokens per speculative step (static), or 'auto' (the model chooses it per batch
+      size from measured costs: `SpeculativeEncoderDecoderModel`).
     sampling: static sampling strategy.
     sampling_params: run-time temperature / top-k / top-p values ([] arrays).
     eos_id: stop token (static).
@@ -153,7 +155,7 @@ class DecodeOptions:
     num_drafts: K (static; 1 with 'speculative').
   """
 
-  gamma: int
+  gamma: int | str
   sampling: sampling_lib.SamplingConfig
   sampling_params: sampling_lib.SamplingParams
   eos_id: int
@@ -192,7 +194,7 @@ def _scalar(name: str, value: Any) -> Any:
 def resolve_decoder_params(
   decoder_params: Mapping[str, Any] | None,
   *,
-  gamma: int,
+  gamma: int | str,
   temperature: float = 1.0,
   topk: int = 1,
   topp: float = 0.0,
@@ -215,7 +217,8 @@ def resolve_decoder_params(
   """
   params = dict(decoder_params or {})
   _check_keys(params)
-  gamma = _static_int('gamma', params.get('gamma', gamma), 1)
+  gamma = params.get('gamma', gamma)
+  gamma = AUTO if isinstance(gamma, str) and gamma == AUTO else _static_int('gamma', gamma, 1)
   eos_id = _static_int('eos_id', params.get('eos_id', eos_id), 0)
   max_steps = params.get('max_decode_steps')
   max_steps = None if max_steps is None else _static_int('max_decode_steps', max_steps, 1)
@@ -229,6 +232,10 @@ def resolve_decoder_params(
   method, num_drafts = check_method(
     params.get('method', method), params.get('num_drafts', num_drafts), sampling
   )
+  if gamma == AUTO and method == 'spectr':
+    raise ValueError(
+      "gamma = 'auto' chooses one draft's length; with method = 'spectr' give an int"
+    )
   return DecodeOptions(
     gamma=gamma,
     sampling=sampling,

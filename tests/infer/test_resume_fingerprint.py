@@ -97,6 +97,8 @@ OUTPUT_CHANGES = [
   ("gamma", {"gamma": 4}, "gamma"),
   ("gamma", {"gamma": "auto"}, "gamma"),
   ("gamma_max", {"gamma": "auto", "gamma_max": 5}, "gamma_max"),
+  ("method", {"method": "spectr", "temperature": 1.0}, "method"),
+  ("num_drafts", {"method": "spectr", "num_drafts": 2, "temperature": 1.0}, "num_drafts"),
   ("drafter", {"drafter": "prompt_lookup+model"}, "drafter"),
   ("draft_stop_below", {"draft_stop_below": 0.5}, "draft_stop_below"),
   ("adaptive_verify", {"adaptive_verify": True}, "adaptive_verify"),

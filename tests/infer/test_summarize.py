@@ -116,7 +116,7 @@ def test_the_run_file_summarizes_with_accepted_drafts_and_reports_rouge(
   report's table shows those numbers."""
   monkeypatch.chdir(REPO)
   out = tmp_path / "out"
-  _main(_run_file_argv(tmp_path, out, BATCH_SIZE=2))
+  _main(_run_file_argv(tmp_path, out, BATCH_SIZE=2, GAMMA=3))  # a fixed gamma: drafts accepted
   metrics = json.loads((out / "metrics.json").read_text())
   assert (metrics["examples"], metrics["batch_size"], metrics["temperature"]) == (len(ROWS), 2, 0.0)
   assert metrics["identical_outputs"] == len(ROWS)

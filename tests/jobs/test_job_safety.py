@@ -138,9 +138,9 @@ def _unrecorded_vocabulary(root, tmp):
 
 
 BAD_INPUTS = [
-  ("gamma_fraction", {"gamma": 2.5}, ValueError, "gamma must be an integer"),
-  ("gamma_zero", {"gamma": 0}, ValueError, r"gamma must be in \[1, 32\]"),
-  ("gamma_huge", {"gamma": 1000}, ValueError, r"gamma must be in \[1, 32\]"),
+  ("gamma_fraction", {"gamma": 2.5}, ValueError, r"gamma \(or 'auto'\) must be an integer"),
+  ("gamma_zero", {"gamma": 0}, ValueError, r"gamma \(or 'auto'\) must be in \[1, 32\]"),
+  ("gamma_huge", {"gamma": 1000}, ValueError, r"gamma \(or 'auto'\) must be in \[1, 32\]"),
   ("temperature_negative", {"temperature": -1.0}, ValueError, "temperature must be in"),
   ("top_k_negative", {"top_k": -1}, ValueError, "top_k must be in"),
   ("top_p_zero", {"top_p": 0.0}, ValueError, r"top_p must be in \(0.0, 1.0\]"),
@@ -268,7 +268,31 @@ BAD_INPUTS = [
     "adaptive_verify is not supported",
   ),
   ("ngram_drafter", {"drafter": "bigram"}, ValueError, "drafter 'bigram' is benchmark-only"),
+  # GAMMA = 'auto' (docs/auto_gamma.md).
+  ("gamma_word", {"gamma": "fast"}, ValueError, "or 'auto', got 'fast'"),
+  ("gamma_max_fixed", {"gamma": 3, "gamma_max": 5}, ValueError, "bounds gamma = 'auto' only"),
+  ("gamma_max_range", {"gamma": "auto", "gamma_max": 40}, ValueError, r"gamma_max \(None = 7\)"),
+  ("auto_stop_below", {"gamma": "auto", "draft_stop_below": 0.4}, ValueError, "use one of"),
+  ("auto_adaptive_verify", {"gamma": "auto", "adaptive_verify": True}, ValueError, "use one of"),
+  (
+    "auto_cache_unwritable",
+    lambda root, tmp: {"gamma": "auto", "calibration_file": str(_a_file(tmp) / "c.json")},
+    PermissionError,
+    "is a file, not a directory",
+  ),
+  (
+    "spectr_auto",
+    {"method": "spectr", "num_drafts": 2, "temperature": 1.0, "gamma": "auto"},
+    ValueError,
+    "GAMMA must be an integer draft length",
+  ),
 ]
+
+
+def _a_file(tmp_path):
+  path = tmp_path / "a_file"
+  path.write_text("")
+  return path
 
 
 def _docs_tables() -> tuple[dict[str, str], list[str]]:

@@ -775,3 +775,76 @@ def test_speculative_gin_builds_the_model_and_restores_the_draft(
     'method': 'spectr',
     'num_drafts': 4,
   }
+  # GAMMA = 'auto' through the macros, with its cost cache and expected acceptance.
+  gin.clear_config()
+  auto = ["GAMMA = 'auto'", f"CALIBRATION_FILE = '{tmp_path / 'c.json'}'", 'EXPECTED_ALPHA = 0.7']
+  gin.parse_config_files_and_bindings(
+    [str(model_file)],
+    [m for m in macros if not m.startswith('GAMMA')] + auto,
+    finalize_config=False,
+  )
+  model = _gin_value(gin.query_parameter('%MODEL'))
+  assert model.gamma == 'auto' and model._calibration_file == str(tmp_path / 'c.json')
+  assert model._expected_alpha == 0.7
+
+
+def _cost_cache(path, model, batch, costs):
+  """A calibration cache with one XLA-path entry of `costs` for `model`'s target and draft at
+  `batch` rows on this device (what a speculative.infer job with GAMMA = 'auto' writes)."""
+  from speculative import checkpoints
+  from speculative.autogamma import costs as costs_lib
+
+  fields = costs_lib.key_fields(
+    decode_path='XLA dot (kernels = off)',
+    batch=batch,
+    encoder_length=64,
+    max_length=64,
+    gamma_max=costs.gamma_max,
+    target_config=checkpoints.config_dict(model.target.config),
+    draft_config=checkpoints.config_dict(model.draft.config),
+    loop='test',
+  )
+  costs_lib.load_or_measure(str(path), fields, lambda: costs)
+  return str(path)
+
+
+def test_gamma_auto_chooses_from_the_measured_costs(adapter, pair, smoke_inputs, tmp_path):
+  """GAMMA = 'auto' (gin default or decoder_params) at batch 8: where the cache's costs say only
+  plain decoding pays, the decodes are the reference greedy tokens with no draft (aux gamma 0);
+  where gamma 3 pays at the expected alpha, gamma 3 with drafts accepted; no costs for this batch
+  size: one error naming the file and what to run."""
+  from speculative.autogamma import costs as costs_lib
+
+  batch = _batch(smoke_inputs, DECODE_LEN)
+  expected, lengths = reference_greedy(
+    pair['target'], pair['target_params'], smoke_inputs, DECODE_LEN, eos_id=1
+  )
+  plain_pays = costs_lib.Costs(tuple(t * 1e-3 for t in (1, 2, 3, 4, 5)), 0.5e-3)
+  three_pays = costs_lib.Costs((1e-3, 1e-3, 1e-3, 1e-3, 1.9e-3), 0.3e-3)
+  model = _model(adapter, pair, gamma='auto', calibration_file=str(tmp_path / 'plain.json'))
+  _cost_cache(tmp_path / 'plain.json', model, 8, plain_pays)
+  decodes, aux = jax.jit(model.predict_batch_with_aux)(pair['tree'], batch)
+  np.testing.assert_array_equal(np.asarray(decodes), expected)
+  np.testing.assert_array_equal(aux['gamma'], 0)
+  np.testing.assert_array_equal(aux['drafted'], 0)
+
+  model = _model(adapter, pair, gamma='auto', calibration_file=str(tmp_path / 'three.json'))
+  _cost_cache(tmp_path / 'three.json', model, 8, three_pays)
+  assert model.auto_gamma(8) == 3
+  decodes, aux = model.predict_batch_with_aux(pair['tree'], batch)
+  np.testing.assert_array_equal(np.asarray(decodes), expected)
+  np.testing.assert_array_equal(aux['gamma'], 3)
+  events = model_utils.speculation_events(_records(decodes, aux), 3, DECODE_LEN)
+  assert 0 < events['accepted'] < events['drafted'] and events['bonus'], events
+  # Per call, on a model whose default gamma is an int.
+  fixed = _model(adapter, pair, calibration_file=str(tmp_path / 'three.json'))
+  _, aux = fixed.predict_batch_with_aux(pair['tree'], batch, decoder_params={'gamma': 'auto'})
+  np.testing.assert_array_equal(aux['gamma'], 3)
+  _, aux = fixed.predict_batch_with_aux(pair['tree'], batch)
+  assert 'gamma' not in aux
+  with pytest.raises(ValueError, match=r"no measured costs for batch 4 .*three\.json"):
+    model.predict_batch_with_aux(pair['tree'], _batch(smoke_inputs[:4], DECODE_LEN))
+  with pytest.raises(ValueError, match="gamma = 'auto' chooses one draft's length"):
+    _model(adapter, pair, gamma='auto', method='spectr', num_drafts=2, temperature=1.0, topk=0)
+  with pytest.raises(ValueError, match='expected_alpha must be in'):
+    _model(adapter, pair, gamma='auto', expected_alpha=1.5)

@@ -1,0 +1,209 @@
+"""GAMMA = 'auto' against every fixed gamma, on a job: one process per job, interleaved rounds.
+
+  .venv/bin/python -m speculative.bench.auto_gamma --gin_file=configs/local/run.gin \
+      [--gammas=1,2,3,4,5,6,7] [--rounds=4] [--json_out=FILE] [--gin_bindings=...]
+
+Runs the job of the run file (`speculative.infer`, both modes: each job's speedup is its own
+baseline's decode time over its speculative mode's, warm, same process, same inputs and weights)
+once per setting and round: GAMMA = g for each fixed g, and GAMMA = 'auto' (GAMMA_MAX = the largest
+g). Gamma 0, plain decoding, is each job's own baseline (1.00x by definition). The settings run in
+a rotating order each round, each job a fresh process with its own output directory (OVERWRITE),
+so no job warms another's caches; the 'auto' jobs share one fresh cost cache, so the first round's
+'auto' job measures its costs (its calibration time is printed) and the later rounds' read them
+(cached: 0 s). Prints, per setting: the median speedup over the rounds and its spread (min..max),
+greedy outputs identical to the baseline, and for 'auto' the gammas it chose (batches per gamma)
+and its calibration; with the machine and its load average before and after. Every job's extra
+bindings (`--gin_bindings`) apply to all settings, e.g. BATCH_SIZE = 8 or NUM_EXAMPLES = 100.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from typing import Any
+from typing import Sequence
+
+import numpy as np
+
+from speculative.bench import machine as machine_lib
+from speculative.checkpoints import files
+
+AUTO = 'auto'
+
+
+def parse_gammas(text: str) -> list[int]:
+  """'1,3,5' -> [1, 3, 5]; ValueError unless each is an int in 1..32."""
+  try:
+    gammas = [int(g) for g in text.split(',')]
+  except ValueError:
+    raise ValueError(f'--gammas must be comma-separated ints, got {text!r}') from None
+  if not gammas or any(not 1 <= g <= 32 for g in gammas):
+    raise ValueError(f'--gammas: each must be in [1, 32], got {text!r}')
+  return sorted(set(gammas))
+
+
+def run_job(
+  gin_files: Sequence[str], bindings: Sequence[str], gamma: Any, gamma_max: int, out: str, cache
+):
+  """One job in its own process; its metrics.json, or an error naming the command."""
+  argv = [sys.executable, '-m', 'speculative.infer']
+  argv += [f'--gin_file={f}' for f in gin_files]
+  own = [
+    f'GAMMA = {gamma!r}',
+    f'INFER_OUTPUT_DIR = {out!r}',
+    'OVERWRITE = True',
+    'infer.progress = False',
+  ]
+  if gamma == AUTO:
+    own += [f'GAMMA_MAX = {gamma_max}', f'CALIBRATION_FILE = {cache!r}']
+  argv += [f'--gin_bindings={b}' for b in [*bindings, *own]]
+  proc = subprocess.run(argv, capture_output=True, text=True)
+  if proc.returncode != 0:
+    tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
+    raise RuntimeError(f'job GAMMA = {gamma!r} failed (exit {proc.returncode}): {tail}')
+  with open(os.path.join(out, 'metrics.json'), encoding='utf-8') as f:
+    return json.load(f)
+
+
+def measure(gin_files, bindings, gammas: Sequence[int], rounds: int, log=print) -> dict[str, Any]:
+  """The jobs, `rounds` rounds of every setting in a rotating order (module docstring)."""
+  settings: list[Any] = [*gammas, AUTO]
+  jobs: dict[str, list[dict[str, Any]]] = {str(s): [] for s in settings}
+  with tempfile.TemporaryDirectory(prefix='auto-gamma-bench-') as tmp:
+    cache = os.path.join(tmp, 'calibration.json')
+    for r in range(rounds):
+      shift = r % len(settings)
+      for setting in settings[shift:] + settings[:shift]:
+        load = os.getloadavg()[0]
+        out = os.path.join(tmp, f'job-{setting}')
+        metrics = run_job(gin_files, bindings, setting, max(gammas), out, cache)
+        jobs[str(setting)].append(_job_row(metrics, load))
+        log(
+          f'round {r + 1}/{rounds} GAMMA = {setting!r}: {metrics["speedup"]:.3f}x (load {load:.2f})'
+        )
+  return jobs
+
+
+def _job_row(metrics: dict[str, Any], load: float) -> dict[str, Any]:
+  row = {
+    'speedup': metrics['speedup'],
+    'identical': metrics['identical_outputs'],
+    'examples': metrics['examples'],
+    'baseline_decode_s': metrics['baseline']['decode_s'],
+    'speculative_decode_s': metrics['speculative']['decode_s'],
+    'load_average': load,
+  }
+  policy = metrics.get('gamma_policy')
+  if policy:
+    row['per_gamma'] = {g: v['batches'] for g, v in policy['per_gamma'].items()}
+    row['calibration_source'] = policy['calibration']['source']
+    row['calibration_s'] = policy['calibration']['seconds']
+    row['predicted_speedup'] = policy['predicted_speedup']
+  return row
+
+
+def table(jobs: dict[str, list[dict[str, Any]]]) -> list[dict[str, Any]]:
+  """One row per setting: the median speedup over the rounds, its spread, identical outputs."""
+  best_fixed = max(
+    (float(np.median([j['speedup'] for j in runs])) for s, runs in jobs.items() if s != AUTO),
+    default=None,
+  )
+  rows = [{'gamma': '0 (plain)', 'median': 1.0, 'min': 1.0, 'max': 1.0, 'identical': '-'}]
+  for setting, runs in jobs.items():
+    speedups = [j['speedup'] for j in runs]
+    row = {
+      'gamma': setting,
+      'median': float(np.median(speedups)),
+      'min': min(speedups),
+      'max': max(speedups),
+      'identical': f'{min(j["identical"] for j in runs)}/{runs[0]["examples"]}',
+    }
+    if setting == AUTO:
+      chosen: dict[str, int] = {}
+      for j in runs:
+        for g, n in j['per_gamma'].items():
+          chosen[g] = chosen.get(g, 0) + n
+      row['chosen'] = chosen
+      row['calibration'] = [(j['calibration_source'], round(j['calibration_s'], 2)) for j in runs]
+      row['vs_best_fixed'] = row['median'] / best_fixed if best_fixed else None
+      row['vs_plain'] = row['median']
+    rows.append(row)
+  return rows
+
+
+def format_table(rows: list[dict[str, Any]]) -> str:
+  lines = [
+    '| gamma | median speedup | spread (min..max) | identical | auto: batches per gamma, '
+    'calibration (source, s) |',
+    '|---|---|---|---|---|',
+  ]
+  for row in rows:
+    extra = ''
+    if 'chosen' in row:
+      extra = (
+        ', '.join(f'{g}: {n}' for g, n in sorted(row['chosen'].items(), key=lambda x: int(x[0])))
+        + '; '
+        + ', '.join(f'{s} {t}' for s, t in row['calibration'])
+      )
+    lines.append(
+      f'| {row["gamma"]} | {row["median"]:.3f}x | {row["min"]:.3f}..{row["max"]:.3f} | '
+      f'{row["identical"]} | {extra} |'
+    )
+  auto = next(row for row in rows if row['gamma'] == AUTO)
+  if auto.get('vs_best_fixed'):
+    lines.append(
+      f'\nauto: {auto["vs_plain"]:.3f}x of plain decoding, {auto["vs_best_fixed"]:.3f} x the best '
+      'fixed gamma of the same rounds (medians).'
+    )
+  return '\n'.join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+  parser = argparse.ArgumentParser(
+    prog='python -m speculative.bench.auto_gamma', description=__doc__.splitlines()[0]
+  )
+  parser.add_argument('--gin_file', action='append', required=True, help='the job run file')
+  parser.add_argument('--gin_bindings', action='append', default=[], help='for every job')
+  parser.add_argument('--gammas', default='1,2,3,4,5,6,7', help='fixed gammas (%(default)s)')
+  parser.add_argument('--rounds', type=int, default=4, help='rounds, >= 1 (%(default)s)')
+  parser.add_argument('--json_out', default=None, help='also write the jobs and table as JSON')
+  args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+  try:
+    gammas = parse_gammas(args.gammas)
+  except ValueError as e:
+    parser.error(str(e))
+  if args.rounds < 1:
+    parser.error(f'--rounds must be >= 1, got {args.rounds}')
+  for path in args.gin_file:
+    if not os.path.exists(path):
+      parser.error(f'--gin_file {path} does not exist')
+  machine = machine_lib.machine_info()
+  print(
+    f'{machine["cpu"]}, {machine["usable_cores"]} cores; load average '
+    f'{machine["load_average_start"][0]:.2f}; jobs: {args.gin_file} {args.gin_bindings}'
+  )
+  try:
+    jobs = measure(args.gin_file, args.gin_bindings, gammas, args.rounds)
+  except RuntimeError as e:
+    print(f'{parser.prog}: error: {e}', file=sys.stderr)
+    sys.exit(1)
+  warning = machine_lib.busy_warning(machine)
+  rows = table(jobs)
+  print(format_table(rows))
+  print(
+    f'load average {machine["load_average_start"][0]:.2f} at the start, '
+    f'{machine["load_average_end"][0]:.2f} at the end' + (f'. {warning}' if warning else '')
+  )
+  if args.json_out:
+    files.write_atomic(
+      args.json_out,
+      json.dumps({'machine': machine, 'jobs': jobs, 'table': rows}, indent=2) + '\n',
+    )
+
+
+if __name__ == '__main__':
+  main()
