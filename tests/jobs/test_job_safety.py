@@ -624,9 +624,17 @@ def gin_infer():
 
 
 GIN_ERRORS = [
-  ("unused_macro", "GAMA = 5", r"macro GAMA is not used by the run file \(did you mean GAMMA\?\)"),
+  (
+    "unused_macro",
+    "GAMA = 5",
+    r"macro GAMA is not used by the run file \(did you mean GAMMA or GAMMA_MAX\?\)",
+  ),
   ("misspelled_macro", "TOP_K = 5", r"macro TOP_K is not .*\(did you mean TOPK or TOPP\?\)"),
-  ("unknown_parameter", "infer.gama = 5", r"has no parameter 'gama' \(did you mean gamma\?\)"),
+  (
+    "unknown_parameter",
+    "infer.gama = 5",
+    r"has no parameter 'gama' \(did you mean gamma or gamma_max\?\)",
+  ),
   (
     "unquoted_string",
     "INFER_OUTPUT_DIR = /tmp/x",
@@ -637,7 +645,7 @@ GIN_ERRORS = [
     "no_value",
     "GAMMA = ",
     r'--gin_bindings "GAMMA =": gin cannot parse the value \(no value after =; the run file has '
-    r"GAMMA = 3\)$",
+    r"GAMMA = 'auto'\)$",
   ),
 ]
 
