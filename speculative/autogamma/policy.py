@@ -11,7 +11,9 @@ The rule, in the order `choose` applies it:
   1. alpha: the acceptance estimate. alpha_sum / drafted over what the job has drafted (each
      position's sum_x min(p, q), the paper's beta, summed over the batch's rows: one width serves
      the whole batch per step, so the rows' acceptances combine as this pooled ratio), with older
-     batches' counts decayed by half every HALF_LIFE drafted tokens, plus PRIOR_WEIGHT pseudo-drafts
+     batches' counts decayed by half every HALF_LIFE drafted tokens (long: a pair's acceptance is
+     a property of the pair and the task, and one sentence's acceptance swings it by more than the
+     predictions of neighbouring gammas differ), plus PRIOR_WEIGHT pseudo-drafts
      at PRIOR_ALPHA. The prior is optimistic on purpose: a job that has drafted nothing yet
      speculates (when the costs allow it) and so measures its acceptance first.
   2. The predicted speedup of each gamma: Theorem 3.8 with the measured costs, the expected tokens
@@ -19,7 +21,7 @@ The rule, in the order `choose` applies it:
      calls v(gamma + 1) + gamma d(1), anchored on the measured steps of the compiled loops); gamma
      0 is 1.
   3. The best gamma; the previous batch's gamma is kept while it predicts within HYSTERESIS of the
-     best (a new gamma compiles a new loop; noise in alpha should not).
+     best (a new gamma compiles a new loop, and the model's error is of that order).
   4. Gamma 0 does not lock in (alpha only moves on batches that draft). The probe rule: when
      gamma 0 is chosen but some gamma would pay at alpha = 1 (the measured costs' ceiling), every
      PROBE_EVERY-th consecutive plain batch is decoded at the best gamma >= 1 instead; its
@@ -37,8 +39,8 @@ from speculative.autogamma import costs as costs_lib
 
 PRIOR_ALPHA = 0.8
 PRIOR_WEIGHT = 4.0  # pseudo-drafted tokens at PRIOR_ALPHA
-HALF_LIFE = 256.0  # drafted tokens after which older batches count half
-HYSTERESIS = 0.02  # keep the previous gamma while within 2% of the best prediction
+HALF_LIFE = 1024.0  # drafted tokens after which older batches count half
+HYSTERESIS = 0.05  # keep the previous gamma while within 5% of the best prediction
 PROBE_EVERY = 8  # the probe rule: every 8th consecutive plain batch drafts
 
 # Why a batch got its gamma (the report counts batches per reason).

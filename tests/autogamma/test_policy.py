@@ -79,9 +79,11 @@ def test_gamma_0_probes_every_8th_plain_batch_and_returns_when_drafts_pay():
       state = policy.observe(state, 0, 0, 0.0)
   probe = [0] * (policy.PROBE_EVERY - 1) + [1]
   assert gammas == probe * 2
-  # The drafts start to pay: each probe's 40 drafts are accepted at 0.95.
+  # The drafts start to pay: each probe's 40 drafts are accepted at 0.95. Alpha passes 0.6 once
+  # the 2,000 old drafts' weight r = 0.5 ** (40 k / HALF_LIFE) after k probes satisfies
+  # 0.3 * 2000 r + 0.95 * 1480 (1 - r) > 0.6 * (2000 r + 1480 (1 - r)), i.e. k >= 28 probes.
   returned_after = None
-  for batch in range(200):
+  for batch in range(40 * policy.PROBE_EVERY):
     choice = policy.choose(PAYS_ABOVE_06, state)
     if choice.gamma and choice.reason != policy.PROBE:
       returned_after = batch
@@ -102,7 +104,7 @@ def test_the_previous_gamma_is_kept_within_the_hysteresis():
   assert speedups[4] >= (1 - policy.HYSTERESIS) * speedups[5]
   assert policy.choose(FIVE_AT_ALPHA_08, state).gamma == 4
   assert policy.choose(FIVE_AT_ALPHA_08, state).reason == policy.KEPT
-  state = dataclasses.replace(state, gamma=1)  # 1.607 against 2.306: not kept
+  state = dataclasses.replace(state, gamma=2)  # 1.968 against 2.306: not kept
   assert policy.choose(FIVE_AT_ALPHA_08, state).gamma == 5
 
 
