@@ -176,42 +176,43 @@ def measure(
   )
 
 
-LOOP_STEP_SECONDS = 0.05  # the timed stretch of a loop: about this long (4 to 16 steps)
-LOOP_ROUNDS = 5
+LOOP_ROUNDS = 3  # at most; fewer where one round already takes LOOP_BUDGET_SECONDS
+LOOP_BUDGET_SECONDS = 1.0
 
 
 def loop_step_seconds(
-  decode_fns: Mapping[Any, Any], encoder_tokens, rng, step_estimates: Mapping[Any, float]
+  decode_fns: Mapping[Any, Any], encoder_tokens, rng
 ) -> dict[Any, float | None]:
   """Seconds per step of compiled decode loops, {name: decode_fn(encoder_tokens, rng,
-  max_steps=n)} (the modes' functions), without what a call pays once (encoder, prefill, dispatch):
-  each loop runs to n1 = 2 steps and to n2 = n1 + k steps (k about LOOP_STEP_SECONDS at its
-  `step_estimates` per step), the loops and lengths interleaved in LOOP_ROUNDS rounds; the fastest
-  of each, differenced over the steps the loop really ran (fewer if every row finished first).
-  None for a loop that ran fewer than 2 steps past n1."""
-  lengths = {
-    name: (2, 2 + int(np.clip(round(LOOP_STEP_SECONDS / max(step_estimates[name], 1e-6)), 4, 16)))
-    for name in decode_fns
-  }
-  runs = {(name, n): [] for name in decode_fns for n in lengths[name]}
+  max_steps=n)} (the modes' functions), on a whole batch: the decode to its end, less what a call
+  pays once (the encoder, the prefill, dispatch: the same call stopped before its first step,
+  `max_steps=0`), over the loop steps it ran (its rows' most target calls). The whole decode, not a
+  few early steps: a step's cost moves as the rows spread (ragged lengths, finished rows riding
+  along). The loops and the two runs interleave, the fastest of up to LOOP_ROUNDS rounds counts
+  (fewer once LOOP_BUDGET_SECONDS are spent). None for a loop that ran fewer than 2 steps."""
+  names = list(decode_fns)
+  for name in names:  # compile and warm (max_steps is a run-time value: one program)
+    jax.block_until_ready(decode_fns[name](encoder_tokens, rng, max_steps=0))
+  times = {(name, n): [] for name in names for n in (0, None)}
   steps = {}
-  for name, n in runs:  # compile and warm every (loop, length)
-    jax.block_until_ready(decode_fns[name](encoder_tokens, rng, max_steps=n))
-  keys = list(runs)
+  start = time.perf_counter()
   for r in range(LOOP_ROUNDS):
-    shift = r % len(keys)
-    for name, n in keys[shift:] + keys[:shift]:
-      seconds, result = timing.timed(
-        lambda: decode_fns[name](encoder_tokens, rng, max_steps=n)  # noqa: B023
-      )
-      runs[(name, n)].append(seconds)
-      steps[(name, n)] = int(np.max(np.asarray(result.metrics.target_calls)))
-  out = {}
-  for name, (short, long) in lengths.items():
-    ran = steps[(name, long)] - steps[(name, short)]
-    elapsed = min(runs[(name, long)]) - min(runs[(name, short)])
-    out[name] = max(elapsed, 1e-9) / ran if ran >= 2 else None
-  return out
+    if r and time.perf_counter() - start > LOOP_BUDGET_SECONDS:
+      break
+    for name in names[r % len(names) :] + names[: r % len(names)]:
+      for n in (0, None):
+        seconds, result = timing.timed(
+          lambda: decode_fns[name](encoder_tokens, rng, max_steps=n)  # noqa: B023
+        )
+        times[(name, n)].append(seconds)
+        if n is None:
+          steps[name] = int(np.max(np.asarray(result.metrics.target_calls)))
+  return {
+    name: max(min(times[(name, None)]) - min(times[(name, 0)]), 1e-9) / steps[name]
+    if steps[name] >= 2
+    else None
+    for name in names
+  }
 
 
 def key_fields(

@@ -8,9 +8,10 @@ accepted. Everything here is host-side arithmetic on numbers the job already has
 same choices from its finished records (`replay`).
 
 The rule, in the order `choose` applies it:
-  1. alpha: the acceptance estimate. alpha_sum / drafted over what the job has drafted (each
-     position's sum_x min(p, q), the paper's beta, summed over the batch's rows: one width serves
-     the whole batch per step, so the rows' acceptances combine as this pooled ratio), with older
+  1. alpha: the acceptance estimate: each batch's alpha as its loop felt it (`batch_alpha`: the
+     alpha whose expected tokens per step, Eq. 1, equal the batch's longest row's tokens over its
+     loop steps; one width serves every row per step and the loop runs until the slowest row is
+     done, so this is how the rows' acceptances combine), weighted by drafted positions, older
      batches' counts decayed by half every HALF_LIFE drafted tokens (long: a pair's acceptance is
      a property of the pair and the task, and one sentence's acceptance swings it by more than the
      predictions of neighbouring gammas differ), plus PRIOR_WEIGHT pseudo-drafts
@@ -148,13 +149,24 @@ def observe(state: PolicyState, gamma: int, drafted: int, alpha_sum: float) -> P
   )
 
 
-def observe_records(state: PolicyState, gamma: int, records: Iterable[dict]) -> PolicyState:
-  """`observe` of one batch from its rows' records (`drafted`, `alpha_sum`): the job and its
-  resume both observe through here, so a resumed job reaches the same state bit for bit."""
+def batch_alpha(gamma: int, records: Iterable[dict]) -> float:
+  """The acceptance a batch decoded at `gamma` showed, as the loop felt it: the alpha whose
+  expected tokens per step (Eq. 1) equal the batch's block efficiency, its longest row's tokens
+  over its loop steps (its rows' most target calls). One width serves every row per step and the
+  loop runs until its slowest row is done, so at batch > 1 this is below the rows' mean acceptance
+  (rule 1)."""
   records = list(records)
-  return observe(
-    state,
-    gamma,
-    sum(int(r['drafted']) for r in records),
-    sum(float(r['alpha_sum']) for r in records),
-  )
+  steps = max(int(r['target_calls']) for r in records)
+  tokens = max(int(r['num_tokens']) for r in records)
+  return float(analysis.alpha_from_block_efficiency(tokens / max(steps, 1), gamma))
+
+
+def observe_records(state: PolicyState, gamma: int, records: Iterable[dict]) -> PolicyState:
+  """`observe` of one batch from its rows' records (`drafted`, `target_calls`, `num_tokens`): the
+  batch's alpha (`batch_alpha`) weighted by its drafted positions. The job and its resume both
+  observe through here, so a resumed job reaches the same state bit for bit."""
+  records = list(records)
+  drafted = sum(int(r['drafted']) for r in records)
+  if gamma == 0 or drafted == 0:
+    return observe(state, gamma, drafted, 0.0)
+  return observe(state, gamma, drafted, batch_alpha(gamma, records) * drafted)

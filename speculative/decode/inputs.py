@@ -32,8 +32,8 @@ class DecodeInputs:
     draft_encoder_tokens: [B, S'] int32 encoder input of an encoder-decoder draft (by default the
       target's `encoder_tokens`), or None (no encoder input, or no drafter).
     max_steps: [] int32, the loop stops after this many steps even if rows are not done (a
-      run-time value: the jobs' calibration times a few steps of the compiled loop with it;
-      default: no limit).
+      run-time value: the jobs' calibration times the compiled loop without its steps, 0, and
+      whole; default: no limit).
   """
 
   prompt_tokens: jax.Array
@@ -88,8 +88,10 @@ def prepare_inputs(
 ) -> DecodeInputs:
   """Validates and normalizes the inputs shared by every decoder (ValueError naming the first bad
   one); `options` are checked on construction, here only against the target (eos_id < vocab)."""
-  if max_steps is not None:
-    decode_options.check_positive_int('max_steps', max_steps)
+  if max_steps is not None and (
+    not isinstance(max_steps, (int, np.integer)) or isinstance(max_steps, bool) or max_steps < 0
+  ):
+    raise ValueError(f'max_steps must be None or an int >= 0, got {max_steps!r}')
   eos_id = options.eos_id
   sampling_params = _sampling_values(options.sampling, sampling_params)
   if prompt_tokens is None:

@@ -58,12 +58,7 @@ def calibrate(
       gamma_max=s.max_gamma,
     )
     ref = policy.reference_gamma(calls)
-    loops = costs_lib.loop_step_seconds(
-      {0: decode_fn(0), ref: decode_fn(ref)},
-      encoder_tokens,
-      rng,
-      {0: calls.step(0), ref: calls.step(ref)},
-    )
+    loops = costs_lib.loop_step_seconds({0: decode_fn(0), ref: decode_fn(ref)}, encoder_tokens, rng)
     plain, spec = loops[0], loops[ref]
     return dataclasses.replace(
       calls,

@@ -96,9 +96,9 @@ def test_measure_times_every_width_and_the_draft_on_a_tiny_pair():
   jax.clear_caches()
 
 
-def test_loop_step_seconds_differences_two_capped_runs_of_the_compiled_loop():
-  """The plain loop of a tiny T5 capped at 2 and 2 + k steps (`max_steps`): a positive time per
-  step; a loop whose rows all finish within 3 steps cannot be resolved (None)."""
+def test_loop_step_seconds_is_a_whole_decode_less_its_stepless_call():
+  """The plain loop of a tiny T5 decoded whole and stopped before its first step (`max_steps` 0):
+  a positive time per step; a loop of one step cannot be resolved (None)."""
   import jax.numpy as jnp
   import numpy as np
 
@@ -108,10 +108,9 @@ def test_loop_step_seconds_differences_two_capped_runs_of_the_compiled_loop():
   params = model_utils.random_params(target, 0)
   encoder_tokens = jnp.asarray(np.arange(2, 10, dtype=np.int32).reshape(2, 4))
   long = modes.decode_fns(target, params, max_new_tokens=24, eos_id=None)['baseline']
-  short = modes.decode_fns(target, params, max_new_tokens=3, eos_id=None)['baseline']
-  seconds = costs_lib.loop_step_seconds(
-    {'long': long, 'short': short}, encoder_tokens, 0, {'long': 1e-3, 'short': 1e-3}
-  )
+  short = modes.decode_fns(target, params, max_new_tokens=1, eos_id=None)['baseline']
+  assert int(np.max(np.asarray(long(encoder_tokens, 0, max_steps=0).lengths))) == 0
+  seconds = costs_lib.loop_step_seconds({'long': long, 'short': short}, encoder_tokens, 0)
   assert seconds['long'] is not None and 0 < seconds['long'] < 1
   assert seconds['short'] is None
   jax.clear_caches()

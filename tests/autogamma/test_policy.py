@@ -119,8 +119,17 @@ def test_observe_decays_older_batches_by_half_every_half_life():
   assert policy.observe(policy.observe(state, 0, 0, 0.0), 2, 1, 1.0).plain_streak == 0
 
 
-def test_observe_records_sums_the_rows():
-  rows = [{'drafted': 6, 'alpha_sum': 1.5}, {'drafted': 3, 'alpha_sum': 2.25}]
-  assert policy.observe_records(policy.PolicyState(), 2, rows) == policy.observe(
-    policy.PolicyState(), 2, 9, 3.75
-  )
+def test_observe_records_takes_the_batch_alpha_the_loop_felt():
+  """Two rows at gamma 3: the longest has 10 tokens, the slowest took 4 steps, so the batch's
+  block efficiency is 2.5 and its alpha the one with 1 + a + a^2 + a^3 = 2.5 (0.7055...), weighted
+  by the 21 drafted positions, whatever the rows' own min-mass says."""
+  rows = [
+    {'drafted': 12, 'alpha_sum': 11.0, 'target_calls': 4, 'num_tokens': 9},
+    {'drafted': 9, 'alpha_sum': 8.5, 'target_calls': 3, 'num_tokens': 10},
+  ]
+  alpha = policy.batch_alpha(3, rows)
+  assert 1 + alpha + alpha**2 + alpha**3 == pytest.approx(2.5, abs=1e-9)
+  state = policy.observe_records(policy.PolicyState(), 3, rows)
+  assert state == policy.observe(policy.PolicyState(), 3, 21, alpha * 21)
+  plain = [{'drafted': 0, 'alpha_sum': 0.0, 'target_calls': 7, 'num_tokens': 7}]
+  assert policy.observe_records(state, 0, plain).plain_streak == 1

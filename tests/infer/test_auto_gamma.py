@@ -45,9 +45,10 @@ def _costs(verify_ratios, draft_ratio, t1=1e-3):
 ONLY_PLAIN_PAYS = _costs([1, 2, 3, 4], 0.5)
 # A flat verify and a cheap draft: every gamma >= 1 pays at the pair's alpha (~0.4).
 DRAFTS_PAY = _costs([1, 1, 1, 1], 0.05)
-# Gamma 1 pays only above alpha 0.6 (policy tests): the prior speculates, the pair's acceptance
-# then sends the job to plain decoding, and probes return to drafting: the choices vary.
-PAYS_ABOVE_06 = _costs([1, 1.5, 2, 2.5], 0.1)
+# Gamma 1 pays only above alpha 0.85 ((1 + alpha) / 1.85), above the prior's 0.8 and the pair's
+# acceptance: plain decoding, with a probe at gamma 1 every 8th batch (alpha 1 would pay): the
+# choices vary.
+PROBES_ONLY = _costs([1, 1.75, 2.5, 3.25], 0.1)
 
 
 @pytest.fixture(scope="module")
@@ -160,13 +161,13 @@ def test_greedy_auto_equals_the_baseline_with_drafts_accepted(pair, inject, tmp_
 def test_a_resumed_sampled_auto_job_reuses_its_calibration_byte_identically(
   pair, inject, tmp_path, monkeypatch
 ):
-  """Temperature 1, batch 1, choices that vary (PAYS_ABOVE_06); the job is interrupted after 6
+  """Temperature 1, batch 1, choices that vary (PROBES_ONLY); the job is interrupted after 6
   speculative records, and the re-run reads the calibration from its manifest (nothing measured,
   even with another cache file), replays the 6 batches' choices and finishes byte-identical to an
   uninterrupted job with the same costs."""
   root, kwargs = pair
   kwargs = {**kwargs, "temperature": 1.0, "seed": 3, "batch_size": 1}
-  calls = inject(PAYS_ABOVE_06)
+  calls = inject(PROBES_ONLY)
   reference = infer.infer(
     output_dir=str(tmp_path / "ref"), calibration_file=str(tmp_path / "a.json"), **kwargs
   )
