@@ -38,7 +38,7 @@ from speculative.checkpoints import files
 POSITION = 16  # cache positions filled before the timed calls (a mid-sentence step)
 CALLS = 4  # chained calls per timing
 ROUNDS = 3  # interleaved rounds (every call once per round, the order rotating); the median counts
-CACHE_VERSION = 2
+CACHE_VERSION = 3
 
 
 def default_cache_file() -> str:
@@ -53,9 +53,11 @@ class Costs:
 
   The step of the gamma-g loop costs its model calls, C(g) = v(g + 1) + g d(1), plus what the loop
   does besides them (sampling, the acceptance rule, the draft loop's own work, committing tokens).
-  That remainder is measured on the job's compiled loops themselves, twice: the plain loop's step
-  c(0), and the step c(ref_gamma) of one speculative loop. `step(g)` is then c(0) for g = 0 and
-  c(ref_gamma) + C(g) - C(ref_gamma) for g >= 1 (the remainder taken as independent of g).
+  That remainder is measured on the job's compiled loops themselves: the plain loop's step c(0),
+  and the steps of two speculative loops, gamma 1 (where speculating starts to pay, or not) and
+  `ref_gamma`. `step(g)` is c(0) for g = 0; for g >= 1 the line through the two measured steps
+  against C: c(1) + (C(g) - C(1)) * (c(ref) - c(1)) / (C(ref) - C(1)) (with one measured step, or
+  ref_gamma 1: c(measured) + C(g) - C(measured)).
 
   Attributes:
     verify: v(T) for T = 1..gamma_max + 1; verify[0] is t(1), the target's 1-token call.
@@ -64,6 +66,7 @@ class Costs:
     plain_loop_step: c(0), seconds per step of the plain loop (None: not measured, v(1) is used).
     ref_gamma: the gamma of the measured speculative loop (None: not measured).
     ref_loop_step: c(ref_gamma), seconds per step of that loop.
+    one_loop_step: c(1), seconds per step of the gamma-1 loop (None: not measured).
   """
 
   verify: tuple[float, ...]
@@ -71,6 +74,7 @@ class Costs:
   plain_loop_step: float | None = None
   ref_gamma: int | None = None
   ref_loop_step: float | None = None
+  one_loop_step: float | None = None
 
   def __post_init__(self):
     if len(self.verify) < 2 or not all(v > 0 for v in self.verify) or self.draft_step < 0:
@@ -92,9 +96,18 @@ class Costs:
     """Seconds per step of the gamma loop (the class docstring); > 0."""
     if gamma == 0:
       return self.plain_loop_step or self.verify[0]
-    if self.ref_gamma is None:
+    anchors = {}
+    if self.one_loop_step is not None:
+      anchors[1] = self.one_loop_step
+    if self.ref_gamma is not None:
+      anchors[self.ref_gamma] = self.ref_loop_step
+    if not anchors:
       return self.calls(gamma)
-    return max(self.ref_loop_step + self.calls(gamma) - self.calls(self.ref_gamma), 1e-9)
+    (g1, c1), *rest = sorted(anchors.items())
+    slope = 1.0
+    if rest and self.calls(rest[0][0]) > self.calls(g1):
+      slope = (rest[0][1] - c1) / (self.calls(rest[0][0]) - self.calls(g1))
+    return max(c1 + slope * (self.calls(gamma) - self.calls(g1)), 1e-9)
 
   def to_json(self) -> dict[str, Any]:
     ms = lambda seconds: None if seconds is None else round(seconds * 1e3, 6)  # noqa: E731
@@ -104,6 +117,7 @@ class Costs:
       'plain_loop_step_ms': ms(self.plain_loop_step),
       'ref_gamma': self.ref_gamma,
       'ref_loop_step_ms': ms(self.ref_loop_step),
+      'one_loop_step_ms': ms(self.one_loop_step),
     }
 
   @classmethod
@@ -115,6 +129,7 @@ class Costs:
       plain_loop_step=seconds(data.get('plain_loop_step_ms')),
       ref_gamma=data.get('ref_gamma'),
       ref_loop_step=seconds(data.get('ref_loop_step_ms')),
+      one_loop_step=seconds(data.get('one_loop_step_ms')),
     )
 
 

@@ -31,7 +31,7 @@ def calibrate(
 ) -> costs_lib.Calibration:
   """The job's costs: the cache file's entry for this device, batch, decode path, shapes, models
   and loop, else measured now (`costs.measure`: the model calls; `costs.loop_step_seconds`: the
-  plain loop and the `policy.reference_gamma` loop on the first batch, `encoder_tokens`, with the
+  plain loop, the gamma-1 loop and the `policy.reference_gamma` loop on the first batch, `encoder_tokens`, with the
   functions the job decodes with, `decode_fn(gamma)`) and written to the cache."""
   s = settings
   max_length = decode_state.buffer_length(1, s.max_new_tokens, s.max_gamma)
@@ -58,13 +58,15 @@ def calibrate(
       gamma_max=s.max_gamma,
     )
     ref = policy.reference_gamma(calls)
-    loops = costs_lib.loop_step_seconds({0: decode_fn(0), ref: decode_fn(ref)}, encoder_tokens, rng)
-    plain, spec = loops[0], loops[ref]
+    loops = costs_lib.loop_step_seconds(
+      {g: decode_fn(g) for g in sorted({0, 1, ref})}, encoder_tokens, rng
+    )
     return dataclasses.replace(
       calls,
-      plain_loop_step=plain,
-      ref_gamma=ref if spec is not None else None,
-      ref_loop_step=spec,
+      plain_loop_step=loops[0],
+      ref_gamma=ref if loops[ref] is not None else None,
+      ref_loop_step=loops[ref],
+      one_loop_step=loops[1],
     )
 
   return costs_lib.load_or_measure(s.calibration_path, fields, measure)

@@ -322,8 +322,9 @@ def _gamma_policy_lines(summary: dict[str, Any]) -> list[str]:
   steps = ", ".join(f"{v:.2f}" for v in cal["step_ms"])
   predicted = policy["predicted_speedup_by_gamma"]
   anchors = (
-    f"the compiled loops' steps measured: plain {cal['plain_loop_step_ms']:.2f} ms, gamma "
-    f"{cal['ref_gamma']} {cal['ref_loop_step_ms']:.2f} ms"
+    f"the compiled loops' steps measured: plain {cal['plain_loop_step_ms']:.2f} ms, "
+    + (f"gamma 1 {cal['one_loop_step_ms']:.2f} ms, " if cal.get("one_loop_step_ms") else "")
+    + f"gamma {cal['ref_gamma']} {cal['ref_loop_step_ms']:.2f} ms"
     if cal.get("ref_gamma") is not None and cal.get("plain_loop_step_ms") is not None
     else "the loops' own steps not resolved: model calls only"
   )
