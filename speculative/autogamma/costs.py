@@ -55,9 +55,10 @@ class Costs:
   does besides them (sampling, the acceptance rule, the draft loop's own work, committing tokens).
   That remainder is measured on the job's compiled loops themselves: the plain loop's step c(0),
   and the steps of two speculative loops, gamma 1 (where speculating starts to pay, or not) and
-  `ref_gamma`. `step(g)` is c(0) for g = 0; for g >= 1 the line through the two measured steps
-  against C: c(1) + (C(g) - C(1)) * (c(ref) - c(1)) / (C(ref) - C(1)) (with one measured step, or
-  ref_gamma 1: c(measured) + C(g) - C(measured)).
+  `ref_gamma`. `step(g)` is c(0) for g = 0; between the two measured speculative loops, the line
+  through them against C; outside them, the nearest measured step plus the difference of the
+  calls, c(near) + C(g) - C(near) (a slope fitted to two noisy steps a gamma apart would be
+  amplified far out).
 
   Attributes:
     verify: v(T) for T = 1..gamma_max + 1; verify[0] is t(1), the target's 1-token call.
@@ -103,11 +104,12 @@ class Costs:
       anchors[self.ref_gamma] = self.ref_loop_step
     if not anchors:
       return self.calls(gamma)
-    (g1, c1), *rest = sorted(anchors.items())
-    slope = 1.0
-    if rest and self.calls(rest[0][0]) > self.calls(g1):
-      slope = (rest[0][1] - c1) / (self.calls(rest[0][0]) - self.calls(g1))
-    return max(c1 + slope * (self.calls(gamma) - self.calls(g1)), 1e-9)
+    (g1, c1), (g2, c2) = sorted(anchors.items())[0], sorted(anchors.items())[-1]
+    span = self.calls(g2) - self.calls(g1)
+    if g1 < gamma < g2 and span > 0:  # between the measured loops: on the line through them
+      return max(c1 + (c2 - c1) * (self.calls(gamma) - self.calls(g1)) / span, 1e-9)
+    near, c_near = (g1, c1) if gamma <= g1 else (g2, c2)  # outside: the nearest, plus the calls
+    return max(c_near + self.calls(gamma) - self.calls(near), 1e-9)
 
   def to_json(self) -> dict[str, Any]:
     ms = lambda seconds: None if seconds is None else round(seconds * 1e3, 6)  # noqa: E731
