@@ -104,9 +104,10 @@ def predicted_speedups(costs: costs_lib.Costs, alpha: float) -> dict[int, float]
 
 
 def best_gamma(costs: costs_lib.Costs, alpha: float) -> int:
-  """The gamma in 0..gamma_max that Theorem 3.8 predicts fastest at `alpha` (0: plain decoding);
-  the T5X adapter's one choice per batch size."""
-  return _argmax(predicted_speedups(costs, alpha), range(costs.gamma_max + 1))
+  """The gamma in 0..gamma_max that Theorem 3.8 predicts fastest at `alpha`, a gamma >= 1 having to
+  beat plain decoding by MARGIN (0: plain decoding); the T5X adapter's one choice per batch size."""
+  scores = {**predicted_speedups(costs, alpha), 0: 1.0 + MARGIN}  # as `choose` scores them
+  return _argmax(scores, range(costs.gamma_max + 1))
 
 
 def reference_gamma(costs: costs_lib.Costs) -> int:

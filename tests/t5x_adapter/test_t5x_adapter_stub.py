@@ -828,16 +828,18 @@ def test_gamma_auto_chooses_from_the_measured_costs(adapter, pair, smoke_inputs,
   np.testing.assert_array_equal(aux['gamma'], 0)
   np.testing.assert_array_equal(aux['drafted'], 0)
 
-  model = _model(adapter, pair, gamma='auto', calibration_file=str(tmp_path / 'three.json'))
+  model = _model(
+    adapter, pair, gamma='auto', calibration_file=str(tmp_path / 'three.json'), expected_alpha=0.8
+  )
   _cost_cache(tmp_path / 'three.json', model, 8, three_pays)
-  assert model.auto_gamma(8) == 3
+  assert model.auto_gamma(8) == 3  # at 0.8: 1 + a + a^2 + a^3 = 2.952 over 1.9 steps, 1.55x
   decodes, aux = model.predict_batch_with_aux(pair['tree'], batch)
   np.testing.assert_array_equal(np.asarray(decodes), expected)
   np.testing.assert_array_equal(aux['gamma'], 3)
   events = model_utils.speculation_events(_records(decodes, aux), 3, DECODE_LEN)
   assert 0 < events['accepted'] < events['drafted'] and events['bonus'], events
   # Per call, on a model whose default gamma is an int.
-  fixed = _model(adapter, pair, calibration_file=str(tmp_path / 'three.json'))
+  fixed = _model(adapter, pair, calibration_file=str(tmp_path / 'three.json'), expected_alpha=0.8)
   _, aux = fixed.predict_batch_with_aux(pair['tree'], batch, decoder_params={'gamma': 'auto'})
   np.testing.assert_array_equal(aux['gamma'], 3)
   _, aux = fixed.predict_batch_with_aux(pair['tree'], batch)
