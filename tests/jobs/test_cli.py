@@ -77,7 +77,7 @@ SYNTAX_ERRORS = [
     "configs/local/run.gin",
     "GAMMA = ",
     '--gin_bindings "GAMMA =": gin cannot parse the value (no value after =; the run file has '
-    "GAMMA = 3)",
+    "GAMMA = 'auto')",
   ),
   (
     "benchmark",
@@ -139,7 +139,11 @@ def test_python_m_names_the_console_script(runner):
 
 
 HELP_KNOBS = {
-  "infer": ["GAMMA = 3", "INPUT_FILE = None", "INPUT_PREFIX = 'translate English to German: '"],
+  "infer": [
+    "GAMMA = 'auto'",
+    "INPUT_FILE = None",
+    "INPUT_PREFIX = 'translate English to German: '",
+  ],
   "train": ["train.num_steps = ", "train.export_path = '../runs/"],
   "benchmark": ["benchmark.gammas = {", "benchmark.output_dir = 'docs'"],
 }
