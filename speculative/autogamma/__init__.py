@@ -5,7 +5,7 @@
            out of gamma 0), `observe`
 
 `speculative.infer` uses them for `GAMMA = 'auto'` (speculative/infer/auto_gamma.py); the T5X adapter
-picks one gamma from the cache file's costs (speculative/t5x_adapter/options.py).
+picks one gamma per batch size from the cache file's costs (speculative/t5x_adapter/models.py).
 """
 
 from speculative.autogamma import costs

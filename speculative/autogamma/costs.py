@@ -11,9 +11,11 @@ encoder run, nothing else to compile), only their shapes and the attended positi
 
 `load_or_measure` keeps them in a JSON file (default `~/.cache/speculative/calibration.json`, or
 under $XDG_CACHE_HOME), one entry per `key`: the device (backend, device kind, CPU model and usable
-cores), the decode path, the batch size, the shapes and both models' configs. A second job with the
-same key measures nothing. A file that cannot be read as such a cache is ignored with one warning
-line and measured afresh.
+cores), the decode path, the batch size, the shapes, both models' configs and the loop (drafter,
+sampling strategy). A second job with the same key measures nothing. A file that cannot be read as
+such a cache is ignored with one warning line and measured afresh. The loops' own steps are
+measured by `loop_step_seconds` on the job's compiled decode functions (speculative/infer/
+auto_gamma.py calls both).
 """
 
 from __future__ import annotations
