@@ -59,7 +59,7 @@ class PolicyState:
   """What the choice remembers between batches.
 
   Attributes:
-    alpha_sum: decayed sum over drafted positions of sum_x min(p(x), q(x)).
+    alpha_sum: decayed sum of the batches' alphas (`batch_alpha`), each times its drafted positions.
     drafted: decayed count of drafted positions (same decay).
     plain_streak: consecutive batches decoded at gamma 0 (reset by any batch that drafts).
     gamma: the previous batch's gamma (None before the first).
@@ -106,8 +106,7 @@ def predicted_speedups(costs: costs_lib.Costs, alpha: float) -> dict[int, float]
 def best_gamma(costs: costs_lib.Costs, alpha: float) -> int:
   """The gamma in 0..gamma_max that Theorem 3.8 predicts fastest at `alpha`, a gamma >= 1 having to
   beat plain decoding by MARGIN (0: plain decoding); the T5X adapter's one choice per batch size."""
-  scores = {**predicted_speedups(costs, alpha), 0: 1.0 + MARGIN}  # as `choose` scores them
-  return _argmax(scores, range(costs.gamma_max + 1))
+  return _argmax(_against_plain(predicted_speedups(costs, alpha)), range(costs.gamma_max + 1))
 
 
 def reference_gamma(costs: costs_lib.Costs) -> int:
@@ -115,6 +114,13 @@ def reference_gamma(costs: costs_lib.Costs) -> int:
   step the calibration measures (the one a new job is most likely to run first)."""
   speedups = predicted_speedups(costs, PRIOR_ALPHA)
   return _argmax(speedups, range(1, costs.gamma_max + 1))
+
+
+def _against_plain(speedups: dict[int, float]) -> dict[int, float]:
+  """The scores the choice compares: the predictions, with plain decoding's set to 1 + MARGIN.
+  Plain decoding's time is the job's own; a gamma's prediction is a model's, off by up to ~15%
+  where measured (docs/auto_gamma.md), so a gamma has to beat plain decoding by MARGIN."""
+  return {**speedups, 0: 1.0 + MARGIN}
 
 
 def _argmax(speedups: dict[int, float], gammas: Iterable[int]) -> int:
@@ -127,9 +133,7 @@ def choose(costs: costs_lib.Costs, state: PolicyState) -> Choice:
   alpha = state.alpha()
   speedups = predicted_speedups(costs, alpha)
   gammas = range(costs.gamma_max + 1)
-  # Plain decoding is measured in the job; a gamma's prediction is a model's, off by up to ~15%
-  # where measured (docs/auto_gamma.md): a gamma has to beat plain decoding by MARGIN.
-  scores = {**speedups, 0: 1.0 + MARGIN}
+  scores = _against_plain(speedups)
   best = _argmax(scores, gammas)
   chosen, reason = best, BEST
   if state.gamma is not None and scores[state.gamma] >= (1.0 - HYSTERESIS) * scores[best]:
@@ -143,8 +147,8 @@ def choose(costs: costs_lib.Costs, state: PolicyState) -> Choice:
 
 
 def observe(state: PolicyState, gamma: int, drafted: int, alpha_sum: float) -> PolicyState:
-  """The state after a batch decoded at `gamma` drafted `drafted` positions (all rows) whose
-  sum_x min(p, q) summed to `alpha_sum`."""
+  """The state after a batch decoded at `gamma` drafted `drafted` positions (all rows), with
+  `alpha_sum` its alpha times `drafted` (`observe_records`)."""
   if gamma == 0:
     return dataclasses.replace(state, plain_streak=state.plain_streak + 1, gamma=0)
   keep = 0.5 ** (drafted / HALF_LIFE)
