@@ -1,46 +1,43 @@
-"""What a step costs on the job's own device, batch and decode path: measured once, cached per key.
+"""What a loop step costs on the job's own device, batch and decode path: timed on the job's own
+batches, cached per key.
 
-`GAMMA = 'auto'` needs the seconds of the calls a speculative step makes (docs/batch_jobs.md,
-"Gamma 'auto'"): the target's 1-token step t(1) = v(1), its verify call v(T) over T = gamma + 1
-tokens for every width the job may use (T = 1..gamma_max + 1), and the draft model's 1-token step
-d(1). `measure` times them with the model calls the decode loops make (`speculative.timing`:
-chained `extend` calls in one compiled loop), on the job's models and packed weights, at the job's
-batch size, input length and cache length, with the cache filled up to POSITION (the keys a
-mid-sentence step attends to). The values in the caches do not matter to the time (zeros: no
-encoder run, nothing else to compile), only their shapes and the attended positions do.
+`GAMMA = 'auto'` compares the step of the plain loop, c(0), with the steps of the speculative loops,
+c(gamma) (docs/auto_gamma.md). Each is measured on the job's own compiled loop while it decodes the
+job's own batches: nothing extra is compiled or called. A batch's warm walltime (the call the job
+times anyway) over its loop steps (its rows' most target calls) is that loop's step. The walltime
+includes what a call pays once (the encoder, the prefill), so this step carries a share of it; for
+the batches it was measured on, Theorem 3.8's ratio of two such steps times the tokens per step is
+exactly the ratio of the two loops' walltimes over a batch, encoder included.
 
-`load_or_measure` keeps them in a JSON file (default `~/.cache/speculative/calibration.json`, or
-under $XDG_CACHE_HOME), one entry per `key`: the device (backend, device kind, CPU model and usable
-cores), the decode path, the batch size, the shapes, both models' configs and the loop (drafter,
-sampling strategy). A second job with the same key measures nothing. A file that cannot be read as
-such a cache is ignored with one warning line and measured afresh. The loops' own steps are
-measured by `loop_step_seconds` on the job's compiled decode functions (speculative/infer/
-auto_gamma.py calls both).
+A gamma counts as measured once its batches have run MIN_STEPS loop steps (`LoopTimes`). Between
+measured gammas a step is interpolated linearly in gamma; the job chooses no gamma beyond the
+largest measured one, and decides whether to measure the next by extrapolating (`Costs.step`). `speculative.infer`'s
+'auto' mode (speculative/infer/auto_gamma.py) decides which gammas to measure (policy.
+`choose_while_measuring`), then freezes the costs and writes them to a JSON file (default
+`~/.cache/speculative/calibration.json`, or under $XDG_CACHE_HOME), one entry per `key`: the device
+(backend, device kind, CPU model, usable cores), the jax version, the decode path, the batch size,
+the shapes, both models' configs and the loop (drafter, sampling strategy). A second job with the
+same key measures nothing. A file that cannot be read as such a cache is ignored with one warning
+line and measured afresh.
 """
 
 from __future__ import annotations
 
-import concurrent.futures
 import dataclasses
 import hashlib
 import json
 import logging
 import os
-import time
 from typing import Any
+from typing import Iterable
 from typing import Mapping
 
 import jax
-import jax.numpy as jnp
-import numpy as np
 
-from speculative import timing
 from speculative.checkpoints import files
 
-POSITION = 16  # cache positions filled before the timed calls (a mid-sentence step)
-CALLS = 4  # chained calls per timing
-ROUNDS = 3  # interleaved rounds (every call once per round, the order rotating); the median counts
-CACHE_VERSION = 3
+MIN_STEPS = 32  # loop steps a gamma's batches run before its step counts as measured
+CACHE_VERSION = 4
 
 
 def default_cache_file() -> str:
@@ -51,187 +48,113 @@ def default_cache_file() -> str:
 
 @dataclasses.dataclass(frozen=True)
 class Costs:
-  """Measured seconds: the model calls a step makes, and two whole loop steps that anchor them.
-
-  The step of the gamma-g loop costs its model calls, C(g) = v(g + 1) + g d(1), plus what the loop
-  does besides them (sampling, the acceptance rule, the draft loop's own work, committing tokens).
-  That remainder is measured on the job's compiled loops themselves: the plain loop's step c(0),
-  and the steps of two speculative loops, gamma 1 (where speculating starts to pay, or not) and
-  `ref_gamma`. `step(g)` is c(0) for g = 0; between the two measured speculative loops, the line
-  through them against C; outside them, the nearest measured step plus the difference of the
-  calls, c(near) + C(g) - C(near) (a slope fitted to two noisy steps a gamma apart would be
-  amplified far out).
+  """Seconds per loop step at the measured gammas, and the step model between them.
 
   Attributes:
-    verify: v(T) for T = 1..gamma_max + 1; verify[0] is t(1), the target's 1-token call.
-    draft_step: d(1), the draft model's 1-token call; 0.0 for a drafter without a model (prompt
-      lookup proposes by a gather, negligible beside a model call).
-    plain_loop_step: c(0), seconds per step of the plain loop (None: not measured, v(1) is used).
-    ref_gamma: the gamma of the measured speculative loop (None: not measured).
-    ref_loop_step: c(ref_gamma), seconds per step of that loop.
-    one_loop_step: c(1), seconds per step of the gamma-1 loop (None: not measured).
+    loop_steps: ((gamma, seconds per step of the gamma loop), ...), sorted by gamma; gamma 0 is the
+      plain loop. Needs gamma 0.
+    gamma_max: the largest gamma the job may choose.
   """
 
-  verify: tuple[float, ...]
-  draft_step: float
-  plain_loop_step: float | None = None
-  ref_gamma: int | None = None
-  ref_loop_step: float | None = None
-  one_loop_step: float | None = None
+  loop_steps: tuple[tuple[int, float], ...]
+  gamma_max: int
 
   def __post_init__(self):
-    if len(self.verify) < 2 or not all(v > 0 for v in self.verify) or self.draft_step < 0:
-      raise ValueError(f'costs need v(1), v(2), ... > 0 and d(1) >= 0, got {self}')
-    if (self.ref_gamma is None) != (self.ref_loop_step is None) or (
-      self.ref_gamma is not None and not 1 <= self.ref_gamma <= self.gamma_max
+    gammas = [g for g, _ in self.loop_steps]
+    if (
+      not gammas
+      or gammas[0] != 0
+      or gammas != sorted(set(gammas))
+      or gammas[-1] > self.gamma_max
+      or not all(s > 0 for _, s in self.loop_steps)
     ):
-      raise ValueError(f'ref_gamma and ref_loop_step come together, gamma in 1..max: {self}')
+      raise ValueError(
+        f'costs need the plain loop step c(0) and steps > 0 at sorted gammas <= gamma_max: {self}'
+      )
 
   @property
-  def gamma_max(self) -> int:
-    return len(self.verify) - 1
-
-  def calls(self, gamma: int) -> float:
-    """C(gamma): the model calls of one step, v(gamma + 1) + gamma d(1) (v(1) for gamma 0)."""
-    return self.verify[gamma] + gamma * self.draft_step
+  def top(self) -> int:
+    """The largest measured gamma: the job chooses in 0..top (`policy.choose`)."""
+    return self.loop_steps[-1][0]
 
   def step(self, gamma: int) -> float:
-    """Seconds per step of the gamma loop (the class docstring); > 0."""
-    if gamma == 0:
-      return self.plain_loop_step or self.verify[0]
-    anchors = {}
-    if self.one_loop_step is not None:
-      anchors[1] = self.one_loop_step
-    if self.ref_gamma is not None:
-      anchors[self.ref_gamma] = self.ref_loop_step
-    if not anchors:
-      return self.calls(gamma)
-    (g1, c1), (g2, c2) = sorted(anchors.items())[0], sorted(anchors.items())[-1]
-    span = self.calls(g2) - self.calls(g1)
-    if g1 < gamma < g2 and span > 0:  # between the measured loops: on the line through them
-      return max(c1 + (c2 - c1) * (self.calls(gamma) - self.calls(g1)) / span, 1e-9)
-    near, c_near = (g1, c1) if gamma <= g1 else (g2, c2)  # outside: the nearest, plus the calls
-    return max(c_near + self.calls(gamma) - self.calls(near), 1e-9)
+    """Seconds per step of the gamma loop: measured, else the line between the measured gammas
+    around it, else (beyond `top`: what the job considers measuring next) the slope of the two
+    largest measured gammas >= 1, at least 0, or flat with one (a longer draft never costs less)."""
+    measured = dict(self.loop_steps)
+    if gamma in measured:
+      return measured[gamma]
+    g1 = max(g for g in measured if g < gamma)  # gamma 0 is always measured
+    above = [g for g in measured if g > gamma]
+    if above:
+      g2 = min(above)
+      return measured[g1] + (measured[g2] - measured[g1]) * (gamma - g1) / (g2 - g1)
+    speculative = [g for g in measured if g >= 1]
+    if len(speculative) < 2:
+      return measured[g1]
+    g0 = speculative[-2]
+    slope = max((measured[g1] - measured[g0]) / (g1 - g0), 0.0)
+    return measured[g1] + slope * (gamma - g1)
 
   def to_json(self) -> dict[str, Any]:
-    ms = lambda seconds: None if seconds is None else round(seconds * 1e3, 6)  # noqa: E731
     return {
-      'verify_ms': [ms(v) for v in self.verify],
-      'draft_step_ms': ms(self.draft_step),
-      'plain_loop_step_ms': ms(self.plain_loop_step),
-      'ref_gamma': self.ref_gamma,
-      'ref_loop_step_ms': ms(self.ref_loop_step),
-      'one_loop_step_ms': ms(self.one_loop_step),
+      'gamma_max': self.gamma_max,
+      'loop_step_ms': {str(g): round(s * 1e3, 6) for g, s in self.loop_steps},
     }
 
   @classmethod
   def from_json(cls, data: Mapping[str, Any]) -> Costs:
-    seconds = lambda ms: None if ms is None else float(ms) / 1e3  # noqa: E731
-    return cls(
-      verify=tuple(float(v) / 1e3 for v in data['verify_ms']),
-      draft_step=float(data['draft_step_ms']) / 1e3,
-      plain_loop_step=seconds(data.get('plain_loop_step_ms')),
-      ref_gamma=data.get('ref_gamma'),
-      ref_loop_step=seconds(data.get('ref_loop_step_ms')),
-      one_loop_step=seconds(data.get('one_loop_step_ms')),
-    )
+    steps = sorted((int(g), float(ms) / 1e3) for g, ms in data['loop_step_ms'].items())
+    return cls(loop_steps=tuple(steps), gamma_max=int(data['gamma_max']))
 
 
-def _zero_cache(model, params, batch: int, max_length: int, encoder_length: int):
-  """A cache of `model`'s shapes and dtypes, all zeros (no encoder run, nothing compiled)."""
-  shapes = jax.eval_shape(
-    lambda: model.init_cache(
-      params, batch, max_length, jnp.ones((batch, encoder_length), jnp.int32)
-    )
-  )
-  return jax.tree_util.tree_map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
-
-
-def measure(
-  target,
-  target_params,
-  draft,
-  draft_params,
-  *,
-  batch: int,
-  encoder_length: int,
-  max_length: int,
-  gamma_max: int,
-) -> Costs:
-  """v(1..gamma_max+1) of `target` and d(1) of `draft` (None: no draft model), each the fastest of
-  ROUNDS interleaved rounds of CALLS chained calls; every call compiled first, in parallel."""
-  start = jnp.full((batch,), POSITION, jnp.int32)  # [B]
-  calls = {}  # name -> (compiled repeat_extend, its arguments)
-  models = [('target', target, target_params, range(1, gamma_max + 2))]
-  if draft is not None:
-    models.append(('draft', draft, draft_params, (1,)))
-  for name, model, params, widths in models:
-    cache = _zero_cache(model, params, batch, max_length, encoder_length)
-    for width in widths:
-      args = (params, cache, jnp.ones((batch, width), jnp.int32), start)  # tokens [B, width]
-      lowered = timing.repeat_extend.lower(*args, jnp.int32(CALLS), model=model)
-      calls[(name, width)] = (lowered, args)
-  with concurrent.futures.ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
-    compiled = dict(zip(calls, pool.map(lambda item: item[0].compile(), calls.values())))
-  runs = {
-    key: (lambda fn, args: lambda: fn(*args, jnp.int32(CALLS)))(compiled[key], calls[key][1])
-    for key in calls
-  }
-  for run in runs.values():  # warm: first execution
-    timing.timed(run)
-  seconds: dict[Any, list[float]] = {key: [] for key in runs}
-  keys = list(runs)
-  for r in range(ROUNDS):
-    shift = r % len(keys)
-    for key in keys[shift:] + keys[:shift]:
-      seconds[key].append(timing.timed(runs[key])[0] / CALLS)
-  # The fastest round: load on a shared machine only ever adds time. A wider call never costs
-  # less than a narrower one, so v(T) is made non-decreasing (a noisy dip is lifted to its left).
-  best = {key: float(np.min(s)) for key, s in seconds.items()}
-  verify = np.maximum.accumulate([best[('target', w)] for w in range(1, gamma_max + 2)])
-  return Costs(
-    verify=tuple(float(v) for v in verify),
-    draft_step=best[('draft', 1)] if draft is not None else 0.0,
+def batch_timing(records: Iterable[dict]) -> tuple[float, int]:
+  """(walltime, loop steps) of one batch from its rows' records: the batch's warm decode time
+  (`decode_s` is it split evenly over the rows) and its rows' most target calls. The job and its
+  resume both measure through here, from the records as written, so a resumed job's measurements
+  equal the uninterrupted job's bit for bit."""
+  records = list(records)
+  return (
+    sum(float(r['decode_s']) for r in records),
+    max(int(r['target_calls']) for r in records),
   )
 
 
-LOOP_ROUNDS = 3  # at most; fewer where one round already takes LOOP_BUDGET_SECONDS
-LOOP_BUDGET_SECONDS = 1.0
+@dataclasses.dataclass(frozen=True)
+class LoopTimes:
+  """The job's batches timed so far, summed per gamma.
 
+  Attributes:
+    seconds: (walltime of the batches decoded at gamma, for gamma in 0..gamma_max).
+    steps: (their loop steps, likewise).
+  """
 
-def loop_step_seconds(
-  decode_fns: Mapping[Any, Any], encoder_tokens, rng
-) -> dict[Any, float | None]:
-  """Seconds per step of compiled decode loops, {name: decode_fn(encoder_tokens, rng,
-  max_steps=n)} (the modes' functions), on a whole batch: the decode to its end, less what a call
-  pays once (the encoder, the prefill, dispatch: the same call stopped before its first step,
-  `max_steps=0`), over the loop steps it ran (its rows' most target calls). The whole decode, not a
-  few early steps: a step's cost moves as the rows spread (ragged lengths, finished rows riding
-  along). The loops and the two runs interleave, the fastest of up to LOOP_ROUNDS rounds counts
-  (fewer once LOOP_BUDGET_SECONDS are spent). None for a loop that ran fewer than 2 steps."""
-  names = list(decode_fns)
-  for name in names:  # compile and warm (max_steps is a run-time value: one program)
-    jax.block_until_ready(decode_fns[name](encoder_tokens, rng, max_steps=0))
-  times = {(name, n): [] for name in names for n in (0, None)}
-  steps = {}
-  start = time.perf_counter()
-  for r in range(LOOP_ROUNDS):
-    if r and time.perf_counter() - start > LOOP_BUDGET_SECONDS:
-      break
-    for name in names[r % len(names) :] + names[: r % len(names)]:
-      for n in (0, None):
-        seconds, result = timing.timed(
-          lambda: decode_fns[name](encoder_tokens, rng, max_steps=n)  # noqa: B023
-        )
-        times[(name, n)].append(seconds)
-        if n is None:
-          steps[name] = int(np.max(np.asarray(result.metrics.target_calls)))
-  return {
-    name: max(min(times[(name, None)]) - min(times[(name, 0)]), 1e-9) / steps[name]
-    if steps[name] >= 2
-    else None
-    for name in names
-  }
+  seconds: tuple[float, ...]
+  steps: tuple[int, ...]
+
+  @classmethod
+  def empty(cls, gamma_max: int) -> LoopTimes:
+    return cls((0.0,) * (gamma_max + 1), (0,) * (gamma_max + 1))
+
+  @property
+  def gamma_max(self) -> int:
+    return len(self.steps) - 1
+
+  def add(self, gamma: int, seconds: float, steps: int) -> LoopTimes:
+    add = lambda xs, x: tuple(v + x if g == gamma else v for g, v in enumerate(xs))  # noqa: E731
+    return LoopTimes(add(self.seconds, seconds), add(self.steps, steps))
+
+  def measured(self, gamma: int) -> bool:
+    return self.steps[gamma] >= MIN_STEPS
+
+  def costs(self) -> Costs:
+    """The measured gammas' steps (needs gamma 0 measured)."""
+    return Costs(
+      tuple(
+        (g, self.seconds[g] / self.steps[g]) for g in range(self.gamma_max + 1) if self.measured(g)
+      ),
+      self.gamma_max,
+    )
 
 
 def key_fields(
@@ -259,7 +182,6 @@ def key_fields(
     'encoder_length': encoder_length,
     'max_length': max_length,
     'gamma_max': gamma_max,
-    'position': POSITION,
     'target_config': dict(target_config),
     'draft_config': None if draft_config is None else dict(draft_config),
     'loop': loop,
@@ -337,57 +259,57 @@ def find_costs(path: str, **match: Any) -> Costs | None:
 
 @dataclasses.dataclass(frozen=True)
 class Calibration:
-  """The costs a job used and where they came from.
+  """The costs a job decides with, and where they came from.
 
   Attributes:
-    costs: the measured costs.
+    costs: the loop steps; None while the job is still measuring them (source 'measured').
     key: `cache_key` of `fields`.
     fields: `key_fields`.
-    source: 'measured', 'cache' (the cache file's entry) or 'manifest' (a resumed job's record).
-    seconds: the time it took this job (0 unless measured; compiles included).
-    measured_seconds: the time of the measurement that produced the costs.
+    source: 'measured' (on this job's own batches), 'cache' (the cache file's entry) or
+      'manifest' (a resumed job's record of the cache entry it started from).
+    batches: the batches the measurement took (0 unless measured by this job).
   """
 
-  costs: Costs
+  costs: Costs | None
   key: str
   fields: dict[str, Any]
   source: str
-  seconds: float
-  measured_seconds: float
+  batches: int = 0
 
   def to_json(self) -> dict[str, Any]:
-    """The manifest's record (what a resume reuses)."""
+    """The manifest's record: the costs the job started from (None: measured on its own batches,
+    which a resume measures again from their records)."""
     return {
       'key': self.key,
       'fields': self.fields,
-      'costs': self.costs.to_json(),
-      'measured_seconds': self.measured_seconds,
+      'costs': None if self.source == 'measured' else self.costs.to_json(),
     }
 
   @classmethod
-  def from_json(cls, data: Mapping[str, Any], source: str) -> Calibration:
-    return cls(
-      costs=Costs.from_json(data['costs']),
-      key=data['key'],
-      fields=dict(data['fields']),
-      source=source,
-      seconds=0.0,
-      measured_seconds=float(data['measured_seconds']),
-    )
+  def from_json(cls, data: Mapping[str, Any]) -> Calibration:
+    """A resumed job's calibration from its manifest's record."""
+    if data.get('costs') is None:
+      return cls(None, data['key'], dict(data['fields']), 'measured')
+    return cls(Costs.from_json(data['costs']), data['key'], dict(data['fields']), 'manifest')
 
 
-def load_or_measure(path: str, fields: Mapping[str, Any], measure_fn) -> Calibration:
-  """The cache's entry for `fields`, else `measure_fn()` timed and written to the cache file."""
+def load(path: str, fields: Mapping[str, Any]) -> Calibration:
+  """The cache's entry for `fields`, else a calibration still to be measured (costs None)."""
   key = cache_key(fields)
   entries = _read_cache(path)
   if key in entries:
-    return Calibration.from_json(entries[key], 'cache')
-  start = time.perf_counter()
-  costs = measure_fn()
-  seconds = time.perf_counter() - start
-  calibration = Calibration(costs, key, dict(fields), 'measured', seconds, seconds)
-  entries[key] = calibration.to_json()
+    return Calibration(Costs.from_json(entries[key]['costs']), key, dict(fields), 'cache')
+  return Calibration(None, key, dict(fields), 'measured')
+
+
+def store(path: str, calibration: Calibration) -> None:
+  """Writes a measured calibration's costs to the cache file under its key."""
+  entries = _read_cache(path)
+  entries[calibration.key] = {
+    'fields': calibration.fields,
+    'costs': calibration.costs.to_json(),
+    'batches': calibration.batches,
+  }
   files.write_atomic(
     path, json.dumps({'version': CACHE_VERSION, 'entries': entries}, indent=1) + '\n'
   )
-  return calibration

@@ -18,9 +18,9 @@ The rule, in the order `choose` applies it:
      (T5 pairs measure 0.5-0.8): a job that has drafted nothing yet speculates where the costs
      let a fair pair pay, and so measures its acceptance first.
   2. The predicted speedup of each gamma: Theorem 3.8 with the measured costs, the expected tokens
-     per step (Eq. 1) over the step's time relative to a plain step (`costs.Costs.step`: the model
-     calls v(gamma + 1) + gamma d(1), anchored on the measured steps of the compiled loops); gamma
-     0 is 1.
+     per step (Eq. 1) over the step's time relative to a plain step (`costs.Costs.step`: the
+     compiled loops' steps measured on the job's own batches, interpolated between the measured
+     gammas); gamma 0 is 1.
   3. The best gamma, where a gamma >= 1 has to predict at least 1 + MARGIN to beat plain decoding
      (the model's error, measured against the jobs' speedups, reaches ~15% at batch 32); the
      previous batch's gamma is kept while it scores within HYSTERESIS of the best (a new gamma
@@ -29,7 +29,15 @@ The rule, in the order `choose` applies it:
      gamma 0 is chosen but some gamma would pay at alpha = 1 (the measured costs' ceiling), every
      PROBE_EVERY-th consecutive plain batch is decoded at the best gamma >= 1 instead; its
      acceptance enters alpha like any other batch's. When not even alpha = 1 pays, the job never
-     probes (the costs do not change within a job).
+     probes (the costs do not change once measured).
+
+The choice stays within the measured gammas, 0..`Costs.top`. While the costs are being measured
+(`choose_while_measuring`, a job without cached costs), the same rules run on the gammas measured
+so far and one past them, its step extrapolated (`Costs.step`: the slope of the two largest
+measured gammas, flat with one), and a chosen gamma not yet measured is decoded to measure it
+(CALIBRATE): first the plain loop (from the baseline mode's batches where the job has one, else its
+own first batches at gamma 0) and gamma 1, then wherever the rules point, one gamma further at a
+time, until they choose a measured gamma; the costs are then frozen.
 """
 
 from __future__ import annotations
@@ -52,6 +60,7 @@ BEST = 'best'
 KEPT = 'kept'
 PROBE = 'probe'
 NEVER_PAYS = 'never pays'
+CALIBRATE = 'calibrate'  # decoded at a gamma whose step is not measured yet, to measure it
 
 
 @dataclasses.dataclass(frozen=True)
@@ -81,7 +90,7 @@ class Choice:
 
   Attributes:
     gamma: in [0, gamma_max]; 0 = plain decoding.
-    reason: BEST, KEPT, PROBE or NEVER_PAYS.
+    reason: BEST, KEPT, PROBE, NEVER_PAYS or CALIBRATE.
     alpha: the acceptance estimate it used.
     predicted: {gamma: predicted speedup over plain decoding} at that alpha.
   """
@@ -95,8 +104,7 @@ class Choice:
 def predicted_speedups(costs: costs_lib.Costs, alpha: float) -> dict[int, float]:
   """{gamma: Theorem 3.8's speedup over plain decoding} for gamma in 0..costs.gamma_max: the
   expected tokens per step (Eq. 1) times the plain loop's step over the gamma loop's
-  (`Costs.step`). Without the measured loop steps this is `analysis.walltime_improvement` with
-  c = d(1) / t(1) and v(T) / t(1)."""
+  (`Costs.step`)."""
   return {
     g: float(analysis.expected_tokens(alpha, g)) * costs.step(0) / costs.step(g)
     for g in range(costs.gamma_max + 1)
@@ -104,16 +112,10 @@ def predicted_speedups(costs: costs_lib.Costs, alpha: float) -> dict[int, float]
 
 
 def best_gamma(costs: costs_lib.Costs, alpha: float) -> int:
-  """The gamma in 0..gamma_max that Theorem 3.8 predicts fastest at `alpha`, a gamma >= 1 having to
-  beat plain decoding by MARGIN (0: plain decoding); the T5X adapter's one choice per batch size."""
-  return _argmax(_against_plain(predicted_speedups(costs, alpha)), range(costs.gamma_max + 1))
-
-
-def reference_gamma(costs: costs_lib.Costs) -> int:
-  """The gamma >= 1 the model calls alone predict best at PRIOR_ALPHA: the speculative loop whose
-  step the calibration measures (the one a new job is most likely to run first)."""
-  speedups = predicted_speedups(costs, PRIOR_ALPHA)
-  return _argmax(speedups, range(1, costs.gamma_max + 1))
+  """The gamma in 0..costs.top (the measured range) that Theorem 3.8 predicts fastest at `alpha`,
+  a gamma >= 1 having to beat plain decoding by MARGIN (0: plain decoding); the T5X adapter's one
+  choice per batch size."""
+  return _argmax(_against_plain(predicted_speedups(costs, alpha)), range(costs.top + 1))
 
 
 def _against_plain(speedups: dict[int, float]) -> dict[int, float]:
@@ -128,22 +130,47 @@ def _argmax(speedups: dict[int, float], gammas: Iterable[int]) -> int:
   return max(gammas, key=lambda g: (speedups[g], -g))
 
 
-def choose(costs: costs_lib.Costs, state: PolicyState) -> Choice:
-  """The gamma of the next batch (the module docstring's rules 1-4)."""
+def choose(costs: costs_lib.Costs, state: PolicyState, top: int | None = None) -> Choice:
+  """The gamma of the next batch (the module docstring's rules 1-4), in 0..top (default
+  `costs.top`: the measured range)."""
   alpha = state.alpha()
   speedups = predicted_speedups(costs, alpha)
-  gammas = range(costs.gamma_max + 1)
+  gammas = range((costs.top if top is None else top) + 1)
   scores = _against_plain(speedups)
   best = _argmax(scores, gammas)
   chosen, reason = best, BEST
-  if state.gamma is not None and scores[state.gamma] >= (1.0 - HYSTERESIS) * scores[best]:
+  if (
+    state.gamma is not None
+    and state.gamma in gammas
+    and scores[state.gamma] >= (1.0 - HYSTERESIS) * scores[best]
+  ):
     chosen, reason = state.gamma, (BEST if state.gamma == best else KEPT)
   if chosen == 0:
-    if max(predicted_speedups(costs, 1.0).values()) <= 1.0:
+    at_one = predicted_speedups(costs, 1.0)
+    if len(gammas) < 2 or max(at_one[g] for g in gammas) <= 1.0:
       return Choice(0, NEVER_PAYS, alpha, speedups)
     if state.plain_streak + 1 >= PROBE_EVERY:
       return Choice(_argmax(speedups, gammas[1:]), PROBE, alpha, speedups)
   return Choice(chosen, reason, alpha, speedups)
+
+
+def choose_while_measuring(
+  times: costs_lib.LoopTimes, state: PolicyState, plain_beside: bool
+) -> Choice:
+  """The gamma of the next batch while the costs are measured on the job's batches (the module
+  docstring's last paragraph); `plain_beside`: the job's baseline mode times the plain loop on the
+  same batches. A choice whose reason is not CALIBRATE is a measured gamma: the caller freezes
+  `times.costs()` there."""
+  alpha = state.alpha()
+  if not times.measured(0) and not plain_beside:
+    return Choice(0, CALIBRATE, alpha, {})
+  if not (times.measured(0) and times.measured(1)):
+    return Choice(1, CALIBRATE, alpha, {})
+  costs = times.costs()
+  choice = choose(costs, state, top=min(costs.top + 1, costs.gamma_max))
+  if times.measured(choice.gamma):
+    return choice
+  return dataclasses.replace(choice, reason=CALIBRATE)
 
 
 def observe(state: PolicyState, gamma: int, drafted: int, alpha_sum: float) -> PolicyState:

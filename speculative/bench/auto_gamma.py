@@ -6,14 +6,17 @@
 Runs the job of the run file (`speculative.infer`, both modes: each job's speedup is its own
 baseline's decode time over its speculative mode's, warm, same process, same inputs and weights)
 once per setting and round: GAMMA = g for each fixed g, and GAMMA = 'auto' (GAMMA_MAX = the largest
-g). Gamma 0, plain decoding, is each job's own baseline (1.00x by definition). The settings run in
-a rotating order each round, each job a fresh process with its own output directory (OVERWRITE),
-so no job warms another's caches; the 'auto' jobs share one fresh cost cache, so the first round's
-'auto' job measures its costs (its calibration time is printed) and the later rounds' read them
-(cached: 0 s). Prints, per setting: the median speedup over the rounds and its spread (min..max),
-greedy outputs identical to the baseline, and for 'auto' the gammas it chose (batches per gamma)
-and its calibration; with the machine and its load average before and after. Every job's extra
-bindings (`--gin_bindings`) apply to all settings, e.g. BATCH_SIZE = 8 or NUM_EXAMPLES = 100.
+g), twice: 'auto' with the costs cached (one unreported 'auto' job fills a fresh cost cache first)
+and 'auto uncached' with an empty cache each round, so that it measures the costs on its own first
+batches. Gamma 0, plain decoding, is each job's own baseline (1.00x by definition). The settings
+run in a rotating order each round, each job a fresh process with its own output directory
+(OVERWRITE), so no job warms another's caches. Prints, per setting: the median speedup over the
+rounds and its spread (min..max), greedy outputs identical to the baseline, and for 'auto' the
+gammas it chose (batches per gamma) and where its costs came from; then what measuring the costs
+cost: per round, the uncached job's speculative decode time over the cached job's, and its compile
+time beside the cached job's (the gammas it visited while measuring compile too); with the machine
+and its load average before and after. Every job's extra bindings (`--gin_bindings`) apply to all
+settings, e.g. BATCH_SIZE = 8 or NUM_EXAMPLES = 100.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from speculative.bench import machine as machine_lib
 from speculative.checkpoints import files
 
 AUTO = 'auto'
+UNCACHED = 'auto uncached'
 
 
 def parse_gammas(text: str) -> list[int]:
@@ -58,7 +62,8 @@ def run_job(
     'OVERWRITE = True',
     'infer.progress = False',
   ]
-  if gamma == AUTO:
+  if gamma in (AUTO, UNCACHED):
+    own[0] = f'GAMMA = {AUTO!r}'
     own += [f'GAMMA_MAX = {gamma_max}', f'CALIBRATION_FILE = {cache!r}']
   argv += [f'--gin_bindings={b}' for b in [*bindings, *own]]
   proc = subprocess.run(argv, capture_output=True, text=True)
@@ -71,16 +76,18 @@ def run_job(
 
 def measure(gin_files, bindings, gammas: Sequence[int], rounds: int, log=print) -> dict[str, Any]:
   """The jobs, `rounds` rounds of every setting in a rotating order (module docstring)."""
-  settings: list[Any] = [*gammas, AUTO]
+  settings: list[Any] = [*gammas, AUTO, UNCACHED]
   jobs: dict[str, list[dict[str, Any]]] = {str(s): [] for s in settings}
   with tempfile.TemporaryDirectory(prefix='auto-gamma-bench-') as tmp:
     cache = os.path.join(tmp, 'calibration.json')
+    run_job(gin_files, bindings, AUTO, max(gammas), os.path.join(tmp, 'fill'), cache)
     for r in range(rounds):
       shift = r % len(settings)
       for setting in settings[shift:] + settings[:shift]:
         load = os.getloadavg()[0]
-        out = os.path.join(tmp, f'job-{setting}')
-        metrics = run_job(gin_files, bindings, setting, max(gammas), out, cache)
+        out = os.path.join(tmp, f'job-{setting}'.replace(' ', '-'))
+        own_cache = os.path.join(tmp, f'empty-{r}.json') if setting == UNCACHED else cache
+        metrics = run_job(gin_files, bindings, setting, max(gammas), out, own_cache)
         jobs[str(setting)].append(_job_row(metrics, load))
         log(
           f'round {r + 1}/{rounds} GAMMA = {setting!r}: {metrics["speedup"]:.3f}x (load {load:.2f})'
@@ -95,13 +102,14 @@ def _job_row(metrics: dict[str, Any], load: float) -> dict[str, Any]:
     'examples': metrics['examples'],
     'baseline_decode_s': metrics['baseline']['decode_s'],
     'speculative_decode_s': metrics['speculative']['decode_s'],
+    'speculative_compile_s': metrics['speculative']['compile_s'],
     'load_average': load,
   }
   policy = metrics.get('gamma_policy')
   if policy:
     row['per_gamma'] = {g: v['batches'] for g, v in policy['per_gamma'].items()}
     row['calibration_source'] = policy['calibration']['source']
-    row['calibration_s'] = policy['calibration']['seconds']
+    row['measuring_batches'] = policy['calibration']['measuring_batches']
     row['predicted_speedup'] = policy['predicted_speedup']
   return row
 
@@ -109,7 +117,11 @@ def _job_row(metrics: dict[str, Any], load: float) -> dict[str, Any]:
 def table(jobs: dict[str, list[dict[str, Any]]]) -> list[dict[str, Any]]:
   """One row per setting: the median speedup over the rounds, its spread, identical outputs."""
   best_fixed = max(
-    (float(np.median([j['speedup'] for j in runs])) for s, runs in jobs.items() if s != AUTO),
+    (
+      float(np.median([j['speedup'] for j in runs]))
+      for s, runs in jobs.items()
+      if s not in (AUTO, UNCACHED)
+    ),
     default=None,
   )
   rows = [{'gamma': '0 (plain)', 'median': 1.0, 'min': 1.0, 'max': 1.0, 'identical': '-'}]
@@ -122,23 +134,38 @@ def table(jobs: dict[str, list[dict[str, Any]]]) -> list[dict[str, Any]]:
       'max': max(speedups),
       'identical': f'{min(j["identical"] for j in runs)}/{runs[0]["examples"]}',
     }
-    if setting == AUTO:
+    if setting in (AUTO, UNCACHED):
       chosen: dict[str, int] = {}
       for j in runs:
         for g, n in j['per_gamma'].items():
           chosen[g] = chosen.get(g, 0) + n
       row['chosen'] = chosen
-      row['calibration'] = [(j['calibration_source'], round(j['calibration_s'], 2)) for j in runs]
+      row['calibration'] = [(j['calibration_source'], j['measuring_batches']) for j in runs]
       row['vs_best_fixed'] = row['median'] / best_fixed if best_fixed else None
       row['vs_plain'] = row['median']
     rows.append(row)
   return rows
 
 
-def format_table(rows: list[dict[str, Any]]) -> str:
+def measuring_cost(jobs: dict[str, list[dict[str, Any]]]) -> dict[str, Any] | None:
+  """What measuring the costs cost, paired by round: the uncached 'auto' job's speculative decode
+  time over the cached one's, and both jobs' compile times (medians and per round)."""
+  if not jobs.get(UNCACHED) or not jobs.get(AUTO):
+    return None
+  pairs = list(zip(jobs[UNCACHED], jobs[AUTO]))
+  ratios = [u['speculative_decode_s'] / c['speculative_decode_s'] for u, c in pairs]
+  return {
+    'decode_ratio': ratios,
+    'decode_ratio_median': float(np.median(ratios)),
+    'compile_s_uncached': [u['speculative_compile_s'] for u, _ in pairs],
+    'compile_s_cached': [c['speculative_compile_s'] for _, c in pairs],
+  }
+
+
+def format_table(rows: list[dict[str, Any]], cost: dict[str, Any] | None = None) -> str:
   lines = [
     '| gamma | median speedup | spread (min..max) | identical | auto: batches per gamma, '
-    'calibration (source, s) |',
+    'costs (source, batches measuring) |',
     '|---|---|---|---|---|',
   ]
   for row in rows:
@@ -153,11 +180,22 @@ def format_table(rows: list[dict[str, Any]]) -> str:
       f'| {row["gamma"]} | {row["median"]:.3f}x | {row["min"]:.3f}..{row["max"]:.3f} | '
       f'{row["identical"]} | {extra} |'
     )
-  auto = next(row for row in rows if row['gamma'] == AUTO)
-  if auto.get('vs_best_fixed'):
+  for row in rows:
+    if row.get('vs_best_fixed'):
+      lines.append(
+        f'\n{row["gamma"]}: {row["vs_plain"]:.3f}x of plain decoding, {row["vs_best_fixed"]:.3f} '
+        'x the best fixed gamma of the same rounds (medians).'
+      )
+  if cost is not None:
     lines.append(
-      f'\nauto: {auto["vs_plain"]:.3f}x of plain decoding, {auto["vs_best_fixed"]:.3f} x the best '
-      'fixed gamma of the same rounds (medians).'
+      f'\nMeasuring the costs: the uncached job\'s speculative decode time '
+      f'{cost["decode_ratio_median"]:.3f} x the cached job\'s (median; per round '
+      + ', '.join(f'{r:.3f}' for r in cost['decode_ratio'])
+      + '); compile s uncached '
+      + ', '.join(f'{t:.1f}' for t in cost['compile_s_uncached'])
+      + ', cached '
+      + ', '.join(f'{t:.1f}' for t in cost['compile_s_cached'])
+      + '.'
     )
   return '\n'.join(lines)
 
@@ -193,7 +231,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     sys.exit(1)
   warning = machine_lib.busy_warning(machine)
   rows = table(jobs)
-  print(format_table(rows))
+  cost = measuring_cost(jobs)
+  print(format_table(rows, cost))
   print(
     f'load average {machine["load_average_start"][0]:.2f} at the start, '
     f'{machine["load_average_end"][0]:.2f} at the end' + (f'. {warning}' if warning else '')
@@ -201,7 +240,10 @@ def main(argv: Sequence[str] | None = None) -> None:
   if args.json_out:
     files.write_atomic(
       args.json_out,
-      json.dumps({'machine': machine, 'jobs': jobs, 'table': rows}, indent=2) + '\n',
+      json.dumps(
+        {'machine': machine, 'jobs': jobs, 'table': rows, 'measuring_cost': cost}, indent=2
+      )
+      + '\n',
     )
 
 

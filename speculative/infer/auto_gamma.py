@@ -1,6 +1,6 @@
 """`GAMMA = 'auto'` in a batch job: the speculative mode decodes each batch at the gamma the policy
-chooses (speculative/autogamma/policy.py) from the costs calibrated on the job's own models
-(speculative/autogamma/costs.py).
+chooses (speculative/autogamma/policy.py) from the loops' steps measured on the job's own batches
+(speculative/autogamma/costs.py), or cached by an earlier job with the same key.
 
 Where the choice is made: once per batch, on the host, before the batch is decoded. The batch then
 runs the plain loop (gamma 0) or the compiled speculative loop of that gamma, exactly the program a
@@ -9,6 +9,12 @@ inside one loop needs the verify call in a `lax.switch` over widths; measured on
 target, the switch adds ~15% to a batch-1 step and ~35% to a batch-8 step on the CPU kernels,
 because the cache is copied into and out of the conditional: more than a per-step choice could win
 back.) Each gamma the job visits compiles once per input length, like the fixed gammas.
+
+The costs: without a cache entry the job measures them on its own first batches, timed as every
+batch is (no extra program, no extra call): the plain loop on the baseline mode's batches (or its
+own first batches at gamma 0 where the job has no baseline mode), and each gamma the policy visits
+while measuring; once the policy chooses a measured gamma the costs are frozen and cached. A
+resumed job measures again from its finished records, so it reaches the same costs and choices.
 """
 
 from __future__ import annotations
@@ -26,50 +32,24 @@ from speculative.decode import modes
 from speculative.decode import state as decode_state
 
 
-def calibrate(
-  settings, models, decode_fn: Callable[[int], modes.DecodeFn], encoder_tokens, rng
-) -> costs_lib.Calibration:
-  """The job's costs: the cache file's entry for this device, batch, decode path, shapes, models
-  and loop, else measured now (`costs.measure`: the model calls; `costs.loop_step_seconds`: the
-  plain loop, the gamma-1 loop and the `policy.reference_gamma` loop on the first batch, `encoder_tokens`, with the
-  functions the job decodes with, `decode_fn(gamma)`) and written to the cache."""
+def start(settings, models, recorded: dict[str, Any] | None) -> costs_lib.Calibration:
+  """The calibration a job starts from: a resumed job's manifest record (`recorded`), else the
+  cache file's entry for this device, batch, decode path, shapes, models and loop, else one to
+  measure on the job's batches (costs None)."""
+  if recorded is not None:
+    return costs_lib.Calibration.from_json(recorded)
   s = settings
-  max_length = decode_state.buffer_length(1, s.max_new_tokens, s.max_gamma)
   fields = costs_lib.key_fields(
     decode_path=s.decode_path().line,
     batch=s.batch_size,
     encoder_length=s.inputs_length,
-    max_length=max_length,
+    max_length=decode_state.buffer_length(1, s.max_new_tokens, s.max_gamma),
     gamma_max=s.max_gamma,
     target_config=checkpoints.config_dict(s.target_config),
     draft_config=checkpoints.config_dict(s.draft_config) if models.draft is not None else None,
     loop=f"drafter {s.drafter}, {s.sampling()[0]}, lenience {'exact' if s.exact else 'on'}",
   )
-
-  def measure() -> costs_lib.Costs:
-    calls = costs_lib.measure(
-      models.target,
-      models.target_params,
-      models.draft,
-      models.draft_model_params,
-      batch=s.batch_size,
-      encoder_length=s.inputs_length,
-      max_length=max_length,
-      gamma_max=s.max_gamma,
-    )
-    ref = policy.reference_gamma(calls)
-    loops = costs_lib.loop_step_seconds(
-      {g: decode_fn(g) for g in sorted({0, 1, ref})}, encoder_tokens, rng
-    )
-    return dataclasses.replace(
-      calls,
-      plain_loop_step=loops[0],
-      ref_gamma=ref if loops[ref] is not None else None,
-      ref_loop_step=loops[ref],
-      one_loop_step=loops[1],
-    )
-
-  return costs_lib.load_or_measure(s.calibration_path, fields, measure)
+  return costs_lib.load(s.calibration_path, fields)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -83,39 +63,68 @@ class BatchChoice:
 
 
 class AutoGamma:
-  """The speculative mode of an 'auto' job: `decode_fn(gamma)`, the calibration (made at the
-  first batch by `calibrate_fn(encoder_tokens, rng)`, or given: a resumed job's record) and the
-  policy's state."""
+  """The speculative mode of an 'auto' job: `decode_fn(gamma)`, the calibration and the policy's
+  state.
+
+  Args:
+    calibration: `start`'s.
+    fns_for_gamma: gamma -> the decode function of that gamma (0: the baseline's).
+    cache_path: where measured costs are cached once frozen.
+    plain_beside: the job's baseline mode decodes the same batches (its times measure the plain
+      loop: `observe_plain`).
+    on_frozen: called with the calibration when costs measured by this job are frozen.
+  """
 
   def __init__(
     self,
-    calibration: costs_lib.Calibration | None,
+    calibration: costs_lib.Calibration,
     fns_for_gamma: Callable[[int], modes.DecodeFn],
-    calibrate_fn: Callable[[Any, Any], costs_lib.Calibration] | None = None,
+    *,
+    cache_path: str,
+    plain_beside: bool,
+    on_frozen: Callable[[costs_lib.Calibration], None] = lambda calibration: None,
   ):
     self.calibration = calibration
     self._fns_for_gamma = fns_for_gamma
-    self._calibrate_fn = calibrate_fn
+    self._cache_path = cache_path
+    self.plain_beside = plain_beside
+    self._on_frozen = on_frozen
     self._fns: dict[int, modes.DecodeFn] = {}
+    gamma_max = int(calibration.fields['gamma_max'])
+    self.times = costs_lib.LoopTimes.empty(gamma_max) if calibration.costs is None else None
     self.state = policy.PolicyState()
     self.batches: list[BatchChoice] = []
+    self._replaying = False
 
   def decode_fn(self, gamma: int) -> modes.DecodeFn:
     if gamma not in self._fns:
       self._fns[gamma] = self._fns_for_gamma(gamma)
     return self._fns[gamma]
 
-  def calibrate(self, encoder_tokens, rng) -> None:
-    """Calibrates on a batch (the job's first) unless calibrated already."""
-    if self.calibration is None:
-      self.calibration = self._calibrate_fn(encoder_tokens, rng)
+  @property
+  def measuring(self) -> bool:
+    return self.calibration.costs is None
 
   def choose(self) -> policy.Choice:
-    return policy.choose(self.calibration.costs, self.state)
+    """The next batch's choice; while measuring, the first choice of a measured gamma freezes the
+    costs (and writes them to the cache file, unless replaying: the interrupted run wrote them)."""
+    if not self.measuring:
+      return policy.choose(self.calibration.costs, self.state)
+    choice = policy.choose_while_measuring(self.times, self.state, self.plain_beside)
+    if choice.reason != policy.CALIBRATE:
+      self.calibration = dataclasses.replace(
+        self.calibration, costs=self.times.costs(), batches=len(self.batches)
+      )
+      if not self._replaying:
+        costs_lib.store(self._cache_path, self.calibration)
+        self._on_frozen(self.calibration)
+    return choice
 
   def observe(self, choice: policy.Choice, records: Sequence[dict]) -> None:
     """The batch decoded at `choice.gamma` produced `records` (one per row)."""
     self.state = policy.observe_records(self.state, choice.gamma, records)
+    if self.measuring:
+      self.times = self.times.add(choice.gamma, *costs_lib.batch_timing(records))
     self.batches.append(
       BatchChoice(
         choice,
@@ -125,16 +134,28 @@ class AutoGamma:
       )
     )
 
-  def replay(self, done_batches: Sequence[Sequence[Any]], records: dict[int, dict]) -> None:
+  def observe_plain(self, records: Sequence[dict]) -> None:
+    """The baseline mode's records of a batch this mode has decoded (the plain loop, timed)."""
+    if self.measuring and records:
+      self.times = self.times.add(0, *costs_lib.batch_timing(records))
+
+  def replay(
+    self,
+    done_batches: Sequence[Sequence[Any]],
+    records: dict[int, dict],
+    plain_records: dict[int, dict] | None,
+  ) -> None:
     """The choices of the batches an interrupted run finished, in its order (`done_batches`:
-    `batching.length_sorted_batches` of the finished examples), from their records: the state a
-    resumed job continues from is the one the uninterrupted job had. Needs the recorded
-    calibration (a job records it before its first batch)."""
-    if done_batches and self.calibration is None:
-      raise ValueError(
-        'the output directory holds records of an auto-gamma job but its manifest has no '
-        'calibration; use a new output directory or OVERWRITE = True'
-      )
+    `batching.length_sorted_batches` of the finished examples), from their records (and the
+    baseline mode's, `plain_records`, observed as the job observed them): the state a resumed job
+    continues from is the one the uninterrupted job had."""
+    self._replaying = True
+    try:
+      self._replay(done_batches, records, plain_records)
+    finally:
+      self._replaying = False
+
+  def _replay(self, done_batches, records, plain_records) -> None:
     for batch_examples in done_batches:
       rows = [records[e.index] for e in batch_examples]
       choice = self.choose()
@@ -147,11 +168,19 @@ class AutoGamma:
           'OVERWRITE = True'
         )
       self.observe(choice, rows)
+      self.observe_plain(plain_rows(plain_records, batch_examples))
+
+  def costs(self) -> costs_lib.Costs | None:
+    """The costs decided with: the frozen ones, or (a job that ended while measuring) those
+    measured so far (None without the plain loop's)."""
+    if not self.measuring:
+      return self.calibration.costs
+    return self.times.costs() if self.times.measured(0) else None
 
   def summary(self) -> dict[str, Any]:
     """metrics.json's `gamma_policy`: the costs, where they came from, batches and steps per gamma
     and per reason, the final alpha, and the speedup Theorem 3.8 predicts for the choices made."""
-    costs = self.calibration.costs
+    costs = self.costs()
     per_gamma: dict[int, dict[str, int]] = {}
     reasons: dict[str, int] = {}
     for b in self.batches:
@@ -161,32 +190,42 @@ class AutoGamma:
       row['examples'] += len(b.examples)
       reasons[b.choice.reason] = reasons.get(b.choice.reason, 0) + 1
     alpha = self.state.alpha()
-    predicted = policy.predicted_speedups(costs, alpha)
+    predicted = policy.predicted_speedups(costs, alpha) if costs is not None else None
+    calibration = {
+      'source': self.calibration.source,
+      'measuring_batches': self.calibration.batches if not self.measuring else len(self.batches),
+      'frozen': not self.measuring,
+      'key': self.calibration.key,
+    }
+    if costs is not None:
+      calibration.update(costs.to_json())
+      calibration['step_ms'] = [round(costs.step(g) * 1e3, 6) for g in range(costs.gamma_max + 1)]
     return {
-      'gamma_max': costs.gamma_max,
-      'calibration': {
-        'source': self.calibration.source,
-        'seconds': self.calibration.seconds,
-        'measured_seconds': self.calibration.measured_seconds,
-        'key': self.calibration.key,
-        **costs.to_json(),
-        'step_ms': [round(costs.step(g) * 1e3, 6) for g in range(costs.gamma_max + 1)],
-      },
+      'gamma_max': int(self.calibration.fields['gamma_max']),
+      'calibration': calibration,
       'per_gamma': {str(g): per_gamma[g] for g in sorted(per_gamma)},
       'reasons': reasons,
       'final_alpha': alpha,
-      'predicted_speedup_by_gamma': {str(g): v for g, v in predicted.items()},
-      'predicted_speedup': self._predicted_job_speedup(alpha),
+      'predicted_speedup_by_gamma': (
+        {str(g): v for g, v in predicted.items()} if predicted is not None else None
+      ),
+      'predicted_speedup': self._predicted_job_speedup(predicted),
     }
 
-  def _predicted_job_speedup(self, alpha: float) -> float | None:
+  def _predicted_job_speedup(self, predicted: dict[int, float] | None) -> float | None:
     """Theorem 3.8 at the final alpha for the job's choices: the plain loop's steps (each batch's
     longest row) over the predicted speculative time in plain steps, sum_b tokens_b / S(gamma_b)."""
-    predicted = policy.predicted_speedups(self.calibration.costs, alpha)
     plain = sum(b.tokens for b in self.batches)
-    if not plain:
+    if not plain or predicted is None:
       return None
     return plain / sum(b.tokens / predicted[b.choice.gamma] for b in self.batches)
+
+
+def plain_rows(plain_records: dict[int, dict] | None, batch_examples: Sequence[Any]) -> list[dict]:
+  """The baseline mode's records of a batch ([] unless it finished every row)."""
+  if plain_records is None or not all(e.index in plain_records for e in batch_examples):
+    return []
+  return [plain_records[e.index] for e in batch_examples]
 
 
 def done_batches(examples: Sequence[Any], records: dict[int, dict], batch_size: int):

@@ -53,7 +53,6 @@ import numpy as np
 
 from speculative import checkpoints
 from speculative import drafters as drafters_lib
-from speculative.autogamma import costs as costs_lib
 from speculative.checkpoints import files
 from speculative.decode import audit
 from speculative.decode import batching
@@ -244,36 +243,43 @@ def _auto_gamma(
   claim: _Claim,
   recorded: dict[str, Any] | None,
 ) -> auto_gamma.AutoGamma:
-  """The speculative mode of a GAMMA = 'auto' job: per-gamma decodes and the calibration, the
-  `recorded` one of a resumed job's manifest, else made at the first batch (the cache file's, or
-  measured then); the manifest the job writes records it (`claim`)."""
-  calibration = None
-  if recorded is not None:
-    calibration = costs_lib.Calibration.from_json(recorded, "manifest")
-    claim.manifest["calibration"] = recorded
-    _print_calibration(settings, calibration)
-
-  def calibrate(encoder_tokens, rng) -> costs_lib.Calibration:
-    new = auto_gamma.calibrate(settings, models, auto.decode_fn, encoder_tokens, rng)
-    claim.manifest["calibration"] = new.to_json()
-    _print_calibration(settings, new)
-    return new
-
-  auto = auto_gamma.AutoGamma(
-    calibration, lambda gamma: _decode_fns(settings, models, gamma)[modes.SPECULATIVE], calibrate
+  """The speculative mode of a GAMMA = 'auto' job: per-gamma decodes and the calibration (the
+  `recorded` one of a resumed job's manifest, else the cache file's, else measured on the job's
+  batches); the manifest the job writes records what it started from (`claim`)."""
+  calibration = auto_gamma.start(settings, models, recorded)
+  claim.manifest["calibration"] = calibration.to_json()
+  _print_calibration(settings, calibration)
+  modes_order = list(settings.job_modes)
+  return auto_gamma.AutoGamma(
+    calibration,
+    lambda gamma: _decode_fns(settings, models, gamma)[modes.SPECULATIVE],
+    cache_path=settings.calibration_path,
+    # The baseline's batches time the plain loop where it decodes each batch before this mode.
+    plain_beside=modes.BASELINE in modes_order
+    and modes_order.index(modes.BASELINE) < modes_order.index(modes.SPECULATIVE),
+    on_frozen=lambda frozen: _print_calibration(settings, frozen),
   )
-  return auto
 
 
 def _print_calibration(settings: infer_settings.InferSettings, calibration) -> None:
+  """One line: where the costs come from, and the step per gamma once known."""
+  head = f"gamma auto (0..{calibration.fields['gamma_max']}): "
+  if calibration.costs is None:
+    print(
+      head + "measuring the loops' steps on this job's first batches (no extra calls); "
+      f"cached in {settings.calibration_path} once chosen"
+    )
+    return
   costs = calibration.costs
+  source = {
+    "measured": f"costs measured on this job's first {calibration.batches} batch(es), "
+    f"cached in {settings.calibration_path}",
+    "cache": f"costs from the cache {settings.calibration_path}",
+    "manifest": "costs from this output directory's manifest (resumed)",
+  }[calibration.source]
   print(
-    f"gamma auto (0..{costs.gamma_max}): costs "
-    + {
-      "measured": f"measured in {calibration.seconds:.2f} s, cached in {settings.calibration_path}",
-      "cache": f"from the cache {settings.calibration_path} (0 s)",
-      "manifest": "from this output directory's manifest (resumed)",
-    }[calibration.source]
+    head
+    + source
     + "; seconds per step by gamma: "
     + ", ".join(f"{costs.step(g) * 1e3:.2f} ms" for g in range(costs.gamma_max + 1))
   )
@@ -293,11 +299,14 @@ def _decode_all(
   from tqdm import tqdm
 
   examples = inputs.examples
+  plain = next((run for run in runs if run.name == modes.BASELINE), None)
   for run in runs:
     if isinstance(run.decode, auto_gamma.AutoGamma):
       with checks.user_errors():
         run.decode.replay(
-          auto_gamma.done_batches(examples, run.records, settings.batch_size), run.records
+          auto_gamma.done_batches(examples, run.records, settings.batch_size),
+          run.records,
+          plain.records if plain is not None else None,
         )
   todo = [e for e in examples if any(e.index not in run.records for run in runs)]
   if len(todo) < len(examples):
@@ -310,9 +319,6 @@ def _decode_all(
         batching.pad_batch(batch_examples, settings.batch_size, length)
       )
       rng = jax.random.fold_in(jax.random.PRNGKey(settings.seed), batch_examples[0].index)
-      for run in runs:  # at the first batch, before the manifest is written: the calibration
-        if isinstance(run.decode, auto_gamma.AutoGamma):
-          run.decode.calibrate(encoder_tokens, rng)  # the cache's, or measured on this batch
       for run in runs:
         if all(e.index in run.records for e in batch_examples):
           continue
@@ -333,6 +339,8 @@ def _decode_all(
           outputs.write_records(settings.output_dir, runs, run)
           if auto is not None:
             auto.observe(choice, [records[e.index] for e in batch_examples])
+            if auto.plain_beside:
+              auto.observe_plain(auto_gamma.plain_rows(plain.records, batch_examples))
 
 
 def _decode_batch(

@@ -1,49 +1,77 @@
-"""The measured step costs: the cache file (per key, a corrupt file measured afresh with one warning,
-an unwritable one refused) and a real measurement on a tiny model."""
+"""The loops' step costs: the step model between measured gammas, a batch's timing from its
+records, and the cache file (per key, a corrupt file measured afresh with one warning, an
+unwritable one refused)."""
 
 import json
 import logging
 import os
 
-import jax
-import model_utils
 import pytest
 
 from speculative.autogamma import costs as costs_lib
-from speculative.models.t5 import T5
 
-COSTS = costs_lib.Costs((1e-3, 1.2e-3, 1.5e-3), 2e-4)
+COSTS = costs_lib.Costs(((0, 4e-3), (1, 5e-3), (3, 6e-3)), 7)
 
 
 def _fields(batch=1):
-  return {'device': 'test', 'batch_size': batch}
+  return {'device': 'test', 'batch_size': batch, 'gamma_max': 7}
 
 
-def test_costs_round_trip_through_json():
+def test_the_step_model_interpolates_and_extrapolates_between_measured_gammas():
+  assert [COSTS.step(g) for g in (0, 1, 3)] == [4e-3, 5e-3, 6e-3]
+  assert COSTS.step(2) == pytest.approx(5.5e-3)  # between 1 and 3: the line
+  assert COSTS.step(5) == pytest.approx(7e-3)  # beyond 3: the last two's slope, 0.5 ms a gamma
+  # A noisy measured step that falls beyond gamma 1 is not extrapolated downwards.
+  dip = costs_lib.Costs(((0, 4e-3), (1, 5e-3), (2, 4.5e-3)), 7)
+  assert dip.step(6) == 4.5e-3
+  # One measured gamma >= 1: beyond it flat (not the plain step's slope up to it).
+  assert costs_lib.Costs(((0, 4e-3), (1, 5e-3)), 7).step(3) == 5e-3
+  assert costs_lib.Costs(((0, 4e-3),), 7).step(3) == 4e-3  # the plain step alone: flat
+  assert (COSTS.top, costs_lib.Costs(((0, 4e-3),), 7).top) == (3, 0)
+
+
+def test_costs_round_trip_through_json_and_need_the_plain_step():
   assert costs_lib.Costs.from_json(json.loads(json.dumps(COSTS.to_json()))) == COSTS
-  with pytest.raises(ValueError, match='costs need'):
-    costs_lib.Costs((1e-3,), 0.0)
+  for bad in [((1, 1e-3),), ((0, 1e-3), (9, 1e-3)), ((0, 0.0),), ()]:
+    with pytest.raises(ValueError, match='costs need'):
+      costs_lib.Costs(bad, 7)
 
 
-def test_the_cache_measures_once_per_key(tmp_path):
+def test_a_batch_is_timed_from_its_records():
+  rows = [
+    {'decode_s': 0.25, 'target_calls': 7},
+    {'decode_s': 0.25, 'target_calls': 9},
+  ]
+  assert costs_lib.batch_timing(rows) == (0.5, 9)
+
+
+def test_the_cache_holds_one_entry_per_key(tmp_path):
   path = str(tmp_path / 'sub' / 'calibration.json')
-  calls = []
-
-  def measure():
-    calls.append(1)
-    return COSTS
-
   costs_lib.check_cache_file(path)  # creates the directory
-  first = costs_lib.load_or_measure(path, _fields(), measure)
-  assert (first.source, first.costs, len(calls)) == ('measured', COSTS, 1)
-  again = costs_lib.load_or_measure(path, _fields(), measure)
-  assert (again.source, again.costs, again.seconds, len(calls)) == ('cache', COSTS, 0.0, 1)
-  other = costs_lib.load_or_measure(path, _fields(batch=8), measure)  # another key: measured
-  assert other.source == 'measured' and len(calls) == 2
+  first = costs_lib.load(path, _fields())
+  assert (first.source, first.costs) == ('measured', None)
+  measured = costs_lib.Calibration(COSTS, first.key, first.fields, 'measured', batches=6)
+  costs_lib.store(path, measured)
+  again = costs_lib.load(path, _fields())
+  assert (again.source, again.costs) == ('cache', COSTS)
+  assert costs_lib.load(path, _fields(batch=8)).costs is None  # another key
+  costs_lib.store(path, costs_lib.Calibration(COSTS, 'k8', _fields(batch=8), 'measured'))
   assert len(json.loads(open(path).read())['entries']) == 2
-  # The manifest's record gives the same costs back.
-  recorded = costs_lib.Calibration.from_json(first.to_json(), 'manifest')
-  assert (recorded.costs, recorded.key, recorded.source) == (COSTS, first.key, 'manifest')
+  # The manifest's record: a cached start keeps its costs; a measured start measures again.
+  recorded = costs_lib.Calibration.from_json(again.to_json())
+  assert (recorded.costs, recorded.key, recorded.source) == (COSTS, again.key, 'manifest')
+  assert costs_lib.Calibration.from_json(measured.to_json()).costs is None
+
+
+def test_find_costs_reads_an_xla_path_entry(tmp_path):
+  path = str(tmp_path / 'calibration.json')
+  fields = {**_fields(batch=8), 'decode_path': 'XLA dot (kernels = off)'}
+  costs_lib.store(path, costs_lib.Calibration(COSTS, 'x', fields, 'measured'))
+  costs_lib.store(
+    path, costs_lib.Calibration(COSTS, 'k', {**fields, 'decode_path': 'CPU kernels'}, 'measured')
+  )
+  assert costs_lib.find_costs(path, batch_size=8) == COSTS
+  assert costs_lib.find_costs(path, batch_size=1) is None
 
 
 @pytest.mark.parametrize('content', ['{not json', '{"version": 1, "entries": {"k": {}}}', '[]'])
@@ -51,13 +79,16 @@ def test_a_corrupt_cache_is_measured_afresh_with_one_warning(tmp_path, caplog, c
   path = tmp_path / 'calibration.json'
   path.write_text(content)
   with caplog.at_level(logging.WARNING):
-    calibration = costs_lib.load_or_measure(str(path), _fields(), lambda: COSTS)
-  assert calibration.source == 'measured'
+    calibration = costs_lib.load(str(path), _fields())
+  assert calibration.source == 'measured' and calibration.costs is None
   warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
   assert len(warnings) == 1 and 'unreadable' in warnings[0].getMessage()
   assert str(path) in warnings[0].getMessage()
-  # Rewritten as a cache: the next job reads it.
-  assert costs_lib.load_or_measure(str(path), _fields(), lambda: 1 / 0).source == 'cache'
+  # Rewritten as a cache once measured: the next job reads it.
+  costs_lib.store(
+    str(path), calibration.__class__(COSTS, calibration.key, calibration.fields, 'measured')
+  )
+  assert costs_lib.load(str(path), _fields()).source == 'cache'
 
 
 def test_an_unwritable_cache_is_refused(tmp_path):
@@ -77,60 +108,3 @@ def test_an_unwritable_cache_is_refused(tmp_path):
 def test_default_cache_file_follows_xdg(monkeypatch, tmp_path):
   monkeypatch.setenv('XDG_CACHE_HOME', str(tmp_path))
   assert costs_lib.default_cache_file() == str(tmp_path / 'speculative' / 'calibration.json')
-
-
-def test_measure_times_every_width_and_the_draft_on_a_tiny_pair():
-  target = T5(model_utils.tiny_t5_config(2))
-  draft = T5(model_utils.tiny_t5_config(1))
-  params = model_utils.random_params(target, 0)
-  draft_params = model_utils.random_params(draft, 1)
-  costs = costs_lib.measure(
-    target, params, draft, draft_params, batch=2, encoder_length=8, max_length=32, gamma_max=3
-  )
-  assert costs.gamma_max == 3 and len(costs.verify) == 4
-  assert all(v > 0 for v in costs.verify) and costs.draft_step > 0
-  no_draft = costs_lib.measure(
-    target, params, None, None, batch=2, encoder_length=8, max_length=32, gamma_max=1
-  )
-  assert no_draft.draft_step == 0.0 and len(no_draft.verify) == 2
-  jax.clear_caches()
-
-
-def test_loop_step_seconds_is_a_whole_decode_less_its_stepless_call():
-  """The plain loop of a tiny T5 decoded whole and stopped before its first step (`max_steps` 0):
-  a positive time per step; a loop of one step cannot be resolved (None)."""
-  import jax.numpy as jnp
-  import numpy as np
-
-  from speculative.decode import modes
-
-  target = T5(model_utils.tiny_t5_config(2))
-  params = model_utils.random_params(target, 0)
-  encoder_tokens = jnp.asarray(np.arange(2, 10, dtype=np.int32).reshape(2, 4))
-  long = modes.decode_fns(target, params, max_new_tokens=24, eos_id=None)['baseline']
-  short = modes.decode_fns(target, params, max_new_tokens=1, eos_id=None)['baseline']
-  assert int(np.max(np.asarray(long(encoder_tokens, 0, max_steps=0).lengths))) == 0
-  seconds = costs_lib.loop_step_seconds({'long': long, 'short': short}, encoder_tokens, 0)
-  assert seconds['long'] is not None and 0 < seconds['long'] < 1
-  assert seconds['short'] is None
-  jax.clear_caches()
-
-
-def test_the_step_model_goes_through_every_measured_loop():
-  """Model calls C(g) = v(g+1) + g d(1) = 1 + g ms (d = 0.5, v grows 0.5 a token); measured loops:
-  plain 2 ms, gamma 1 4 ms, gamma 3 7 ms. Between them step(g) is on the line through (C(1), 4)
-  and (C(3), 7); beyond gamma 3 it is c(3) plus the calls' difference (slope 1)."""
-  costs = costs_lib.Costs(
-    tuple((1 + 0.5 * t) * 1e-3 for t in range(5)),
-    0.5e-3,
-    plain_loop_step=2e-3,
-    ref_gamma=3,
-    ref_loop_step=7e-3,
-    one_loop_step=4e-3,
-  )
-  assert [round(costs.step(g) * 1e3, 9) for g in range(5)] == [2.0, 4.0, 5.5, 7.0, 8.0]
-  one_anchor = costs_lib.Costs(
-    costs.verify, 0.5e-3, plain_loop_step=2e-3, ref_gamma=3, ref_loop_step=7e-3
-  )
-  assert [round(one_anchor.step(g) * 1e3, 9) for g in range(5)] == [2.0, 5.0, 6.0, 7.0, 8.0]
-  assert costs_lib.Costs.from_json(costs.to_json()) == costs

@@ -1,5 +1,6 @@
 """The per-batch gamma choice (speculative/autogamma/policy.py) on injected costs: exact choices, the
-probe rule out of gamma 0, and the decayed acceptance estimate."""
+probe rule out of gamma 0, the decayed acceptance estimate, and the choices while the costs are
+measured on the job's batches."""
 
 import dataclasses
 
@@ -10,8 +11,10 @@ from speculative.autogamma import policy
 
 
 def _costs(verify_ratios, draft_ratio, t1=1e-3):
-  """Costs with v(T) = verify_ratios[T-1] * t1 and d(1) = draft_ratio * t1."""
-  return costs_lib.Costs(tuple(r * t1 for r in verify_ratios), draft_ratio * t1)
+  """Costs whose gamma loop steps v(gamma + 1) + gamma d(1), with v(T) = verify_ratios[T-1] * t1
+  and d(1) = draft_ratio * t1: a step that is its model calls."""
+  steps = tuple((g, (v + g * draft_ratio) * t1) for g, v in enumerate(verify_ratios))
+  return costs_lib.Costs(steps, len(verify_ratios) - 1)
 
 
 # v(T) proportional to T: a compute-bound verify. With any draft cost, gamma tokens at alpha 1 cost
@@ -144,3 +147,55 @@ def test_observe_records_takes_the_batch_alpha_the_loop_felt():
   assert state == policy.observe(policy.PolicyState(), 3, 21, alpha * 21)
   plain = [{'drafted': 0, 'alpha_sum': 0.0, 'target_calls': 7, 'num_tokens': 7}]
   assert policy.observe_records(state, 0, plain).plain_streak == 1
+
+
+def _measure(times, costs, gamma, steps=costs_lib.MIN_STEPS):
+  """`times` after a batch of `steps` loop steps at `gamma`, each costing what `costs` says."""
+  return times.add(gamma, steps * costs.step(gamma), steps)
+
+
+@pytest.mark.parametrize('plain_beside', [True, False])
+def test_while_measuring_it_visits_gamma_1_then_where_the_measured_steps_point(plain_beside):
+  """FIVE_AT_ALPHA_08's steps grow by 0.12 of a plain step per gamma. Once the plain loop and gamma 1
+  are measured, gamma 2 (its step assumed flat from gamma 1) predicts best, so it is measured; then
+  each further gamma (the slope of the last two) up to 5, whose successor predicts less at alpha
+  0.8 (2.297 against 2.306): choosing the measured gamma 5 freezes the costs. Without a baseline
+  mode beside it, the job's own first batches measure the plain loop."""
+  state = _confident(0.8)
+  times = costs_lib.LoopTimes.empty(7)
+  visited = []
+  for _ in range(10):
+    choice = policy.choose_while_measuring(times, state, plain_beside)
+    visited.append((choice.gamma, choice.reason))
+    if choice.reason != policy.CALIBRATE:
+      break
+    times = _measure(times, FIVE_AT_ALPHA_08, choice.gamma)
+    if plain_beside:
+      times = _measure(times, FIVE_AT_ALPHA_08, 0)  # the baseline's batch
+  first = [] if plain_beside else [(0, policy.CALIBRATE)]
+  assert visited == first + [(g, policy.CALIBRATE) for g in range(1, 6)] + [(5, policy.BEST)]
+  assert dict(times.costs().loop_steps) == pytest.approx(
+    {g: FIVE_AT_ALPHA_08.step(g) for g in range(6)}
+  )
+  # Frozen there, the job chooses in the measured range 0..5.
+  assert policy.choose(times.costs(), _confident(0.95)).gamma == 5
+
+
+def test_while_measuring_where_only_plain_decoding_pays_it_stops_after_gamma_1():
+  times = costs_lib.LoopTimes.empty(7)
+  times = _measure(_measure(times, ONLY_PLAIN_PAYS, 0), ONLY_PLAIN_PAYS, 1)
+  choice = policy.choose_while_measuring(times, policy.PolicyState(), True)
+  assert (choice.gamma, choice.reason) == (0, policy.BEST)  # measured: the costs freeze
+  # Frozen on gammas 0..1, where not even alpha 1 pays: plain for good, no probe.
+  assert policy.choose(times.costs(), policy.PolicyState()).reason == policy.NEVER_PAYS
+
+
+def test_a_gamma_counts_as_measured_after_min_steps():
+  times = costs_lib.LoopTimes.empty(3).add(1, 0.1, costs_lib.MIN_STEPS - 1)
+  assert not times.measured(1)
+  times = times.add(0, 0.2, costs_lib.MIN_STEPS).add(1, 0.01, 1)
+  assert times.measured(1) and times.measured(0) and not times.measured(2)
+  assert times.costs().loop_steps == (
+    (0, 0.2 / costs_lib.MIN_STEPS),
+    (1, 0.11 / costs_lib.MIN_STEPS),
+  )

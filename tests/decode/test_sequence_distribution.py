@@ -419,8 +419,9 @@ def test_auto_gamma_batches_sample_exactly(monkeypatch):
     )
     return fns['speculative' if gamma else 'baseline']
 
-  calibration = costs_lib.Calibration(costs_lib.Costs((1e-3,) * 3, 1e-4), 'k', {}, 'cache', 0, 0)
-  auto = auto_gamma.AutoGamma(calibration, fns_for_gamma)
+  costs = costs_lib.Costs(((0, 1e-3), (1, 1.1e-3)), 2)
+  calibration = costs_lib.Calibration(costs, 'k', {'gamma_max': 2}, 'cache')
+  auto = auto_gamma.AutoGamma(calibration, fns_for_gamma, cache_path='unused', plain_beside=False)
   forced = iter([0, 2])
   monkeypatch.setattr(
     policy, 'choose', lambda costs, state: policy.Choice(next(forced), policy.BEST, 0.5, {})

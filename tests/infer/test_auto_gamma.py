@@ -1,7 +1,8 @@
 """GAMMA = 'auto' through the job (speculative.infer) on the correlated tiny pair, with injected
-costs: plain decoding only where nothing pays (no draft call), greedy identity with drafts accepted
-at batch 1 and 8, the calibration cached and recorded, a resumed sampled job byte-identical, and
-the settings it refuses."""
+costs (each batch's measured walltime is its loop steps times the injected step of its gamma):
+plain decoding only where nothing pays (no draft call), greedy identity with drafts accepted at
+batch 1 and 8, the costs measured on the job's batches, cached and recorded, a resumed sampled job
+byte-identical (while measuring and from a cached start), and the settings it refuses."""
 
 import json
 import os
@@ -38,7 +39,9 @@ MAX_NEW = 12
 
 
 def _costs(verify_ratios, draft_ratio, t1=1e-3):
-  return costs_lib.Costs(tuple(r * t1 for r in verify_ratios), draft_ratio * t1)
+  """Loop steps v(gamma + 1) + gamma d(1) for gamma 0..len(verify_ratios) - 1."""
+  steps = tuple((g, (v + g * draft_ratio) * t1) for g, v in enumerate(verify_ratios))
+  return costs_lib.Costs(steps, len(verify_ratios) - 1)
 
 
 # gamma_max 3 (T = 1..4). Compute-bound verify: nothing pays, not even at alpha 1.
@@ -67,21 +70,22 @@ def pair(tmp_path_factory):
 
 @pytest.fixture
 def inject(monkeypatch):
-  """inject(costs): `costs.measure` returns `costs` (and counts its calls) instead of timing the
-  model calls, and the loops' steps are not timed (`loop_step_seconds` None: the model calls
-  alone)."""
-  calls = []
+  """inject(costs): each batch the job times is measured as its loop steps times `costs.step` of
+  the gamma it ran (`costs.batch_timing`; the baseline's records: gamma 0), instead of its
+  walltime; returns the list of gammas timed."""
+  timed = []
 
   def set_costs(costs):
-    def measure(*args, **kwargs):
-      calls.append(kwargs)
-      return costs
+    def batch_timing(records):
+      records = list(records)
+      gamma = int(records[0].get("gamma", 0))
+      steps = max(int(r["target_calls"]) for r in records)
+      timed.append(gamma)
+      return steps * costs.step(gamma), steps
 
-    monkeypatch.setattr(costs_lib, "measure", measure)
-    monkeypatch.setattr(
-      costs_lib, "loop_step_seconds", lambda fns, *args, **kwargs: dict.fromkeys(fns)
-    )
-    return calls
+    monkeypatch.setattr(costs_lib, "batch_timing", batch_timing)
+    monkeypatch.setattr(costs_lib, "MIN_STEPS", 4)  # the tiny jobs' batches run 4-12 steps
+    return timed
 
   return set_costs
 
@@ -91,10 +95,41 @@ def _records(out, mode):
 
 
 def test_where_only_plain_decoding_pays_the_job_never_drafts(pair, inject, tmp_path):
+  """The first job measures the loops' steps on its own batches (the baseline's for the plain
+  loop, its first batch at gamma 1), then decodes plain only and caches the costs; a second job
+  with the cache never drafts at all."""
   root, kwargs = pair
-  calls = inject(ONLY_PLAIN_PAYS)
+  timed = inject(ONLY_PLAIN_PAYS)
   cache = tmp_path / "calibration.json"
+  first = infer.infer(
+    output_dir=str(tmp_path / "out1"), batch_size=2, calibration_file=str(cache), **kwargs
+  )
+  spec = _records(tmp_path / "out1", "speculative")
+  policy_summary = first["gamma_policy"]
+  # Gamma 1 measured, gamma 2 (its step assumed flat) would not pay at alpha 0.7: the costs freeze
+  # at the second batch's choice of plain decoding; from then on, on gammas 0..1, not even alpha 1
+  # pays.
+  assert policy_summary["reasons"] == {policy.CALIBRATE: 1, policy.BEST: 1, policy.NEVER_PAYS: 3}
+  assert sorted(r["gamma"] for r in spec) == [0] * 8 + [1] * 2
+  assert timed[:2] == [1, 0]  # the gamma-1 batch, then the baseline's batch beside it
+  calibration = policy_summary["calibration"]
+  assert (calibration["source"], calibration["measuring_batches"]) == ("measured", 1)
+  cached = costs_lib.load(
+    str(cache),
+    costs_lib.Calibration.from_json(
+      json.loads((tmp_path / "out1" / "manifest.json").read_text())["calibration"]
+    ).fields,
+  )
+  assert dict(cached.costs.loop_steps) == pytest.approx(
+    {g: ONLY_PLAIN_PAYS.step(g) for g in (0, 1)}
+  )
+  report = (tmp_path / "out1" / "report.md").read_text()
+  assert "## Gamma 'auto' (0..3; 0 = plain decoding)" in report
+  assert "Costs measured on this job's first 1 batch (their own decodes" in report
+  assert "never pays 3" in report
+  # A second job on this device, batch and models: the cache's costs, no draft call at all.
   traced = decode_state.TRACE_COUNTS["speculative_decode"]
+  timed.clear()
   summary = infer.infer(
     output_dir=str(tmp_path / "out"), batch_size=2, calibration_file=str(cache), **kwargs
   )
@@ -104,7 +139,7 @@ def test_where_only_plain_decoding_pays_the_job_never_drafts(pair, inject, tmp_p
     r["tokens"] for r in _records(tmp_path / "out", "baseline")
   ]
   # No speculative loop was even traced: every batch ran the baseline's program (no draft call).
-  assert decode_state.TRACE_COUNTS["speculative_decode"] == traced
+  assert decode_state.TRACE_COUNTS["speculative_decode"] == traced and timed == []
   policy_summary = summary["gamma_policy"]
   settings = infer_settings.InferSettings(output_dir=str(tmp_path / "x"), batch_size=2, **kwargs)
   calls_of = {r["index"]: r["target_calls"] for r in spec}
@@ -114,20 +149,10 @@ def test_where_only_plain_decoding_pays_the_job_never_drafts(pair, inject, tmp_p
   )
   assert policy_summary["per_gamma"] == {"0": {"batches": 5, "steps": steps, "examples": 10}}
   assert policy_summary["reasons"] == {policy.NEVER_PAYS: 5}
-  assert policy_summary["calibration"]["source"] == "measured" and len(calls) == 1
-  assert calls[0]["gamma_max"] == 3 and calls[0]["batch"] == 2
+  assert policy_summary["calibration"]["source"] == "cache"
   manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
   assert manifest["gamma"] == "auto" and manifest["gamma_max"] == 3
-  assert costs_lib.Costs.from_json(manifest["calibration"]["costs"]) == ONLY_PLAIN_PAYS
-  report = (tmp_path / "out" / "report.md").read_text()
-  assert "## Gamma 'auto' (0..3; 0 = plain decoding)" in report
-  assert "gamma auto (0..3)" in report and "never pays 5" in report
-  # A second job on this device, batch and models: the costs come from the cache, nothing measured.
-  again = infer.infer(
-    output_dir=str(tmp_path / "out2"), batch_size=2, calibration_file=str(cache), **kwargs
-  )
-  assert again["gamma_policy"]["calibration"]["source"] == "cache" and len(calls) == 1
-  assert again["gamma_policy"]["calibration"]["seconds"] == 0.0
+  assert costs_lib.Costs.from_json(manifest["calibration"]["costs"]) == cached.costs
 
 
 @pytest.mark.parametrize("batch_size", [1, 8])
@@ -158,22 +183,26 @@ def test_greedy_auto_equals_the_baseline_with_drafts_accepted(pair, inject, tmp_
   assert any(e["eos"] for e in events.values()) and any(e["capped"] for e in events.values())
 
 
-def test_a_resumed_sampled_auto_job_reuses_its_calibration_byte_identically(
-  pair, inject, tmp_path, monkeypatch
-):
+@pytest.mark.parametrize("start", ["measuring", "cached"])
+def test_a_resumed_sampled_auto_job_is_byte_identical(pair, inject, tmp_path, monkeypatch, start):
   """Temperature 1, batch 1, choices that vary (PROBES_ONLY); the job is interrupted after 6
-  speculative records, and the re-run reads the calibration from its manifest (nothing measured,
-  even with another cache file), replays the 6 batches' choices and finishes byte-identical to an
-  uninterrupted job with the same costs."""
+  speculative records and re-run with another cache file. 'measuring': the job measured the costs
+  on its own batches, and the re-run measures them again from the finished records (replaying the
+  6 batches' choices); 'cached': the job started from the cache's costs, and the re-run reads them
+  from its manifest. Either way it finishes byte-identical to an uninterrupted job."""
   root, kwargs = pair
   kwargs = {**kwargs, "temperature": 1.0, "seed": 3, "batch_size": 1}
-  calls = inject(PROBES_ONLY)
-  reference = infer.infer(
-    output_dir=str(tmp_path / "ref"), calibration_file=str(tmp_path / "a.json"), **kwargs
-  )
+  inject(PROBES_ONLY)
+  cache = tmp_path / "a.json"
+  reference = infer.infer(output_dir=str(tmp_path / "ref"), calibration_file=str(cache), **kwargs)
+  assert reference["gamma_policy"]["calibration"]["source"] == "measured"
+  if start == "cached":  # the reference and the interrupted job both start from the cache
+    reference = infer.infer(
+      output_dir=str(tmp_path / "ref"), calibration_file=str(cache), overwrite=True, **kwargs
+    )
+    assert reference["gamma_policy"]["calibration"]["source"] == "cache"
   gammas = [r["gamma"] for r in _records(tmp_path / "ref", "speculative")]
   assert len(set(gammas)) > 1, gammas  # the choices vary, so a wrong replay would show
-  assert reference["gamma_policy"]["calibration"]["source"] == "measured"
 
   original = infer_outputs.record
   seen = []
@@ -186,14 +215,14 @@ def test_a_resumed_sampled_auto_job_reuses_its_calibration_byte_identically(
 
   out = tmp_path / "run"
   monkeypatch.setattr(infer_outputs, "record", interrupted)
+  first_cache = cache if start == "cached" else tmp_path / "b.json"
   with pytest.raises(KeyboardInterrupt):
-    infer.infer(output_dir=str(out), calibration_file=str(tmp_path / "b.json"), **kwargs)
+    infer.infer(output_dir=str(out), calibration_file=str(first_cache), **kwargs)
   assert len(_records(out, "speculative")) == 6
   monkeypatch.setattr(infer_outputs, "record", original)
-  measured = len(calls)
   resumed = infer.infer(output_dir=str(out), calibration_file=str(tmp_path / "c.json"), **kwargs)
-  assert len(calls) == measured and not (tmp_path / "c.json").exists()
-  assert resumed["gamma_policy"]["calibration"]["source"] == "manifest"
+  want = {"measuring": "measured", "cached": "manifest"}[start]
+  assert resumed["gamma_policy"]["calibration"]["source"] == want
   for mode in infer_settings.MODES:
     name = f"predictions-{mode}.jsonl"
     assert (out / name).read_bytes() == (tmp_path / "ref" / name).read_bytes()

@@ -804,7 +804,9 @@ def _cost_cache(path, model, batch, costs):
     draft_config=checkpoints.config_dict(model.draft.config),
     loop='test',
   )
-  costs_lib.load_or_measure(str(path), fields, lambda: costs)
+  costs_lib.store(
+    str(path), costs_lib.Calibration(costs, costs_lib.cache_key(fields), fields, 'measured')
+  )
   return str(path)
 
 
@@ -819,8 +821,12 @@ def test_gamma_auto_chooses_from_the_measured_costs(adapter, pair, smoke_inputs,
   expected, lengths = reference_greedy(
     pair['target'], pair['target_params'], smoke_inputs, DECODE_LEN, eos_id=1
   )
-  plain_pays = costs_lib.Costs(tuple(t * 1e-3 for t in (1, 2, 3, 4, 5)), 0.5e-3)
-  three_pays = costs_lib.Costs((1e-3, 1e-3, 1e-3, 1e-3, 1.9e-3), 0.3e-3)
+  # Loop steps (ms) at gamma 0..4: a step that grows by 1.5 ms a gamma never pays; a flat one with
+  # a jump at gamma 4 pays most at gamma 3.
+  plain_pays = costs_lib.Costs(tuple((g, (1 + 1.5 * g) * 1e-3) for g in range(5)), 4)
+  three_pays = costs_lib.Costs(
+    tuple((g, (1 + 0.3 * g) * 1e-3) for g in range(4)) + ((4, 3.1e-3),), 4
+  )
   model = _model(adapter, pair, gamma='auto', calibration_file=str(tmp_path / 'plain.json'))
   _cost_cache(tmp_path / 'plain.json', model, 8, plain_pays)
   decodes, aux = jax.jit(model.predict_batch_with_aux)(pair['tree'], batch)
