@@ -10,9 +10,27 @@ import pytest
 from speculative.jobs import interrupts
 
 
+@pytest.fixture
+def handler_of():
+  """handler_of(signum, handler): `handler` installed for the test (a test process started in the
+  background inherits SIGINT ignored), the original restored after."""
+  originals = {}
+
+  def install(signum, handler):
+    originals.setdefault(signum, signal.getsignal(signum))
+    signal.signal(signum, handler)
+
+  yield install
+  for signum, handler in originals.items():
+    signal.signal(signum, handler)
+
+
 @pytest.mark.parametrize('signum', [signal.SIGINT, signal.SIGTERM])
-def test_a_signal_raises_interrupted_and_the_handlers_are_restored(signum):
-  before = signal.getsignal(signum)
+def test_a_signal_raises_interrupted_and_the_handlers_are_restored(signum, handler_of):
+  def before(*args):
+    raise AssertionError('the previous handler ran inside `installed`')
+
+  handler_of(signum, before)
   with pytest.raises(interrupts.Interrupted) as info:
     with interrupts.installed():
       os.kill(os.getpid(), signum)
