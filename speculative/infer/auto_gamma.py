@@ -168,7 +168,8 @@ class AutoGamma:
           'OVERWRITE = True'
         )
       self.observe(choice, rows)
-      self.observe_plain(plain_rows(plain_records, batch_examples))
+      if self.plain_beside:
+        self.observe_plain(plain_rows(plain_records, batch_examples))
 
   def costs(self) -> costs_lib.Costs | None:
     """The costs decided with: the frozen ones, or (a job that ended while measuring) those
