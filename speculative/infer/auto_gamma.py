@@ -37,7 +37,13 @@ def start(settings, models, recorded: dict[str, Any] | None) -> costs_lib.Calibr
   cache file's entry for this device, batch, decode path, shapes, models and loop, else one to
   measure on the job's batches (costs None)."""
   if recorded is not None:
-    return costs_lib.Calibration.from_json(recorded)
+    try:
+      return costs_lib.Calibration.from_json(recorded)
+    except (KeyError, TypeError, ValueError) as e:
+      raise ValueError(
+        "the output directory's manifest records gamma 'auto' costs this version cannot read "
+        f'({e!r}); use a new output directory or OVERWRITE = True'
+      ) from None
   s = settings
   fields = costs_lib.key_fields(
     decode_path=s.decode_path().line,

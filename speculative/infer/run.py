@@ -247,7 +247,8 @@ def _auto_gamma(
   """The speculative mode of a GAMMA = 'auto' job: per-gamma decodes and the calibration (the
   `recorded` one of a resumed job's manifest, else the cache file's, else measured on the job's
   batches); the manifest the job writes records what it started from (`claim`)."""
-  calibration = auto_gamma.start(settings, models, recorded)
+  with checks.user_errors():  # a manifest of an older version: one line
+    calibration = auto_gamma.start(settings, models, recorded)
   claim.manifest["calibration"] = calibration.to_json()
   _print_calibration(settings, calibration)
   modes_order = list(settings.job_modes)
