@@ -11,25 +11,22 @@ checkpoint is missing); the walltime part alone: `--skip alpha,lenience`:
   python -m speculative.bench.drafters_page --quick --allow_random_init \\
       --output_dir=/tmp/bench_drafters
 
-What it measures (the first `--num_examples` sentences of a LibreOffice En-De split, inputs longer
-than `--inputs_length` skipped; greedy = temperature 0, sampling = temperature 1, top-k off):
-  1. Table 3: for each drafter of the drafter registry named in `--drafters` -- the draft model,
-     unigram and bigram tables estimated on the train split's German side (c ~ 0), prompt lookup
-     alone (copying n-grams from the source sentence and the generated prefix) and prompt lookup
-     with the draft model as fallback -- alpha (mean of sum_x min(p, q) over drafted positions),
-     the empirical acceptance rate, tokens per target call and drafted tokens per step, at gamma =
-     `--gamma`, batch `--batch_size`.
-  2. Table 5: alpha, acceptance, tokens per call and BLEU of the draft model drafter for lenience
-     l in `--lenience` (l < 1 is APPROXIMATE: argmax form under greedy, sampling form at T=1).
-  3. Walltime at batch 1: the baseline, the draft model at each fixed gamma in `--gammas`, and
-     adaptive gamma with the static maximum `--max_gamma`: the confidence stop rule (the 'model'
-     drafter with stop_below=s for s in `--stop_below`) with the static verify width and with
-     adaptive verify, and the acceptance-predicted rule (AdaptiveGammaDrafter with c and v(T)
-     measured by bench/costs.py on the first sentence). Timed as the benchmark's sweep times a
-     group (bench/pages.time_rows).
+On the first `--num_examples` sentences of a LibreOffice En-De split that fit `--inputs_length`
+(greedy = temperature 0, sampling = temperature 1, top-k off):
+  1. Table 3: alpha (mean of sum_x min(p, q) over drafted positions), the acceptance rate, tokens
+     per target call and drafted tokens per step of each registry drafter in `--drafters` (the
+     draft model, unigram and bigram tables of the train split's German side, prompt lookup alone
+     and with the draft model as fallback) at gamma `--gamma`, batch `--batch_size`.
+  2. Table 5: the same and BLEU of the draft model for lenience l in `--lenience` (l < 1 is
+     APPROXIMATE: argmax form under greedy, sampling form at T=1).
+  3. Walltime at batch 1 (timed as pages.time_rows): the baseline, the draft model at each fixed
+     gamma in `--gammas`, and adaptive gamma up to `--max_gamma`: the confidence stop rule
+     (stop_below=s for s in `--stop_below`) with the static verify width and with adaptive verify,
+     and the acceptance-predicted rule (AdaptiveGammaDrafter with c and v(T) measured on the first
+     sentence).
 
-Prints three markdown tables; writes OUTPUT_DIR/drafters.json (every number, the command, the
-machine) and OUTPUT_DIR/drafters.md (the tables, `markdown`), which the results page includes.
+Prints the tables; writes OUTPUT_DIR/drafters.json (every number, the command, the machine) and
+OUTPUT_DIR/drafters.md (`markdown`), which the results page includes.
 """
 
 from __future__ import annotations
@@ -146,8 +143,8 @@ def alpha_part(pair: pages.Pair, examples, args) -> list[dict[str, Any]]:
   for name, (drafter, params) in built.items():
     for temperature in (0.0, 1.0):
       row, _ = decode_all(pair, drafter, params, examples, args, temperature)
-      rows.append(dict(drafter=name, drafter_label=labels.get(name, name), temperature=temperature))
-      rows[-1].update(row)
+      label = labels.get(name, name)
+      rows.append(dict(drafter=name, drafter_label=label, temperature=temperature, **row))
       print(
         f'  {name} {sampling_name(temperature)}: alpha {row["alpha"]:.3f}, acceptance '
         f'{row["acceptance"]:.3f}, {row["tokens_per_call"]:.2f} tokens/call',
@@ -238,13 +235,16 @@ def walltime_part(pair: pages.Pair, examples, args) -> tuple[dict[str, Any], dic
   for m in timed:
     r = measured[m.name]
     calls = max(r['target_calls'], 1)
-    rows.append(dict(method=m.name, gamma=m.gamma, **m.drafter_obj, decode_s=r['walltime_s']))
-    rows[-1].update(compile_s=r['compile_s'], ms_per_token=r['ms_per_token'])
-    rows[-1].update(tokens_per_call=r['generated_tokens'] / calls)
-    rows[-1].update(drafted_per_step=r.get('drafted_tokens', 0) / calls)
-    rows[-1].update(generated=r['generated_tokens'], target_calls=r['target_calls'])
+    row = dict(method=m.name, gamma=m.gamma, **m.drafter_obj, decode_s=r['walltime_s'])
+    row.update(compile_s=r['compile_s'], ms_per_token=r['ms_per_token'])
+    tokens_per_call, drafted_per_step = (
+      r['generated_tokens'] / calls,
+      r.get('drafted_tokens', 0) / calls,
+    )
+    row.update(tokens_per_call=tokens_per_call, drafted_per_step=drafted_per_step)
+    rows.append(dict(row, generated=r['generated_tokens'], target_calls=r['target_calls']))
     print(
-      f'  {m.name}: {r["ms_per_token"]:.2f} ms/token, {rows[-1]["tokens_per_call"]:.2f} '
+      f'  {m.name}: {r["ms_per_token"]:.2f} ms/token, {tokens_per_call:.2f} '
       f'tokens/call, compile {r["compile_s"]:.1f} s',
       flush=True,
     )

@@ -1,13 +1,7 @@
-"""What the benchmark's own pages measure alike (`drafters_page`: docs/drafters/, `spectr_page`:
-docs/spectr/; the results page includes both): the options naming the target/draft pair and its
-inputs, loading them (bench/inputs.py), their decode functions, the cost model of a batch-1 input
-(bench/costs.py) and timing decoding methods at batch 1 (bench/sweep.py). Their Markdown and files
-are bench/markdown.py's.
-
-Not run by itself; the pages are:
-
-  python -m speculative.bench.drafters_page --quick --allow_random_init
-  python -m speculative.bench.spectr_page --quick
+"""What the benchmark's own pages (`python -m speculative.bench.drafters_page`: docs/drafters/,
+`python -m speculative.bench.spectr_page`: docs/spectr/) measure alike: the options naming the
+target/draft pair and its inputs, loading them (bench/inputs.py), decode functions, the cost model
+(bench/costs.py) and timing methods at batch 1 (bench/sweep.py). Their Markdown: bench/markdown.py.
 """
 
 from __future__ import annotations
@@ -46,11 +40,8 @@ def add_pair_args(
     parser.add_argument(f'--{role}_gin', default=f'configs/models/embedded_{role}.gin')
     parser.add_argument(f'--{role}_macro', default=f'EMBEDDED_{role.upper()}')
     parser.add_argument(f'--{role}_checkpoint', default=f'models/embedded/{role}.msgpack')
-  parser.add_argument(
-    '--allow_random_init',
-    action='store_true',
-    help='use random weights for a missing checkpoint (smoke runs only)',
-  )
+  random_init = 'use random weights for a missing checkpoint (smoke runs only)'
+  parser.add_argument('--allow_random_init', action='store_true', help=random_init)
   for name, default in (('split', 'test'), ('num_examples', num_examples), ('inputs_length', 64)):
     parser.add_argument(f'--{name}', type=type(default), default=default)
   for name, default in (('max_new_tokens', 64), ('repeats', 3), ('seed', 0)):
@@ -81,21 +72,20 @@ class Pair:
 def load_pair(args: argparse.Namespace) -> Pair:
   """The pair the `add_pair_args` options name (inputs.build_pair: a missing checkpoint is an
   error unless --allow_random_init)."""
-  configs = {
-    role: gin_utils.load_macro(
-      getattr(args, f'{role}_gin'), getattr(args, f'{role}_macro'), t5_lib.T5Config
+  option = lambda role, name: getattr(args, f'{role}_{name}')
+  roles = {
+    # Relative weights paths missing here are the repository's, as the runners' are.
+    role: (
+      gin_utils.load_macro(option(role, 'gin'), option(role, 'macro'), t5_lib.T5Config),
+      checks.resolve_input_path(option(role, 'checkpoint')),
     )
     for role in ('target', 'draft')
   }
   target, target_params, draft, draft_params, descriptions = inputs_lib.build_pair(
-    # Relative weights paths missing here are the repository's, as the runners' are.
-    (configs['target'], checks.resolve_input_path(args.target_checkpoint)),
-    (configs['draft'], checks.resolve_input_path(args.draft_checkpoint)),
-    allow_random_init=args.allow_random_init,
-    seed=args.seed,
+    roles['target'], roles['draft'], allow_random_init=args.allow_random_init, seed=args.seed
   )
   names = {
-    role: f'{getattr(args, f"{role}_macro").lower()} ({inputs_lib.num_params(params) / 1e6:.1f}M)'
+    role: f'{option(role, "macro").lower()} ({inputs_lib.num_params(params) / 1e6:.1f}M)'
     for role, params in (('target', target_params), ('draft', draft_params))
   }
   return Pair(target, target_params, draft, draft_params, descriptions, names)
@@ -148,12 +138,8 @@ def decode_options(max_new_tokens: int, temperature: float) -> dict[str, Any]:
   """The DecodeOptions fields and sampling_params of exact sampling at `temperature` (0: argmax;
   top-k off), stopping at EOS."""
   sampling, sampling_params = sampling_lib.make_sampling(temperature)
-  return dict(
-    max_new_tokens=max_new_tokens,
-    sampling=sampling,
-    sampling_params=sampling_params,
-    eos_id=tasks.EOS_ID,
-  )
+  options = dict(max_new_tokens=max_new_tokens, sampling=sampling, eos_id=tasks.EOS_ID)
+  return dict(options, sampling_params=sampling_params)
 
 
 def decode_fn(pair: Pair, drafter: Any = None, **options: Any) -> Callable[..., Any]:

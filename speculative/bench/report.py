@@ -17,12 +17,8 @@ from speculative.bench import plots as plots_lib
 from speculative.jobs import checks
 from speculative.jobs import runtime
 
-column, fmt, section, TOO_NOISY = (
-  markdown.column,
-  markdown.fmt,
-  markdown.section,
-  conclude.TOO_NOISY,
-)
+column, fmt, section = markdown.column, markdown.fmt, markdown.section
+TOO_NOISY = conclude.TOO_NOISY
 
 
 def _refusable(header: str, key: str, *args: Any, **kwargs: Any) -> markdown.Column:
@@ -49,11 +45,8 @@ TOKENS_PER_S, MS_PER_TOKEN = (
   column("tokens/s", "tokens_per_s", 1),
   column("ms/token", "ms_per_token"),
 )
-COMPILE_S, IDENTICAL = (
-  column("compile s", "compile_s", 1),
-  column("identical", "identical_to_baseline"),
-)
-EMP = column("EMP", "measured_speedup", 2, "X")
+COMPILE_S, EMP = column("compile s", "compile_s", 1), column("EMP", "measured_speedup", 2, "X")
+IDENTICAL = column("identical", "identical_to_baseline")
 # A speculative method as the paper's tables name it: drafter, temperature, batch size, gamma.
 METHOD_COLUMNS = [DRAFTER, TEMP, column("BATCH", "batch_size"), GAMMA]
 
@@ -264,21 +257,30 @@ _predicted_section = _tabled(
   "for a drafter that sometimes proposes fewer tokens (prompt lookup without a match), "
   "where EXP, which assumes γ drafts per call, is optimistic.",
 )
-BASELINE_COLUMNS = [BATCH, TEMP, METHOD, column("walltime s", "walltime_s", 3)]
-BASELINE_COLUMNS += [column("tokens", "generated_tokens"), TOKENS_PER_S, MS_PER_TOKEN]
-BASELINE_COLUMNS += [column("vs baseline", "speedup_vs_baseline", 2, "X"), COMPILE_S, IDENTICAL]
+BASELINE_COLUMNS = [
+  BATCH,
+  TEMP,
+  METHOD,
+  column("walltime s", "walltime_s", 3),
+  column("tokens", "generated_tokens"),
+  TOKENS_PER_S,
+  MS_PER_TOKEN,
+  column("vs baseline", "speedup_vs_baseline", 2, "X"),
+  COMPILE_S,
+  IDENTICAL,
+]
 _baselines_section = _tabled(
   "Baselines", BASELINE_COLUMNS, lambda report: _rows(report, "baselines")
 )
-WHOLE_JOB_COLUMNS = [METHOD, column("walltime s", "walltime_s", 1)]
-WHOLE_JOB_COLUMNS += [
+WHOLE_JOB_COLUMNS = [
+  METHOD,
+  column("walltime s", "walltime_s", 1),
   column("tokens", "generated_tokens"),
   column("sentences/s", "sentences_per_s", 2),
-]
-WHOLE_JOB_COLUMNS += [
   TOKENS_PER_S,
   MS_PER_TOKEN,
   column("vs baseline", "speedup_vs_baseline", 2, "x"),
+  IDENTICAL,
 ]
 
 
@@ -297,13 +299,15 @@ def _whole_job_text(report: dict[str, Any]) -> str:
 
 _whole_job_section = _tabled(
   "Whole job",
-  WHOLE_JOB_COLUMNS + [IDENTICAL],
+  WHOLE_JOB_COLUMNS,
   lambda report: (report.get("whole_job") or {}).get("rows"),
   _whole_job_text,
 )
 # The resources of a (batch size, temperature) group, from its record and its compile counts.
-RESOURCE_COLUMNS = [BATCH, TEMP, column("input batches", "input_batches")]
-RESOURCE_COLUMNS += [
+RESOURCE_COLUMNS = [
+  BATCH,
+  TEMP,
+  column("input batches", "input_batches"),
   column("compiles (first calls)", lambda g: g["compiles"]["first_calls"]),
   column("backend compile s", lambda g: g["compiles"]["first_calls_compile_s"], 1),
   column("compiles (timed calls)", lambda g: g["compiles"]["timed_calls"]),
@@ -324,10 +328,17 @@ _resources_section = _tabled(
   "be reset).",
 )
 # The gamma policy's decision per (batch size, temperature, drafter).
-CHOICE_COLUMNS = [BATCH, TEMP, DRAFTER, column("decision", "decision"), GAMMA]
-CHOICE_COLUMNS += [column("EXP", "predicted_speedup", 2, "X"), EMP]
-CHOICE_COLUMNS += [column("best measured γ", "best_measured_gamma")]
-CHOICE_COLUMNS += [column("its EMP", "best_measured_speedup", 2, "X")]
+CHOICE_COLUMNS = [
+  BATCH,
+  TEMP,
+  DRAFTER,
+  column("decision", "decision"),
+  GAMMA,
+  column("EXP", "predicted_speedup", 2, "X"),
+  EMP,
+  column("best measured γ", "best_measured_gamma"),
+  column("its EMP", "best_measured_speedup", 2, "X"),
+]
 _choice_section = _tabled(
   "gamma choice",
   CHOICE_COLUMNS,
@@ -364,8 +375,11 @@ def _targets_section(report: dict[str, Any]) -> list[str]:
 
 # The profile table: a row's time per loop step split into its parts (a record is the row's
 # profile with the row's batch size, temperature and name).
-PROFILE_COLUMNS = [BATCH, TEMP, METHOD, column("step ms", "step_s", scale=1e3)]
-PROFILE_COLUMNS += [
+PROFILE_COLUMNS = [
+  BATCH,
+  TEMP,
+  METHOD,
+  column("step ms", "step_s", scale=1e3),
   column("draft ms", lambda p: p.get("draft_s", 0.0), scale=1e3),
   column("verify/target ms", lambda p: p.get("verify_s", p.get("target_step_s")), scale=1e3),
   _refusable("overhead ms", "overhead_s", scale=1e3),

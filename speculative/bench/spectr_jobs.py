@@ -24,26 +24,21 @@ from typing import Sequence
 
 from speculative.bench import markdown
 
-Z95 = 1.96
-
 
 def read_job(output_dir: str) -> dict[str, Any]:
-  """metrics.json, manifest.json and the three prediction files' (tokens, target calls) of a job."""
-  with open(os.path.join(output_dir, 'metrics.json'), encoding='utf-8') as f:
-    metrics = json.load(f)
-  with open(os.path.join(output_dir, 'manifest.json'), encoding='utf-8') as f:
-    manifest = json.load(f)
-  records = {}
+  """A job's metrics.json, manifest.json and (tokens, target calls) per example of SpecTr and of
+  one-draft speculative decoding (their predictions files)."""
+
+  def read(name: str) -> list[Any]:  # a JSON file, or a JSONL file's lines
+    with open(os.path.join(output_dir, name), encoding='utf-8') as f:
+      return [json.loads(line) for line in f] if name.endswith('.jsonl') else json.load(f)
+
+  job = dict(name=os.path.basename(output_dir.rstrip('/')), records={})
+  job.update(metrics=read('metrics.json'), manifest=read('manifest.json'))
   for mode in ('speculative', 'spectr'):
-    with open(os.path.join(output_dir, f'predictions-{mode}.jsonl'), encoding='utf-8') as f:
-      rows = [json.loads(line) for line in f]
-    records[mode] = {r['index']: (r['num_tokens'], r['target_calls']) for r in rows}
-  return dict(
-    name=os.path.basename(output_dir.rstrip('/')),
-    metrics=metrics,
-    manifest=manifest,
-    records=records,
-  )
+    rows = read(f'predictions-{mode}.jsonl')
+    job['records'][mode] = {r['index']: (r['num_tokens'], r['target_calls']) for r in rows}
+  return job
 
 
 def paired_difference(spectr: dict[int, tuple], one: dict[int, tuple]) -> tuple[float, float]:

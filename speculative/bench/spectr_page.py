@@ -8,24 +8,16 @@ minutes with the options above, which made docs/spectr/). Smoke run (4 inputs, 1
 
   python -m speculative.bench.spectr_page --quick
 
-Models and inputs: the options of bench/pages.py (the embedded target and draft, the first
---num_examples sentences of the test split whose tokenized input fits --inputs_length, batch 1 as
-in the papers), exact sampling at temperature 1 (no top-k), --max_new_tokens 64.
-
-Methods, all on the same inputs and per-input seeds: `baseline`, `speculative L` (gamma = L) and
-`spectr K L` (decode.spectr_loop.spectr_decode, K in --ks, L in --ls). With the same seed, spectr K=1
-emits exactly speculative L's tokens (checked and reported). Timing as the benchmark's sweep
-(bench/pages.time_rows): each method compiled on the first input, then every input decoded
---repeats times by every method, interleaved; a method's walltime = sum over inputs of the median
-over repeats. Samples differ between methods, so the comparison is per generated token.
-
-Cost model (where the wider target call eats the gain; bench/costs.py): t(R, T) = one target
-`extend` over R rows of T tokens, d(R) = one draft step over R rows. A SpecTr step costs about
-L d(K) + t(K, L+1), so the predicted speedup is BE x t(1, 1) / (L d(K) + t(K, L+1)).
-
-Writes results.json and results.md (`format_report`) to --output_dir; the results page includes the
-latter. SpecTr's Table 4 (LM1B, 97M target, 6M draft, temperature 1) is printed next to ours where
-the paper reports it (K = 1 and K = 8).
+The pair and inputs are bench/pages.py's (the first --num_examples test sentences that fit
+--inputs_length, batch 1 as in the papers); exact sampling at temperature 1. Methods, on the same
+inputs and per-input seeds: `baseline`, `speculative L` (gamma = L) and `spectr K L`
+(decode.spectr_loop, K in --ks, L in --ls); with the same seed, spectr K=1 emits exactly speculative
+L's tokens (checked). Timed as the benchmark's sweep (pages.time_rows); samples differ between
+methods, so the comparison is per generated token. Cost model (bench/costs.py): t(R, T) = one target
+`extend` over R rows of T tokens, d(R) = one draft step over R rows; a SpecTr step costs about
+L d(K) + t(K, L+1), so the predicted speedup is BE x t(1, 1) / (L d(K) + t(K, L+1)). Writes
+results.json and results.md (which the results page includes), with SpecTr's Table 4 (LM1B, 97M
+target, 6M draft) beside ours where the paper reports it (K = 1 and K = 8).
 """
 
 from __future__ import annotations
@@ -103,22 +95,19 @@ def measure_costs(pair: pages.Pair, encoder_row: np.ndarray, args, max_length: i
     )
     rounds, noise = cm['rounds'], bench_noise.NoiseLog(cm['noise'])
     t11.append(cm['seconds']['target_1x1'])
+
+    def ratio(name: str, timer: str, seconds: float, **options: Any) -> float:
+      """The median of the per-round ratios of `timer` to t(1, 1), judged for noise."""
+      samples = bench_noise.ratio_samples(rounds[timer], rounds['target_1x1'])
+      return noise.add(name, samples, fallback=seconds / t11[-1], **options)
+
     draft_step_s = cm['drafters']['model']['draft_step_s']
     costs['draft_ms'][str(k)] = 1e3 * draft_step_s
-    costs['c'][str(k)] = noise.add(
-      f'c(K={k})',
-      bench_noise.ratio_samples(rounds['draft[model]_1'], rounds['target_1x1']),
-      fallback=draft_step_s / t11[-1],
-    )
+    costs['c'][str(k)] = ratio(f'c(K={k})', 'draft[model]_1', draft_step_s)
     for length in args.ls:
       key, extend_s = f'{k}x{length + 1}', cm['target_extend_s'][str(length + 1)]
       costs['target_ms'][key] = 1e3 * extend_s
-      costs['v'][key] = noise.add(
-        f'v({key})',
-        bench_noise.ratio_samples(rounds[f'target_{length + 1}'], rounds['target_1x1']),
-        minimum=1.0,
-        fallback=extend_s / t11[-1],
-      )
+      costs['v'][key] = ratio(f'v({key})', f'target_{length + 1}', extend_s, minimum=1.0)
     refused = noise.data['refused'].items()
     costs['too_noisy'].update(
       {name: reason for name, reason in refused if name.startswith(('c(K=', f'v({k}x'))}
@@ -209,46 +198,6 @@ def _add_prediction(row: dict[str, Any], costs: dict[str, Any]) -> None:
     row['too_noisy'] = '; '.join(too_noisy)
 
 
-def run(args: argparse.Namespace, argv: Sequence[str] | None = None) -> dict[str, Any]:
-  """Times every method, measures the cost model on the first input; returns the report."""
-  started = markdown.record(MODULE, argv)
-  pair, examples, _ = pages.load_pair_and_examples(args)
-  print(
-    f'target: {pair.descriptions["target"]}\ndraft: {pair.descriptions["draft"]}\n'
-    f'inputs: {len(examples)} {args.split} sentences',
-    flush=True,
-  )
-  methods = make_methods(pair, args)
-  batches, measured = pages.time_rows(methods, examples, args, temperature=1.0)
-  rows = method_rows(methods, batches, measured)
-  # Cost model on a realistic cache: the first input, position 16.
-  costs = measure_costs(
-    pair,
-    batching.pad_batch(examples[:1], 1, args.inputs_length)[0],  # [S]
-    args,
-    max_length=args.inputs_length + args.max_new_tokens + max(args.ls) + 1,
-  )
-  print('costs measured', flush=True)
-  for row in rows:
-    if row['kind'] == SPECTR:
-      _add_prediction(row, costs)
-  busy = machine_lib.busy_warning(started['machine'])
-  return dict(
-    **started,
-    warnings=[busy] if busy else [],
-    target=pair.descriptions['target'],
-    draft=pair.descriptions['draft'],
-    num_inputs=len(examples),
-    inputs_length=args.inputs_length,
-    max_new_tokens=args.max_new_tokens,
-    temperature=1.0,
-    repeats=args.repeats,
-    rows=rows,
-    costs=costs,
-    first_source=examples[0].inputs,
-  )
-
-
 # The methods table (docs/spectr/results.md), with SpecTr's Table 4 beside ours.
 _COLUMNS = [
   markdown.column('method', 'method'),
@@ -332,9 +281,36 @@ def format_report(report: dict[str, Any]) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
-  """Runs the page; writes results.json and results.md to --output_dir; returns the report."""
+  """Times every method, measures the cost model on the first input; writes results.json and
+  results.md to --output_dir; returns the report."""
   args = parse_args(argv)
-  report = run(args, argv)
+  report = markdown.record(MODULE, argv)
+  pair, examples, _ = pages.load_pair_and_examples(args)
+  print(
+    f'target: {pair.descriptions["target"]}\ndraft: {pair.descriptions["draft"]}\n'
+    f'inputs: {len(examples)} {args.split} sentences',
+    flush=True,
+  )
+  methods = make_methods(pair, args)
+  batches, measured = pages.time_rows(methods, examples, args, temperature=1.0)
+  rows = method_rows(methods, batches, measured)
+  # Cost model on a realistic cache: the first input, position 16.
+  costs = measure_costs(
+    pair,
+    batching.pad_batch(examples[:1], 1, args.inputs_length)[0],  # [S]
+    args,
+    max_length=args.inputs_length + args.max_new_tokens + max(args.ls) + 1,
+  )
+  print('costs measured', flush=True)
+  for row in rows:
+    if row['kind'] == SPECTR:
+      _add_prediction(row, costs)
+  busy = machine_lib.busy_warning(report['machine'])
+  report.update(warnings=[busy] if busy else [], target=pair.descriptions['target'])
+  report.update(draft=pair.descriptions['draft'], num_inputs=len(examples))
+  report.update({k: getattr(args, k) for k in ('inputs_length', 'max_new_tokens')})
+  report.update(temperature=1.0, repeats=args.repeats, rows=rows, costs=costs)
+  report['first_source'] = examples[0].inputs
   text = format_report(report)
   markdown.write_page(args.output_dir, {'results.json': report, 'results.md': text})
   print(text)
