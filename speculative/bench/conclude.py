@@ -102,39 +102,36 @@ def _choice_targets(c: dict[str, Any], r: dict[str, Any]) -> list[tuple[str, Any
   if c["batch_size"] == 1 and c["temperature"] == 0:
     if c["decision"] in ("plain decoding", MEASURED_FALLBACK):
       note += " (the policy would fall back to plain decoding)"
-    return [
+    name = "batch 1, greedy: {}"
+    targets = [
+      (name.format("measured / predicted speedup"), r["measured_over_predicted"], TARGET_EXP_RATIO),
+      (name.format("speedup over our baseline"), r["measured_speedup"], TARGET_GREEDY),
       (
-        "batch 1, greedy: measured / predicted speedup",
-        r["measured_over_predicted"],
-        TARGET_EXP_RATIO,
-        note,
-      ),
-      ("batch 1, greedy: speedup over our baseline", r["measured_speedup"], TARGET_GREEDY, note),
-      (
-        f"batch 1, greedy: speedup over {r['stock_baseline']}",
+        name.format(f"speedup over {r['stock_baseline']}"),
         r["speedup_vs_stock"],
         TARGET_GREEDY_STOCK,
-        note,
       ),
     ]
-  if c["batch_size"] == 1:
+  elif c["batch_size"] == 1:
     note += f"; per generated token {r['speedup_per_token']:.2f}X"
     name = f"batch 1, temperature {c['temperature']:g}: speedup over our baseline"
-    return [(name, r["measured_speedup"], TARGET_SAMPLED, note)]
-  if c["decision"] == "plain decoding":
-    note = (
-      f"the policy falls back to plain decoding (best predicted {c['predicted_speedup']:.2f}X at "
-      f"γ={r['gamma']}, measured there {r['measured_speedup']:.2f}X)"
-    )
-  elif c["decision"] == MEASURED_FALLBACK:
-    note = (
-      f"cost model too noisy to predict, and every measured γ was slower than the baseline "
-      f"(best γ={r['gamma']} at {r['measured_speedup']:.2f}X): the policy falls back to plain "
-      "decoding on the measurements"
-    )
-  label = "greedy" if c["temperature"] == 0 else f"temperature {c['temperature']:g}"
-  name = f"batch {c['batch_size']}, {label}: never slower than the baseline"
-  return [(name, c["measured_speedup"], TARGET_LARGE_BATCH, note)]
+    targets = [(name, r["measured_speedup"], TARGET_SAMPLED)]
+  else:
+    if c["decision"] == "plain decoding":
+      note = (
+        f"the policy falls back to plain decoding (best predicted {c['predicted_speedup']:.2f}X at "
+        f"γ={r['gamma']}, measured there {r['measured_speedup']:.2f}X)"
+      )
+    elif c["decision"] == MEASURED_FALLBACK:
+      note = (
+        f"cost model too noisy to predict, and every measured γ was slower than the baseline "
+        f"(best γ={r['gamma']} at {r['measured_speedup']:.2f}X): the policy falls back to plain "
+        "decoding on the measurements"
+      )
+    label = "greedy" if c["temperature"] == 0 else f"temperature {c['temperature']:g}"
+    name = f"batch {c['batch_size']}, {label}: never slower than the baseline"
+    targets = [(name, c["measured_speedup"], TARGET_LARGE_BATCH)]
+  return [(*target, note) for target in targets]
 
 
 def _target_entry(
