@@ -13,18 +13,15 @@ roofline       the memory-bandwidth floor and the bare decoder matmuls' v(T)
 sweep          timing every method of a (batch size, temperature) group; rows and profiles
 whole_job      every input of the split at the sweep's best batch size
 conclude       the gamma policy, the targets check and the explanations of missed targets
-cells          Markdown cells, column-declared tables and sections of the results page
-cost_sections  the page's cost model, noise, profile and roofline sections
-job_sections   the page's resources-per-group and whole-job sections
-report         the Markdown results page, the included pages, results.json
+markdown       the one page writer: cells, column-declared tables, sections, a page's record and files
+report         the results page (its sections), the included pages, results.json
 plots          speedup_vs_gamma.png and alpha.png
 decode_step    the T5 decoder step on the CPU kernels against XLA's dot (python -m ...decode_step)
 
 The benchmark's own pages, included into the results page (python -m speculative.bench.<page>):
-pages              what they share: the pair's options and loading, the record, batch-1 timing
-drafters_page      docs/drafters/: alpha per drafter (Table 3), lenience (Table 5), adaptive gamma
-drafters_walltime  its walltime part: adaptive vs fixed gamma at batch 1, with c and v(T)
-drafters_tables    its Markdown
-spectr_page        docs/spectr/: SpecTr's K drafts vs speculative decoding vs the baseline
-spectr_tables      its Markdown
+pages          what they measure alike: the pair's options and loading, decode functions, batch-1
+               cost model and timing
+drafters_page  docs/drafters/: alpha per drafter (Table 3), lenience (Table 5), adaptive gamma
+spectr_page    docs/spectr/: SpecTr's K drafts vs speculative decoding vs the baseline
+spectr_jobs    the table of `speculative.infer` jobs run with METHOD = 'spectr' (docs/spectr/jobs.md)
 """

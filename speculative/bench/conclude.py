@@ -26,72 +26,50 @@ MEASURED_FALLBACK = "plain decoding (measured)"
 def choose_gammas(
   groups: Sequence[dict[str, Any]], fallback_threshold: float
 ) -> list[dict[str, Any]]:
-  """Per (batch, temperature, drafter): the measured gamma with the best predicted speedup, or plain
-  decoding when even that prediction is below `fallback_threshold`; where every prediction was
-  refused as too noisy, plain decoding if every measured gamma was slower than the baseline
-  (MEASURED_FALLBACK). Also reports the best measured gamma (an optimistic pick: the maximum of
-  noisy measurements)."""
+  """The policy's choice (`_choice`) per (batch, temperature, drafter)."""
   choices = []
   for g in groups:
     by_drafter: dict[str, list[dict[str, Any]]] = {}
     for row in g["speculative"]:
       by_drafter.setdefault(row["drafter"], []).append(row)
-    for drafter, rows in by_drafter.items():
-      choices.append(_choice(g["group"], drafter, rows, fallback_threshold))
+    choices += [_choice(g["group"], d, rows, fallback_threshold) for d, rows in by_drafter.items()]
   return choices
 
 
 def _choice(
   group: dict[str, Any], drafter: str, rows: Sequence[dict[str, Any]], fallback_threshold: float
 ) -> dict[str, Any]:
-  """The policy's choice among one drafter's rows of a group (rows without a prediction, refused
-  as too noisy, are not candidates). If no row has one: plain decoding when even the best measured
-  gamma was slower than the baseline (a conservative pick, whatever the noise), else no policy:
-  the decision says so and the measured fields are those of the best measured gamma, an
-  optimistic pick."""
+  """Among one drafter's rows of a group: the measured gamma with the best predicted speedup, or
+  plain decoding when even that prediction is below `fallback_threshold` (rows whose prediction
+  was refused as too noisy are not candidates). If no row has one: plain decoding when even the
+  best measured gamma was slower than the baseline (MEASURED_FALLBACK, a conservative pick
+  whatever the noise), else no policy (TOO_NOISY; the measured fields are those of the best
+  measured gamma, an optimistic pick). The best measured gamma is reported either way."""
   best_meas = max(rows, key=lambda r: (r["measured_speedup"], -r["gamma"]))
   predicted = [r for r in rows if r.get("predicted_speedup") is not None]
-  choice = {
+  best = max(predicted, key=lambda r: (r["predicted_speedup"], -r["gamma"]), default=best_meas)
+  if predicted:
+    fallback = best["predicted_speedup"] < fallback_threshold
+    decision = "plain decoding" if fallback else "speculative"
+  else:
+    decision = MEASURED_FALLBACK if best_meas["measured_speedup"] < 1.0 else TOO_NOISY
+  speculative = decision in ("speculative", TOO_NOISY)  # the decode would speculate
+  return {
     "batch_size": group["batch_size"],
     "temperature": group["temperature"],
     "drafter": drafter,
     "best_measured_gamma": best_meas["gamma"],
     "best_measured_speedup": best_meas["measured_speedup"],
+    "decision": decision,
+    "gamma": best["gamma"] if decision == "speculative" else None,
+    "predicted_best_gamma": best["gamma"],
+    "predicted_speedup": best["predicted_speedup"] if predicted else None,
+    "measured_speedup": best["measured_speedup"] if speculative else 1.0,
+    "measured_speedup_at_predicted_gamma": None
+    if decision == TOO_NOISY
+    else best["measured_speedup"],
+    "speedup_vs_stock": best["speedup_vs_stock"] if speculative else None,
   }
-  if not predicted and best_meas["measured_speedup"] < 1.0:
-    choice.update(
-      decision=MEASURED_FALLBACK,
-      gamma=None,
-      predicted_best_gamma=best_meas["gamma"],
-      predicted_speedup=None,
-      measured_speedup=1.0,
-      measured_speedup_at_predicted_gamma=best_meas["measured_speedup"],
-      speedup_vs_stock=None,
-    )
-    return choice
-  if not predicted:
-    choice.update(
-      decision=TOO_NOISY,
-      gamma=None,
-      predicted_best_gamma=best_meas["gamma"],
-      predicted_speedup=None,
-      measured_speedup=best_meas["measured_speedup"],
-      measured_speedup_at_predicted_gamma=None,
-      speedup_vs_stock=best_meas["speedup_vs_stock"],
-    )
-    return choice
-  best_pred = max(predicted, key=lambda r: (r["predicted_speedup"], -r["gamma"]))
-  fallback = best_pred["predicted_speedup"] < fallback_threshold
-  choice.update(
-    decision="plain decoding" if fallback else "speculative",
-    gamma=None if fallback else best_pred["gamma"],
-    predicted_best_gamma=best_pred["gamma"],
-    predicted_speedup=best_pred["predicted_speedup"],
-    measured_speedup=1.0 if fallback else best_pred["measured_speedup"],
-    measured_speedup_at_predicted_gamma=best_pred["measured_speedup"],
-    speedup_vs_stock=None if fallback else best_pred["speedup_vs_stock"],
-  )
-  return choice
 
 
 def check_targets(
@@ -118,63 +96,42 @@ def check_targets(
 
 def _choice_targets(c: dict[str, Any], r: dict[str, Any]) -> list[tuple[str, Any, float, str]]:
   """(target, value, threshold, note) of the targets that apply to choice `c` (its row `r`)."""
-  gamma_note = f"γ={r['gamma']}"
+  note = f"γ={r['gamma']}"
   if c["decision"] in (TOO_NOISY, MEASURED_FALLBACK):
-    gamma_note += " (cost model too noisy to predict: the best measured γ, an optimistic pick)"
+    note += " (cost model too noisy to predict: the best measured γ, an optimistic pick)"
   if c["batch_size"] == 1 and c["temperature"] == 0:
     if c["decision"] in ("plain decoding", MEASURED_FALLBACK):
-      gamma_note += " (the policy would fall back to plain decoding)"
-    return [
+      note += " (the policy would fall back to plain decoding)"
+    name = "batch 1, greedy: {}"
+    targets = [
+      (name.format("measured / predicted speedup"), r["measured_over_predicted"], TARGET_EXP_RATIO),
+      (name.format("speedup over our baseline"), r["measured_speedup"], TARGET_GREEDY),
       (
-        "batch 1, greedy: measured / predicted speedup",
-        r["measured_over_predicted"],
-        TARGET_EXP_RATIO,
-        gamma_note,
-      ),
-      (
-        "batch 1, greedy: speedup over our baseline",
-        r["measured_speedup"],
-        TARGET_GREEDY,
-        gamma_note,
-      ),
-      (
-        f"batch 1, greedy: speedup over {r['stock_baseline']}",
+        name.format(f"speedup over {r['stock_baseline']}"),
         r["speedup_vs_stock"],
         TARGET_GREEDY_STOCK,
-        gamma_note,
       ),
     ]
-  if c["batch_size"] == 1:
-    return [
-      (
-        f"batch 1, temperature {c['temperature']:g}: speedup over our baseline",
-        r["measured_speedup"],
-        TARGET_SAMPLED,
-        f"{gamma_note}; per generated token {r['speedup_per_token']:.2f}X",
+  elif c["batch_size"] == 1:
+    note += f"; per generated token {r['speedup_per_token']:.2f}X"
+    name = f"batch 1, temperature {c['temperature']:g}: speedup over our baseline"
+    targets = [(name, r["measured_speedup"], TARGET_SAMPLED)]
+  else:
+    if c["decision"] == "plain decoding":
+      note = (
+        f"the policy falls back to plain decoding (best predicted {c['predicted_speedup']:.2f}X at "
+        f"γ={r['gamma']}, measured there {r['measured_speedup']:.2f}X)"
       )
-    ]
-  label = "greedy" if c["temperature"] == 0 else f"temperature {c['temperature']:g}"
-  note = gamma_note
-  if c["decision"] == "plain decoding":
-    note = (
-      f"the policy falls back to plain decoding (best predicted "
-      f"{c['predicted_speedup']:.2f}X at γ={r['gamma']}, measured there "
-      f"{r['measured_speedup']:.2f}X)"
-    )
-  elif c["decision"] == MEASURED_FALLBACK:
-    note = (
-      f"cost model too noisy to predict, and every measured γ was slower than the baseline "
-      f"(best γ={r['gamma']} at {r['measured_speedup']:.2f}X): the policy falls back to plain "
-      "decoding on the measurements"
-    )
-  return [
-    (
-      f"batch {c['batch_size']}, {label}: never slower than the baseline",
-      c["measured_speedup"],
-      TARGET_LARGE_BATCH,
-      note,
-    )
-  ]
+    elif c["decision"] == MEASURED_FALLBACK:
+      note = (
+        f"cost model too noisy to predict, and every measured γ was slower than the baseline "
+        f"(best γ={r['gamma']} at {r['measured_speedup']:.2f}X): the policy falls back to plain "
+        "decoding on the measurements"
+      )
+    label = "greedy" if c["temperature"] == 0 else f"temperature {c['temperature']:g}"
+    name = f"batch {c['batch_size']}, {label}: never slower than the baseline"
+    targets = [(name, c["measured_speedup"], TARGET_LARGE_BATCH)]
+  return [(*target, note) for target in targets]
 
 
 def _target_entry(
@@ -227,8 +184,8 @@ def _analysis_notes(report: dict[str, Any]) -> list[str]:
       )
       + f" ({t['note']})."
     ]
-    row = _row_for_target(report, t)
-    base = _baseline_row(report, t)
+    row = _row(report, t, "speculative", gamma=t["gamma"], drafter=t["drafter"])
+    base = _row(report, t, "baselines", method=methods.BASELINE)
     if row is not None and base is not None and "profile" in row and "profile" in base:
       parts += _explain(row, base, report["costs"][str(row["batch_size"])])
     notes.append(" ".join(parts))
@@ -283,34 +240,17 @@ def _explain(row: dict[str, Any], base: dict[str, Any], cm: dict[str, Any]) -> l
   return parts
 
 
-def _target_rows(report, target, kind: str) -> list[dict[str, Any]]:
-  """The `kind` rows ('baselines' or 'speculative') of the target's (batch, temperature) group."""
-  return [
+def _row(report: dict[str, Any], target: dict[str, Any], kind: str, **fields: Any):
+  """The first `kind` row ('baselines' or 'speculative') of the target's (batch, temperature)
+  group with the given fields, or None."""
+  key = (target["batch_size"], target["temperature"])
+  rows = [
     r
     for g in report["groups"]
-    if (
-      g["group"]["batch_size"] == target["batch_size"]
-      and g["group"]["temperature"] == target["temperature"]
-    )
+    if (g["group"]["batch_size"], g["group"]["temperature"]) == key
     for r in g[kind]
   ]
-
-
-def _baseline_row(report, target) -> dict[str, Any] | None:
-  return next(
-    (r for r in _target_rows(report, target, "baselines") if r["method"] == methods.BASELINE), None
-  )
-
-
-def _row_for_target(report, target) -> dict[str, Any] | None:
-  return next(
-    (
-      r
-      for r in _target_rows(report, target, "speculative")
-      if r["gamma"] == target["gamma"] and r["drafter"] == target["drafter"]
-    ),
-    None,
-  )
+  return next((r for r in rows if all(r[k] == v for k, v in fields.items())), None)
 
 
 def _jsonable(value: Any) -> Any:

@@ -6,27 +6,27 @@ lenience (Table 5), and walltime of adaptive gamma vs the best fixed gamma (Sect
 (repository root, on a quiet CPU: roughly 30-45 minutes on 2 cores with the defaults, most of it
 compiling one decode loop per (drafter, gamma) and the batch-1 walltime passes; the README gives the
 options of docs/drafters/). Smoke run (a few sentences, two gammas, one repeat; random weights if a
-checkpoint is missing):
+checkpoint is missing); the walltime part alone: `--skip alpha,lenience`:
 
   python -m speculative.bench.drafters_page --quick --allow_random_init \\
       --output_dir=/tmp/bench_drafters
 
-What it measures (the first `--num_examples` sentences of a LibreOffice En-De split, inputs longer
-than `--inputs_length` skipped; greedy = temperature 0, sampling = temperature 1, top-k off):
-  1. Table 3: for each drafter of the drafter registry named in `--drafters` -- the draft model,
-     unigram and bigram tables estimated on the train split's German side (c ~ 0), prompt lookup
-     alone (copying n-grams from the source sentence and the generated prefix) and prompt lookup
-     with the draft model as fallback -- alpha (mean of sum_x min(p, q) over drafted positions),
-     the empirical acceptance rate, tokens per target call and drafted tokens per step, at gamma =
-     `--gamma`, batch `--batch_size`.
-  2. Table 5: alpha, acceptance, tokens per call and BLEU of the draft model drafter for lenience
-     l in `--lenience` (l < 1 is APPROXIMATE: argmax form under greedy, sampling form at T=1).
-  3. Walltime at batch 1 (bench/drafters_walltime.py): the baseline, the draft model at each fixed
-     gamma in `--gammas`, and adaptive gamma with the static maximum `--max_gamma`.
+On the first `--num_examples` sentences of a LibreOffice En-De split that fit `--inputs_length`
+(greedy = temperature 0, sampling = temperature 1, top-k off):
+  1. Table 3: alpha (mean of sum_x min(p, q) over drafted positions), the acceptance rate, tokens
+     per target call and drafted tokens per step of each registry drafter in `--drafters` (the
+     draft model, unigram and bigram tables of the train split's German side, prompt lookup alone
+     and with the draft model as fallback) at gamma `--gamma`, batch `--batch_size`.
+  2. Table 5: the same and BLEU of the draft model for lenience l in `--lenience` (l < 1 is
+     APPROXIMATE: argmax form under greedy, sampling form at T=1).
+  3. Walltime at batch 1 (timed as pages.time_rows): the baseline, the draft model at each fixed
+     gamma in `--gammas`, and adaptive gamma up to `--max_gamma`: the confidence stop rule
+     (stop_below=s for s in `--stop_below`) with the static verify width and with adaptive verify,
+     and the acceptance-predicted rule (AdaptiveGammaDrafter with c and v(T) measured on the first
+     sentence).
 
-Prints three markdown tables; writes OUTPUT_DIR/drafters.json (every number, the command, the
-machine) and OUTPUT_DIR/drafters.md (the tables, bench/drafters_tables.py), which the results page
-includes.
+Prints the tables; writes OUTPUT_DIR/drafters.json (every number, the command, the machine) and
+OUTPUT_DIR/drafters.md (`markdown`), which the results page includes.
 """
 
 from __future__ import annotations
@@ -40,10 +40,8 @@ import jax
 import jax.numpy as jnp
 
 from speculative import drafters as drafters_lib
-from speculative import sampling as sampling_lib
-from speculative.bench import drafters_tables
-from speculative.bench import drafters_walltime
 from speculative.bench import machine as machine_lib
+from speculative.bench import markdown as markdown_lib
 from speculative.bench import methods as methods_lib
 from speculative.bench import pages
 from speculative.bench import sweep
@@ -98,57 +96,32 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
   return args
 
 
-# ----------------------------------------------------------------------------------------------
-# Alpha (Tables 3 and 5).
-# ----------------------------------------------------------------------------------------------
+def sampling_name(temperature: float) -> str:
+  return 'argmax' if temperature == 0 else f'T={temperature:g}'
 
 
 def decode_all(
-  pair: pages.Pair,
-  drafter: Any,
-  draft_params: Any,
-  examples,
-  args: argparse.Namespace,
-  *,
-  temperature: float,
-  lenience: float | None = None,
+  pair: pages.Pair, drafter: Any, params: Any, examples, args, temperature: float, lenience=None
 ) -> tuple[dict[str, Any], list[list[int]]]:
   """Speculative decoding of every example in batches of --batch_size at gamma --gamma; returns
   (summed counters with alpha, acceptance, tokens per call, drafted per step; each example's
   generated tokens)."""
-  sampling, sampling_params = sampling_lib.make_sampling(temperature)
+  options = pages.decode_options(args.max_new_tokens, temperature)
   decode = modes.decode_fns(
-    pair.target,
-    pair.target_params,
-    drafter,
-    draft_params,
-    sampling_params=sampling_params,
-    lenience=lenience,
-    max_new_tokens=args.max_new_tokens,
-    sampling=sampling,
-    eos_id=tasks.EOS_ID,
-    gamma=args.gamma,
+    pair.target, pair.target_params, drafter, params, lenience=lenience, gamma=args.gamma, **options
   )[modes.SPECULATIVE]
   method = methods_lib.Method('alpha', methods_lib.SPECULATIVE, decode)
   batches = batching.batches(examples, args.batch_size, args.inputs_length)
   for index, (_, encoder_tokens) in enumerate(batches):
     rng = jax.random.fold_in(jax.random.PRNGKey(args.seed), index)
-    method.outputs.append(
-      methods_lib.decode_outputs(method.kind, decode(jnp.asarray(encoder_tokens), rng))
-    )
-  totals = {
-    key: sweep.sum_rows(method, batches, key)
-    for key in ('target_calls', 'drafted', 'accepted', 'alpha_sum', 'lengths')
-  }
+    result = decode(jnp.asarray(encoder_tokens), rng)
+    method.outputs.append(methods_lib.decode_outputs(method.kind, result))
+  keys = ('target_calls', 'drafted', 'accepted', 'alpha_sum', 'lengths')
+  totals = {key: sweep.sum_rows(method, batches, key) for key in keys}
   drafted, calls = max(totals['drafted'], 1), max(totals['target_calls'], 1)
-  row = dict(
-    alpha=totals['alpha_sum'] / drafted,
-    acceptance=totals['accepted'] / drafted,
-    tokens_per_call=totals['lengths'] / calls,
-    drafted_per_step=totals['drafted'] / calls,
-    generated=int(totals['lengths']),
-    **{key: totals[key] for key in ('target_calls', 'drafted', 'accepted', 'alpha_sum')},
-  )
+  row = dict(alpha=totals['alpha_sum'] / drafted, acceptance=totals['accepted'] / drafted)
+  row.update(tokens_per_call=totals['lengths'] / calls, drafted_per_step=totals['drafted'] / calls)
+  row.update(generated=int(totals.pop('lengths')), **totals)
   outputs = [
     out['tokens'][r, : int(out['lengths'][r])].tolist()
     for (chunk, _), out in zip(batches, method.outputs)
@@ -157,41 +130,23 @@ def decode_all(
   return row, outputs
 
 
-def bleu(outputs: Sequence[Sequence[int]], examples) -> float:
-  """Corpus BLEU of the decoded `outputs` against the examples' references."""
-  vocabulary = vocabulary_lib.load()
-  predictions = [vocabulary.decode([t for t in out if t != tasks.EOS_ID]) for out in outputs]
-  return metrics_lib.bleu([e.reference for e in examples], predictions)['bleu']
-
-
 def alpha_part(pair: pages.Pair, examples, args) -> list[dict[str, Any]]:
   """Table 3: alpha, acceptance and tokens per call of every drafter, greedy and sampled."""
   print('== alpha per drafter', flush=True)
   draft_name = pair.names['draft']
-  labels = {
-    'model': draft_name,
-    'unigram': 'unigram (train split)',
-    'bigram': 'bigram (train split)',
-    'prompt_lookup': 'prompt lookup',
-    'prompt_lookup+model': f'prompt lookup + {draft_name}',
-  }
-  built = methods_lib.build_drafters(
-    pages.values(args.drafters, str),
-    target=pair.target,
-    target_params=pair.target_params,
-    draft=pair.draft,
-    draft_params=pair.draft_params,
-    warnings=[],
-    ngram_sizes=tuple(pages.values(args.ngram_sizes, int)),
-  )
+  labels = {'model': draft_name, 'unigram': 'unigram (train split)'}
+  labels.update({'bigram': 'bigram (train split)', 'prompt_lookup': 'prompt lookup'})
+  labels['prompt_lookup+model'] = f'prompt lookup + {draft_name}'
+  ngram_sizes = tuple(pages.values(args.ngram_sizes, int))
+  built = pages.build_drafters(pair, pages.values(args.drafters, str), ngram_sizes=ngram_sizes)
   rows = []
   for name, (drafter, params) in built.items():
     for temperature in (0.0, 1.0):
-      row, _ = decode_all(pair, drafter, params, examples, args, temperature=temperature)
+      row, _ = decode_all(pair, drafter, params, examples, args, temperature)
       label = labels.get(name, name)
       rows.append(dict(drafter=name, drafter_label=label, temperature=temperature, **row))
       print(
-        f'  {name} {drafters_tables.sampling_name(temperature)}: alpha {row["alpha"]:.3f}, acceptance '
+        f'  {name} {sampling_name(temperature)}: alpha {row["alpha"]:.3f}, acceptance '
         f'{row["acceptance"]:.3f}, {row["tokens_per_call"]:.2f} tokens/call',
         flush=True,
       )
@@ -202,43 +157,209 @@ def lenience_part(pair: pages.Pair, examples, args) -> dict[str, list[dict[str, 
   """Table 5: the draft model drafter at every lenience, greedy and sampled, with BLEU."""
   print('== alpha vs lenience', flush=True)
   out = {}
-  drafter = drafters_lib.ModelDrafter(pair.draft)
+  drafter, vocabulary = drafters_lib.ModelDrafter(pair.draft), vocabulary_lib.load()
   for temperature in (0.0, 1.0):
-    rows = []
+    out[str(temperature)] = []
     for lenience in pages.values(args.lenience, float):
       row, outputs = decode_all(
-        pair, drafter, pair.draft_params, examples, args, temperature=temperature, lenience=lenience
+        pair, drafter, pair.draft_params, examples, args, temperature, lenience
       )
-      row['bleu'] = bleu(outputs, examples)
-      rows.append(dict(lenience=lenience, **row))
+      predictions = [vocabulary.decode([t for t in o if t != tasks.EOS_ID]) for o in outputs]
+      row['bleu'] = metrics_lib.bleu([e.reference for e in examples], predictions)['bleu']
+      out[str(temperature)].append(dict(lenience=lenience, **row))
       print(
-        f'  {drafters_tables.sampling_name(temperature)} l={lenience:g}: alpha {row["alpha"]:.3f}, '
+        f'  {sampling_name(temperature)} l={lenience:g}: alpha {row["alpha"]:.3f}, '
         f'{row["tokens_per_call"]:.2f} tokens/call, BLEU {row["bleu"]:.1f}',
         flush=True,
       )
-    out[str(temperature)] = rows
   return out
 
 
-# ----------------------------------------------------------------------------------------------
-# Main.
-# ----------------------------------------------------------------------------------------------
+def walltime_methods(pair: pages.Pair, costs: dict[str, Any], args) -> list[methods_lib.Method]:
+  """The timed methods (`drafter_obj` holds each one's description)."""
+  options = pages.decode_options(args.max_new_tokens, args.walltime_temperature)
 
+  def method(name, info, drafter=None, gamma=None, adaptive_verify=False):
+    decode = pages.decode_fn(pair, drafter, gamma=gamma, adaptive_verify=adaptive_verify, **options)
+    kind = methods_lib.BASELINE if drafter is None else methods_lib.SPECULATIVE
+    return methods_lib.Method(name, kind, decode, gamma=gamma, drafter_obj=info)
 
-def setup_record(args, argv, pair: pages.Pair, num_examples: int, skipped: int) -> dict[str, Any]:
-  """The report's `setup`: the command, machine and time (pages.record), the models and every
-  option that shapes the numbers."""
-  return dict(
-    **pages.record(MODULE, argv),
-    target_name=pair.names['target'],
-    draft_name=pair.names['draft'],
-    target_checkpoint=pair.descriptions['target'],
-    draft_checkpoint=pair.descriptions['draft'],
-    num_examples=num_examples,
-    skipped_long_inputs=skipped,
-    lenience=pages.values(args.lenience, float),
-    **{name: getattr(args, name) for name in SETUP_OPTIONS},
+  out = [method('baseline', dict(kind='baseline'))]
+  for gamma in pages.values(args.gammas, int):
+    out.append(method(f'fixed gamma={gamma}', dict(kind='fixed'), pages.model_drafter(pair), gamma))
+  max_gamma = args.max_gamma
+  for threshold in pages.values(args.stop_below, float):
+    for adaptive in (False, True):
+      info = dict(kind='confidence', stop_below=threshold, adaptive_verify=adaptive)
+      name = f'stop_below={threshold}, max gamma={max_gamma}'
+      name += ', adaptive verify' if adaptive else ''
+      drafter = pages.model_drafter(pair, stop_below=threshold)
+      out.append(method(name, info, drafter, max_gamma, adaptive))
+  rule = drafters_lib.AdaptiveGammaDrafter(
+    pages.model_drafter(pair),
+    draft_cost=round(costs['c'], 4),
+    verify_costs=tuple(round(costs['v'][t], 3) for t in range(1, max_gamma + 2)),
   )
+  info = dict(kind='acceptance_rule', adaptive_verify=True, draft_cost=rule.draft_cost)
+  info['verify_costs'] = rule.verify_costs
+  name = f'acceptance rule, max gamma={max_gamma}, adaptive verify'
+  return out + [method(name, info, rule, max_gamma, True)]
+
+
+def walltime_part(pair: pages.Pair, examples, args) -> tuple[dict[str, Any], dict[str, Any]]:
+  """(costs, walltime): c and v(T), T = 1..max_gamma+1, at batch 1 on the first sentence (the
+  estimates refused as too noisy in 'too_noisy'), then the batch-1 walltime of every method on the
+  first --walltime_examples sentences, with the speedups over the baseline and the best fixed
+  gamma."""
+  print('== costs', flush=True)
+  cm = pages.extend_costs(
+    pair,
+    batching.pad_batch(examples[:1], 1, args.inputs_length),  # [1, S]
+    max_length=pages.COST_POSITION + args.max_gamma + 2,
+    verify_lengths=range(2, args.max_gamma + 2),
+    repeats=max(3, args.repeats),
+  )
+  costs = dict(
+    target_step_s=cm['target_step_s'], draft_step_s=cm['drafters']['model']['draft_step_s']
+  )
+  costs.update(c=cm['drafters']['model']['c'], v={int(t): v for t, v in cm['v'].items()})
+  costs['too_noisy'] = cm['noise']['refused']
+  print(
+    f'  c = {costs["c"]:.3f}, v = { ({k: round(v, 2) for k, v in costs["v"].items()}) }', flush=True
+  )
+  print('== walltime (batch 1)', flush=True)
+  examples = examples[: args.walltime_examples]
+  timed = walltime_methods(pair, costs, args)
+  _, measured = pages.time_rows(timed, examples, args, args.walltime_temperature)
+  rows = []
+  for m in timed:
+    r = measured[m.name]
+    calls = max(r['target_calls'], 1)
+    row = dict(method=m.name, gamma=m.gamma, **m.drafter_obj, decode_s=r['walltime_s'])
+    row.update(compile_s=r['compile_s'], ms_per_token=r['ms_per_token'])
+    tokens_per_call, drafted_per_step = (
+      r['generated_tokens'] / calls,
+      r.get('drafted_tokens', 0) / calls,
+    )
+    row.update(tokens_per_call=tokens_per_call, drafted_per_step=drafted_per_step)
+    rows.append(dict(row, generated=r['generated_tokens'], target_calls=r['target_calls']))
+    print(
+      f'  {m.name}: {r["ms_per_token"]:.2f} ms/token, {tokens_per_call:.2f} '
+      f'tokens/call, compile {r["compile_s"]:.1f} s',
+      flush=True,
+    )
+  fixed = [r for r in rows if r['kind'] == 'fixed']
+  best = min(fixed, key=lambda r: r['decode_s']) if fixed else None
+  for row in rows:
+    row['speedup'] = rows[0]['decode_s'] / row['decode_s']
+    row['vs_best_fixed'] = best['decode_s'] / row['decode_s'] if best else None
+  walltime = dict(temperature=args.walltime_temperature, examples=len(examples), rows=rows)
+  return costs, dict(walltime, best_fixed=best['method'] if best else None)
+
+
+def _alpha_markdown(report: dict[str, Any]) -> list[str]:
+  """Alpha per drafter (paper Table 3 layout)."""
+  setup, column = report['setup'], markdown_lib.column
+  columns = [
+    column('M_p', lambda r: setup['target_name']),
+    column('M_q', 'drafter_label'),
+    column('Sampling', lambda r: sampling_name(r['temperature'])),
+    column('alpha', 'alpha', 3),
+    column('acceptance rate', 'acceptance', 3),
+    column('tokens / target call', 'tokens_per_call'),
+    column('drafted / step', 'drafted_per_step'),
+  ]
+  return markdown_lib.section(
+    f'Alpha per drafter (paper Table 3 layout; gamma={setup["gamma"]}, '
+    f'{setup["num_examples"]} {setup["split"]} sentences)',
+    markdown_lib.columns_table(columns, report['alpha']),
+    'alpha = mean over drafted positions of sum_x min(p(x), q(x)); deterministic '
+    'drafters (prompt lookup) have one-hot q, so there alpha = P(accept). Prompt lookup '
+    'proposes only where an n-gram matches (drafted / step < gamma).',
+    level=3,
+  )
+
+
+def _lenience_markdown(report: dict[str, Any]) -> list[str]:
+  """Alpha, tokens per call and BLEU vs lenience (paper Table 5 layout)."""
+  setup, fmt = report['setup'], markdown_lib.fmt
+  target_name, draft_name = setup['target_name'], setup['draft_name']
+  header = [f'l={v:g}' for v in setup['lenience']]
+  alpha_rows, metric_rows = [], []
+  for temperature, rows in report['lenience'].items():
+    name = sampling_name(float(temperature))
+    alpha_rows.append([target_name, draft_name, name] + [fmt(r['alpha'], 3) for r in rows])
+    for metric, digits in (('tokens_per_call', 2), ('bleu', 1)):
+      metric_rows.append([name, metric] + [fmt(r[metric], digits) for r in rows])
+  return markdown_lib.section(
+    f'Alpha vs lenience (paper Table 5 layout; M_q = {draft_name}, gamma={setup["gamma"]})',
+    markdown_lib.table(['M_p', 'M_q', 'Sampling'] + header, alpha_rows),
+    'Tokens per target call and BLEU (l < 1 is APPROXIMATE: the output is no longer '
+    "the target's):",
+    markdown_lib.table(['Sampling', 'metric'] + header, metric_rows),
+    'Greedy lenience accepts a draft token x iff p(x) >= l max p (target softmax at '
+    'temperature 1); sampling lenience accepts iff r l q(x) <= p(x), so no token is '
+    'emitted with probability above p(x)/l.',
+    level=3,
+  )
+
+
+def _walltime_markdown(report: dict[str, Any]) -> list[str]:
+  """Walltime of adaptive vs fixed gamma, with the measured costs."""
+  setup, wall, costs, column = (
+    report['setup'],
+    report['walltime'],
+    report['costs'],
+    markdown_lib.column,
+  )
+  v_values = sorted(costs['v'].items(), key=lambda kv: int(kv[0]))
+  columns = [
+    column('method', 'method'),
+    column('ms / token', 'ms_per_token'),
+    column('speedup vs baseline', 'speedup', 2, 'x'),
+    column('vs best fixed gamma', 'vs_best_fixed', 2, 'x'),
+    column('tokens / call', 'tokens_per_call'),
+    column('drafted / step', 'drafted_per_step'),
+    column('compile s', 'compile_s', 1),
+  ]
+  return markdown_lib.section(
+    f'Walltime: adaptive vs fixed gamma (batch 1, {sampling_name(wall["temperature"])}'
+    f', {wall["examples"]} sentences, median of {setup["repeats"]})',
+    f'Measured: target step {1000 * costs["target_step_s"]:.2f} ms, draft step '
+    f'{1000 * costs["draft_step_s"]:.2f} ms (c = {costs["c"]:.3f}), v(T) = '
+    + ', '.join(f'{v:.2f}' for _, v in v_values)
+    + f' for T = 1..{len(v_values)}'
+    + ''.join(
+      f'. **Too noisy** (the acceptance rule below uses it anyway): {reason}'
+      for reason in costs.get('too_noisy', {}).values()
+    ),
+    markdown_lib.columns_table(columns, wall['rows']),
+    f'Best fixed gamma: {wall["best_fixed"]}. Adaptive gamma is exact (same tokens as '
+    'the baseline under argmax). With the static verify width it only saves draft calls; '
+    '"adaptive verify" also shrinks the target call to 1 + drafted tokens (lax.switch '
+    'over gamma+1 compiled widths).',
+    level=3,
+  )
+
+
+def markdown(report: dict[str, Any]) -> str:
+  """The page (docs/drafters/drafters.md): the tables of the parts that ran, in the layout of the
+  paper's Tables 3 and 5, then the command and machine line."""
+  lines = []
+  for part, write in (
+    ('alpha', _alpha_markdown),
+    ('lenience', _lenience_markdown),
+    ('walltime', _walltime_markdown),
+  ):
+    lines += write(report) if part in report else []
+  setup = report['setup']
+  lines.append(
+    f'Command: `{setup["command"]}` ({setup["generated_at"]}); machine: '
+    f'{markdown_lib.machine_line(setup["machine"])}; target weights: '
+    f'{setup["target_checkpoint"]}; draft weights: {setup["draft_checkpoint"]}.'
+  )
+  lines += [f'**Warning:** {w}' for w in setup.get('warnings', [])]
+  return '\n'.join(lines) + '\n'
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
@@ -246,17 +367,21 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
   args = parse_args(argv)
   skip = set(pages.values(args.skip, str))
   pair, examples, skipped = pages.load_pair_and_examples(args)
-  report: dict[str, Any] = dict(setup=setup_record(args, argv, pair, len(examples), skipped))
+  setup = dict(markdown_lib.record(MODULE, argv), target_name=pair.names['target'])
+  setup.update(draft_name=pair.names['draft'], target_checkpoint=pair.descriptions['target'])
+  setup.update(draft_checkpoint=pair.descriptions['draft'], num_examples=len(examples))
+  setup.update(skipped_long_inputs=skipped, lenience=pages.values(args.lenience, float))
+  report: dict[str, Any] = dict(setup={**setup, **{k: getattr(args, k) for k in SETUP_OPTIONS}})
   if 'alpha' not in skip:
     report['alpha'] = alpha_part(pair, examples, args)
   if 'lenience' not in skip:
     report['lenience'] = lenience_part(pair, examples, args)
   if 'walltime' not in skip:
-    report['costs'], report['walltime'] = drafters_walltime.walltime_part(pair, examples, args)
+    report['costs'], report['walltime'] = walltime_part(pair, examples, args)
   busy = machine_lib.busy_warning(report['setup']['machine'])
   report['setup']['warnings'] = [busy] if busy else []
-  text = drafters_tables.markdown(report)
-  pages.write_page(args.output_dir, {'drafters.json': report, 'drafters.md': text})
+  text = markdown(report)
+  markdown_lib.write_page(args.output_dir, {'drafters.json': report, 'drafters.md': text})
   print()
   print(text)
   return report

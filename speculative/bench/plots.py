@@ -17,22 +17,13 @@ def make_plots(report: dict[str, Any], output_dir: str) -> dict[str, str]:
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
 
-  plots = {}
   _speedup_plot(plt, report, os.path.join(output_dir, "speedup_vs_gamma.png"))
-  plots["speedup_vs_gamma.png"] = (
-    "Walltime speedup over our baseline vs γ; lines: predicted "
-    "(Thm 3.8 with measured v(γ+1), dotted: v=1)"
-  )
   _alpha_plot(plt, report, os.path.join(output_dir, "alpha.png"))
-  plots["alpha.png"] = "α per drafter and temperature"
-  return plots
-
-
-def _rows_by_drafter(group: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
-  by_drafter: dict[str, list[dict[str, Any]]] = {}
-  for r in group["speculative"]:
-    by_drafter.setdefault(r["drafter"], []).append(r)
-  return {d: sorted(rows, key=lambda r: r["gamma"]) for d, rows in by_drafter.items()}
+  return {
+    "speedup_vs_gamma.png": "Walltime speedup over our baseline vs γ; lines: predicted "
+    "(Thm 3.8 with measured v(γ+1), dotted: v=1)",
+    "alpha.png": "α per drafter and temperature",
+  }
 
 
 def _predicted_curves(ax, rows, cm: dict[str, Any], color, label: str) -> None:
@@ -48,23 +39,11 @@ def _predicted_curves(ax, rows, cm: dict[str, Any], color, label: str) -> None:
   predicted = [
     float(analysis.walltime_improvement(alpha, int(k), c, v_fn(int(k) + 1))) for k in curve_gammas
   ]
-  ax.plot(
-    curve_gammas,
-    predicted,
-    "-",
-    color=color,
-    marker=".",
-    label=f"{label}: predicted (α={alpha:.2f}, c={c:.3f}, measured v)",
-  )
+  text = f"{label}: predicted (α={alpha:.2f}, c={c:.3f}, measured v)"
+  ax.plot(curve_gammas, predicted, "-", color=color, marker=".", label=text)
   ideal = [float(analysis.walltime_improvement(alpha, int(k), c, 1.0)) for k in curve_gammas]
-  ax.plot(
-    curve_gammas,
-    ideal,
-    ":",
-    color=color,
-    alpha=0.6,
-    label=f"{label}: predicted with v=1 (free verify)",
-  )
+  text = f"{label}: predicted with v=1 (free verify)"
+  ax.plot(curve_gammas, ideal, ":", color=color, alpha=0.6, label=text)
 
 
 def _speedup_plot(plt, report: dict[str, Any], path: str) -> None:
@@ -83,18 +62,16 @@ def _speedup_plot(plt, report: dict[str, Any], path: str) -> None:
     for g in groups:
       if g["group"]["batch_size"] != batch_size:
         continue
-      for drafter, rows in _rows_by_drafter(g).items():
+      drafters = dict.fromkeys(r["drafter"] for r in g["speculative"])
+      for drafter in drafters:
+        rows = sorted(
+          (r for r in g["speculative"] if r["drafter"] == drafter), key=lambda r: r["gamma"]
+        )
         color = colors[color_index % len(colors)]
         color_index += 1
         label = f"{drafter}, T={g['group']['temperature']:g}"
-        ax.plot(
-          [r["gamma"] for r in rows],
-          [r["measured_speedup"] for r in rows],
-          "o",
-          color=color,
-          ms=7,
-          label=f"{label}: measured",
-        )
+        gammas, speedups = [r["gamma"] for r in rows], [r["measured_speedup"] for r in rows]
+        ax.plot(gammas, speedups, "o", color=color, ms=7, label=f"{label}: measured")
         _predicted_curves(ax, rows, cm, color, label)
     ax.axhline(1.0, color="gray", lw=0.8)
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))

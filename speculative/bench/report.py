@@ -1,6 +1,7 @@
-"""The results page: Markdown tables (the paper's Tables 2 and 4 layout, the cost model with its
-noise verdict, the profile, the targets), the pages it includes, results.json; and re-rendering a
-saved results.json."""
+"""The results page (results.md): the machine and setup, the cost model with its noise verdict, the
+speedups in the paper's Tables 2 and 4 layout, the baselines, the batch jobs, the gamma policy and
+the targets (bench/conclude.py), the profile, the roofline and the plots; the pages it includes;
+results.json; and re-rendering a saved results.json."""
 
 from __future__ import annotations
 
@@ -8,69 +9,68 @@ import json
 import os
 from typing import Any
 from typing import Callable
+from typing import Sequence
 
-from speculative.bench import cells
 from speculative.bench import conclude
-from speculative.bench import conclude as conclude_lib
-from speculative.bench import cost_sections
-from speculative.bench import job_sections
+from speculative.bench import markdown
 from speculative.bench import plots as plots_lib
-from speculative.checkpoints import files
 from speculative.jobs import checks
 from speculative.jobs import runtime
 
+column, fmt, section = markdown.column, markdown.fmt, markdown.section
+TOO_NOISY = conclude.TOO_NOISY
 
-def format_report(report: dict[str, Any]) -> str:
-  """The results page (Markdown)."""
-  lines = [f"# {report['title']}", ""]
-  lines += [
-    f"Regenerate with `{report['command']}` (from the repository root, on a quiet "
-    f"machine). Generated {report['generated_at']}.",
-    "",
-  ]
-  for section in (
-    _machine_section,
-    _setup_section,
-    cost_sections.cost_section,
-    _speedup_section,
-    _predicted_section,
-    _baselines_section,
-    job_sections.whole_job_section,
-    job_sections.resources_section,
-    _choice_section,
-    _targets_section,
-    cost_sections.profile_section,
-    cost_sections.roofline_section,
-    _plots_section,
-  ):
-    lines += section(report)
-  return "\n".join(lines)
+
+def _refusable(header: str, key: str, *args: Any, **kwargs: Any) -> markdown.Column:
+  """The column of record[key], or TOO_NOISY where the record (a row or a profile) says its costs
+  were refused as too noisy."""
+  refused = lambda r: r.get("prediction_refused") or r.get("overhead_refused")
+  return column(header, lambda r: TOO_NOISY if refused(r) else fmt(r[key], *args, **kwargs))
+
+
+def _rows(report: dict[str, Any], *kinds: str) -> list[dict[str, Any]]:
+  """The rows of every group, of the given kinds ('baselines', 'speculative'), group by group."""
+  return [r for g in report["groups"] for kind in kinds for r in g[kind]]
+
+
+def _by_batch(report: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+  """(batch size, cost model) in batch order."""
+  return sorted(report["costs"].items(), key=lambda kv: int(kv[0]))
+
+
+# Columns that several tables show, under the same header.
+BATCH, TEMP = column("batch", "batch_size"), column("TEMP", "temperature", 0)
+METHOD, DRAFTER, GAMMA = column("method", "name"), column("M_q", "drafter"), column("γ", "gamma")
+TOKENS_PER_S, MS_PER_TOKEN = (
+  column("tokens/s", "tokens_per_s", 1),
+  column("ms/token", "ms_per_token"),
+)
+COMPILE_S, EMP = column("compile s", "compile_s", 1), column("EMP", "measured_speedup", 2, "X")
+IDENTICAL = column("identical", "identical_to_baseline")
+# A speculative method as the paper's tables name it: drafter, temperature, batch size, gamma.
+METHOD_COLUMNS = [DRAFTER, TEMP, column("BATCH", "batch_size"), GAMMA]
 
 
 def _machine_section(report: dict[str, Any]) -> list[str]:
-  """The machine and its load."""
   machine = report["machine"]
-  lines = cells.section(
+  lines = section(
     "Machine",
     f"{machine['cpu']}; {machine['usable_cores']} usable of {machine['cpu_count']} CPU "
-    f"cores; {cells.fmt(machine['memory_gib'], 1)} GiB RAM; {machine['platform']}; "
+    f"cores; {fmt(machine['memory_gib'], 1)} GiB RAM; {machine['platform']}; "
     f"Python {machine['python']}, jax {machine['jax']} (backend: {machine['backend']}). "
-    f"Load average (1/5/15 min) at start {cells.loads(machine['load_average_start'])}, at end "
-    f"{cells.loads(machine.get('load_average_end', []))}"
+    f"Load average (1/5/15 min) at start {markdown.loads(machine['load_average_start'])}, at end "
+    f"{markdown.loads(machine.get('load_average_end', []))}"
     " (a load above the core count means other processes shared the CPU and timings are "
     "noisy).",
     "Runtime settings in force (the same for every method, stock T5X included): "
     + (runtime.describe(machine["runtime"]) if "runtime" in machine else "not recorded")
     + ".",
   )
-  warn = [w for w in report.get("warnings", [])]
-  if warn:
-    lines += ["**Warnings:** " + " ".join(warn), ""]
-  return lines
+  warnings = report.get("warnings", [])
+  return lines + (["**Warnings:** " + " ".join(warnings), ""] if warnings else [])
 
 
 def _setup_section(report: dict[str, Any]) -> list[str]:
-  """What was compared and how."""
   cfg = report["config"]
   bullets = [
     f"- Target: `{cfg['target_name']}` ({report['models']['target']}). "
@@ -97,30 +97,116 @@ def _setup_section(report: dict[str, Any]) -> list[str]:
     "(1 - alpha^(gamma+1)) / (1 - alpha) (Eq. 1, Thm 3.8 with the measured verify cost), "
     "alpha = mean over drafted positions of sum_x min(p, q); EMP = measured.",
   ]
-  return cells.section("Setup", "\n".join(bullets))
+  return section("Setup", "\n".join(bullets))
 
 
-_DRAFTER = cells.column("M_q", "drafter")
-_GAMMA = cells.column("γ", "gamma")
-_EMP = cells.column("EMP", "measured_speedup", 2, "X")
-# A speculative method as the paper's tables name it: drafter, temperature, batch size, gamma.
-_METHOD_COLUMNS = [_DRAFTER, cells.TEMP, cells.column("BATCH", "batch_size"), _GAMMA]
-# The columns of the speedup table after its TASK column (the paper's Table 2).
-_SPEEDUP_COLUMNS = _METHOD_COLUMNS + [
-  cells.column("α", "alpha_used"),
-  cells.column("SPEED", "measured_speedup", 2, "X"),
-  cells.column("SPEED per token", "speedup_per_token", 2, "X"),
-  cells.column("SPEED vs stock", "speedup_vs_stock", 2, "X"),
+def _cost_section(report: dict[str, Any]) -> list[str]:
+  """The measured cost model: the target's costs per batch size, the decode paths, XLA's hoisting,
+  the drafters' costs and the noise verdict of every estimate."""
+  t_max = max(max(int(k) for k in cm["v"]) for cm in report["costs"].values())
+  rows = [
+    [b]
+    + [fmt(cm.get(key), scale=1e3) for key in ("target_step_s", "target_step_s_after")]
+    + [fmt(cm[key], scale=1e3) for key in ("stock_equivalent_step_s", "target_prefill_s")]
+    + [fmt(cm["v"].get(str(t)), 2) for t in range(2, t_max + 1)]
+    for b, cm in _by_batch(report)
+  ]
+  header = ["batch", "target step ms", "(after the sweep)", "stock-equiv. step ms"]
+  header += ["target prefill ms"] + [f"v({t})" for t in range(2, t_max + 1)]
+  lines = section(
+    "Cost model (measured)",
+    "Per-call times of warm jitted `extend` calls on a realistic cache (encoder run on the "
+    "real inputs, decoder cache prefilled to a mid-sentence position), median of repeats. "
+    "c = draft step / target step; v(T) = target T-token call / target 1-token call.",
+    markdown.table(header, rows),
+  )
+  paths = [(b, cm["decode_path"]["line"]) for b, cm in _by_batch(report) if "decode_path" in cm]
+  if paths:
+    lines += [
+      "Decode path of our baseline and speculative methods (the stock-equivalent loop and stock "
+      "T5X run XLA's dot): " + "; ".join(f"batch {b}: {line}" for b, line in paths) + ".",
+      "",
+    ]
+  hoist = next(
+    (cm["loop_matmuls"] for cm in report["costs"].values() if cm.get("loop_matmuls")), {}
+  )
+  if hoist.get("baseline") is not None and hoist["baseline"] != hoist["stock_equivalent"]:
+    lines += [
+      f"The compiled decode step of `stock_equivalent` runs {hoist['stock_equivalent']} "
+      f"matmuls per step, ours {hoist['baseline']} (the cross-attention K/V are "
+      "recomputed every step).",
+      "",
+    ]
+  elif hoist.get("baseline") is not None:
+    lines += [
+      f"**Stock-equivalent = ours after XLA.** The compiled decode step of "
+      f"`stock_equivalent` runs the same {hoist['baseline']} matmuls per step as ours: "
+      "XLA's loop-invariant code motion hoists the cross-attention K/V projection of the "
+      "fixed encoder output out of the loop, so recomputing it \"every step\" costs "
+      "nothing after compilation. T5X's `temperature_sample` closes over the same "
+      "loop-invariant encoder output, so the same optimization applies to it; "
+      "differences between `baseline` and `stock_equivalent` here are noise. "
+      + (
+        "`stock_t5x` above is T5X itself."
+        if report["config"]["stock_t5x"]
+        else "Timing stock T5X itself needs t5x installed (`stock_t5x='on'`)."
+      ),
+      "",
+    ]
+  draft_rows = []
+  for b, cm in _by_batch(report):
+    for name, dc in cm.get("drafters", {}).items():
+      if dc["kind"] == "model":
+        draft_rows.append([b, name, fmt(dc["draft_step_s"], 3, scale=1e3)])
+        draft_rows[-1] += [fmt(dc["draft_catch_up_s"], 3, scale=1e3), fmt(dc["c"], 3)]
+        draft_rows[-1] += [fmt(dc["draft_prefill_s"], scale=1e3)]
+      else:
+        per_gamma = ", ".join(f"{k}: {1e3 * s:.3f}" for k, s in dc["propose_s"].items())
+        draft_rows.append([b, name, f"propose ms {per_gamma}", "-", "per γ", "-"])
+  if draft_rows:
+    header = ["batch", "drafter", "draft step ms", "draft 2-token call ms", "c", "draft prefill ms"]
+    lines += [markdown.table(header, draft_rows), ""]
+  return lines + _noise_lines(report)
+
+
+def _noise_lines(report: dict[str, Any]) -> list[str]:
+  """The noise verdict of every cost estimate (absent from results measured before it existed)."""
+  rows, noise = [], None
+  for b, cm in _by_batch(report):
+    for name, est in (cm.get("noise") or {}).get("estimates", {}).items():
+      noise = cm["noise"]
+      verdict = f"**{TOO_NOISY}**" if name in noise["refused"] else "ok"
+      rows.append([b, name, fmt(est["value"], 3), fmt(est["spread"], 2), est["rounds"], verdict])
+  if not rows:
+    return []
+  return [
+    f"Noise: every quantity is the median over interleaved timing rounds (all timers once "
+    f"per round, the order rotating); a ratio is taken per round. spread = interquartile "
+    f"range / median over the rounds. An estimate is refused, and the predictions (EXP) and "
+    f"overheads that use it are reported as \"{TOO_NOISY}\", when its spread exceeds "
+    f"{noise['max_spread']:.2f}, when fewer than {noise['min_rounds']} rounds were timed, when a "
+    "round did not resolve it above timer jitter, or when v(T) < 1 (impossible).",
+    "",
+    markdown.table(["batch", "estimate", "value", "spread", "rounds", "verdict"], rows),
+    "",
+  ]
+
+
+# The speedup table after its TASK column (the paper's Table 2).
+SPEEDUP_COLUMNS = METHOD_COLUMNS + [
+  column("α", "alpha_used"),
+  column("SPEED", "measured_speedup", 2, "X"),
+  column("SPEED per token", "speedup_per_token", 2, "X"),
+  column("SPEED vs stock", "speedup_vs_stock", 2, "X"),
 ]
 
 
 def _speedup_section(report: dict[str, Any]) -> list[str]:
-  """Speedups in the layout of the paper's Table 2."""
   cfg = report["config"]
-  task = ("TASK", lambda r: cfg["task_label"])
-  return cells.section(
+  task = column("TASK", lambda r: cfg["task_label"])
+  return section(
     "Speedup (layout of the paper's Table 2)",
-    cells.columns_table([task] + _SPEEDUP_COLUMNS, cells.rows_of(report, "speculative")),
+    markdown.columns_table([task] + SPEEDUP_COLUMNS, _rows(report, "speculative")),
     "SPEED = baseline walltime / speculative walltime (our own baseline); SPEED per "
     "token = ratio of ms per generated token (differs from SPEED under sampling, where "
     "output lengths differ by chance); SPEED vs stock is over "
@@ -128,121 +214,283 @@ def _speedup_section(report: dict[str, Any]) -> list[str]:
   )
 
 
-# The predicted-vs-measured table (the paper's Table 4, with our diagnostics).
-_PREDICTED_COLUMNS = _METHOD_COLUMNS + [
-  cells.column("α", "alpha_used", 3),
-  cells.column("drafted/call", "drafted_per_call"),
-  cells.column("accept rate", "acceptance_rate", 3),
-  cells.column("block eff.", "block_efficiency"),
-  cells.column("E[#tokens]", "expected_tokens"),
-  cells.column("c", "c", 3),
-  cells.column("v(γ+1)", "v"),
-  cells.column("EXP", "predicted_speedup", 2, "X", refused=True),
-  _EMP,
-  cells.column("EMP/EXP", "measured_over_predicted", refused=True),
-  cells.TOKENS_PER_S,
-  cells.COMPILE_S,
-  cells.IDENTICAL,
+def _tabled(
+  title: str, columns: Sequence[markdown.Column], records: Callable, before=None, after=None
+):
+  """The section of one table, `records(report)` its records (none: no section), with the text
+  `before` and `after` it (strings, or functions of the report)."""
+
+  def write(report: dict[str, Any]) -> list[str]:
+    found = records(report)
+    if not found:
+      return []
+    text = [t(report) if callable(t) else t for t in (before, after)]
+    return section(
+      title, *[p for p in (text[0], markdown.columns_table(columns, found), text[1]) if p]
+    )
+
+  return write
+
+
+PREDICTED_COLUMNS = METHOD_COLUMNS + [
+  column("α", "alpha_used", 3),
+  column("drafted/call", "drafted_per_call"),
+  column("accept rate", "acceptance_rate", 3),
+  column("block eff.", "block_efficiency"),
+  column("E[#tokens]", "expected_tokens"),
+  column("c", "c", 3),
+  column("v(γ+1)", "v"),
+  _refusable("EXP", "predicted_speedup", 2, "X"),
+  EMP,
+  _refusable("EMP/EXP", "measured_over_predicted"),
+  TOKENS_PER_S,
+  COMPILE_S,
+  IDENTICAL,
+]
+_predicted_section = _tabled(
+  "Predicted vs measured (layout of the paper's Table 4)",
+  PREDICTED_COLUMNS,
+  lambda report: _rows(report, "speculative"),
+  after="accept rate = accepted / drafted (counts drafts after a rejection as not accepted, "
+  "so it is below α for γ > 1); block eff. = generated tokens / target calls; "
+  "identical = rows token-identical to the baseline (greedy only); drafted/call < γ "
+  "for a drafter that sometimes proposes fewer tokens (prompt lookup without a match), "
+  "where EXP, which assumes γ drafts per call, is optimistic.",
+)
+BASELINE_COLUMNS = [
+  BATCH,
+  TEMP,
+  METHOD,
+  column("walltime s", "walltime_s", 3),
+  column("tokens", "generated_tokens"),
+  TOKENS_PER_S,
+  MS_PER_TOKEN,
+  column("vs baseline", "speedup_vs_baseline", 2, "X"),
+  COMPILE_S,
+  IDENTICAL,
+]
+_baselines_section = _tabled(
+  "Baselines", BASELINE_COLUMNS, lambda report: _rows(report, "baselines")
+)
+WHOLE_JOB_COLUMNS = [
+  METHOD,
+  column("walltime s", "walltime_s", 1),
+  column("tokens", "generated_tokens"),
+  column("sentences/s", "sentences_per_s", 2),
+  TOKENS_PER_S,
+  MS_PER_TOKEN,
+  column("vs baseline", "speedup_vs_baseline", 2, "x"),
+  IDENTICAL,
 ]
 
 
-def _predicted_section(report: dict[str, Any]) -> list[str]:
-  """Predicted vs measured, in the layout of the paper's Table 4."""
-  return cells.section(
-    "Predicted vs measured (layout of the paper's Table 4)",
-    cells.columns_table(_PREDICTED_COLUMNS, cells.rows_of(report, "speculative")),
-    "accept rate = accepted / drafted (counts drafts after a rejection as not accepted, "
-    "so it is below α for γ > 1); block eff. = generated tokens / target calls; "
-    "identical = rows token-identical to the baseline (greedy only); drafted/call < γ "
-    "for a drafter that sometimes proposes fewer tokens (prompt lookup without a match), "
-    "where EXP, which assumes γ drafts per call, is optimistic.",
+def _whole_job_text(report: dict[str, Any]) -> str:
+  """What the whole job ran (bench/whole_job.py: every input of the split at the best batch size)."""
+  job = report["whole_job"]
+  return (
+    f"{job['inputs']} ({job['truncated_inputs']} inputs truncated to inputs_length, not "
+    f"skipped), greedy, at batch {job['batch_size']} (the sweep's fastest baseline batch size), "
+    f"each method once, interleaved batch by batch; the speculative method is the sweep's "
+    f"fastest at that batch size ({job['chosen'] or 'none'}). XLA compiles: "
+    f"{job['compiles']['first_calls']} in the first calls, {job['compiles']['timed_calls']} "
+    f"after; peak RSS {fmt(job['peak_rss_mib'], 0)} MiB."
   )
 
 
-_BASELINE_COLUMNS = [
-  cells.BATCH,
-  cells.TEMP,
-  cells.column("method", "name"),
-  cells.column("walltime s", "walltime_s", 3),
-  cells.column("tokens", "generated_tokens"),
-  cells.TOKENS_PER_S,
-  cells.MS_PER_TOKEN,
-  cells.column("vs baseline", "speedup_vs_baseline", 2, "X"),
-  cells.COMPILE_S,
-  cells.IDENTICAL,
+_whole_job_section = _tabled(
+  "Whole job",
+  WHOLE_JOB_COLUMNS,
+  lambda report: (report.get("whole_job") or {}).get("rows"),
+  _whole_job_text,
+)
+# The resources of a (batch size, temperature) group, from its record and its compile counts.
+RESOURCE_COLUMNS = [
+  BATCH,
+  TEMP,
+  column("input batches", "input_batches"),
+  column("compiles (first calls)", lambda g: g["compiles"]["first_calls"]),
+  column("backend compile s", lambda g: g["compiles"]["first_calls_compile_s"], 1),
+  column("compiles (timed calls)", lambda g: g["compiles"]["timed_calls"]),
+  column(
+    "peak RSS MiB",
+    lambda g: fmt(g.get("peak_rss_mib"), 0) + ("" if g.get("peak_rss_reset") else " (process)"),
+  ),
 ]
-
-
-def _baselines_section(report: dict[str, Any]) -> list[str]:
-  """The non-speculative methods."""
-  return cells.section(
-    "Baselines", cells.columns_table(_BASELINE_COLUMNS, cells.rows_of(report, "baselines"))
-  )
-
-
+_resources_section = _tabled(
+  "Resources per group",
+  RESOURCE_COLUMNS,
+  # A results.json written before this section existed has no compile counts.
+  lambda report: [g["group"] for g in report["groups"] if g["group"].get("compiles") is not None],
+  "XLA compiles counted through `jax.monitoring` (every jitted program, the small ones of "
+  "argument handling included) in the methods' first calls and in the timed calls after them "
+  "(0: no method recompiled for a new input batch); peak resident memory of the process during "
+  "the group (its high-water mark reset at the group's start; '(process)' where it could not "
+  "be reset).",
+)
 # The gamma policy's decision per (batch size, temperature, drafter).
-_CHOICE_COLUMNS = [
-  cells.BATCH,
-  cells.TEMP,
-  _DRAFTER,
-  cells.column("decision", "decision"),
-  _GAMMA,
-  cells.column("EXP", "predicted_speedup", 2, "X"),
-  _EMP,
-  cells.column("best measured γ", "best_measured_gamma"),
-  cells.column("its EMP", "best_measured_speedup", 2, "X"),
+CHOICE_COLUMNS = [
+  BATCH,
+  TEMP,
+  DRAFTER,
+  column("decision", "decision"),
+  GAMMA,
+  column("EXP", "predicted_speedup", 2, "X"),
+  EMP,
+  column("best measured γ", "best_measured_gamma"),
+  column("its EMP", "best_measured_speedup", 2, "X"),
 ]
-
-
-def _choice_section(report: dict[str, Any]) -> list[str]:
-  """The gamma policy."""
-  policy = (
-    f"Policy: among the measured gammas, the one with the best predicted speedup (EXP); if "
+_choice_section = _tabled(
+  "gamma choice",
+  CHOICE_COLUMNS,
+  lambda report: report["choices"],
+  lambda report: (
+    "Policy: among the measured gammas, the one with the best predicted speedup (EXP); if "
     f"that is below {report['config']['fallback_threshold']:.2f}X, plain decoding. Where "
     "every prediction was refused as too noisy: plain decoding if every measured gamma was "
-    f"slower than the baseline (\"{conclude.MEASURED_FALLBACK}\"), else no decision. The best "
+    f'slower than the baseline ("{conclude.MEASURED_FALLBACK}"), else no decision. The best '
     "measured gamma is shown for comparison (picking it is optimistic: it is the maximum "
     "of noisy measurements)."
-  )
-  return cells.section(
-    "gamma choice", policy, cells.columns_table(_CHOICE_COLUMNS, report["choices"])
-  )
+  ),
+)
 
 
 def _targets_section(report: dict[str, Any]) -> list[str]:
   """The targets check and the explanations of missed ones."""
-  lines = cells.section("Targets")
   rows = [
-    [
-      t["target"],
-      cells.fmt(t["value"], 2),
-      cells.fmt(t["threshold"], 2),
+    [t["target"], fmt(t["value"], 2), fmt(t["threshold"], 2)]
+    + [
       "met"
       if t["met"]
-      else conclude.TOO_NOISY
+      else TOO_NOISY
       if t["met"] is None
       else f"**missed by {t['shortfall']:.2f} ({100 * (1 - t['relative']):.0f}%)**",
       t["note"],
     ]
     for t in report["targets"]
   ]
-  lines += [
-    cells.table(["target", "value", "threshold", "result", "note"], rows)
-    if rows
-    else "(no target applies to this sweep)",
-    "",
-  ]
-  if report.get("analysis"):
-    lines += report["analysis"] + [""]
-  return lines
+  header = ["target", "value", "threshold", "result", "note"]
+  table = markdown.table(header, rows) if rows else "(no target applies to this sweep)"
+  return section("Targets", table) + (report["analysis"] + [""] if report.get("analysis") else [])
+
+
+# The profile table: a row's time per loop step split into its parts (a record is the row's
+# profile with the row's batch size, temperature and name).
+PROFILE_COLUMNS = [
+  BATCH,
+  TEMP,
+  METHOD,
+  column("step ms", "step_s", scale=1e3),
+  column("draft ms", lambda p: p.get("draft_s", 0.0), scale=1e3),
+  column("verify/target ms", lambda p: p.get("verify_s", p.get("target_step_s")), scale=1e3),
+  _refusable("overhead ms", "overhead_s", scale=1e3),
+  _refusable("overhead %", "overhead_fraction", 0, "%", scale=100),
+  column("prefill ms", "prefill_s_per_decode", scale=1e3),
+  column("prefill % of walltime", "prefill_fraction", 0, "%", scale=100),
+]
+_profile_section = _tabled(
+  "Profile (time per loop step)",
+  PROFILE_COLUMNS,
+  lambda report: [
+    dict(r["profile"], batch_size=r["batch_size"], temperature=r["temperature"], name=r["name"])
+    for r in _rows(report, "baselines", "speculative")
+    if r.get("profile")
+  ],
+  "step = (decode walltime - prefill) / loop steps (a loop step is one target call; at "
+  "batch > 1 the loop runs until the slowest row is done). draft = the draft model's calls "
+  "of a step (a 2-token catch-up call + gamma-1 one-token calls) or a drafter's propose "
+  "call, verify = target (gamma+1)-token call, both from the cost model; overhead = the "
+  "rest (sampling and acceptance over the vocabulary, the draft loop's control flow, "
+  "bookkeeping). A negative overhead is impossible (the calls were timed under another load "
+  f'than the decode), so it is reported as "{TOO_NOISY}" too.',
+)
+
+
+def _overhead_range(rows: Sequence[dict[str, Any]]) -> str:
+  """The loop overhead fractions of `rows` ('-' where refused or absent), as 'a%' or 'a%..b%'."""
+  fractions = [(r.get("profile") or {}).get("overhead_fraction") for r in rows]
+  values = sorted(f for f in fractions if f is not None)
+  if not values:
+    return "-"
+  low, high = (fmt(v, 0, "%", scale=100) for v in (values[0], values[-1]))
+  return low if low == high else f"{low}..{high}"
+
+
+def _roofline_section(report: dict[str, Any]) -> list[str]:
+  """The memory-bandwidth floor, the bare matmul stack's v(T) and the loop overhead."""
+  rows, v_rows = [], []
+  for b, cm in _by_batch(report):
+    if not (roof := cm.get("roofline")):
+      continue
+    greedy = [
+      g
+      for g in report["groups"]
+      if (g["group"]["batch_size"], g["group"]["temperature"]) == (int(b), 0)
+    ]
+    base = [r for g in greedy for r in g["baselines"] if r["method"] == "baseline"]
+    floor_ms = 1e3 * roof["floor_step_s"] / int(b)
+    profile = base[0].get("profile") if base else None
+    step_ms = 1e3 * profile["step_s"] / int(b) if profile else None
+    rows.append(
+      [b, fmt(roof["weight_bytes"] / 1e6, 1), fmt(roof["bandwidth_gb_s"], 1), fmt(floor_ms, 3)]
+      + [fmt(step_ms, 3), fmt(None if step_ms is None else step_ms / floor_ms, 1, "x")]
+      + [_overhead_range(base), _overhead_range([r for g in greedy for r in g["speculative"]])]
+    )
+    refused = roof.get("noise", {}).get("refused", {})
+    v_rows += [
+      [b, t, fmt(cm["v"].get(t)), fmt(bare), TOO_NOISY if f"bare v({t})" in refused else "ok"]
+      for t, bare in roof["bare_v"].items()
+      if t != "1"
+    ]
+  header = ["batch", "weights MB / step", "bandwidth GB/s", "floor ms/token", "baseline ms/token"]
+  header += ["baseline / floor", "loop overhead baseline", "loop overhead speculative"]
+  if not rows:
+    return []
+  return section(
+    "Roofline",
+    "A decode step reads at least the decoder's weights (the cached cross-attention K/V "
+    "projections excluded); at the stream bandwidth of a bare jitted matvec over as many "
+    "bytes, that takes the floor below. baseline ms/token = the baseline's greedy decode "
+    "step (profile) / batch; loop overhead = (decode walltime - prefill - the model calls of "
+    "the cost model) / (decode walltime - prefill), greedy, as in the profile.",
+    markdown.table(header, rows),
+    "v(T) of the target beside v(T) of a bare jitted stack of its decoder matmuls at the "
+    "same B x T rows (no attention, norms or cache): where they differ, the gap is in "
+    "what the model adds around the matmuls.",
+    markdown.table(["batch", "T", "target v(T)", "bare matmul v(T)", "bare verdict"], v_rows),
+  )
 
 
 def _plots_section(report: dict[str, Any]) -> list[str]:
-  """The plots written."""
-  lines = cells.section("Plots")
-  for name, caption in report.get("plots", {}).items():
-    lines += [f"![{caption}]({name})", "", f"*{caption}*", ""]
-  return lines
+  plots = report.get("plots", {}).items()
+  return section("Plots") + [line for n, c in plots for line in (f"![{c}]({n})", "", f"*{c}*", "")]
+
+
+SECTIONS = (
+  _machine_section,
+  _setup_section,
+  _cost_section,
+  _speedup_section,
+  _predicted_section,
+  _baselines_section,
+  _whole_job_section,
+  _resources_section,
+  _choice_section,
+  _targets_section,
+  _profile_section,
+  _roofline_section,
+  _plots_section,
+)
+
+
+def format_report(report: dict[str, Any]) -> str:
+  """The results page (Markdown)."""
+  lines = [f"# {report['title']}", ""]
+  lines += [
+    f"Regenerate with `{report['command']}` (from the repository root, on a quiet "
+    f"machine). Generated {report['generated_at']}.",
+    "",
+  ]
+  return "\n".join(lines + [line for write in SECTIONS for line in write(report)])
 
 
 # Pages written by bench/spectr_page.py and bench/drafters_page.py into subfolders of the output
@@ -276,16 +524,16 @@ def related_sections(output_dir: str) -> str:
 def summary_lines(report: dict[str, Any]) -> list[str]:
   """What the command line prints once the page is written (the page itself is in the file): one
   line per group with its best measured gamma and the policy's decision, and the warnings count."""
-  elapsed = report.get("elapsed_s")
+  elapsed, groups = report.get("elapsed_s"), len(report["groups"])
   lines = [
-    f"{report['title']}: {len(report['groups'])} group{'' if len(report['groups']) == 1 else 's'}"
+    f"{report['title']}: {groups} group{'' if groups == 1 else 's'}"
     + (f", {elapsed:.0f} s" if elapsed is not None else "")
   ]
   for choice in report.get("choices", []):
     lines.append(
-      f"  batch {choice['batch_size']}, temperature {cells.fmt(choice['temperature'], 1)}: "
-      f"{choice['drafter']} best measured gamma {cells.fmt(choice['best_measured_gamma'])} "
-      f"({cells.fmt(choice['best_measured_speedup'], suffix='x')}); policy: {choice['decision']}"
+      f"  batch {choice['batch_size']}, temperature {fmt(choice['temperature'], 1)}: "
+      f"{choice['drafter']} best measured gamma {fmt(choice['best_measured_gamma'])} "
+      f"({fmt(choice['best_measured_speedup'], suffix='x')}); policy: {choice['decision']}"
     )
   if report.get("warnings"):
     lines.append(f"  {len(report['warnings'])} warning(s): see the page's Machine section")
@@ -300,17 +548,12 @@ def write_report(
   os.makedirs(output_dir, exist_ok=True)
   if plots:
     report["plots"] = plots_lib.make_plots(report, output_dir)
-  markdown = format_report(report) + related_sections(output_dir)
-  files.write_atomic(
-    os.path.join(output_dir, "results.json"),
-    json.dumps(report, indent=1, ensure_ascii=False) + "\n",
-  )
-  page = os.path.join(output_dir, "results.md")
-  files.write_atomic(page, markdown + "\n")
+  page = format_report(report) + related_sections(output_dir) + "\n"
+  markdown.write_page(output_dir, {"results.json": report, "results.md": page}, indent=1)
   for line in summary_lines(report):
     log(line)
   log(
-    f"wrote the results page {page}, and results.json"
+    f"wrote the results page {os.path.join(output_dir, 'results.md')}, and results.json"
     + (", speedup_vs_gamma.png, alpha.png" if plots else "")
     + f" in {output_dir}"
   )
@@ -327,6 +570,6 @@ def render(results_json: str, output_dir: str | None = None) -> dict[str, Any]:
         report = json.load(f)
       except json.JSONDecodeError as e:
         raise ValueError(f"{results_json} is not a results.json: {e}") from e
-  report = conclude_lib.conclude(report)
+  report = conclude.conclude(report)
   write_report(report, output_dir or os.path.dirname(os.path.abspath(results_json)))
   return report

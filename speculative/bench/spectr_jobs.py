@@ -22,26 +22,23 @@ import sys
 from typing import Any
 from typing import Sequence
 
-Z95 = 1.96
+from speculative.bench import markdown
 
 
 def read_job(output_dir: str) -> dict[str, Any]:
-  """metrics.json, manifest.json and the three prediction files' (tokens, target calls) of a job."""
-  with open(os.path.join(output_dir, 'metrics.json'), encoding='utf-8') as f:
-    metrics = json.load(f)
-  with open(os.path.join(output_dir, 'manifest.json'), encoding='utf-8') as f:
-    manifest = json.load(f)
-  records = {}
+  """A job's metrics.json, manifest.json and (tokens, target calls) per example of SpecTr and of
+  one-draft speculative decoding (their predictions files)."""
+
+  def read(name: str) -> list[Any]:  # a JSON file, or a JSONL file's lines
+    with open(os.path.join(output_dir, name), encoding='utf-8') as f:
+      return [json.loads(line) for line in f] if name.endswith('.jsonl') else json.load(f)
+
+  job = dict(name=os.path.basename(output_dir.rstrip('/')), records={})
+  job.update(metrics=read('metrics.json'), manifest=read('manifest.json'))
   for mode in ('speculative', 'spectr'):
-    with open(os.path.join(output_dir, f'predictions-{mode}.jsonl'), encoding='utf-8') as f:
-      rows = [json.loads(line) for line in f]
-    records[mode] = {r['index']: (r['num_tokens'], r['target_calls']) for r in rows}
-  return dict(
-    name=os.path.basename(output_dir.rstrip('/')),
-    metrics=metrics,
-    manifest=manifest,
-    records=records,
-  )
+    rows = read(f'predictions-{mode}.jsonl')
+    job['records'][mode] = {r['index']: (r['num_tokens'], r['target_calls']) for r in rows}
+  return job
 
 
 def paired_difference(spectr: dict[int, tuple], one: dict[int, tuple]) -> tuple[float, float]:
@@ -83,34 +80,37 @@ def read_loads(log_path: str | None) -> dict[str, str]:
 
 
 def table(jobs: Sequence[dict[str, Any]], c: float, loads: dict[str, str]) -> str:
-  header = (
-    '| job | task | B | K | L | examples | BE SpecTr [95%] | BE one draft [95%] | diff (z) | '
-    'accept. K / 1 draft | ms/token base / one / SpecTr | SpecTr vs baseline | vs one draft | '
-    f'device prediction (c = {c:.3f}) | identical to one draft | decode path | load |'
+  header = ['job', 'task', 'B', 'K', 'L', 'examples', 'BE SpecTr [95%]', 'BE one draft [95%]']
+  header += ['diff (z)', 'accept. K / 1 draft', 'ms/token base / one / SpecTr']
+  header += ['SpecTr vs baseline', 'vs one draft', f'device prediction (c = {c:.3f})']
+  header += ['identical to one draft', 'decode path', 'load']
+  ms = lambda mode: 1e3 / mode['tokens_per_s']
+  ci = lambda mode: '{:.3f} [{:.3f}, {:.3f}]'.format(
+    mode['block_efficiency'], *mode['block_efficiency_ci95']
   )
-  lines = [header, '|' + '---|' * header.count(' | ') + '---|']
+  rows = []
   for job in jobs:
-    m, manifest = job['metrics'], job['manifest']
+    m, inputs = job['metrics'], job['manifest']['inputs']
     s, one, base = m['spectr'], m['speculative'], m['baseline']
-    k, length = m['num_drafts'], m['gamma']
     diff, se = paired_difference(job['records']['spectr'], job['records']['speculative'])
-    ms = lambda mode: 1e3 / mode['tokens_per_s']  # noqa: E731
-    ci = lambda mode: '{:.3f} [{:.3f}, {:.3f}]'.format(  # noqa: E731
-      mode['block_efficiency'], *mode['block_efficiency_ci95']
+    task = (inputs.get('task') if isinstance(inputs, dict) else None) or inputs
+    rows.append(
+      [job['name'], task, m['batch_size'], m['num_drafts'], m['gamma'], m['examples']]
+      + [ci(s), ci(one), f'{diff:+.3f} ({diff / se if se else 0:+.1f})']
+      + [f"{s['alpha']:.3f} / {s['alpha_one_draft']:.3f}"]
+      + [f'{ms(base):.1f} / {ms(one):.1f} / {ms(s):.1f}']
+      + [
+        f"{s['speedup_per_token_vs_baseline']:.2f}x",
+        f"{s['speedup_per_token_vs_speculative']:.2f}x",
+      ]
+      + [
+        f"{s['block_efficiency'] / (1 + m['gamma'] * c):.2f}x vs baseline, "
+        f"{s['block_efficiency'] / one['block_efficiency']:.2f}x vs one draft"
+      ]
+      + [f"{s['identical_to_speculative']} / {m['examples']}", m['decode_path']]
+      + [loads.get(job['name'], '-')]
     )
-    task = manifest['inputs'].get('task') if isinstance(manifest['inputs'], dict) else None
-    lines.append(
-      f"| {job['name']} | {task or manifest['inputs']} | {m['batch_size']} | {k} | {length} | "
-      f"{m['examples']} | {ci(s)} | {ci(one)} | {diff:+.3f} ({diff / se if se else 0:+.1f}) | "
-      f"{s['alpha']:.3f} / {s['alpha_one_draft']:.3f} | "
-      f'{ms(base):.1f} / {ms(one):.1f} / {ms(s):.1f} | '
-      f"{s['speedup_per_token_vs_baseline']:.2f}x | {s['speedup_per_token_vs_speculative']:.2f}x | "
-      f"{s['block_efficiency'] / (1 + length * c):.2f}x vs baseline, "
-      f"{s['block_efficiency'] / one['block_efficiency']:.2f}x vs one draft | "
-      f"{s['identical_to_speculative']} / {m['examples']} | {m['decode_path']} | "
-      f"{loads.get(job['name'], '-')} |"
-    )
-  return '\n'.join(lines) + '\n'
+  return markdown.table(header, rows) + '\n'
 
 
 def main(argv: Sequence[str] | None = None) -> None:

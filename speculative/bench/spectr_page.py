@@ -8,24 +8,16 @@ minutes with the options above, which made docs/spectr/). Smoke run (4 inputs, 1
 
   python -m speculative.bench.spectr_page --quick
 
-Models and inputs: the options of bench/pages.py (the embedded target and draft, the first
---num_examples sentences of the test split whose tokenized input fits --inputs_length, batch 1 as
-in the papers), exact sampling at temperature 1 (no top-k), --max_new_tokens 64.
-
-Methods, all on the same inputs and per-input seeds: `baseline`, `speculative L` (gamma = L) and
-`spectr K L` (decode.spectr_loop.spectr_decode, K in --ks, L in --ls). With the same seed, spectr K=1
-emits exactly speculative L's tokens (checked and reported). Timing as the benchmark's sweep
-(bench/pages.time_rows): each method compiled on the first input, then every input decoded
---repeats times by every method, interleaved; a method's walltime = sum over inputs of the median
-over repeats. Samples differ between methods, so the comparison is per generated token.
-
-Cost model (where the wider target call eats the gain; bench/costs.py): t(R, T) = one target
-`extend` over R rows of T tokens, d(R) = one draft step over R rows. A SpecTr step costs about
-L d(K) + t(K, L+1), so the predicted speedup is BE x t(1, 1) / (L d(K) + t(K, L+1)).
-
-Writes results.json and results.md (bench/spectr_tables.py) to --output_dir; the results page
-includes the latter. SpecTr's Table 4 (LM1B, 97M target, 6M draft, temperature 1) is printed next to
-ours where the paper reports it (K = 1 and K = 8).
+The pair and inputs are bench/pages.py's (the first --num_examples test sentences that fit
+--inputs_length, batch 1 as in the papers); exact sampling at temperature 1. Methods, on the same
+inputs and per-input seeds: `baseline`, `speculative L` (gamma = L) and `spectr K L`
+(decode.spectr_loop, K in --ks, L in --ls); with the same seed, spectr K=1 emits exactly speculative
+L's tokens (checked). Timed as the benchmark's sweep (pages.time_rows); samples differ between
+methods, so the comparison is per generated token. Cost model (bench/costs.py): t(R, T) = one target
+`extend` over R rows of T tokens, d(R) = one draft step over R rows; a SpecTr step costs about
+L d(K) + t(K, L+1), so the predicted speedup is BE x t(1, 1) / (L d(K) + t(K, L+1)). Writes
+results.json and results.md (which the results page includes), with SpecTr's Table 4 (LM1B, 97M
+target, 6M draft) beside ours where the paper reports it (K = 1 and K = 8).
 """
 
 from __future__ import annotations
@@ -37,16 +29,13 @@ from typing import Sequence
 
 import numpy as np
 
-from speculative import sampling as sampling_lib
-from speculative.bench import costs as costs_lib
 from speculative.bench import machine as machine_lib
+from speculative.bench import markdown
 from speculative.bench import methods as methods_lib
 from speculative.bench import noise as bench_noise
 from speculative.bench import pages
-from speculative.bench import spectr_tables
 from speculative.bench import sweep
 from speculative.bench import timing
-from speculative.data import tasks
 from speculative.decode import batching
 from speculative.decode import spectr_loop as spectr_decoding
 
@@ -55,7 +44,6 @@ SPECTR = 'spectr'
 # SpecTr (Sun et al. 2023) Table 4, LM1B, block efficiency at temperature 1: only K = 1 and K = 8
 # are quoted there; the other cells are left empty rather than guessed.
 SPECTR_TABLE4 = {(1, 4): 2.21, (8, 4): 2.99, (1, 8): 2.33, (8, 8): 3.27}
-COST_POSITION = 16  # decoder position of the timed calls (mid-sentence)
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -79,11 +67,6 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
   return args
 
 
-# ----------------------------------------------------------------------------------------------
-# Cost model: t(R, T) and d(R).
-# ----------------------------------------------------------------------------------------------
-
-
 def measure_costs(pair: pages.Pair, encoder_row: np.ndarray, args, max_length: int) -> dict:
   """t(K, L+1), d(K) and t(1, 1) with the benchmark's cost model: per K, the K-row calls
   interleaved with the 1-row target step t(1, 1) in timing rounds, so the ratios
@@ -99,65 +82,45 @@ def measure_costs(pair: pages.Pair, encoder_row: np.ndarray, args, max_length: i
       encoder[:1],
       num_tokens=1,
       max_length=max_length,
-      position=COST_POSITION,
+      position=pages.COST_POSITION,
     )
-    cm = costs_lib.measure_extend_costs(
-      pair.target,
-      pair.target_params,
+    cm = pages.extend_costs(
+      pair,
       encoder,
       max_length=max_length,
-      position=COST_POSITION,
       verify_lengths=[length + 1 for length in args.ls],
-      drafts={'draft': (pair.draft, pair.draft_params)},
       repeats=args.cost_repeats,
-      min_seconds=0.1,
       extra_timers={'target_1x1': reference},
       marginal_extra=['target_1x1'],
     )
-    t11.append(_add_costs_at_k(costs, cm, k, args.ls))
+    rounds, noise = cm['rounds'], bench_noise.NoiseLog(cm['noise'])
+    t11.append(cm['seconds']['target_1x1'])
+
+    def ratio(name: str, timer: str, seconds: float, **options: Any) -> float:
+      """The median of the per-round ratios of `timer` to t(1, 1), judged for noise."""
+      samples = bench_noise.ratio_samples(rounds[timer], rounds['target_1x1'])
+      return noise.add(name, samples, fallback=seconds / t11[-1], **options)
+
+    draft_step_s = cm['drafters']['model']['draft_step_s']
+    costs['draft_ms'][str(k)] = 1e3 * draft_step_s
+    costs['c'][str(k)] = ratio(f'c(K={k})', 'draft[model]_1', draft_step_s)
+    for length in args.ls:
+      key, extend_s = f'{k}x{length + 1}', cm['target_extend_s'][str(length + 1)]
+      costs['target_ms'][key] = 1e3 * extend_s
+      costs['v'][key] = ratio(f'v({key})', f'target_{length + 1}', extend_s, minimum=1.0)
+    refused = noise.data['refused'].items()
+    costs['too_noisy'].update(
+      {name: reason for name, reason in refused if name.startswith(('c(K=', f'v({k}x'))}
+    )
   costs['target_1x1_ms'] = 1e3 * float(np.median(t11))
   return costs
 
 
-def _add_costs_at_k(costs: dict[str, Any], cm: dict[str, Any], k: int, ls) -> float:
-  """d(K), c_K and every v(K x L+1) of one K's cost model `cm` into `costs` (with the refused
-  estimates); returns that K's t(1, 1) in seconds."""
-  rounds, noise = cm['rounds'], bench_noise.NoiseLog(cm['noise'])
-  costs['draft_ms'][str(k)] = 1e3 * cm['drafters']['draft']['draft_step_s']
-  t11_k = cm['seconds']['target_1x1']
-  costs['c'][str(k)] = noise.add(
-    f'c(K={k})',
-    bench_noise.ratio_samples(rounds['draft[draft]_1'], rounds['target_1x1']),
-    fallback=cm['drafters']['draft']['draft_step_s'] / t11_k,
-  )
-  for length in ls:
-    key = f'{k}x{length + 1}'
-    costs['target_ms'][key] = 1e3 * cm['target_extend_s'][str(length + 1)]
-    costs['v'][key] = noise.add(
-      f'v({key})',
-      bench_noise.ratio_samples(rounds[f'target_{length + 1}'], rounds['target_1x1']),
-      minimum=1.0,
-      fallback=cm['target_extend_s'][str(length + 1)] / t11_k,
-    )
-  refused = noise.data['refused'].items()
-  costs['too_noisy'].update(
-    {name: reason for name, reason in refused if name.startswith(('c(K=', f'v({k}x'))}
-  )
-  return t11_k
-
-
-# ----------------------------------------------------------------------------------------------
-# Decoding methods and their rows.
-# ----------------------------------------------------------------------------------------------
-
-
 def make_methods(pair: pages.Pair, args) -> list[methods_lib.Method]:
   """baseline, speculative L per L, spectr K L per (K, L); `drafter_obj` holds (K, L)."""
-  sampling, sampling_params = sampling_lib.make_sampling(temperature=1.0)
   drafter = pages.model_drafter(pair)
-  common = dict(max_new_tokens=args.max_new_tokens, sampling=sampling, eos_id=tasks.EOS_ID)
-  baseline = pages.decode_fn(pair, sampling_params=sampling_params, **common)
-  methods = [methods_lib.Method('baseline', methods_lib.BASELINE, baseline)]
+  options = pages.decode_options(args.max_new_tokens, temperature=1.0)
+  methods = [methods_lib.Method('baseline', methods_lib.BASELINE, pages.decode_fn(pair, **options))]
 
   def spectr(k, length):
     return lambda encoder_tokens, rng: spectr_decoding.spectr_decode(
@@ -170,20 +133,16 @@ def make_methods(pair: pages.Pair, args) -> list[methods_lib.Method]:
       draft_length=length,
       encoder_tokens=encoder_tokens,
       rng=rng,
-      sampling_params=sampling_params,
-      **common,
+      **options,
     )
 
   for length in args.ls:
-    speculative = pages.decode_fn(
-      pair, drafter, sampling_params=sampling_params, gamma=length, **common
-    )
+    speculative = pages.decode_fn(pair, drafter, gamma=length, **options)
     name = f'speculative L={length}'
     methods.append(methods_lib.Method(name, methods_lib.SPECULATIVE, speculative, gamma=length))
     for k in args.ks:
-      methods.append(
-        methods_lib.Method(f'spectr K={k} L={length}', SPECTR, spectr(k, length), gamma=length)
-      )
+      name = f'spectr K={k} L={length}'
+      methods.append(methods_lib.Method(name, SPECTR, spectr(k, length), gamma=length))
       methods[-1].drafter_obj = (k, length)
   return methods
 
@@ -196,19 +155,12 @@ def method_rows(methods, batches, measured: dict[str, dict[str, Any]]) -> list[d
   for m in methods:
     r = measured[m.name]
     k = m.drafter_obj[0] if m.kind == SPECTR else None
-    total = lambda field: sweep.sum_rows(m, batches, field)  # noqa: E731
-    row = dict(
-      method=m.name,
-      kind=m.kind,
-      K=k,
-      L=m.gamma,
-      walltime_s=r['walltime_s'],
-      generated_tokens=r['generated_tokens'],
-      target_calls=r['target_calls'],
-      ms_per_token=r['ms_per_token'],
-      block_efficiency=r['generated_tokens'] / max(r['target_calls'], 1),
-      compile_s=r['compile_s'],
-    )
+    total = lambda field: sweep.sum_rows(m, batches, field)
+    row = dict(method=m.name, kind=m.kind, K=k, L=m.gamma)
+    for key in ('walltime_s', 'generated_tokens', 'target_calls', 'ms_per_token'):
+      row[key] = r[key]
+    row['block_efficiency'] = r['generated_tokens'] / max(r['target_calls'], 1)
+    row['compile_s'] = r['compile_s']
     if m.kind != methods_lib.BASELINE:
       row['accepted'] = int(total('accepted'))
     if m.kind == methods_lib.SPECULATIVE:
@@ -219,22 +171,16 @@ def method_rows(methods, batches, measured: dict[str, dict[str, Any]]) -> list[d
       row['alpha_one_draft'] = total('single_alpha_sum') / selections
       row['spectr_table4'] = SPECTR_TABLE4.get((k, m.gamma))
       if k == 1:
-        reference = by_name[f'speculative L={m.gamma}']
-        identical = sweep.identical_rows(m, reference, batches)
+        identical = sweep.identical_rows(m, by_name[f'speculative L={m.gamma}'], batches)
         row['identical_to_speculative'] = identical == r['examples']
     rows.append(row)
-  _add_relative_speeds(rows)
-  return rows
-
-
-def _add_relative_speeds(rows: list[dict[str, Any]]) -> None:
-  """Speedup per token over the baseline, and (SpecTr) over K=1 at the same L."""
-  base = next(r for r in rows if r['kind'] == methods_lib.BASELINE)
+  # Speedup per token over the baseline, and (SpecTr) over K=1 at the same L.
   for row in rows:
-    row['speedup_vs_baseline'] = base['ms_per_token'] / row['ms_per_token']
+    row['speedup_vs_baseline'] = rows[0]['ms_per_token'] / row['ms_per_token']
     if row['kind'] == SPECTR:
       k1 = next(r for r in rows if r['kind'] == SPECTR and r['K'] == 1 and r['L'] == row['L'])
       row['speedup_vs_k1'] = k1['ms_per_token'] / row['ms_per_token']
+  return rows
 
 
 def _add_prediction(row: dict[str, Any], costs: dict[str, Any]) -> None:
@@ -252,14 +198,93 @@ def _add_prediction(row: dict[str, Any], costs: dict[str, Any]) -> None:
     row['too_noisy'] = '; '.join(too_noisy)
 
 
-# ----------------------------------------------------------------------------------------------
-# Main.
-# ----------------------------------------------------------------------------------------------
+# The methods table (docs/spectr/results.md), with SpecTr's Table 4 beside ours.
+_COLUMNS = [
+  markdown.column('method', 'method'),
+  markdown.column('K', 'K'),
+  markdown.column('L', 'L'),
+  markdown.column('block eff.', 'block_efficiency'),
+  markdown.column('SpecTr Tab. 4', 'spectr_table4'),
+  markdown.column('accept. K drafts', lambda r: r.get('alpha_k_drafts', r.get('alpha')), 3),
+  markdown.column('accept. 1 draft', 'alpha_one_draft', 3),
+  markdown.column('ms/token', 'ms_per_token', 1),
+  markdown.column('speedup vs baseline', 'speedup_vs_baseline'),
+  markdown.column('vs K=1', 'speedup_vs_k1'),
+  markdown.column(
+    'step ms: measured / model',
+    lambda r: (
+      f'{r["measured_step_ms"]:.1f} / {r["model_step_ms"]:.1f}' if 'model_step_ms' in r else None
+    ),
+  ),
+  markdown.column('v = t(K, L+1)/t(1,1)', 'v'),
+  markdown.column(
+    'predicted speedup',
+    lambda r: 'too noisy to predict' if r.get('too_noisy') else r.get('predicted_speedup'),
+  ),
+]
 
 
-def run(args: argparse.Namespace, argv: Sequence[str] | None = None) -> dict[str, Any]:
-  """Times every method, measures the cost model on the first input; returns the report."""
-  started = pages.record(MODULE, argv)
+def format_report(report: dict[str, Any]) -> str:
+  """The page's Markdown: the methods table, the measured costs and step model, and K relative to
+  K=1 (with whether K=1 matched speculative decoding)."""
+  costs, rows = report['costs'], report['rows']
+  lines = [
+    '### SpecTr: K drafts per step (embedded pair, temperature 1, batch 1)',
+    '',
+    f'Command: `{report["command"]}` ({report["generated_at"]}; '
+    f'{markdown.machine_line(report["machine"])}).',
+    f'Target: {report["target"]}. Draft: {report["draft"]}. {report["num_inputs"]} test '
+    f'sentences, up to {report["max_new_tokens"]} new tokens, median of {report["repeats"]} '
+    'repeats. Block efficiency = generated tokens / target calls; SpecTr Table 4 = LM1B, 97M '
+    'target / 6M draft (only the cells compared here).',
+    '',
+    markdown.columns_table(_COLUMNS, rows),
+    '',
+  ]
+  lines += [f'**Warning:** {w}' for w in report.get('warnings', [])]
+  lines += [
+    f'Target single step t(1,1) = {costs["target_1x1_ms"]:.2f} ms; draft step d(K) ms: '
+    + ', '.join(f'K={k}: {v:.2f}' for k, v in costs['draft_ms'].items())
+    + '; target verify t(K, L+1) ms: '
+    + ', '.join(f'{k}: {v:.2f}' for k, v in costs['target_ms'].items())
+    + '.',
+    'Model step = L d(K) + t(K, L+1); measured step = walltime / target calls (it also '
+    'holds prefill, selection, the draft catch-up and the K-way cache copy). '
+    'Predicted speedup = block eff. / (L c_K + v) with c_K = d(K) / t(1,1) and '
+    'v = t(K, L+1) / t(1,1), each the median of per-round ratios (interleaved rounds).',
+  ]
+  lines += [f'**Too noisy to predict:** {reason}.' for reason in costs['too_noisy'].values()]
+  for length in sorted({r['L'] for r in rows if r['K']}):
+    spectr_rows = sorted((r for r in rows if r['K'] and r['L'] == length), key=lambda r: r['K'])
+    k1, best = spectr_rows[0], min(spectr_rows, key=lambda r: r['ms_per_token'])
+    parts = [
+      f'K={r["K"]}: block efficiency x{r["block_efficiency"] / k1["block_efficiency"]:.2f}, '
+      f'step cost x{r["model_step_ms"] / k1["model_step_ms"]:.2f}'
+      for r in spectr_rows[1:]
+    ]
+    lines.append(
+      f'L={length}, relative to K=1: '
+      + '; '.join(parts)
+      + f'. Fastest per token: K={best["K"]} ({best["ms_per_token"]:.1f} ms/token).'
+    )
+  identical = [
+    (r['L'], r['identical_to_speculative']) for r in rows if 'identical_to_speculative' in r
+  ]
+  if identical:
+    yes_no = lambda value: '-' if value is None else ('yes' if value else 'NO')
+    lines.append(
+      'SpecTr K=1 emits the same tokens as speculative decoding with the same seeds: '
+      + ', '.join(f'L={length}: {yes_no(same)}' for length, same in identical)
+      + '.'
+    )
+  return '\n'.join(lines) + '\n'
+
+
+def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
+  """Times every method, measures the cost model on the first input; writes results.json and
+  results.md to --output_dir; returns the report."""
+  args = parse_args(argv)
+  report = markdown.record(MODULE, argv)
   pair, examples, _ = pages.load_pair_and_examples(args)
   print(
     f'target: {pair.descriptions["target"]}\ndraft: {pair.descriptions["draft"]}\n'
@@ -267,14 +292,7 @@ def run(args: argparse.Namespace, argv: Sequence[str] | None = None) -> dict[str
     flush=True,
   )
   methods = make_methods(pair, args)
-  batches, measured = pages.time_rows(
-    methods,
-    examples,
-    inputs_length=args.inputs_length,
-    temperature=1.0,
-    repeats=args.repeats,
-    seed=args.seed,
-  )
+  batches, measured = pages.time_rows(methods, examples, args, temperature=1.0)
   rows = method_rows(methods, batches, measured)
   # Cost model on a realistic cache: the first input, position 16.
   costs = measure_costs(
@@ -287,29 +305,14 @@ def run(args: argparse.Namespace, argv: Sequence[str] | None = None) -> dict[str
   for row in rows:
     if row['kind'] == SPECTR:
       _add_prediction(row, costs)
-  busy = machine_lib.busy_warning(started['machine'])
-  return dict(
-    **started,
-    warnings=[busy] if busy else [],
-    target=pair.descriptions['target'],
-    draft=pair.descriptions['draft'],
-    num_inputs=len(examples),
-    inputs_length=args.inputs_length,
-    max_new_tokens=args.max_new_tokens,
-    temperature=1.0,
-    repeats=args.repeats,
-    rows=rows,
-    costs=costs,
-    first_source=examples[0].inputs,
-  )
-
-
-def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
-  """Runs the page; writes results.json and results.md to --output_dir; returns the report."""
-  args = parse_args(argv)
-  report = run(args, argv)
-  text = spectr_tables.format_report(report)
-  pages.write_page(args.output_dir, {'results.json': report, 'results.md': text})
+  busy = machine_lib.busy_warning(report['machine'])
+  report.update(warnings=[busy] if busy else [], target=pair.descriptions['target'])
+  report.update(draft=pair.descriptions['draft'], num_inputs=len(examples))
+  report.update({k: getattr(args, k) for k in ('inputs_length', 'max_new_tokens')})
+  report.update(temperature=1.0, repeats=args.repeats, rows=rows, costs=costs)
+  report['first_source'] = examples[0].inputs
+  text = format_report(report)
+  markdown.write_page(args.output_dir, {'results.json': report, 'results.md': text})
   print(text)
   return report
 

@@ -9,11 +9,9 @@ import json
 import pytest
 
 from speculative.bench import drafters_page
-from speculative.bench import drafters_tables
 from speculative.bench import pages
 from speculative.bench import report as report_lib
 from speculative.bench import spectr_page
-from speculative.bench import spectr_tables
 
 TINY_GIN = """
 TINY_TARGET = @tiny_target/t5.T5Config()
@@ -101,7 +99,7 @@ def test_drafters_page_quick_run_writes_its_tables(tmp_path):
   assert methods[-1] == 'acceptance rule, max gamma=4, adaptive verify'
   assert saved['walltime']['rows'][0]['speedup'] == pytest.approx(1.0)
   text = (out / 'drafters.md').read_text()
-  assert text == drafters_tables.markdown(report)
+  assert text == drafters_page.markdown(report)
   assert '### Alpha per drafter' in text and '### Walltime: adaptive vs fixed gamma' in text
 
 
@@ -118,7 +116,7 @@ def test_spectr_page_quick_run_matches_speculative_at_one_draft(tmp_path):
   assert rows['spectr K=2 L=4']['spectr_table4'] is None and 'v' in rows['spectr K=2 L=4']
   assert set(saved['costs']['c']) == {'1', '2'}
   text = (out / 'results.md').read_text()
-  assert text == spectr_tables.format_report(report)
+  assert text == spectr_page.format_report(report)
   assert 'L=4: yes' in text
 
 

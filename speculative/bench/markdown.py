@@ -1,0 +1,89 @@
+"""The one writer of the benchmark's pages (the results page, docs/drafters/, docs/spectr/): cells,
+column-declared tables, sections, the record of how a page was made, and a page's files."""
+
+from __future__ import annotations
+
+import datetime
+import json
+import math
+import os
+import sys
+from typing import Any
+from typing import Callable
+from typing import Iterable
+from typing import Sequence
+
+import numpy as np
+
+from speculative.bench import machine as machine_lib
+from speculative.checkpoints import files
+
+# A table column: its header and the function that turns a record (a row of a report) into a cell.
+Column = tuple[str, Callable[[Any], Any]]
+
+
+def fmt(value: Any, digits: int = 2, suffix: str = "", scale: float = 1.0) -> str:
+  """A table cell: floats to `digits` decimals after multiplying by `scale`; None -> '-'."""
+  if value is None:
+    return "-"
+  if isinstance(value, float) and math.isnan(value):
+    return "nan"
+  if isinstance(value, (float, np.floating)) or (
+    scale != 1.0 and isinstance(value, (int, np.integer))
+  ):
+    return f"{scale * value:.{digits}f}{suffix}"
+  return f"{value}{suffix}"
+
+
+def table(header: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
+  lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+  return "\n".join(lines + ["| " + " | ".join(str(c) for c in r) + " |" for r in rows])
+
+
+def column(header: str, key: str | Callable[[Any], Any], *args: Any, **kwargs: Any) -> Column:
+  """The column showing fmt(record[key], *args, **kwargs) ('-' where the record has no `key`), or
+  fmt(key(record), ...) for a function `key`."""
+  get = key if callable(key) else lambda record: record.get(key)
+  return header, lambda record: fmt(get(record), *args, **kwargs)
+
+
+def columns_table(columns: Sequence[Column], records: Iterable[Any]) -> str:
+  """The table with one row per record, its cells from the columns' functions."""
+  return table([h for h, _ in columns], [[cell(r) for _, cell in columns] for r in records])
+
+
+def section(title: str, *paragraphs: str, level: int = 2) -> list[str]:
+  """A section: its heading and its paragraphs (text or tables), each followed by a blank line."""
+  return [f"{'#' * level} {title}", ""] + [line for p in paragraphs for line in (p, "")]
+
+
+def record(module: str, argv: Sequence[str] | None) -> dict[str, Any]:
+  """How a page was made: its command (as `python -m module ...`), when, and the machine."""
+  arguments = list(sys.argv[1:] if argv is None else argv)
+  return dict(
+    command=" ".join(["python", "-m", module, *arguments]),
+    generated_at=datetime.datetime.now().isoformat(timespec="seconds"),
+    machine=machine_lib.machine_info(),
+  )
+
+
+def loads(values: Sequence[float], sep: str = ", ", digits: int = 2) -> str:
+  return sep.join(f"{x:.{digits}f}" for x in values)
+
+
+def machine_line(machine: dict[str, Any]) -> str:
+  """The machine in one line, with the load average at the start and (if recorded) the end."""
+  return (
+    f"{machine['cpu']}, {machine['usable_cores']} usable of {machine['cpu_count']} cores, jax "
+    f"{machine['jax']} ({machine['backend']}), load average "
+    + loads([machine["load_average_start"][0]] + machine.get("load_average_end", [])[:1], " -> ", 1)
+  )
+
+
+def write_page(output_dir: str, outputs: dict[str, str | dict[str, Any]], indent: int = 2) -> None:
+  """Writes each {file name: text, or a report written as JSON} into output_dir, atomically."""
+  os.makedirs(output_dir, exist_ok=True)
+  for name, content in outputs.items():
+    if not isinstance(content, str):
+      content = json.dumps(content, indent=indent, ensure_ascii=False) + "\n"
+    files.write_atomic(os.path.join(output_dir, name), content)
