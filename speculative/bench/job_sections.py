@@ -56,7 +56,7 @@ _WHOLE_JOB_COLUMNS = [
 
 
 def whole_job_section(report: dict[str, Any]) -> list[str]:
-  """Every input of the split at the best batch size (bench/whole_job.py)."""
+  """Every input of the split at the best batch size (bench/main.py, `whole_job`)."""
   job = report.get("whole_job")
   if not job:
     return []
