@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import copy
 import datetime
-import functools
 import importlib
 import logging
 import sys
@@ -270,14 +269,7 @@ def _run(s: settings.BenchmarkSettings) -> dict[str, Any]:
   log(
     f"target: {models['descriptions']['target']}; draft: {models['descriptions'].get('draft', '-')}"
   )
-  stock_t5x_decode = None
-  if s.use_t5x:  # called with temperature=...
-    stock_t5x_decode = functools.partial(
-      methods_lib.make_stock_t5x_decode,
-      s.target_config,
-      models["target_params"],
-      max_new_tokens=s.max_new_tokens,
-    )
+  stock_t5x_decode = methods_lib.stock_t5x_decoder(s, models["target_params"])
   step_timers: dict[int, dict[str, timing.Timer]] = {}
   costs = _cost_models(s, models, examples, plan, step_timers, log)
   groups = _sweep(s, models, costs, examples, plan, step_timers, stock_t5x_decode, warnings, log)

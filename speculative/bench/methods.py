@@ -255,6 +255,16 @@ def make_stock_t5x_decode(
   return lambda encoder_tokens, rng: predict(params, encoder_tokens, rng)
 
 
+def stock_t5x_decoder(s: Any, params: Any) -> Callable[..., Any] | None:
+  """`make_stock_t5x_decode` of s.target_config and `params` at s.max_new_tokens, to be called
+  with temperature=...; None where s (a benchmark's settings) does not time stock T5X."""
+  if not s.use_t5x:
+    return None
+  return functools.partial(
+    make_stock_t5x_decode, s.target_config, params, max_new_tokens=s.max_new_tokens
+  )
+
+
 def make_methods(group: Any, sampling, sampling_params) -> list[Method]:
   """The methods of one group (a sweep.GroupSettings: its models, gammas, settings'
   max_new_tokens, stock_t5x_decode and temperature): baseline, stock_equivalent, stock_t5x (if

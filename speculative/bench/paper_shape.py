@@ -29,7 +29,6 @@ vocabulary.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import gc
 import importlib
 import json
@@ -49,16 +48,14 @@ from speculative import analysis
 from speculative import checkpoints
 from speculative import kernels
 from speculative.bench import costs as costs_lib
+from speculative.bench import inputs as inputs_lib
 from speculative.bench import machine as machine_lib
 from speculative.bench import methods as methods_lib
 from speculative.bench import settings as bench_settings
 from speculative.bench import sweep
-from speculative.data import tasks
 from speculative.decode import state as decode_state
-from speculative.infer import inputs as infer_inputs
 from speculative.jobs import checks
 from speculative.models import t5 as t5_lib
-from speculative.train import data as train_data
 from speculative.train import grow
 
 DEFAULT_GIN = "configs/benchmark/paper_shape.gin"
@@ -197,62 +194,46 @@ def describe(config: t5_lib.T5Config) -> str:
   )
 
 
-def _examples(s: PaperShapeSettings) -> list[infer_inputs.Example]:
-  """The first `num_examples` test sentences of at most `inputs_length` tokens, tokenized with
-  SentencePiece directly (seqio's vocabulary would import TensorFlow: ~20 s on a small CPU)."""
-  pairs = train_data.read_tsv(str(tasks.split_path("test")))
-  prefix = tasks.TRANSLATE_EN_DE_PREFIX
-  tokens = train_data.tokenize_pairs(pairs, str(tasks.VOCAB_PATH), prefix)
-  examples = [
-    infer_inputs.Example(i, prefix + source, reference, inputs, False)
-    for i, ((source, reference), (inputs, _)) in enumerate(zip(pairs, tokens))
-    if len(inputs) <= s.inputs_length
-  ]
-  return examples[: s.num_examples]
-
-
-def _models(target, target_params, draft, draft_params, s: PaperShapeSettings) -> dict[str, Any]:
-  """The sweep's models at batch 1 (`methods.bench_models`, on the path of `s.kernels`)."""
-  drafters = methods_lib.build_drafters(
-    ["model"],
-    target=target,
-    target_params=target_params,
-    draft=draft,
-    draft_params=draft_params,
-    warnings=[],
+def _measure(s, pair, examples, log, *, max_gamma, temperatures, gammas, stock_t5x_decode):
+  """(decode path, cost model, groups) of `pair` (target, its params, draft, its params) at batch
+  1: the models on the path of `s.kernels` (`methods.bench_models`), their cost model
+  (`sweep.cost_model`, v(T) up to T = max_gamma + 1) and a group per temperature
+  (`sweep.run_group`; the baseline only where `gammas` is empty). Both parts use one cache length
+  (for gamma up to MAX_VERIFY), so the second reuses the first's compiled target programs (same
+  config, shapes and dtypes)."""
+  target, target_params, draft, draft_params = pair
+  pair_args = dict(
+    target=target, target_params=target_params, draft=draft, draft_params=draft_params
   )
-  pair = (target, target_params, draft, draft_params)
+  drafters = methods_lib.build_drafters(["model"], warnings=[], **pair_args)
   models = methods_lib.bench_models(*pair, drafters, s.kernels, [1])
-  return methods_lib.for_batch(models, 1, s.kernels)
-
-
-def _cost_model(models, examples, s: PaperShapeSettings, max_gamma: int, timers: dict):
-  """sweep.cost_model at batch 1, v(T) up to T = `max_gamma` + 1 (fills `timers`). Both parts
-  use one cache length (for gamma up to MAX_VERIFY), so the second reuses the first's compiled
-  target programs (same config, shapes and dtypes)."""
+  models = methods_lib.for_batch(models, 1, s.kernels)
+  if not gammas:
+    log(f"costs: random init, {models['decode_path']['line']}")
+  timers: dict = {}
   max_length = decode_state.buffer_length(1, s.max_new_tokens, MAX_VERIFY)  # the loop's, at most
-  return sweep.cost_model(
+  costs = sweep.cost_model(
     s, models, examples, 1, max_gamma, timers, max_length=max_length, check_hoisting=False
   )
-
-
-def _group(models, costs, examples, s, timers, log, *, temperature, gammas, stock_t5x_decode):
-  """sweep.run_group at batch 1 (the baseline only where `gammas` is empty)."""
-  return sweep.run_group(
-    sweep.GroupSettings(
-      settings=s,
-      models=models,
-      costs=costs,
-      timers=timers,
-      batch_size=1,
-      temperature=float(temperature),
-      examples=examples,
-      gammas={"model": list(gammas)},
-      stock_t5x_decode=stock_t5x_decode,
-      log=log,
-      only=None if gammas else frozenset(),
+  groups = [
+    sweep.run_group(
+      sweep.GroupSettings(
+        settings=s,
+        models=models,
+        costs=costs,
+        timers=timers,
+        batch_size=1,
+        temperature=float(temperature),
+        examples=examples,
+        gammas={"model": list(gammas)},
+        stock_t5x_decode=stock_t5x_decode,
+        log=log,
+        only=None if gammas else frozenset(),
+      )
     )
-  )
+    for temperature in temperatures
+  ]
+  return models["decode_path"], costs, groups
 
 
 def measure_costs(s: PaperShapeSettings, examples, log: Callable[[str], None]) -> dict[str, Any]:
@@ -260,13 +241,18 @@ def measure_costs(s: PaperShapeSettings, examples, log: Callable[[str], None]) -
   target, draft = t5_lib.T5(s.target_config), t5_lib.T5(s.draft_config)
   target_params = target.init_params(jax.random.PRNGKey(s.seed), s.storage_dtype)
   draft_params = draft.init_params(jax.random.PRNGKey(s.seed + 1), s.storage_dtype)
-  models = _models(target, target_params, draft, draft_params, s)
-  log(f"costs: random init, {models['decode_path']['line']}")
-  timers: dict = {}
-  costs = _cost_model(models, examples, s, MAX_VERIFY - 1, timers)
-  baseline = _group(
-    models, costs, examples, s, timers, log, temperature=0.0, gammas=(), stock_t5x_decode=None
-  )["baselines"][0]
+  pair = (target, target_params, draft, draft_params)
+  decode_path, costs, groups = _measure(
+    s,
+    pair,
+    examples,
+    log,
+    max_gamma=MAX_VERIFY - 1,
+    temperatures=[0.0],
+    gammas=(),
+    stock_t5x_decode=None,
+  )
+  baseline = groups[0]["baselines"][0]
   step = costs["target_step_s"]
   itemsize = jnp.dtype(s.storage_dtype).itemsize
   step_bytes = costs_lib.weight_bytes(
@@ -280,8 +266,7 @@ def measure_costs(s: PaperShapeSettings, examples, log: Callable[[str], None]) -
   )
   c = costs["drafters"]["model"]["c"]
   v = analysis.verify_cost_fn({int(k): x for k, x in costs["v"].items()})
-  decode_path = models["decode_path"]
-  del target_params, draft_params, models, timers  # part 2 needs the memory
+  del target_params, draft_params, pair, groups  # part 2 needs the memory
   gc.collect()
   return {
     "decode_path": decode_path,
@@ -336,32 +321,22 @@ def real_walltime(s: PaperShapeSettings, examples, log: Callable[[str], None]) -
     lambda x: jnp.asarray(x, s.storage_dtype),
     _load(s.shipped_draft_config, s.shipped_draft_checkpoint),
   )
-  target = t5_lib.T5(s.target_config)
-  models = _models(target, target_params, t5_lib.T5(s.shipped_draft_config), draft_params, s)
-  timers: dict = {}
-  costs = _cost_model(models, examples, s, max(s.gammas), timers)
-  stock = None
-  if s.use_t5x:
-    stock = functools.partial(
-      methods_lib.make_stock_t5x_decode,
-      s.target_config,
-      target_params,
-      max_new_tokens=s.max_new_tokens,
-    )
-  groups = [
-    _group(
-      models,
-      costs,
-      examples,
-      s,
-      timers,
-      log,
-      temperature=t,
-      gammas=s.gammas,
-      stock_t5x_decode=stock,
-    )
-    for t in s.temperatures
-  ]
+  pair = (
+    t5_lib.T5(s.target_config),
+    target_params,
+    t5_lib.T5(s.shipped_draft_config),
+    draft_params,
+  )
+  _, costs, groups = _measure(
+    s,
+    pair,
+    examples,
+    log,
+    max_gamma=max(s.gammas),
+    temperatures=s.temperatures,
+    gammas=s.gammas,
+    stock_t5x_decode=methods_lib.stock_t5x_decoder(s, target_params),
+  )
   return {"grow_s": grow_s, "c": costs["drafters"]["model"]["c"], "v": costs["v"], "groups": groups}
 
 
@@ -377,19 +352,19 @@ def _run(s: PaperShapeSettings) -> dict[str, Any]:
     "storage_dtype": s.storage_dtype,
     "target": describe(s.target_config),
     "draft": describe(s.draft_config),
-    "memory": {
-      "need_bytes": need.total,
-      "need": need.line(),
-      "limit_bytes": limit,
-      "source": source,
-    },
+    "memory": dict(need_bytes=need.total, need=need.line(), limit_bytes=limit, source=source),
   }
   log(f"target {report['target']}; draft {report['draft']}")
   log(
     f"memory: needs {need.line()}; the device has "
     + ("an unknown amount" if limit is None else f"{limit / 1e9:.1f} GB ({source})")
   )
-  examples = _examples(s)
+  # The test split's TSV, tokenized with SentencePiece directly (seqio's vocabulary would import
+  # TensorFlow: ~20 s on a small CPU); batch 1, so no padding beyond the sentence.
+  source_file = inputs_lib.split_file("test", s.inputs_length)
+  examples, _ = inputs_lib.load_examples(
+    source_file, num_examples=s.num_examples, skip_truncated=True
+  )
   report["costs"] = measure_costs(s, examples, log)
   if s.real_walltime:
     report["source"] = f"{s.source_checkpoint} ({describe(s.source_config)})"
