@@ -44,7 +44,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from speculative import drafters as drafters_lib
 from speculative import timing
+from speculative.decode import batching
+from speculative.decode import state as decode_state
 
 MAX_SPREAD = 0.25
 MIN_ROUNDS = 3
@@ -295,23 +298,32 @@ def decode_step_matmuls(
 
 
 def measure_costs(
+  s,
+  view,
+  examples,
+  batch_size: int,
+  max_gamma: int,
+  timers: dict,
   *,
-  target,
-  target_params,
-  stock_target,
-  draft_models: Mapping[str, Any],
-  encoder_tokens: np.ndarray,
-  max_length: int,
-  verify_lengths: Sequence[int],
-  position: int,
-  repeats: int,
-  min_seconds: float,
+  max_length: int | None = None,
   check_hoisting: bool = True,
-  keep_timers: dict[str, timing.Timer] | None = None,
 ) -> dict[str, Any]:
-  """The benchmark's cost model for one batch size: `measure_extend_costs` plus the prefill times,
-  the stock-equivalent step, each draft model's 2-token (catch-up) call and, if `check_hoisting`,
-  the matmuls per compiled decode step of ours and the stock-equivalent loop."""
+  """The benchmark's cost model of the models `view` (`methods.for_batch`: target, target_params,
+  stock_target, drafters) at `batch_size`, on the first batch of `examples`, with the
+  inputs_length, max_new_tokens and cost_* settings of `s` (a BenchmarkSettings or a
+  PaperShapeSettings): `measure_extend_costs` for v(T) up to T = max_gamma + 1 on the cache of the
+  loop at max_gamma (unless `max_length` is given), plus the prefill times, the stock-equivalent
+  step, each draft model's 2-token (catch-up) call and, if `check_hoisting`,
+  the matmuls per compiled decode step of ours and the stock-equivalent loop. Fills `timers`."""
+  target, target_params, stock_target = view["target"], view["target_params"], view["stock_target"]
+  draft_models = {
+    name: (d.model, p)
+    for name, (d, p) in view["drafters"].items()
+    if isinstance(d, drafters_lib.ModelDrafter)
+  }
+  encoder_tokens = batching.batches(examples, batch_size, s.inputs_length)[0][1]
+  max_length = max_length or decode_state.buffer_length(1, s.max_new_tokens, max_gamma)
+  position = s.cost_position
   args = dict(encoder_tokens=encoder_tokens, max_length=max_length)
   extra = {
     "target_prefill": timing.prefill_timer(target, target_params, **args),
@@ -334,14 +346,14 @@ def measure_costs(
     encoder_tokens,
     max_length=max_length,
     position=position,
-    verify_lengths=verify_lengths,
+    verify_lengths=range(2, max_gamma + 2),
     drafts=draft_models,
-    repeats=repeats,
-    min_seconds=min_seconds,
+    repeats=s.cost_repeats,
+    min_seconds=s.cost_min_seconds,
     extra_timers=extra,
     marginal_extra=[k for k in extra if not k.endswith("prefill")],
     max_calls={k: 64 for k in extra if k.endswith("prefill")},
-    keep_timers=keep_timers,
+    keep_timers=timers,
   )
   seconds = costs.pop("seconds")
   NoiseLog(costs["noise"]).add(STOCK_STEP, costs["rounds"]["stock_1"])
@@ -475,17 +487,13 @@ def _stack_timer(kernel_shapes: Sequence[tuple[int, int]], rows: int, seed: int)
 
 
 def measure_roofline(
-  param_shapes: Mapping[str, tuple[int, ...]],
-  *,
-  logits_via_embedding: bool,
-  emb_dim: int,
-  batch_size: int,
-  verify_lengths: Sequence[int],
-  repeats: int,
-  min_seconds: float,
+  target, *, batch_size: int, verify_lengths: Sequence[int], repeats: int, min_seconds: float
 ) -> dict[str, Any]:
-  """Bytes per decode step, stream bandwidth, the floor per step and v(T) of the bare decoder
-  matmul stack at `batch_size` (JSON-ready; 'noise' as in measure_extend_costs)."""
+  """Bytes per decode step of the `target` model (T5 API), stream bandwidth, the floor per step
+  and v(T) of the bare decoder matmul stack at `batch_size` (JSON-ready; 'noise' as in
+  measure_extend_costs)."""
+  param_shapes, emb_dim = target.param_shapes(), target.config.emb_dim
+  logits_via_embedding = target.config.logits_via_embedding
   kernels = decode_step_kernels(param_shapes, logits_via_embedding=logits_via_embedding)
   num_bytes = weight_bytes(kernels)
   matrices = [s for s in kernels.values() if len(s) == 2]

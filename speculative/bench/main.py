@@ -68,7 +68,7 @@ def _models(s: settings.BenchmarkSettings, warnings: list[str]) -> dict[str, Any
 
 
 def _cost_models(s, models, examples, plan, step_timers, log) -> dict[str, Any]:
-  """{batch size: cost model} (`sweep.cost_model`, and costs.measure_roofline under 'roofline' if
+  """{batch size: cost model} (`costs.measure_costs`, and costs.measure_roofline under 'roofline' if
   s.roofline_section) for the gammas of `plan` ({batch size: {drafter: gammas}}); fills
   step_timers[batch] with its timers."""
   out = {}
@@ -78,15 +78,12 @@ def _cost_models(s, models, examples, plan, step_timers, log) -> dict[str, Any]:
     log(f"cost model, batch {batch_size} ({view['decode_path']['line']}) ...")
     timers = step_timers.setdefault(batch_size, {})
     check_hoisting = s.stock_hlo_check and batch_size == min(plan)
-    cm = sweep.cost_model(
+    cm = costs_lib.measure_costs(
       s, view, examples, batch_size, max_gamma, timers, check_hoisting=check_hoisting
     )
     if s.roofline_section:
-      config = models["target"].config
       cm["roofline"] = costs_lib.measure_roofline(
-        models["target"].param_shapes(),
-        logits_via_embedding=config.logits_via_embedding,
-        emb_dim=config.emb_dim,
+        models["target"],
         batch_size=batch_size,
         verify_lengths=range(2, max_gamma + 2),
         repeats=s.cost_repeats,
@@ -303,12 +300,11 @@ def _config_record(
   s: settings.BenchmarkSettings, plan, models: dict[str, Any], task_label: str
 ) -> dict:
   """The report's `config`: what was compared, as run."""
+  copied = lambda *names: {name: getattr(s, name) for name in names}  # noqa: E731
   return {
-    "target_name": s.target_name,
-    "draft_name": s.draft_name,
+    **copied("target_name", "draft_name"),
     "task_label": task_label,
-    "inputs_length": s.inputs_length,
-    "max_new_tokens": s.max_new_tokens,
+    **copied("inputs_length", "max_new_tokens"),
     "batch_sizes": sorted(plan),
     "temperatures": [float(t) for t in s.temperatures],
     "gammas": {
@@ -316,16 +312,11 @@ def _config_record(
       for b, per in plan.items()
     },
     "drafters": [name for name in s.drafters if name in models["drafters"]],
-    "repeats": s.repeats,
-    "cost_repeats": s.cost_repeats,
-    "cost_position": s.cost_position,
+    **copied("repeats", "cost_repeats", "cost_position"),
     "stock_t5x": s.use_t5x,
     "kernels": s.kernels,
     "kernels_status": kernels.status(),
-    "fallback_threshold": s.fallback_threshold,
-    "seed": s.seed,
-    "target_checkpoint": s.target_checkpoint,
-    "draft_checkpoint": s.draft_checkpoint,
+    **copied("fallback_threshold", "seed", "target_checkpoint", "draft_checkpoint"),
   }
 
 

@@ -95,10 +95,6 @@ def for_batch(models: dict[str, Any], batch_size: int, setting: str) -> dict[str
 # ----------------------------------------------------------------------------------------------
 
 
-def is_model_drafter(drafter: Any) -> bool:
-  return isinstance(drafter, drafters_lib.ModelDrafter)
-
-
 @functools.lru_cache(maxsize=1)
 def train_sequences() -> list[np.ndarray]:
   """The LibreOffice training targets as decoder streams (the embedded pair's training data)."""

@@ -197,7 +197,7 @@ def describe(config: t5_lib.T5Config) -> str:
 def _measure(s, pair, examples, log, *, max_gamma, temperatures, gammas, stock_t5x_decode):
   """(decode path, cost model, groups) of `pair` (target, its params, draft, its params) at batch
   1: the models on the path of `s.kernels` (`methods.bench_models`), their cost model
-  (`sweep.cost_model`, v(T) up to T = max_gamma + 1) and a group per temperature
+  (`costs.measure_costs`, v(T) up to T = max_gamma + 1) and a group per temperature
   (`sweep.run_group`; the baseline only where `gammas` is empty). Both parts use one cache length
   (for gamma up to MAX_VERIFY), so the second reuses the first's compiled target programs (same
   config, shapes and dtypes)."""
@@ -212,7 +212,7 @@ def _measure(s, pair, examples, log, *, max_gamma, temperatures, gammas, stock_t
     log(f"costs: random init, {models['decode_path']['line']}")
   timers: dict = {}
   max_length = decode_state.buffer_length(1, s.max_new_tokens, MAX_VERIFY)  # the loop's, at most
-  costs = sweep.cost_model(
+  costs = costs_lib.measure_costs(
     s, models, examples, 1, max_gamma, timers, max_length=max_length, check_hoisting=False
   )
   groups = [

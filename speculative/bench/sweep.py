@@ -23,7 +23,6 @@ from speculative.bench import costs as costs_lib
 from speculative.bench import methods as bench_methods
 from speculative.decode import audit
 from speculative.decode import batching
-from speculative.decode import state as decode_state
 from speculative.jobs import resources
 
 
@@ -74,31 +73,6 @@ def gamma_plan(
     if not per[drafters[0]]:
       raise ValueError(f"the primary drafter {drafters[0]!r} has no gammas at batch size {b}")
   return plan
-
-
-def cost_model(s, view, examples, batch_size: int, max_gamma: int, timers, **options) -> dict:
-  """costs.measure_costs of the models `view` (`methods.for_batch`) at `batch_size`, v(T) up to
-  T = max_gamma + 1, on the first batch of `examples`, with `s`'s max_new_tokens, inputs_length
-  and cost_* settings (a BenchmarkSettings or a PaperShapeSettings); fills `timers`; `options`
-  go to measure_costs (max_length: the loop's cache at max_gamma, unless given)."""
-  options.setdefault("max_length", decode_state.buffer_length(1, s.max_new_tokens, max_gamma))
-  return costs_lib.measure_costs(
-    target=view["target"],
-    target_params=view["target_params"],
-    stock_target=view["stock_target"],
-    draft_models={
-      name: (d.model, p)
-      for name, (d, p) in view["drafters"].items()
-      if bench_methods.is_model_drafter(d)
-    },
-    encoder_tokens=batching.batches(examples, batch_size, s.inputs_length)[0][1],
-    verify_lengths=range(2, max_gamma + 2),
-    position=s.cost_position,
-    repeats=s.cost_repeats,
-    min_seconds=s.cost_min_seconds,
-    keep_timers=timers,
-    **options,
-  )
 
 
 def sum_rows(method: bench_methods.Method, batches, key: str) -> float:
@@ -192,8 +166,13 @@ def time_methods(
   every batch decoded `repeats` times by every method, interleaved (the order rotating per batch
   and repeat so every method takes every slot), garbage collection off. Returns the XLA compiles
   counted in the first calls and in the timed calls (which should be none: one program per shape)."""
-  with resources.CompileCounter() as first_calls:
-    _first_calls(methods, jnp.asarray(batches[0][1]), seed, log)
+  first = jnp.asarray(batches[0][1])
+  with resources.CompileCounter() as first_calls:  # compile + one decode of the first batch
+    for method in methods:
+      method.first_call_s, _ = timing.timed(
+        lambda: method.decode(first, jax.random.fold_in(jax.random.PRNGKey(seed), 0))
+      )  # pylint: disable=cell-var-from-loop
+      log(f"  compiled {method.name}: {method.first_call_s:.1f}s")
   gc.collect()
   gc_was_enabled = gc.isenabled()
   gc.disable()
@@ -215,20 +194,7 @@ def time_methods(
   }
 
 
-def _first_calls(
-  methods: Sequence[bench_methods.Method], first, seed: int, log: Callable[[str], None]
-) -> None:
-  """Each method's first call (compile + one decode of the first input batch), timed apart."""
-  for method in methods:
-    method.first_call_s, _ = timing.timed(
-      lambda: method.decode(first, jax.random.fold_in(jax.random.PRNGKey(seed), 0))
-    )  # pylint: disable=cell-var-from-loop
-    log(f"  compiled {method.name}: {method.first_call_s:.1f}s")
-
-
-def _time_batch(
-  methods: Sequence[bench_methods.Method], batch_index: int, enc, repeats: int, seed: int
-) -> None:
+def _time_batch(methods, batch_index: int, enc, repeats: int, seed: int) -> None:
   """Every method on one input batch `repeats` times, the order rotating so each takes each slot."""
   rng = jax.random.fold_in(jax.random.PRNGKey(seed), batch_index)
   times = {m.name: [] for m in methods}
