@@ -1,10 +1,10 @@
 """Timing a model's jitted calls: chained `extend` calls in one compiled loop, on a realistic cache.
 
-The one way this package times a model call: the jobs' gamma calibration (speculative/autogamma/)
-and the benchmark (speculative/bench/) both time `extend` through `repeat_extend`, so a figure in a
-job's report and one on a benchmark page are measured the same way. The benchmark times several
-such loops in interleaved rounds (`time_rounds`: every timer once per round, the order rotating),
-and judges their noise in speculative/bench/costs.py.
+The one way this package times a model call, outside the benchmark's package so that any job can
+share it: `repeat_extend` chains a model's `extend` calls in one compiled loop, and `time_rounds`
+times several such timers in interleaved rounds (every timer once per round, the order rotating).
+The benchmark (speculative/bench/) times its cost model with them and judges their noise in
+speculative/bench/costs.py.
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ machine        the machine: its description, load average, and whether a model s
 inputs         benchmark inputs (a seqio task, a TSV file or synthetic tokens) and model weights
 methods        our models on each batch size's decode path, the drafters and the methods compared
 costs          the cost model t(T), c, v(T), the roofline, and the noise verdict of each estimate
-               (timed by speculative.timing, the jobs' timer, in interleaved rounds)
+               (timed with speculative.timing's timers, in interleaved rounds)
 sweep          timing every method of a (batch size, temperature) group; rows and profiles
 conclude       the gamma policy, the targets check and the explanations of missed targets
 cells          Markdown cells, column-declared tables and sections of the results page
