@@ -1,23 +1,30 @@
 """Timing a model's jitted calls: chained `extend` calls in one compiled loop, on a realistic cache.
 
-The one way this package times a model call: the jobs' gamma calibration (speculative/autogamma/)
-and the benchmark (speculative/bench/timing.py adds interleaved rounds and noise estimates on top)
-both time `extend` through `repeat_extend`, so a figure in a job's report and one on a benchmark page
-are measured the same way.
+The one way this package times a model call, outside the benchmark's package so that any job can
+share it: `repeat_extend` chains a model's `extend` calls in one compiled loop, and `time_rounds`
+times several such timers in interleaved rounds (every timer once per round, the order rotating).
+The benchmark (speculative/bench/) times its cost model with them and judges their noise in
+speculative/bench/costs.py.
 """
 
 from __future__ import annotations
 
 import functools
+import logging
+import math
+import statistics
 import time
 from typing import Any
 from typing import Callable
+from typing import Mapping
+from typing import Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from speculative import sampling as sampling_lib
+from speculative.models import interface
 
 Timer = Callable[[int], Any]  # fn(num_calls) -> a jax value to block on
 
@@ -83,3 +90,83 @@ def extend_timer(
   return lambda n: repeat_extend(
     params, cache, tokens, start, jnp.asarray(n, jnp.int32), model=model
   )
+
+
+@functools.partial(jax.jit, static_argnames=("model", "max_length"))
+def prefill(params, encoder_tokens, *, model, max_length):
+  """What every decode pays once: encoder and cache allocation, then the decode loops' own
+  `interface.prefill` of the start token (no decoder call: the first step feeds it)."""
+  batch = encoder_tokens.shape[0]
+  cache = model.init_cache(params, batch, max_length, encoder_tokens)
+  return interface.prefill(model, params, cache, jnp.zeros((batch, 1), jnp.int32))
+
+
+def prefill_timer(model, params, encoder_tokens: np.ndarray, *, max_length: int) -> Timer:
+  enc = jnp.asarray(encoder_tokens)
+  return lambda n: [prefill(params, enc, model=model, max_length=max_length) for _ in range(n)]
+
+
+def calibrate(fn: Timer, min_seconds: float, max_calls: int = 4096) -> int:
+  """Compiles and warms fn(num_calls) (a jitted loop), then returns the num_calls at which one
+  timing lasts >= min_seconds (so dispatch overhead is negligible)."""
+  timed(lambda: fn(1))  # compile + warm
+  num_calls = 1
+  while num_calls < max_calls:
+    seconds, _ = timed(lambda: fn(num_calls))  # pylint: disable=cell-var-from-loop
+    if seconds >= min_seconds:
+      break
+    num_calls = min(
+      max_calls, max(num_calls * 2, int(num_calls * min_seconds / max(seconds, 1e-6)) + 1)
+    )
+  return num_calls
+
+
+def time_rounds(
+  timers: Mapping[str, Timer],
+  repeats: int,
+  min_seconds: float,
+  *,
+  max_calls: Mapping[str, int] | None = None,
+  marginal: Sequence[str] = (),
+) -> tuple[dict[str, list[float]], dict[str, float]]:
+  """Seconds per call of each timer fn(num_calls), in `repeats` interleaved rounds (every timer
+  once per round, the order rotating per round).
+
+  Timers named in `marginal` are jitted loops: their per-round time per call is the marginal one,
+  (time of 2n calls - time of n calls) / n, which excludes what a loop pays once per invocation
+  (dispatch, and work XLA hoisted out of the loop, exactly as inside a decode loop); it may be
+  non-positive when timer jitter exceeds the signal. The others: time of n calls / n.
+
+  Returns (per-round seconds per call {name: [repeats]}, seconds per call {name: s}): the median
+  of the resolved (finite, positive) rounds, or where none resolved, the whole-invocation median
+  time per call (an upper bound), with a warning.
+  """
+  max_calls = dict(max_calls or {})
+  calls = {
+    name: calibrate(fn, min_seconds, max_calls.get(name, 4096)) for name, fn in timers.items()
+  }
+  names = list(timers)
+  rounds: dict[str, list[float]] = {name: [] for name in names}
+  whole: dict[str, list[float]] = {name: [] for name in names}
+  for r in range(repeats):
+    shift = r % len(names)
+    for name in names[shift:] + names[:shift]:
+      fn, n = timers[name], calls[name]
+      single = timed(lambda: fn(n))[0]  # pylint: disable=cell-var-from-loop
+      whole[name].append(single / n)
+      if name in marginal:
+        rounds[name].append((timed(lambda: fn(2 * n))[0] - single) / n)  # pylint: disable=cell-var-from-loop
+      else:
+        rounds[name].append(single / n)
+  seconds = {}
+  for name in names:
+    resolved = [x for x in rounds[name] if math.isfinite(x) and x > 0]
+    seconds[name] = float(statistics.median(resolved if resolved else whole[name]))
+    if not resolved:
+      logging.warning(
+        "timer %s: marginal time per call not resolved above noise; using the "
+        "whole-invocation time per call, %.3g s",
+        name,
+        seconds[name],
+      )
+  return rounds, seconds

@@ -15,7 +15,7 @@ path, and decodes its inputs in the job's batches, every method on every batch i
   oracle g              `OracleDrafter` alone: all g accepted at no draft cost, so the ceiling of
                         any draft at gamma g on this machine: the verify calls, the loop's own work
                         and the encoder;
-  encoder               the target's encoder and cache set-up alone (`bench.timing.prefill`), what
+  encoder               the target's encoder and cache set-up alone (`speculative.timing.prefill`), what
                         every decode of both modes pays once per batch.
 
 Each method's first call at a padded input length compiles and is not timed; every output must
@@ -39,8 +39,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from speculative import drafters
+from speculative import timing
 from speculative.bench import machine as machine_lib
-from speculative.bench import timing
 from speculative.checkpoints import files
 from speculative.decode import batching
 from speculative.decode import modes

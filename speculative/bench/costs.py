@@ -1,4 +1,4 @@
-"""The cost model, measured: t(T), c and v(T), with a noise verdict (one home for every benchmark).
+"""The cost model, measured: t(T), c and v(T), the roofline, and the noise verdict of each estimate.
 
   t(T) = seconds of one target `extend` call over T new tokens (batch rows as given);
   c    = draft single-token step / target single-token step;
@@ -6,48 +6,163 @@
 
 Every time is the marginal per-call time of a jitted loop of calls ((time of 2n calls - time of n
 calls) / n: no dispatch, no work hoisted out of the loop), on a realistic cache (the encoder run on
-real inputs, the decoder cache prefilled to a mid-sentence position).
+real inputs, the decoder cache prefilled to a mid-sentence position), timed in interleaved rounds
+(`speculative.timing.time_rounds`: every timer once per round, the order rotating from round to
+round, so a change of background load hits all of them alike).
 
-The noise verdict of every estimate is bench/noise.py; the timers and timing rounds bench/timing.py
-(both re-exported here, the one home every benchmark imports).
+Noise. A ratio (c, v(T)) is computed per round, from the two times of the same round, and
+summarized by its median over rounds and its spread = interquartile range / median of the
+per-round ratios. An estimate is refused (`judge` returns the reason) when
+  * fewer than MIN_ROUNDS rounds were timed (the spread cannot be measured),
+  * some round's time was not resolved above timer jitter (a non-positive marginal time),
+  * the spread exceeds MAX_SPREAD (0.25: the middle half of the rounds disagree by more than a
+    quarter of the value, so a predicted speedup could be off by as much),
+  * it is physically impossible (v(T) < 1: a T-token call cannot be cheaper than a 1-token call).
+A prediction (EXP) and the loop overheads derived from refused estimates are reported as "too
+noisy to predict" instead of a number.
+
+Roofline: the bytes of weights a decode step reads (the decoder's, the cached cross-attention K/V
+projections excluded: they run once per input; plus the embedding table when it is also the logits
+layer); the stream bandwidth, those bytes over the marginal time of a bare jitted matvec over one
+matrix of the same size (so the floor of a step is bytes / bandwidth); v(T) of a bare jitted stack
+of the target's decoder matmuls at B x T rows, beside the target's measured v(T); and a device's
+read rate of one large array (`measure_read_rate`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
+import math
 import re
 from typing import Any
 from typing import Mapping
 from typing import Sequence
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
-from speculative.bench import noise as bench_noise
-from speculative.bench import timing
+from speculative import drafters as drafters_lib
+from speculative import timing
+from speculative.decode import batching
+from speculative.decode import state as decode_state
 
-__all__ = [
-  'decode_step_matmuls',
-  'draft_prefix',
-  'loop_body_matmuls',
-  'measure_costs',
-  'measure_extend_costs',
-  'measure_propose',
-  'shared_drafts',
-]
+MAX_SPREAD = 0.25
+MIN_ROUNDS = 3
+TARGET_STEP = "t(1)"
+STOCK_STEP = "stock t(1)"
+CACHED_PER_INPUT = ("encoder_decoder_attention/key/", "encoder_decoder_attention/value/")
 
 
-def shared_drafts(drafts: Mapping[str, tuple[Any, Any]]) -> dict[str, str]:
-  """{drafter name: the first drafter name with the same params object} (one timer per model)."""
-  owners: dict[str, str] = {}
-  for name, (_, params) in drafts.items():
-    owners[name] = next((other for other in owners if drafts[other][1] is params), name)
-  return owners
+# ------------------------------------------------------------------------------------------------
+# The noise verdict (pure functions of per-round times).
 
 
-def draft_prefix(name: str) -> str:
-  return f"draft[{name}]"
+@dataclasses.dataclass(frozen=True)
+class Estimate:
+  """Median over rounds of a per-round quantity, with its relative spread.
+
+  Attributes:
+    value: median of the resolved (finite, positive) per-round values; nan if none.
+    spread: (75th - 25th percentile) / median of the resolved values; inf if none.
+    rounds: number of rounds.
+    unresolved: rounds whose value was not finite and positive (timer jitter above the signal).
+  """
+
+  value: float
+  spread: float
+  rounds: int
+  unresolved: int
+
+
+def estimate(samples: Sequence[float]) -> Estimate:
+  """The Estimate of per-round values `samples`."""
+  if not len(samples):  # pylint: disable=g-explicit-length-test
+    raise ValueError("no samples to estimate from")
+  x = np.asarray(samples, np.float64)
+  ok = x[np.isfinite(x) & (x > 0)]
+  if not ok.size:
+    return Estimate(math.nan, math.inf, len(x), len(x))
+  median = float(np.median(ok))
+  q25, q75 = np.percentile(ok, [25, 75])
+  return Estimate(median, float((q75 - q25) / median), len(x), int(len(x) - ok.size))
+
+
+def ratio_samples(
+  numerator: Sequence[float], denominator: Sequence[float], scale: float = 1.0
+) -> list[float]:
+  """Per-round ratios scale * numerator[r] / denominator[r] (nan where the denominator is not
+  positive), pairing the two times measured in the same round."""
+  if len(numerator) != len(denominator):
+    raise ValueError(f"rounds differ: {len(numerator)} vs {len(denominator)}")
+  return [scale * a / b if b > 0 else math.nan for a, b in zip(numerator, denominator)]
+
+
+def judge(
+  est: Estimate, what: str, *, minimum: float | None = None, max_spread: float = MAX_SPREAD
+) -> str | None:
+  """None if `est` is usable, else why it is too noisy (see the module docstring)."""
+  if est.rounds < MIN_ROUNDS:
+    return f"{what}: {est.rounds} timing rounds, too few to measure the noise (need {MIN_ROUNDS})"
+  if est.unresolved:
+    return f"{what}: not resolved above timer jitter in {est.unresolved} of {est.rounds} rounds"
+  if not est.spread <= max_spread:
+    return (
+      f"{what} = {est.value:.3g}: spread (interquartile range / median over rounds) "
+      f"{est.spread:.2f} > {max_spread:.2f}"
+    )
+  if minimum is not None and est.value < minimum:
+    return f"{what} = {est.value:.3g} < {minimum:g}, physically impossible"
+  return None
+
+
+class NoiseLog:
+  """Estimates by name and the reasons of the refused ones, kept in `data` (the JSON-ready
+  `costs['noise']`: max_spread, min_rounds, estimates {name: Estimate}, refused {name: reason})."""
+
+  def __init__(self, data: dict[str, Any] | None = None, max_spread: float = MAX_SPREAD):
+    self.data = data
+    if data is None:
+      self.data = {
+        "max_spread": max_spread,
+        "min_rounds": MIN_ROUNDS,
+        "estimates": {},
+        "refused": {},
+      }
+
+  def add(
+    self, name: str, samples: Sequence[float], minimum: float | None = None, fallback=math.nan
+  ) -> float:
+    """Records the estimate of `samples` under `name`; returns its value, or `fallback` where no
+    round resolved it (the estimate is refused either way)."""
+    est = estimate(samples)
+    self.data["estimates"][name] = dataclasses.asdict(est)
+    reason = judge(est, name, minimum=minimum, max_spread=self.data["max_spread"])
+    if reason:
+      self.data["refused"][name] = reason
+    return est.value if math.isfinite(est.value) else fallback
+
+
+def refusal(noise: Mapping[str, Any] | None, names: Sequence[str]) -> str | None:
+  """The reasons (joined) why any of the estimates `names` in a `costs['noise']` dict is refused;
+  None if all are usable or the costs carry no noise record (measured before it existed)."""
+  if not noise:
+    return None
+  return "; ".join(noise["refused"][n] for n in names if n in noise["refused"]) or None
+
+
+def v_key(num_tokens: int) -> str:
+  return f"v({num_tokens})"
+
+
+def c_key(drafter: str, detail: str = "") -> str:
+  return f"c[{drafter}{', ' + detail if detail else ''}]"
+
+
+# ------------------------------------------------------------------------------------------------
+# t(T), c, v(T).
 
 
 def measure_extend_costs(
@@ -73,76 +188,43 @@ def measure_extend_costs(
     encoder_tokens: [B, S] int32 real inputs (the batch the costs are for).
     max_length, position: the decoder cache length and the position the new tokens are written at.
     verify_lengths: the T > 1 of v(T).
-    drafts: {name: (draft model, params)}; drafters sharing a params object share one timer.
+    drafts: {name: (draft model, params)}; drafters sharing a params object share one timer
+      (`draft[<first such name>]_1`).
     repeats, min_seconds: timing rounds, and the least duration of one timed loop.
     extra_timers: more timers to interleave (their per-call seconds land in 'seconds'); those in
       `marginal_extra` are jitted loops (marginal time); max_calls caps their calibration.
     keep_timers: if given, receives every timer by name (e.g. to re-time 'target_1' later).
 
-  Returns a JSON-ready dict: target_step_s, target_extend_s {T: s}, v {T: ratio}, drafters
-  {name: {kind: 'model', draft_step_s, c}}, seconds {extra timer: s}, rounds {timer: [per-round
-  seconds]}, noise (see NoiseLog).
+  Returns a JSON-ready dict: batch_size, position, max_length, target_step_s, target_extend_s
+  {T: s}, v {T: ratio}, drafters {name: {kind: 'model', draft_step_s, c}}, seconds {extra timer:
+  s}, rounds {timer: [per-round seconds]}, noise (see NoiseLog).
   """
   lengths = sorted(set([1] + [int(t) for t in verify_lengths]))
-  timers, draft_keys = _extend_timers(
-    target,
-    target_params,
-    drafts,
-    lengths,
-    encoder_tokens=encoder_tokens,
-    max_length=max_length,
-    position=position,
-  )
+  args = dict(encoder_tokens=encoder_tokens, max_length=max_length, position=position)
+  timers = {
+    f"target_{t}": timing.extend_timer(target, target_params, num_tokens=t, **args) for t in lengths
+  }
+  draft_keys = {}
+  for name, (draft, params) in drafts.items():
+    owner = next((other for other in draft_keys if drafts[other][1] is params), name)
+    draft_keys[name] = f"draft[{owner}]_1"
+    if owner == name:
+      timers[draft_keys[name]] = timing.extend_timer(draft, params, num_tokens=1, **args)
   extra = dict(extra_timers or {})
   timers.update(extra)
   if keep_timers is not None:
     keep_timers.update(timers)
   marginal = [k for k in timers if k not in extra or k in marginal_extra]
-  rounds, whole = timing.time_rounds(
+  rounds, seconds = timing.time_rounds(
     timers, repeats, min_seconds, max_calls=max_calls, marginal=marginal
   )
-  seconds = {name: timing.per_call_seconds(rounds, whole, name) for name in timers}
-  model = _extend_cost_model(rounds, seconds, lengths, draft_keys)
-  noise = model.pop("noise")
-  return {
+  noise = NoiseLog()
+  noise.add(TARGET_STEP, rounds["target_1"])
+  step = seconds["target_1"]
+  costs: dict[str, Any] = {
     "batch_size": int(encoder_tokens.shape[0]),
     "position": position,
     "max_length": max_length,
-    **model,
-    "seconds": {name: seconds[name] for name in extra},
-    "rounds": rounds,
-    "noise": noise,
-  }
-
-
-def _extend_timers(
-  target, target_params, drafts, lengths: Sequence[int], **timer_args
-) -> tuple[dict[str, timing.Timer], dict[str, str]]:
-  """({timer name: Timer}, {drafter: its timer name}): target extend(T) for T in `lengths`, and one
-  T=1 timer per distinct draft model (drafters sharing a params object share it)."""
-  timers: dict[str, timing.Timer] = {
-    f"target_{t}": timing.extend_timer(target, target_params, num_tokens=t, **timer_args)
-    for t in lengths
-  }
-  draft_keys = {name: f"{draft_prefix(owner)}_1" for name, owner in shared_drafts(drafts).items()}
-  for name, key in draft_keys.items():
-    if key not in timers:
-      draft, draft_params = drafts[name]
-      timers[key] = timing.extend_timer(draft, draft_params, num_tokens=1, **timer_args)
-  return timers, draft_keys
-
-
-def _extend_cost_model(
-  rounds: Mapping[str, Sequence[float]],
-  seconds: Mapping[str, float],
-  lengths: Sequence[int],
-  draft_keys: Mapping[str, str],
-) -> dict[str, Any]:
-  """t(1), t(T), v(T) and each draft's step and c from the timing rounds, with the noise record."""
-  noise = bench_noise.NoiseLog()
-  noise.add(bench_noise.TARGET_STEP, rounds["target_1"])
-  step = seconds["target_1"]
-  costs: dict[str, Any] = {
     "target_step_s": step,
     "target_extend_s": {str(t): seconds[f"target_{t}"] for t in lengths},
     "v": {"1": 1.0},
@@ -150,22 +232,17 @@ def _extend_cost_model(
   }
   for t in lengths[1:]:
     costs["v"][str(t)] = noise.add(
-      bench_noise.v_key(t),
-      bench_noise.ratio_samples(rounds[f"target_{t}"], rounds["target_1"]),
+      v_key(t),
+      ratio_samples(rounds[f"target_{t}"], rounds["target_1"]),
       minimum=1.0,
       fallback=seconds[f"target_{t}"] / step,
     )
   for name, key in draft_keys.items():
-    costs["drafters"][name] = {
-      "kind": "model",
-      "draft_step_s": seconds[key],
-      "c": noise.add(
-        bench_noise.c_key(name),
-        bench_noise.ratio_samples(rounds[key], rounds["target_1"]),
-        fallback=seconds[key] / step,
-      ),
-    }
-  costs["noise"] = noise.data
+    c = noise.add(
+      c_key(name), ratio_samples(rounds[key], rounds["target_1"]), fallback=seconds[key] / step
+    )
+    costs["drafters"][name] = {"kind": "model", "draft_step_s": seconds[key], "c": c}
+  costs.update(seconds={name: seconds[name] for name in extra}, rounds=rounds, noise=noise.data)
   return costs
 
 
@@ -192,18 +269,12 @@ def loop_body_matmuls(compiled_hlo: str) -> int | None:
     total = 0
     for line in computations[name]:
       total += len(re.findall(r"= \S+ dot\(", line))
-      for callee in re.findall(
-        r"(?:calls|to_apply|body|condition|branch_computations)="
-        r"\{?(%?[\w.\-]+)",
-        line,
-      ):
-        total += count(callee, seen)
+      callees = r"(?:calls|to_apply|body|condition|branch_computations)=\{?(%?[\w.\-]+)"
+      total += sum(count(callee, seen) for callee in re.findall(callees, line))
     return total
 
   bodies = re.findall(r"body=(%?[\w.\-]+)", compiled_hlo)
-  if not bodies:
-    return None
-  return max(count(body, set()) for body in bodies)
+  return max(count(body, set()) for body in bodies) if bodies else None
 
 
 def decode_step_matmuls(
@@ -214,19 +285,12 @@ def decode_step_matmuls(
   cache = timing.cache_at_position(
     model, params, encoder_tokens, max_length=max_length, position=position
   )
+  tokens, start = jnp.ones((batch, 1), jnp.int32), jnp.full((batch,), position, jnp.int32)
   try:
-    hlo = (
-      timing.repeat_extend.lower(
-        params,
-        cache,
-        jnp.ones((batch, 1), jnp.int32),
-        jnp.full((batch,), position, jnp.int32),
-        jnp.asarray(1, jnp.int32),
-        model=model,
-      )
-      .compile()
-      .as_text()
+    lowered = timing.repeat_extend.lower(
+      params, cache, tokens, start, jnp.asarray(1, jnp.int32), model=model
     )
+    hlo = lowered.compile().as_text()
   except Exception as e:  # pylint: disable=broad-except  # a diagnostic only
     logging.warning("could not inspect the compiled decode step: %s", e)
     return None
@@ -234,44 +298,65 @@ def decode_step_matmuls(
 
 
 def measure_costs(
+  s,
+  view,
+  examples,
+  batch_size: int,
+  max_gamma: int,
+  timers: dict,
   *,
-  target,
-  target_params,
-  stock_target,
-  draft_models: Mapping[str, Any],
-  encoder_tokens: np.ndarray,
-  max_length: int,
-  verify_lengths: Sequence[int],
-  position: int,
-  repeats: int,
-  min_seconds: float,
+  max_length: int | None = None,
   check_hoisting: bool = True,
-  keep_timers: dict[str, timing.Timer] | None = None,
 ) -> dict[str, Any]:
-  """The benchmark's cost model for one batch size: `measure_extend_costs` plus the prefill times,
-  the stock-equivalent step, each draft model's 2-token (catch-up) call and, if `check_hoisting`,
-  the matmuls per compiled decode step of ours and the stock-equivalent loop."""
-  owners = shared_drafts(draft_models)
-  extra = _prefill_and_stock_timers(
-    target, target_params, stock_target, draft_models, owners, encoder_tokens, max_length, position
-  )
+  """The benchmark's cost model of the models `view` (`methods.for_batch`: target, target_params,
+  stock_target, drafters) at `batch_size`, on the first batch of `examples`, with the
+  inputs_length, max_new_tokens and cost_* settings of `s` (a BenchmarkSettings or a
+  PaperShapeSettings): `measure_extend_costs` for v(T) up to T = max_gamma + 1 on the cache of the
+  loop at max_gamma (unless `max_length` is given), plus the prefill times, the stock-equivalent
+  step, each draft model's 2-token (catch-up) call and, if `check_hoisting`,
+  the matmuls per compiled decode step of ours and the stock-equivalent loop. Fills `timers`."""
+  target, target_params, stock_target = view["target"], view["target_params"], view["stock_target"]
+  draft_models = {
+    name: (d.model, p)
+    for name, (d, p) in view["drafters"].items()
+    if isinstance(d, drafters_lib.ModelDrafter)
+  }
+  encoder_tokens = batching.batches(examples, batch_size, s.inputs_length)[0][1]
+  max_length = max_length or decode_state.buffer_length(1, s.max_new_tokens, max_gamma)
+  position = s.cost_position
+  args = dict(encoder_tokens=encoder_tokens, max_length=max_length)
+  extra = {
+    "target_prefill": timing.prefill_timer(target, target_params, **args),
+    "stock_1": timing.extend_timer(
+      stock_target, target_params, num_tokens=1, position=position, **args
+    ),
+    "stock_prefill": timing.prefill_timer(stock_target, target_params, **args),
+  }
+  owners = {}  # {drafter: the first drafter with the same params object} (one timer per model)
+  for name, (draft, draft_params) in draft_models.items():
+    owners[name] = next((o for o in owners if draft_models[o][1] is draft_params), name)
+    if owners[name] == name:
+      extra[f"draft[{name}]_2"] = timing.extend_timer(
+        draft, draft_params, num_tokens=2, position=position, **args
+      )
+      extra[f"draft[{name}]_prefill"] = timing.prefill_timer(draft, draft_params, **args)
   costs = measure_extend_costs(
     target,
     target_params,
     encoder_tokens,
     max_length=max_length,
     position=position,
-    verify_lengths=verify_lengths,
+    verify_lengths=range(2, max_gamma + 2),
     drafts=draft_models,
-    repeats=repeats,
-    min_seconds=min_seconds,
+    repeats=s.cost_repeats,
+    min_seconds=s.cost_min_seconds,
     extra_timers=extra,
     marginal_extra=[k for k in extra if not k.endswith("prefill")],
     max_calls={k: 64 for k in extra if k.endswith("prefill")},
-    keep_timers=keep_timers,
+    keep_timers=timers,
   )
   seconds = costs.pop("seconds")
-  bench_noise.NoiseLog(costs["noise"]).add(bench_noise.STOCK_STEP, costs["rounds"]["stock_1"])
+  NoiseLog(costs["noise"]).add(STOCK_STEP, costs["rounds"]["stock_1"])
   costs["target_prefill_s"] = seconds["target_prefill"]
   costs["stock_equivalent_step_s"] = seconds["stock_1"]
   costs["stock_equivalent_prefill_s"] = seconds["stock_prefill"]
@@ -279,49 +364,45 @@ def measure_costs(
     # XLA's loop-invariant code motion may hoist the per-step cross-attention K/V projection of the
     # (loop-invariant) encoder output out of the loop, making the stock-equivalent loop do exactly
     # the per-step work of ours. Record the matmuls per step of both, as evidence.
-    matmuls = functools.partial(
-      decode_step_matmuls, encoder_tokens=encoder_tokens, max_length=max_length, position=position
-    )
+    matmuls = functools.partial(decode_step_matmuls, position=position, **args)
     costs["loop_matmuls"] = {
       "baseline": matmuls(target, target_params),
       "stock_equivalent": matmuls(stock_target, target_params),
     }
   for name, owner in owners.items():
-    prefix = draft_prefix(owner)
     costs["drafters"][name].update(
-      draft_catch_up_s=seconds[f"{prefix}_2"], draft_prefill_s=seconds[f"{prefix}_prefill"]
+      draft_catch_up_s=seconds[f"draft[{owner}]_2"],
+      draft_prefill_s=seconds[f"draft[{owner}]_prefill"],
     )
   return costs
 
 
-def _prefill_and_stock_timers(
-  target,
-  target_params,
-  stock_target,
-  draft_models: Mapping[str, Any],
-  owners: Mapping[str, str],
-  encoder_tokens: np.ndarray,
-  max_length: int,
-  position: int,
-) -> dict[str, timing.Timer]:
-  """The timers `measure_costs` adds: the prefills, the stock-equivalent step and each draft
-  model's 2-token (catch-up) call."""
-  timer_args = dict(encoder_tokens=encoder_tokens, max_length=max_length)
-  extra = {
-    "target_prefill": timing.prefill_timer(target, target_params, **timer_args),
-    "stock_1": timing.extend_timer(
-      stock_target, target_params, num_tokens=1, position=position, **timer_args
-    ),
-    "stock_prefill": timing.prefill_timer(stock_target, target_params, **timer_args),
-  }
-  for owner in set(owners.values()):
-    draft, draft_params = draft_models[owner]
-    prefix = draft_prefix(owner)
-    extra[f"{prefix}_2"] = timing.extend_timer(
-      draft, draft_params, num_tokens=2, position=position, **timer_args
+@functools.partial(jax.jit, static_argnames=("drafter", "gamma", "sampling"))
+def repeat_propose(
+  draft_params, state, tokens, lengths, rng, sampling_params, num_calls, *, drafter, gamma, sampling
+):
+  """`num_calls` chained `drafter.propose` calls at the same lengths (one fresh key per call).
+
+  tokens: [B, L] int32 stream buffer, valid on [0, lengths); lengths: [B] int32; rng: a typed key.
+  """
+  batch = tokens.shape[0]
+
+  def body(i, carry):
+    state, tokens, acc = carry
+    keys = jax.vmap(lambda row: jax.random.fold_in(jax.random.fold_in(rng, i), row))(
+      jnp.arange(batch)
+    )  # [B] typed keys, as the decode loop passes them
+    proposal, state = drafter.propose(
+      draft_params, state, tokens, lengths, gamma, keys, sampling, sampling_params
     )
-    extra[f"{prefix}_prefill"] = timing.prefill_timer(draft, draft_params, **timer_args)
-  return extra
+    # Write a draft token just past the committed length (never read: rows are valid on
+    # [0, lengths)), so the buffer is loop-variant and XLA cannot hoist a stateless propose.
+    tokens = jax.vmap(lambda row, t, n: row.at[n].set(t))(tokens, proposal.tokens[:, 0], lengths)
+    # The acceptance step reads the whole q (residual max(0, p - q)); so does this sum.
+    return state, tokens, acc + jnp.sum(proposal.probs)
+
+  state, _, acc = jax.lax.fori_loop(0, num_calls, body, (state, tokens, jnp.zeros((), jnp.float32)))
+  return acc, state
 
 
 def measure_propose(
@@ -350,18 +431,124 @@ def measure_propose(
   state = drafter.init(
     draft_params, tokens[:, :position], lengths, max_length, jnp.asarray(encoder_tokens)
   )
-  timer = timing.propose_timer(
-    drafter, draft_params, state, tokens, lengths, sampling_params, gamma=gamma, sampling=sampling
-  )
-  rounds, whole = timing.time_rounds(
-    {"propose": timer, "target_1": target_step},
-    repeats,
-    min_seconds,
-    marginal=["propose", "target_1"],
-  )
-  propose_s = timing.per_call_seconds(rounds, whole, "propose")
+  propose = functools.partial(repeat_propose, drafter=drafter, gamma=gamma, sampling=sampling)
+  rng = jax.random.key(0)  # typed keys, as the decode loop passes them
+  timers = {
+    "propose": lambda n: propose(
+      draft_params, state, tokens, lengths, rng, sampling_params, jnp.asarray(n, jnp.int32)
+    ),
+    "target_1": target_step,
+  }
+  rounds, seconds = timing.time_rounds(timers, repeats, min_seconds, marginal=list(timers))
   return (
-    propose_s,
-    bench_noise.ratio_samples(rounds["propose"], rounds["target_1"], scale=1.0 / gamma),
-    propose_s / gamma / timing.per_call_seconds(rounds, whole, "target_1"),
+    seconds["propose"],
+    ratio_samples(rounds["propose"], rounds["target_1"], scale=1.0 / gamma),
+    seconds["propose"] / gamma / seconds["target_1"],
   )
+
+
+# ------------------------------------------------------------------------------------------------
+# The roofline.
+
+
+def decode_step_kernels(
+  param_shapes: Mapping[str, tuple[int, ...]], *, logits_via_embedding: bool
+) -> dict[str, tuple[int, ...]]:
+  """{name: shape} of the weights one decode step reads from a flat T5 `param_shapes()`."""
+  return {
+    name: tuple(shape)
+    for name, shape in param_shapes.items()
+    if (name.startswith("decoder/") and not any(part in name for part in CACHED_PER_INPUT))
+    or (logits_via_embedding and name.startswith("token_embedder/"))
+  }
+
+
+def weight_bytes(shapes: Mapping[str, tuple[int, ...]], itemsize: int = 4) -> int:
+  return int(sum(math.prod(shape) for shape in shapes.values()) * itemsize)
+
+
+@jax.jit
+def matmul_loop(kernels, inputs, num_calls):
+  """`num_calls` rounds of inputs[i] @ kernels[i] for every i; the inputs are scaled by a
+  loop-carried scalar and each product reduced by max, so nothing is hoisted or simplified away."""
+
+  def body(_, acc):
+    scale = 1.0 + 1e-9 * acc
+    return acc + sum(jnp.max((scale * x) @ w) for x, w in zip(inputs, kernels)) * 1e-12
+
+  return jax.lax.fori_loop(0, num_calls, body, jnp.zeros((), jnp.float32))
+
+
+def _stack_timer(kernel_shapes: Sequence[tuple[int, int]], rows: int, seed: int) -> timing.Timer:
+  rng = np.random.default_rng(seed)
+  kernels = [jnp.asarray(rng.standard_normal(s, np.float32)) for s in kernel_shapes]
+  inputs = [jnp.asarray(rng.standard_normal((rows, s[0]), np.float32)) for s in kernel_shapes]
+  return lambda n: matmul_loop(kernels, inputs, jnp.asarray(n, jnp.int32))
+
+
+def measure_roofline(
+  target, *, batch_size: int, verify_lengths: Sequence[int], repeats: int, min_seconds: float
+) -> dict[str, Any]:
+  """Bytes per decode step of the `target` model (T5 API), stream bandwidth, the floor per step
+  and v(T) of the bare decoder matmul stack at `batch_size` (JSON-ready; 'noise' as in
+  measure_extend_costs)."""
+  param_shapes, emb_dim = target.param_shapes(), target.config.emb_dim
+  logits_via_embedding = target.config.logits_via_embedding
+  kernels = decode_step_kernels(param_shapes, logits_via_embedding=logits_via_embedding)
+  num_bytes = weight_bytes(kernels)
+  matrices = [s for s in kernels.values() if len(s) == 2]
+  lengths = sorted(set([1] + [int(t) for t in verify_lengths]))
+  timers = {"matvec": _stack_timer([(emb_dim, max(1, num_bytes // 4 // emb_dim))], batch_size, 0)}
+  timers.update({f"stack_{t}": _stack_timer(matrices, batch_size * t, t) for t in lengths})
+  rounds, seconds = timing.time_rounds(timers, repeats, min_seconds, marginal=list(timers))
+  noise = NoiseLog()
+  noise.add("bare matvec", rounds["matvec"])
+  out = {
+    "batch_size": batch_size,
+    "weight_bytes": num_bytes,
+    "matvec_s": seconds["matvec"],
+    "bandwidth_gb_s": num_bytes / seconds["matvec"] / 1e9,
+    "floor_step_s": seconds["matvec"],
+    "bare_v": {"1": 1.0},
+  }
+  for t in lengths[1:]:
+    out["bare_v"][str(t)] = noise.add(
+      f"bare v({t})",
+      ratio_samples(rounds[f"stack_{t}"], rounds["stack_1"]),
+      minimum=1.0,
+      fallback=seconds[f"stack_{t}"] / seconds["stack_1"],
+    )
+  out["noise"] = noise.data
+  return out
+
+
+@jax.jit
+def read_loop(array, num_calls):
+  """`num_calls` full reads of `array` (a sum scaled by a loop-carried scalar, so no read is hoisted
+  out of the loop or skipped)."""
+
+  def body(_, acc):
+    return acc + jnp.sum(array * (1.0 + 1e-9 * acc).astype(array.dtype), dtype=jnp.float32) * 1e-12
+
+  return jax.lax.fori_loop(0, num_calls, body, jnp.zeros((), jnp.float32))
+
+
+def measure_read_rate(
+  num_bytes: int, dtype: str, *, repeats: int, min_seconds: float
+) -> dict[str, Any]:
+  """The device's measured read rate: bytes / the marginal time of one full read of an array of
+  `num_bytes` in `dtype` made on the device (JSON-ready: bytes, read_s, read_rate_gb_s, noise)."""
+  itemsize = jnp.dtype(dtype).itemsize
+  array = jnp.ones((max(1, num_bytes // itemsize // 1024), 1024), dtype)
+  timers = {"read": lambda n: read_loop(array, jnp.asarray(n, jnp.int32))}
+  rounds, seconds = timing.time_rounds(timers, repeats, min_seconds, marginal=["read"])
+  noise = NoiseLog()
+  noise.add("read rate", rounds["read"])
+  size = int(array.size * itemsize)
+  return {
+    "bytes": size,
+    "dtype": jnp.dtype(dtype).name,
+    "read_s": seconds["read"],
+    "read_rate_gb_s": size / seconds["read"] / 1e9,
+    "noise": noise.data,
+  }

@@ -23,48 +23,31 @@ concern.
 
 from __future__ import annotations
 
+import copy
 import datetime
-import functools
 import importlib
 import logging
 import sys
 import time
 from typing import Any
-from typing import Callable
-from typing import Mapping
 from typing import Sequence
 
 from speculative import kernels
+from speculative import timing
 from speculative.bench import conclude as conclude_lib
 from speculative.bench import costs as costs_lib
 from speculative.bench import inputs as inputs_lib
 from speculative.bench import machine as machine_lib
 from speculative.bench import methods as methods_lib
-from speculative.bench import paths
 from speculative.bench import report as report_lib
-from speculative.bench import roofline
 from speculative.bench import settings
 from speculative.bench import sweep
-from speculative.bench import timing
-from speculative.bench import whole_job as whole_job_lib
-from speculative.decode import batching
-from speculative.decode import state as decode_state
 from speculative.jobs import checks
 from speculative.jobs import runtime
-from speculative.models import t5 as t5_lib
 
 DEFAULT_GIN = "configs/benchmark/embedded.gin"  # the results page's run file (--help's default)
 DEFAULT_QUICK_GIN = "configs/benchmark/quick.gin"
 DRIFT_WARNING = 0.15  # relative change of t(1) between before and after the sweep
-# The settings every group of the sweep takes as they are (sweep.GroupSettings fields).
-GROUP_OPTIONS = (
-  "inputs_length",
-  "max_new_tokens",
-  "repeats",
-  "seed",
-  "cost_repeats",
-  "cost_min_seconds",
-)
 
 
 def _models(s: settings.BenchmarkSettings, warnings: list[str]) -> dict[str, Any]:
@@ -80,74 +63,34 @@ def _models(s: settings.BenchmarkSettings, warnings: list[str]) -> dict[str, Any
     warnings.append("RANDOM-INIT weights: α and speedups do not describe trained models.")
   pair = dict(target=target, target_params=target_params, draft=draft, draft_params=draft_params)
   built = methods_lib.build_drafters(s.drafters, warnings=warnings, **pair)
-  models = {
-    "target": target,
-    "target_params": target_params,
-    # T5X's decoding structure on XLA's dot, whatever our own path: the stock reference stays stock.
-    "stock_target": t5_lib.T5(s.target_config, cache_cross_kv=False, use_kernels=False),
-    "drafters": built,
-    "descriptions": descriptions,
-  }
-  # Packed once where some batch size's path is the kernels (never off CPU: `kernels.policy`).
-  if any(kernels.policy.choose(s.kernels, int(b)).kernels for b in s.batch_sizes):
-    models["packed"] = paths.pack_models(target, target_params, draft, draft_params, built)
-  return models
+  models = methods_lib.bench_models(*pair.values(), built, s.kernels, s.batch_sizes)
+  return dict(models, descriptions=descriptions)
 
 
-def _cost_models(
-  models: dict[str, Any],
-  examples,
-  *,
-  plan: Mapping[int, Mapping[str, list[int]]],
-  inputs_length: int,
-  max_new_tokens: int,
-  position: int,
-  repeats: int,
-  min_seconds: float,
-  step_timers: dict[int, dict[str, timing.Timer]],
-  with_roofline: bool,
-  check_hoisting: bool,
-  log: Callable[[str], None],
-  kernels_setting: str = "auto",
-) -> dict[str, Any]:
-  """{batch size: cost model} (costs.measure_costs, and roofline.measure_roofline under
-  'roofline' if `with_roofline`) for the gammas of `plan` ({batch size: {drafter: gammas}});
-  fills step_timers[batch] with its timers."""
+def _cost_models(s, models, examples, plan, step_timers, log) -> dict[str, Any]:
+  """{batch size: cost model} (`costs.measure_costs`, and costs.measure_roofline under 'roofline' if
+  s.roofline_section) for the gammas of `plan` ({batch size: {drafter: gammas}}); fills
+  step_timers[batch] with its timers."""
   out = {}
   for batch_size in sorted(plan):
     max_gamma = max(max(g, default=1) for g in plan[batch_size].values())
-    batch_models = paths.for_batch(models, batch_size, kernels_setting)
-    log(f"cost model, batch {batch_size} ({batch_models['decode_path']['line']}) ...")
-    cm = out[str(batch_size)] = costs_lib.measure_costs(
-      target=models["target"],
-      target_params=batch_models["target_params"],
-      stock_target=models["stock_target"],
-      draft_models={
-        name: (d.model, p)
-        for name, (d, p) in batch_models["drafters"].items()
-        if methods_lib.is_model_drafter(d)
-      },
-      encoder_tokens=batching.batches(examples, batch_size, inputs_length)[0][1],
-      max_length=decode_state.buffer_length(1, max_new_tokens, max_gamma),  # the loop's cache
-      verify_lengths=range(2, max_gamma + 2),
-      position=position,
-      repeats=repeats,
-      min_seconds=min_seconds,
-      check_hoisting=check_hoisting and batch_size == min(plan),
-      keep_timers=step_timers.setdefault(batch_size, {}),
+    view = methods_lib.for_batch(models, batch_size, s.kernels)
+    log(f"cost model, batch {batch_size} ({view['decode_path']['line']}) ...")
+    timers = step_timers.setdefault(batch_size, {})
+    check_hoisting = s.stock_hlo_check and batch_size == min(plan)
+    cm = costs_lib.measure_costs(
+      s, view, examples, batch_size, max_gamma, timers, check_hoisting=check_hoisting
     )
-    if with_roofline:
-      config = models["target"].config
-      cm["roofline"] = roofline.measure_roofline(
-        models["target"].param_shapes(),
-        logits_via_embedding=config.logits_via_embedding,
-        emb_dim=config.emb_dim,
+    if s.roofline_section:
+      cm["roofline"] = costs_lib.measure_roofline(
+        models["target"],
         batch_size=batch_size,
         verify_lengths=range(2, max_gamma + 2),
-        repeats=repeats,
-        min_seconds=min_seconds,
+        repeats=s.cost_repeats,
+        min_seconds=s.cost_min_seconds,
       )
-    cm["decode_path"] = batch_models["decode_path"]
+    cm["decode_path"] = view["decode_path"]
+    out[str(batch_size)] = cm
     log(_cost_line(cm))
   return out
 
@@ -170,18 +113,15 @@ def _cost_line(cm: dict[str, Any]) -> str:
   )
 
 
-def _drift_warnings(
-  costs: dict[str, Any],
-  step_timers: Mapping[int, Mapping[str, Any]],
-  repeats: int,
-  min_seconds: float,
-) -> list[str]:
+def _drift_warnings(s, costs: dict[str, Any], step_timers) -> list[str]:
   """t(1) again after the sweep (the profile compares decode-time steps with the cost model
   measured before it); a warning per batch size where it drifted."""
   warnings = []
   for batch_size, timers in step_timers.items():
     cm = costs[str(batch_size)]
-    cm["target_step_s_after"] = timing.retime(timers["target_1"], repeats, min_seconds)
+    cm["target_step_s_after"] = timing.time_rounds(
+      {"t": timers["target_1"]}, s.cost_repeats, s.cost_min_seconds, marginal=["t"]
+    )[1]["t"]
     drift = cm["target_step_s_after"] / cm["target_step_s"] - 1
     if abs(drift) > DRIFT_WARNING:
       warnings.append(
@@ -193,41 +133,26 @@ def _drift_warnings(
   return warnings
 
 
-def _sweep(
-  models: dict[str, Any],
-  costs: dict[str, Any],
-  examples,
-  *,
-  plan,
-  temperatures,
-  step_timers,
-  stock_t5x_decode,
-  warnings: list[str],
-  kernels_setting: str = "auto",
-  **kwargs,
-) -> list[dict[str, Any]]:
+def _sweep(s, models, costs, examples, plan, step_timers, stock_t5x_decode, warnings, log):
   """sweep.run_group for every (batch size, temperature); warns of greedy rows that differ from
   the baseline."""
   groups = []
   for batch_size in sorted(plan):
-    batch_models = paths.for_batch(models, batch_size, kernels_setting)
-    for temperature in temperatures:
-      kwargs["log"](f"group: batch {batch_size}, temperature {temperature}")
+    for temperature in s.temperatures:
+      log(f"group: batch {batch_size}, temperature {temperature}")
       groups.append(
         sweep.run_group(
           sweep.GroupSettings(
+            settings=s,
+            models=methods_lib.for_batch(models, batch_size, s.kernels),
+            costs=costs[str(batch_size)],
+            timers=step_timers[batch_size],
             batch_size=batch_size,
             temperature=float(temperature),
             examples=examples,
-            target=models["target"],
-            target_params=batch_models["target_params"],
-            stock_target=models["stock_target"],
-            drafters=batch_models["drafters"],
             gammas=plan[batch_size],
-            costs=costs[str(batch_size)],
             stock_t5x_decode=stock_t5x_decode,
-            target_step_timer=step_timers[batch_size]["target_1"],
-            **kwargs,
+            log=log,
           )
         )
       )
@@ -247,6 +172,76 @@ def _sweep(
   return groups
 
 
+def whole_job(s, models, costs, groups, step_timers, stock_t5x_decode, log) -> dict[str, Any]:
+  """The whole-job row: every sentence of the split decoded at the sweep's best batch size.
+
+  What a user of a batch job looks at is the throughput of the whole job, not of a 32-sentence
+  sample. After the sweep this takes the greedy group whose baseline had the most tokens/s (the
+  best batch size), the fastest speculative method of that group (its drafter and gamma), and
+  decodes the first `whole_job_examples` inputs of the split with the baseline, the stock
+  yardstick (`stock_t5x` when t5x imports, else `stock_equivalent`) and that speculative method,
+  interleaved batch by batch, each once (`sweep.run_group` with repeats=1). Inputs longer than
+  inputs_length are truncated, not skipped (a job decodes every sentence); the row says how many.
+  """
+  greedy = [g for g in groups if g["group"]["temperature"] == 0]
+  if not greedy:
+    raise ValueError("the whole-job row needs a greedy group (temperature 0) in the sweep")
+  best = max(greedy, key=lambda g: g["baselines"][0]["tokens_per_s"])  # the baseline comes first
+  batch_size = best["group"]["batch_size"]
+  fastest = min(best["speculative"], key=lambda r: r["walltime_s"], default=None)
+  view = methods_lib.for_batch(models, batch_size, s.kernels)  # the path its groups ran
+  examples, source, _ = inputs_lib.benchmark_inputs(
+    s, num_examples=s.whole_job_examples, skip_truncated=False
+  )
+  stock_name = methods_lib.STOCK_T5X if stock_t5x_decode else methods_lib.STOCK_EQUIVALENT
+  only = {stock_name} | ({fastest["name"]} if fastest else set())
+  gammas = {fastest["drafter"]: [fastest["gamma"]]} if fastest else {}
+  log(f"whole job: {len(examples)} inputs at batch {batch_size}: {sorted(only)}")
+  drafters = {k: v for k, v in view["drafters"].items() if k in gammas}
+  result = sweep.run_group(
+    sweep.GroupSettings(
+      settings=s,
+      models=dict(view, drafters=drafters),
+      # A copy: run_group re-times a model-free drafter's propose call into its costs, and the
+      # sweep's rows must keep the c they were computed with.
+      costs=copy.deepcopy(costs[str(batch_size)]),
+      timers=step_timers[batch_size],
+      batch_size=batch_size,
+      temperature=0.0,
+      examples=examples,
+      gammas=gammas,
+      stock_t5x_decode=stock_t5x_decode,
+      log=log,
+      repeats=1,
+      only=frozenset(only),
+    )
+  )
+  rows = [
+    {
+      "name": r["name"],
+      "walltime_s": r["walltime_s"],
+      "sentences_per_s": len(examples) / r["walltime_s"],
+      "tokens_per_s": r["tokens_per_s"],
+      "ms_per_token": r["ms_per_token"],
+      "generated_tokens": r["generated_tokens"],
+      "speedup_vs_baseline": r.get("speedup_vs_baseline", r.get("measured_speedup")),
+      "identical_to_baseline": r.get("identical_to_baseline"),
+      "compile_s": r["compile_s"],
+    }
+    for r in result["baselines"] + result["speculative"]
+  ]
+  return {
+    "inputs": source,
+    "examples": len(examples),
+    "truncated_inputs": sum(bool(getattr(e, "truncated", False)) for e in examples),
+    "batch_size": batch_size,
+    "chosen": fastest["name"] if fastest else None,
+    "rows": rows,
+    "compiles": result["group"]["compiles"],
+    "peak_rss_mib": result["group"]["peak_rss_mib"],
+  }
+
+
 @checks.settings_entry(settings.BenchmarkSettings)
 def benchmark(s: settings.BenchmarkSettings) -> dict[str, Any]:
   """Runs the sweep; returns the report dict (also written to output_dir, unless None). The
@@ -257,12 +252,11 @@ def benchmark(s: settings.BenchmarkSettings) -> dict[str, Any]:
 
 def _run(s: settings.BenchmarkSettings) -> dict[str, Any]:
   """`benchmark` after its checks: inputs, models, the cost model, the sweep, the report."""
-  log = print if s.verbose else (lambda *_: None)
+  report_log = print if s.verbose else (lambda *_: None)
   plan = sweep.gamma_plan(s.gammas, dict(s.drafter_gammas or {}), s.drafters, s.batch_sizes)
   machine = machine_lib.machine_info()
   warnings: list[str] = []
   t_start = time.perf_counter()
-  report_log = log
   log = lambda msg: report_log(f"[{time.perf_counter() - t_start:6.0f}s] {msg}")  # noqa: E731
   examples, source, task_label = inputs_lib.benchmark_inputs(
     s, num_examples=s.num_examples, skip_truncated=s.skip_truncated
@@ -272,7 +266,14 @@ def _run(s: settings.BenchmarkSettings) -> dict[str, Any]:
   log(
     f"target: {models['descriptions']['target']}; draft: {models['descriptions'].get('draft', '-')}"
   )
-  costs, groups, whole_job = _measure(s, models, examples, plan, warnings, log)
+  stock_t5x_decode = methods_lib.stock_t5x_decoder(s, models["target_params"])
+  step_timers: dict[int, dict[str, timing.Timer]] = {}
+  costs = _cost_models(s, models, examples, plan, step_timers, log)
+  groups = _sweep(s, models, costs, examples, plan, step_timers, stock_t5x_decode, warnings, log)
+  warnings += _drift_warnings(s, costs, step_timers)
+  job = None
+  if s.whole_job_examples:
+    job = whole_job(s, models, costs, groups, step_timers, stock_t5x_decode, log)
   busy = machine_lib.busy_warning(machine)
   report = {
     "title": s.title,
@@ -287,95 +288,23 @@ def _run(s: settings.BenchmarkSettings) -> dict[str, Any]:
     "costs": costs,
     "groups": groups,
   }
-  if whole_job:
-    report["whole_job"] = whole_job
+  if job:
+    report["whole_job"] = job
   report = conclude_lib.conclude(report)
   if s.output_dir:
     report_lib.write_report(report, s.output_dir, plots=s.plots, log=report_log)
   return report
 
 
-def _measure(
-  s: settings.BenchmarkSettings,
-  models: dict[str, Any],
-  examples,
-  plan,
-  warnings: list[str],
-  log: Callable[[str], None],
-) -> tuple[dict[str, Any], list[dict[str, Any]], dict[str, Any] | None]:
-  """The cost model per batch size, the sweep of every group, t(1) again (drift), and the
-  whole-job row if asked for."""
-  stock_t5x_decode = _stock_t5x_decode(s, models)
-  position = min(s.cost_position, s.max_new_tokens - 1)
-  step_timers: dict[int, dict[str, timing.Timer]] = {}
-  costs = _cost_models(
-    models,
-    examples,
-    plan=plan,
-    inputs_length=s.inputs_length,
-    max_new_tokens=s.max_new_tokens,
-    position=position,
-    repeats=s.cost_repeats,
-    min_seconds=s.cost_min_seconds,
-    step_timers=step_timers,
-    with_roofline=s.roofline_section,
-    check_hoisting=s.stock_hlo_check,
-    log=log,
-    kernels_setting=s.kernels,
-  )
-  groups = _sweep(
-    models,
-    costs,
-    examples,
-    plan=plan,
-    temperatures=s.temperatures,
-    step_timers=step_timers,
-    stock_t5x_decode=stock_t5x_decode,
-    warnings=warnings,
-    kernels_setting=s.kernels,
-    position=position,
-    log=log,
-    **{name: getattr(s, name) for name in GROUP_OPTIONS},
-  )
-  warnings += _drift_warnings(costs, step_timers, s.cost_repeats, s.cost_min_seconds)
-  whole_job = None
-  if s.whole_job_examples:
-    whole_job = whole_job_lib.run(
-      s,
-      models,
-      costs,
-      groups,
-      step_timers=step_timers,
-      stock_t5x_decode=stock_t5x_decode,
-      position=position,
-      log=log,
-    )
-  return costs, groups, whole_job
-
-
-def _stock_t5x_decode(s: settings.BenchmarkSettings, models: dict[str, Any]) -> Callable | None:
-  """methods.make_stock_t5x_decode on the target (called with temperature=...), or None without
-  stock T5X in this run."""
-  if not s.use_t5x:
-    return None
-  return functools.partial(
-    methods_lib.make_stock_t5x_decode,
-    s.target_config,
-    models["target_params"],
-    max_new_tokens=s.max_new_tokens,
-  )
-
-
 def _config_record(
   s: settings.BenchmarkSettings, plan, models: dict[str, Any], task_label: str
 ) -> dict:
   """The report's `config`: what was compared, as run."""
+  copied = lambda *names: {name: getattr(s, name) for name in names}  # noqa: E731
   return {
-    "target_name": s.target_name,
-    "draft_name": s.draft_name,
+    **copied("target_name", "draft_name"),
     "task_label": task_label,
-    "inputs_length": s.inputs_length,
-    "max_new_tokens": s.max_new_tokens,
+    **copied("inputs_length", "max_new_tokens"),
     "batch_sizes": sorted(plan),
     "temperatures": [float(t) for t in s.temperatures],
     "gammas": {
@@ -383,16 +312,11 @@ def _config_record(
       for b, per in plan.items()
     },
     "drafters": [name for name in s.drafters if name in models["drafters"]],
-    "repeats": s.repeats,
-    "cost_repeats": s.cost_repeats,
-    "cost_position": s.cost_position,
+    **copied("repeats", "cost_repeats", "cost_position"),
     "stock_t5x": s.use_t5x,
     "kernels": s.kernels,
     "kernels_status": kernels.status(),
-    "fallback_threshold": s.fallback_threshold,
-    "seed": s.seed,
-    "target_checkpoint": s.target_checkpoint,
-    "draft_checkpoint": s.draft_checkpoint,
+    **copied("fallback_threshold", "seed", "target_checkpoint", "draft_checkpoint"),
   }
 
 

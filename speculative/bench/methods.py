@@ -1,4 +1,10 @@
-"""What the benchmark compares: drafters (built by name) and the decoding methods of a group.
+"""What the benchmark compares: its models on their decode path, drafters (built by name) and the
+decoding methods of a group.
+
+The benchmark packs the target's and the draft's weights once (`bench_models`) and hands each batch
+size's cost model, groups and whole job the params of the path `kernels.policy` picks for it
+(`for_batch`), as `speculative.infer` does per job; the stock-equivalent twin and stock T5X keep
+XLA's path.
 
 Drafters are named in the benchmark's `drafters` option by their names in the one drafter registry
 (`speculative.drafters.registry`): 'model' (the draft model, `ModelDrafter`), 'unigram' / 'bigram'
@@ -25,6 +31,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from speculative import drafters as drafters_lib
+from speculative import kernels
 from speculative.data import tasks
 from speculative.decode import modes
 from speculative.decode import options as decode_options
@@ -37,12 +44,55 @@ SPECULATIVE = "speculative"
 
 
 # ----------------------------------------------------------------------------------------------
-# Drafters: built by name through the one drafter registry (speculative.drafters).
+# Models on their decode path.
 # ----------------------------------------------------------------------------------------------
 
 
-def is_model_drafter(drafter: Any) -> bool:
-  return isinstance(drafter, drafters_lib.ModelDrafter)
+def bench_models(
+  target, target_params, draft, draft_params, drafters, kernels_setting, batch_sizes
+):
+  """{'target', 'target_params', 'stock_target', 'drafters'} (`drafters`: {name: (drafter,
+  params)}), and under 'packed' the weights of our CPU kernels' path, packed once where some batch
+  size's path is theirs (never off CPU: `kernels.policy`)."""
+  models = {
+    "target": target,
+    "target_params": target_params,
+    # T5X's decoding structure on XLA's dot, whatever our own path: the stock reference stays stock.
+    "stock_target": t5_lib.T5(target.config, cache_cross_kv=False, use_kernels=False),
+    "drafters": drafters,
+  }
+  if not any(kernels.policy.choose(kernels_setting, int(b)).kernels for b in batch_sizes):
+    return models
+  # The packed target, and the draft model's tree wherever it sits inside a drafter's params (a
+  # model drafter's, or a composite's).
+  packed_draft = None if draft is None else t5_lib.pack_decode_params(draft, draft_params)
+
+  def swap(params):
+    is_draft = lambda x: draft_params is not None and x is draft_params  # noqa: E731
+    return jax.tree_util.tree_map(
+      lambda x: packed_draft if is_draft(x) else x, params, is_leaf=is_draft
+    )
+
+  models["packed"] = {
+    "target_params": t5_lib.pack_decode_params(target, target_params),
+    "drafters": {name: (d, swap(p)) for name, (d, p) in drafters.items()},
+  }
+  return models
+
+
+def for_batch(models: dict[str, Any], batch_size: int, setting: str) -> dict[str, Any]:
+  """`models` with our target's and drafters' params on the path `kernels.policy` picks for this
+  batch size, and that path under 'decode_path' ({'name', 'line'})."""
+  path = kernels.policy.choose(setting, batch_size)
+  view = dict(models, decode_path={"name": path.name, "line": path.line})
+  if path.kernels:
+    view.update(models["packed"])
+  return view
+
+
+# ----------------------------------------------------------------------------------------------
+# Drafters: built by name through the one drafter registry (speculative.drafters).
+# ----------------------------------------------------------------------------------------------
 
 
 @functools.lru_cache(maxsize=1)
@@ -201,15 +251,25 @@ def make_stock_t5x_decode(
   return lambda encoder_tokens, rng: predict(params, encoder_tokens, rng)
 
 
+def stock_t5x_decoder(s: Any, params: Any) -> Callable[..., Any] | None:
+  """`make_stock_t5x_decode` of s.target_config and `params` at s.max_new_tokens, to be called
+  with temperature=...; None where s (a benchmark's settings) does not time stock T5X."""
+  if not s.use_t5x:
+    return None
+  return functools.partial(
+    make_stock_t5x_decode, s.target_config, params, max_new_tokens=s.max_new_tokens
+  )
+
+
 def make_methods(group: Any, sampling, sampling_params) -> list[Method]:
-  """The methods of one group (a sweep.GroupSettings: its target, target_params, stock_target,
-  drafters, gammas, max_new_tokens, stock_t5x_decode and temperature): baseline,
-  stock_equivalent, stock_t5x (if group.stock_t5x_decode is given) and speculative for every
-  drafter (name -> (drafter, params)) x its gammas; stock_t5x_decode is called as
-  stock_t5x_decode(temperature=...) and returns the decode callable."""
-  target, target_params = group.target, group.target_params
+  """The methods of one group (a sweep.GroupSettings: its models, gammas, settings'
+  max_new_tokens, stock_t5x_decode and temperature): baseline, stock_equivalent, stock_t5x (if
+  group.stock_t5x_decode is given) and speculative for every drafter (name -> (drafter, params))
+  x its gammas; stock_t5x_decode is called as stock_t5x_decode(temperature=...) and returns the
+  decode callable."""
+  target, target_params = group.models["target"], group.models["target_params"]
   options = decode_options.DecodeOptions(
-    max_new_tokens=group.max_new_tokens, sampling=sampling, eos_id=tasks.EOS_ID
+    max_new_tokens=group.settings.max_new_tokens, sampling=sampling, eos_id=tasks.EOS_ID
   )
 
   def autoregressive(model):
@@ -229,12 +289,12 @@ def make_methods(group: Any, sampling, sampling_params) -> list[Method]:
 
   methods = [
     Method(BASELINE, BASELINE, autoregressive(target)),
-    Method(STOCK_EQUIVALENT, STOCK_EQUIVALENT, autoregressive(group.stock_target)),
+    Method(STOCK_EQUIVALENT, STOCK_EQUIVALENT, autoregressive(group.models["stock_target"])),
   ]
   if group.stock_t5x_decode is not None:
     stock_t5x = group.stock_t5x_decode(temperature=group.temperature)
     methods.append(Method(STOCK_T5X, STOCK_T5X, stock_t5x))
-  for drafter_name, (drafter, draft_params) in group.drafters.items():
+  for drafter_name, (drafter, draft_params) in group.models["drafters"].items():
     for gamma in group.gammas.get(drafter_name, ()):
       methods.append(
         Method(

@@ -8,7 +8,7 @@ On jax's default backend, in two parts (docs/paper_shape.md says how to read the
      a draft of `draft_config`'s (T5 1.1 small's), both with the pair's vocabulary and stored in
      `storage_dtype`. Measured at batch 1 (bench/costs.py): t(1), v(T) for T = 2..8, c; the
      baseline decode of the inputs (bench/sweep.py), whose ms/token over t(1) is the loop overhead;
-     the decoder's bytes read per step (bench/roofline.py) over t(1), as a share of the read rate
+     the decoder's bytes read per step (bench/costs.py) over t(1), as a share of the read rate
      of a large array measured on the device. Then Theorem 3.8 (analysis.walltime_improvement)
      with these c and v(T) at the paper's alphas (Table 3: 0.75 greedy, 0.62 at temperature 1)
      for gamma = 1..8.
@@ -21,7 +21,7 @@ On jax's default backend, in two parts (docs/paper_shape.md says how to read the
      speculative ones and stock T5X's, is audited (decode/audit.py), and a mismatch fails the run.
 
 Refused in one line before any compute (exit status 2, nothing written): a shape whose weights,
-caches and activations do not fit the device's memory (bench/memory_fit.py), a source the target
+caches and activations do not fit the device's memory (bench/machine.py), a source the target
 cannot be grown from (another vocabulary or head size, a smaller shape), a draft with another
 vocabulary.
 """
@@ -29,7 +29,6 @@ vocabulary.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import gc
 import importlib
 import json
@@ -49,19 +48,14 @@ from speculative import analysis
 from speculative import checkpoints
 from speculative import kernels
 from speculative.bench import costs as costs_lib
+from speculative.bench import inputs as inputs_lib
 from speculative.bench import machine as machine_lib
-from speculative.bench import memory_fit
 from speculative.bench import methods as methods_lib
-from speculative.bench import paths
-from speculative.bench import roofline
+from speculative.bench import settings as bench_settings
 from speculative.bench import sweep
-from speculative.data import tasks
-from speculative.decode import batching
 from speculative.decode import state as decode_state
-from speculative.infer import inputs as infer_inputs
 from speculative.jobs import checks
 from speculative.models import t5 as t5_lib
-from speculative.train import data as train_data
 from speculative.train import grow
 
 DEFAULT_GIN = "configs/benchmark/paper_shape.gin"
@@ -118,11 +112,8 @@ class PaperShapeSettings:
     for name in ("num_examples", "inputs_length", "max_new_tokens", "repeats", "cost_repeats"):
       checks.check_int(name, getattr(self, name), 1)
     checks.check_int("read_rate_bytes", self.read_rate_bytes, 1)
-    checks.check_choice("stock_t5x", self.stock_t5x, ("auto", "on", "off"))
-    if self.stock_t5x == "on" and not methods_lib.t5x_available():
-      raise ValueError("stock_t5x = 'on' but t5x is not importable (or use 'auto')")
-    if not 1 <= self.cost_position < self.max_new_tokens:
-      raise ValueError(f"cost_position must be in [1, max_new_tokens); got {self.cost_position}")
+    bench_settings.check_stock_t5x(self.stock_t5x)
+    checks.check_int("cost_position", self.cost_position, 1, self.max_new_tokens - 1)
     sweep.gammas_for(list(self.gammas), 1)
     kernels.policy.choose(self.kernels, 1)  # 'on' off CPU: refused here
     jnp.dtype(self.storage_dtype)
@@ -133,8 +124,8 @@ class PaperShapeSettings:
       )
     if self.real_walltime:
       self._check_real_walltime()
-    memory_fit.check_fits(
-      "target_config's shape", self.memory_need(), memory_fit.device_memory(), FIT_HINT
+    machine_lib.check_fits(
+      "target_config's shape", self.memory_need(), machine_lib.device_memory(), FIT_HINT
     )
 
   @property
@@ -143,7 +134,7 @@ class PaperShapeSettings:
 
   @property
   def use_t5x(self) -> bool:
-    return self.stock_t5x == "on" or (self.stock_t5x == "auto" and methods_lib.t5x_available())
+    return bench_settings.use_t5x(self.stock_t5x)
 
   def _check_real_walltime(self) -> None:
     if self.source_config is None or self.shipped_draft_config is None:
@@ -164,7 +155,7 @@ class PaperShapeSettings:
       object.__setattr__(self, name, checks.resolve_input_path(getattr(self, name)))
       checkpoints.check_weights(name, getattr(self, name), config)
 
-  def memory_need(self) -> memory_fit.Need:
+  def memory_need(self) -> machine_lib.Need:
     """The larger of the two parts' needs (they run one after the other)."""
     shape = dict(
       storage_dtype=self.storage_dtype,
@@ -173,15 +164,15 @@ class PaperShapeSettings:
       max_length=self.max_new_tokens + MAX_VERIFY + 2,
       caches=CACHES_HELD,
     )
-    costs = memory_fit.estimate(
+    costs = machine_lib.estimate(
       [self.target_config, self.draft_config], extra_bytes=self.read_rate_bytes, **shape
     )
     if not self.real_walltime:
       return costs
     itemsize = jnp.dtype(self.storage_dtype).itemsize
-    growth = 2 * itemsize * memory_fit.largest_leaf(self.target_config)  # a leaf being grown
-    source = 4 * memory_fit.num_params(self.source_config)  # float32, on the host (CPU: the same)
-    real = memory_fit.estimate(
+    growth = 2 * itemsize * machine_lib.largest_leaf(self.target_config)  # a leaf being grown
+    source = 4 * machine_lib.num_params(self.source_config)  # float32, on the host (CPU: the same)
+    real = machine_lib.estimate(
       [self.target_config, self.shipped_draft_config], extra_bytes=growth + source, **shape
     )
     return max(costs, real, key=lambda need: need.total)
@@ -194,7 +185,7 @@ FIT_HINT = (
 
 
 def describe(config: t5_lib.T5Config) -> str:
-  n = memory_fit.num_params(config)
+  n = machine_lib.num_params(config)
   size = f"{n / 1e9:.2f}B" if n >= 1e9 else f"{n / 1e6:.1f}M"
   return (
     f"d {config.emb_dim}, {config.num_heads} heads of {config.head_dim}, "
@@ -203,89 +194,46 @@ def describe(config: t5_lib.T5Config) -> str:
   )
 
 
-def _examples(s: PaperShapeSettings) -> list[infer_inputs.Example]:
-  """The first `num_examples` test sentences of at most `inputs_length` tokens, tokenized with
-  SentencePiece directly (seqio's vocabulary would import TensorFlow: ~20 s on a small CPU)."""
-  pairs = train_data.read_tsv(str(tasks.split_path("test")))
-  prefix = tasks.TRANSLATE_EN_DE_PREFIX
-  tokens = train_data.tokenize_pairs(pairs, str(tasks.VOCAB_PATH), prefix)
-  examples = [
-    infer_inputs.Example(i, prefix + source, reference, inputs, False)
-    for i, ((source, reference), (inputs, _)) in enumerate(zip(pairs, tokens))
-    if len(inputs) <= s.inputs_length
-  ]
-  return examples[: s.num_examples]
-
-
-def _models(target, target_params, draft, draft_params, s: PaperShapeSettings) -> dict[str, Any]:
-  """The sweep's models (bench/main.py's layout), packed for the CPU kernels where the path is
-  theirs (never off CPU)."""
-  warnings: list[str] = []
-  drafters = methods_lib.build_drafters(
-    ["model"],
-    target=target,
-    target_params=target_params,
-    draft=draft,
-    draft_params=draft_params,
-    warnings=warnings,
+def _measure(s, pair, examples, log, *, max_gamma, temperatures, gammas, stock_t5x_decode):
+  """(decode path, cost model, groups) of `pair` (target, its params, draft, its params) at batch
+  1: the models on the path of `s.kernels` (`methods.bench_models`), their cost model
+  (`costs.measure_costs`, v(T) up to T = max_gamma + 1) and a group per temperature
+  (`sweep.run_group`; the baseline only where `gammas` is empty). Both parts use one cache length
+  (for gamma up to MAX_VERIFY), so the second reuses the first's compiled target programs (same
+  config, shapes and dtypes)."""
+  target, target_params, draft, draft_params = pair
+  pair_args = dict(
+    target=target, target_params=target_params, draft=draft, draft_params=draft_params
   )
-  models = {
-    "target": target,
-    "target_params": target_params,
-    "stock_target": t5_lib.T5(target.config, cache_cross_kv=False, use_kernels=False),
-    "drafters": drafters,
-  }
-  if kernels.policy.choose(s.kernels, 1).kernels:
-    models["packed"] = paths.pack_models(target, target_params, draft, draft_params, drafters)
-  return paths.for_batch(models, 1, s.kernels)
-
-
-def _cost_model(models, examples, s: PaperShapeSettings, max_gamma: int, timers: dict):
-  """costs.measure_costs at batch 1, v(T) up to T = `max_gamma` + 1 (fills `timers`). Both parts
-  use one cache length (for gamma up to MAX_VERIFY), so the second reuses the first's compiled
-  target programs (same config, shapes and dtypes)."""
-  return costs_lib.measure_costs(
-    target=models["target"],
-    target_params=models["target_params"],
-    stock_target=models["stock_target"],
-    draft_models={"model": (models["drafters"]["model"][0].model, models["drafters"]["model"][1])},
-    encoder_tokens=batching.batches(examples, 1, s.inputs_length)[0][1],
-    max_length=decode_state.buffer_length(1, s.max_new_tokens, MAX_VERIFY),  # the loop's, at most
-    verify_lengths=range(2, max_gamma + 2),
-    position=s.cost_position,
-    repeats=s.cost_repeats,
-    min_seconds=s.cost_min_seconds,
-    check_hoisting=False,
-    keep_timers=timers,
+  drafters = methods_lib.build_drafters(["model"], warnings=[], **pair_args)
+  models = methods_lib.bench_models(*pair, drafters, s.kernels, [1])
+  models = methods_lib.for_batch(models, 1, s.kernels)
+  if not gammas:
+    log(f"costs: random init, {models['decode_path']['line']}")
+  timers: dict = {}
+  max_length = decode_state.buffer_length(1, s.max_new_tokens, MAX_VERIFY)  # the loop's, at most
+  costs = costs_lib.measure_costs(
+    s, models, examples, 1, max_gamma, timers, max_length=max_length, check_hoisting=False
   )
-
-
-def _group(models, costs, examples, s, timers, log, *, temperature, gammas, stock_t5x_decode):
-  """sweep.run_group at batch 1 (the baseline only where `gammas` is empty)."""
-  return sweep.run_group(
-    sweep.GroupSettings(
-      batch_size=1,
-      temperature=float(temperature),
-      examples=examples,
-      inputs_length=s.inputs_length,
-      max_new_tokens=s.max_new_tokens,
-      target=models["target"],
-      target_params=models["target_params"],
-      stock_target=models["stock_target"],
-      drafters=models["drafters"],
-      gammas={"model": list(gammas)},
-      costs=costs,
-      repeats=s.repeats,
-      seed=s.seed,
-      stock_t5x_decode=stock_t5x_decode,
-      cost_repeats=s.cost_repeats,
-      cost_min_seconds=s.cost_min_seconds,
-      position=s.cost_position,
-      target_step_timer=timers["target_1"],
-      log=log,
-      only=None if gammas else frozenset(),
+  groups = [
+    sweep.run_group(
+      sweep.GroupSettings(
+        settings=s,
+        models=models,
+        costs=costs,
+        timers=timers,
+        batch_size=1,
+        temperature=float(temperature),
+        examples=examples,
+        gammas={"model": list(gammas)},
+        stock_t5x_decode=stock_t5x_decode,
+        log=log,
+        only=None if gammas else frozenset(),
+      )
     )
-  )
+    for temperature in temperatures
+  ]
+  return models["decode_path"], costs, groups
 
 
 def measure_costs(s: PaperShapeSettings, examples, log: Callable[[str], None]) -> dict[str, Any]:
@@ -293,28 +241,32 @@ def measure_costs(s: PaperShapeSettings, examples, log: Callable[[str], None]) -
   target, draft = t5_lib.T5(s.target_config), t5_lib.T5(s.draft_config)
   target_params = target.init_params(jax.random.PRNGKey(s.seed), s.storage_dtype)
   draft_params = draft.init_params(jax.random.PRNGKey(s.seed + 1), s.storage_dtype)
-  models = _models(target, target_params, draft, draft_params, s)
-  log(f"costs: random init, {models['decode_path']['line']}")
-  timers: dict = {}
-  costs = _cost_model(models, examples, s, MAX_VERIFY - 1, timers)
-  baseline = _group(
-    models, costs, examples, s, timers, log, temperature=0.0, gammas=(), stock_t5x_decode=None
-  )["baselines"][0]
+  pair = (target, target_params, draft, draft_params)
+  decode_path, costs, groups = _measure(
+    s,
+    pair,
+    examples,
+    log,
+    max_gamma=MAX_VERIFY - 1,
+    temperatures=[0.0],
+    gammas=(),
+    stock_t5x_decode=None,
+  )
+  baseline = groups[0]["baselines"][0]
   step = costs["target_step_s"]
   itemsize = jnp.dtype(s.storage_dtype).itemsize
-  step_bytes = roofline.weight_bytes(
-    roofline.decode_step_kernels(
+  step_bytes = costs_lib.weight_bytes(
+    costs_lib.decode_step_kernels(
       target.param_shapes(), logits_via_embedding=s.target_config.logits_via_embedding
     ),
     itemsize,
   )
-  read = roofline.measure_read_rate(
+  read = costs_lib.measure_read_rate(
     s.read_rate_bytes, s.storage_dtype, repeats=s.cost_repeats, min_seconds=s.cost_min_seconds
   )
   c = costs["drafters"]["model"]["c"]
   v = analysis.verify_cost_fn({int(k): x for k, x in costs["v"].items()})
-  decode_path = models["decode_path"]
-  del target_params, draft_params, models, timers  # part 2 needs the memory
+  del target_params, draft_params, pair, groups  # part 2 needs the memory
   gc.collect()
   return {
     "decode_path": decode_path,
@@ -369,32 +321,22 @@ def real_walltime(s: PaperShapeSettings, examples, log: Callable[[str], None]) -
     lambda x: jnp.asarray(x, s.storage_dtype),
     _load(s.shipped_draft_config, s.shipped_draft_checkpoint),
   )
-  target = t5_lib.T5(s.target_config)
-  models = _models(target, target_params, t5_lib.T5(s.shipped_draft_config), draft_params, s)
-  timers: dict = {}
-  costs = _cost_model(models, examples, s, max(s.gammas), timers)
-  stock = None
-  if s.use_t5x:
-    stock = functools.partial(
-      methods_lib.make_stock_t5x_decode,
-      s.target_config,
-      target_params,
-      max_new_tokens=s.max_new_tokens,
-    )
-  groups = [
-    _group(
-      models,
-      costs,
-      examples,
-      s,
-      timers,
-      log,
-      temperature=t,
-      gammas=s.gammas,
-      stock_t5x_decode=stock,
-    )
-    for t in s.temperatures
-  ]
+  pair = (
+    t5_lib.T5(s.target_config),
+    target_params,
+    t5_lib.T5(s.shipped_draft_config),
+    draft_params,
+  )
+  _, costs, groups = _measure(
+    s,
+    pair,
+    examples,
+    log,
+    max_gamma=max(s.gammas),
+    temperatures=s.temperatures,
+    gammas=s.gammas,
+    stock_t5x_decode=methods_lib.stock_t5x_decoder(s, target_params),
+  )
   return {"grow_s": grow_s, "c": costs["drafters"]["model"]["c"], "v": costs["v"], "groups": groups}
 
 
@@ -403,26 +345,26 @@ def _run(s: PaperShapeSettings) -> dict[str, Any]:
   log = lambda msg: print(f"[{time.perf_counter() - t0:6.1f}s] {msg}", flush=True)  # noqa: E731
   machine = machine_lib.machine_info()
   need = s.memory_need()
-  limit, source = memory_fit.device_memory()
+  limit, source = machine_lib.device_memory()
   report: dict[str, Any] = {
     "command": " ".join(["python -m speculative.bench.paper_shape", *sys.argv[1:]]),
     "machine": machine,
     "storage_dtype": s.storage_dtype,
     "target": describe(s.target_config),
     "draft": describe(s.draft_config),
-    "memory": {
-      "need_bytes": need.total,
-      "need": need.line(),
-      "limit_bytes": limit,
-      "source": source,
-    },
+    "memory": dict(need_bytes=need.total, need=need.line(), limit_bytes=limit, source=source),
   }
   log(f"target {report['target']}; draft {report['draft']}")
   log(
     f"memory: needs {need.line()}; the device has "
     + ("an unknown amount" if limit is None else f"{limit / 1e9:.1f} GB ({source})")
   )
-  examples = _examples(s)
+  # The test split's TSV, tokenized with SentencePiece directly (seqio's vocabulary would import
+  # TensorFlow: ~20 s on a small CPU); batch 1, so no padding beyond the sentence.
+  source_file = inputs_lib.split_file("test", s.inputs_length)
+  examples, _ = inputs_lib.load_examples(
+    source_file, num_examples=s.num_examples, skip_truncated=True
+  )
   report["costs"] = measure_costs(s, examples, log)
   if s.real_walltime:
     report["source"] = f"{s.source_checkpoint} ({describe(s.source_config)})"
@@ -507,7 +449,7 @@ def format_report(report: dict[str, Any]) -> str:
   ]
   refused = {**costs["noise_refused"], **costs["read_rate"]["noise"]["refused"]}
   if refused:
-    lines += ["", "Too noisy (bench/noise.py):"] + [f"- {reason}" for reason in refused.values()]
+    lines += ["", "Too noisy (bench/costs.py):"] + [f"- {reason}" for reason in refused.values()]
   gammas = range(1, MAX_VERIFY + 1)
   lines += [
     "",

@@ -7,8 +7,6 @@ from typing import Any
 from typing import Mapping
 from typing import Sequence
 
-import numpy as np
-
 from speculative import kernels
 from speculative.bench import inputs as inputs_lib
 from speculative.bench import methods as methods_lib
@@ -42,11 +40,11 @@ class BenchmarkSettings:
     fallback_threshold: the gamma policy falls back to plain decoding below this predicted speedup.
     allow_random_init: time random weights when a checkpoint is missing (smoke runs only).
     roofline_section: also measure the memory-bandwidth floor and the bare matmul stack's v(T)
-      (bench/roofline.py) for the report's roofline section.
+      (costs.measure_roofline) for the report's roofline section.
     stock_hlo_check: count the matmuls per step in the compiled baseline and stock-equivalent
       loops (costs.decode_step_matmuls; two extra compiles) for the report's stock-equivalent check.
     whole_job_examples: 0 (off), or decode this many inputs of the split (all of it, if fewer)
-      at the best batch size as the "whole job" row (bench/whole_job.py).
+      at the best batch size as the "whole job" row (main.whole_job).
   """
 
   target_config: t5_lib.T5Config
@@ -91,14 +89,22 @@ class BenchmarkSettings:
     # Relative input paths missing here are the repository's (`checks.resolve_input_path`), so the
     # shipped run files work from any working directory; output_dir stays relative to it.
     checks.resolve_input_fields(self, ("target_checkpoint", "draft_checkpoint", "input_file"))
-    check_options(self)
+    for name in ("repeats", "num_examples", "inputs_length", "max_new_tokens", "cost_repeats"):
+      checks.check_int(name, getattr(self, name), 1)
+    checks.check_int("whole_job_examples", self.whole_job_examples, 0)
+    checks.check_int("cost_position", self.cost_position, 1, self.max_new_tokens - 1)
+    if not self.batch_sizes or any(int(b) < 1 for b in self.batch_sizes):
+      raise ValueError(f"batch_sizes must be integers >= 1; got {self.batch_sizes!r}")
+    if not self.temperatures or any(float(t) < 0 for t in self.temperatures):
+      raise ValueError(f"temperatures must be >= 0; got {self.temperatures!r}")
+    check_stock_t5x(self.stock_t5x)
+    if not self.drafters:
+      raise ValueError("drafters is empty")
+    for name in self.drafters:
+      drafter_registry.spec(name)
     # 'on' where the kernels are unavailable or the job computes off CPU: refused here.
     for batch_size in self.batch_sizes:
       kernels.policy.choose(self.kernels, int(batch_size))
-    if not isinstance(self.whole_job_examples, (int, np.integer)) or self.whole_job_examples < 0:
-      raise ValueError(
-        f"whole_job_examples must be an integer >= 0; got {self.whole_job_examples!r}"
-      )
     if self.whole_job_examples and 0 not in [float(t) for t in self.temperatures]:
       raise ValueError("whole_job_examples needs temperature 0 in temperatures (greedy groups)")
     # Last: it reads (hashes) the weights. A missing one is refused unless allow_random_init.
@@ -113,27 +119,16 @@ class BenchmarkSettings:
 
   @property
   def use_t5x(self) -> bool:
-    """Time stock T5X itself ('on', or 'auto' where t5x is importable)."""
-    return self.stock_t5x == "on" or (self.stock_t5x == "auto" and methods_lib.t5x_available())
+    return use_t5x(self.stock_t5x)
 
 
-def check_options(s: BenchmarkSettings) -> None:
-  """Raises ValueError on a bad option of `s`, before any work."""
-  for name in ("repeats", "num_examples", "inputs_length", "max_new_tokens", "cost_repeats"):
-    value = getattr(s, name)
-    if not isinstance(value, (int, np.integer)) or value < 1:
-      raise ValueError(f"{name} must be an integer >= 1; got {value!r}")
-  if not s.batch_sizes or any(int(b) < 1 for b in s.batch_sizes):
-    raise ValueError(f"batch_sizes must be integers >= 1; got {s.batch_sizes!r}")
-  if not s.temperatures or any(float(t) < 0 for t in s.temperatures):
-    raise ValueError(f"temperatures must be >= 0; got {s.temperatures!r}")
-  if s.stock_t5x not in ("auto", "on", "off"):
-    raise ValueError(f"stock_t5x must be 'auto', 'on' or 'off'; got {s.stock_t5x!r}")
-  if s.stock_t5x == "on" and not methods_lib.t5x_available():
+def check_stock_t5x(stock_t5x: str) -> None:
+  """Raises ValueError on a stock_t5x option that is not 'auto', 'off', or 'on' with t5x there."""
+  checks.check_choice("stock_t5x", stock_t5x, ("auto", "on", "off"))
+  if stock_t5x == "on" and not methods_lib.t5x_available():
     raise ValueError("stock_t5x='on' but t5x is not importable (pip install t5x, or use 'auto')")
-  if not s.drafters:
-    raise ValueError("drafters is empty")
-  for name in s.drafters:
-    drafter_registry.spec(name)
-  if s.cost_position < 1 or s.cost_position >= s.max_new_tokens:
-    raise ValueError(f"cost_position must be in [1, max_new_tokens); got {s.cost_position}")
+
+
+def use_t5x(stock_t5x: str) -> bool:
+  """Time stock T5X itself ('on', or 'auto' where t5x is importable)."""
+  return stock_t5x == "on" or (stock_t5x == "auto" and methods_lib.t5x_available())

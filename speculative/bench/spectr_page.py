@@ -29,13 +29,13 @@ from typing import Sequence
 
 import numpy as np
 
+from speculative import timing
+from speculative.bench import costs as bench_noise
 from speculative.bench import machine as machine_lib
 from speculative.bench import markdown
 from speculative.bench import methods as methods_lib
-from speculative.bench import noise as bench_noise
 from speculative.bench import pages
 from speculative.bench import sweep
-from speculative.bench import timing
 from speculative.decode import batching
 from speculative.decode import spectr_loop as spectr_decoding
 

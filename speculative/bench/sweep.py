@@ -18,11 +18,9 @@ import numpy as np
 
 from speculative import analysis
 from speculative import sampling as sampling_lib
+from speculative import timing
 from speculative.bench import costs as costs_lib
 from speculative.bench import methods as bench_methods
-from speculative.bench import methods as methods_lib
-from speculative.bench import noise
-from speculative.bench import timing
 from speculative.decode import audit
 from speculative.decode import batching
 from speculative.jobs import resources
@@ -168,8 +166,13 @@ def time_methods(
   every batch decoded `repeats` times by every method, interleaved (the order rotating per batch
   and repeat so every method takes every slot), garbage collection off. Returns the XLA compiles
   counted in the first calls and in the timed calls (which should be none: one program per shape)."""
-  with resources.CompileCounter() as first_calls:
-    _first_calls(methods, jnp.asarray(batches[0][1]), seed, log)
+  first = jnp.asarray(batches[0][1])
+  with resources.CompileCounter() as first_calls:  # compile + one decode of the first batch
+    for method in methods:
+      method.first_call_s, _ = timing.timed(
+        lambda: method.decode(first, jax.random.fold_in(jax.random.PRNGKey(seed), 0))
+      )  # pylint: disable=cell-var-from-loop
+      log(f"  compiled {method.name}: {method.first_call_s:.1f}s")
   gc.collect()
   gc_was_enabled = gc.isenabled()
   gc.disable()
@@ -191,20 +194,7 @@ def time_methods(
   }
 
 
-def _first_calls(
-  methods: Sequence[bench_methods.Method], first, seed: int, log: Callable[[str], None]
-) -> None:
-  """Each method's first call (compile + one decode of the first input batch), timed apart."""
-  for method in methods:
-    method.first_call_s, _ = timing.timed(
-      lambda: method.decode(first, jax.random.fold_in(jax.random.PRNGKey(seed), 0))
-    )  # pylint: disable=cell-var-from-loop
-    log(f"  compiled {method.name}: {method.first_call_s:.1f}s")
-
-
-def _time_batch(
-  methods: Sequence[bench_methods.Method], batch_index: int, enc, repeats: int, seed: int
-) -> None:
+def _time_batch(methods, batch_index: int, enc, repeats: int, seed: int) -> None:
   """Every method on one input batch `repeats` times, the order rotating so each takes each slot."""
   rng = jax.random.fold_in(jax.random.PRNGKey(seed), batch_index)
   times = {m.name: [] for m in methods}
@@ -214,7 +204,7 @@ def _time_batch(
       seconds, result = timing.timed(lambda: method.decode(enc, rng))  # pylint: disable=cell-var-from-loop
       times[method.name].append(seconds)
       if repeat == 0:
-        method.outputs.append(methods_lib.decode_outputs(method.kind, result))
+        method.outputs.append(bench_methods.decode_outputs(method.kind, result))
   for method in methods:
     method.times.append(times[method.name])
 
@@ -223,137 +213,90 @@ def _time_batch(
 class GroupSettings:
   """One (batch size, temperature) group of the sweep: its inputs, models, methods and timing.
 
-  `drafters` maps a name to (drafter, draft params); `gammas` a drafter name to its gammas here;
-  `target_step_timer` is the cost model's t(1) timer (a drafter that is not a model has its
-  propose call timed against it); `only` keeps the named methods (the baseline always stays)."""
+  `settings` gives inputs_length, max_new_tokens, repeats, seed, cost_position, cost_repeats and
+  cost_min_seconds (a BenchmarkSettings or a PaperShapeSettings); `models` is the batch size's view
+  (`methods.for_batch`: target, target_params, stock_target, drafters {name: (drafter, params)});
+  `gammas` maps a drafter name to its gammas here; `costs` is the batch size's cost model and
+  `timers` its timers (a drafter that is not a model has its propose call timed against
+  'target_1'); `repeats` overrides the settings'; `only` keeps the named methods (the baseline
+  always stays)."""
 
+  settings: Any
+  models: Mapping[str, Any]
+  costs: dict[str, Any]
+  timers: Mapping[str, timing.Timer]
   batch_size: int
   temperature: float
   examples: Sequence[Any]
-  inputs_length: int
-  max_new_tokens: int
-  target: Any
-  target_params: Any
-  stock_target: Any
-  drafters: Mapping[str, Any]
   gammas: Mapping[str, Sequence[int]]
-  costs: dict[str, Any]
-  repeats: int
-  seed: int
   stock_t5x_decode: Callable | None
-  cost_repeats: int
-  cost_min_seconds: float
-  position: int
-  target_step_timer: timing.Timer
   log: Callable[[str], None]
+  repeats: int | None = None
   only: frozenset[str] | None = None  # time only these methods (by name); None: all
 
 
 def run_group(g: GroupSettings) -> dict[str, Any]:
   """Times every method of one (batch size, temperature) group; returns rows and summaries."""
+  s, costs = g.settings, g.costs
   sampling, sampling_params = sampling_lib.make_sampling(g.temperature)
-  batches = batching.batches(g.examples, g.batch_size, g.inputs_length)
+  batches = batching.batches(g.examples, g.batch_size, s.inputs_length)
   group = {
     "batch_size": g.batch_size,
     "temperature": g.temperature,
     "examples": len(g.examples),
     "input_batches": len(batches),
   }
-  methods = _group_methods(g, sampling, sampling_params)
+  methods = bench_methods.make_methods(g, sampling, sampling_params)
+  if g.only is not None:
+    unknown = set(g.only) - {m.name for m in methods}
+    if unknown:
+      raise ValueError(f"no such methods in the group: {sorted(unknown)}")
+    methods = [m for m in methods if m.kind == bench_methods.BASELINE or m.name in g.only]
   with resources.PeakRss() as rss:
-    group["compiles"] = time_methods(methods, batches, repeats=g.repeats, seed=g.seed, log=g.log)
-  group["peak_rss_mib"] = rss.mib
-  group["peak_rss_reset"] = rss.reset
+    repeats = g.repeats or s.repeats
+    group["compiles"] = time_methods(methods, batches, repeats=repeats, seed=s.seed, log=g.log)
+  group.update(peak_rss_mib=rss.mib, peak_rss_reset=rss.reset)
 
   rows = {m.name: method_row(m, batches, group) for m in methods}
-  baselines = _baseline_rows(
-    methods, rows, batches, g.costs, greedy=g.temperature == 0, target=(g.target, g.target_params)
+  target = (g.models["target"], g.models["target_params"])
+  baselines = _baseline_rows(methods, rows, batches, costs, g.temperature == 0, target)
+  propose_cost = functools.partial(
+    costs_lib.measure_propose,
+    encoder_tokens=batches[0][1],
+    max_length=costs["max_length"],
+    position=s.cost_position,
+    sampling=sampling,
+    sampling_params=sampling_params,
+    target_step=g.timers["target_1"],
+    repeats=s.cost_repeats,
+    min_seconds=s.cost_min_seconds,
   )
-  speculative_rows = _speculative_rows(
-    methods,
-    rows,
-    batches,
-    g.costs,
-    g.target,
-    g.target_params,
-    temperature=g.temperature,
-    propose_cost=functools.partial(
-      _propose_cost,
-      encoder_tokens=batches[0][1],
-      max_length=g.costs["max_length"],
-      position=g.position,
-      sampling=sampling,
-      sampling_params=sampling_params,
-      target_step=g.target_step_timer,
-      repeats=g.cost_repeats,
-      min_seconds=g.cost_min_seconds,
-    ),
-  )
-  g.log(_group_summary(group, baselines, speculative_rows))
-  return {"group": group, "baselines": baselines, "speculative": speculative_rows}
-
-
-def _group_methods(g: GroupSettings, sampling, sampling_params) -> list[bench_methods.Method]:
-  """The group's methods (methods_lib.make_methods), kept to `g.only` where given."""
-  methods = methods_lib.make_methods(g, sampling, sampling_params)
-  if g.only is None:
-    return methods
-  unknown = set(g.only) - {m.name for m in methods}
-  if unknown:
-    raise ValueError(f"no such methods in the group: {sorted(unknown)}")
-  return [m for m in methods if m.kind == bench_methods.BASELINE or m.name in g.only]
-
-
-def _speculative_rows(
-  methods, rows, batches, costs, target, target_params, *, temperature, propose_cost
-) -> list[dict[str, Any]]:
-  """A row per speculative method (methods[0] is the baseline they are compared with), audited."""
-  return [
+  speculative_rows = [
     audited(
-      _speculative_row(
-        m,
-        rows,
-        batches,
-        costs,
-        temperature=temperature,
-        reference=methods[0],
-        propose_cost=propose_cost,
-      ),
+      _speculative_row(m, rows, batches, costs, g.temperature, methods[0], propose_cost),
       m,
       methods[0],
       batches,
-      target,
-      target_params,
+      *target,
     )
     for m in methods
     if m.kind == bench_methods.SPECULATIVE
   ]
+  g.log(_group_summary(group, baselines, speculative_rows))
+  return {"group": group, "baselines": baselines, "speculative": speculative_rows}
 
 
-def _propose_cost(drafter, draft_params, gamma, **timing):
-  """costs.measure_propose of `drafter` at `gamma` (the batch's inputs and timers in `timing`)."""
-  return costs_lib.measure_propose(drafter, draft_params, gamma=gamma, **timing)
-
-
-def _baseline_rows(
-  methods: Sequence[bench_methods.Method],
-  rows: dict[str, dict[str, Any]],
-  batches,
-  costs: dict[str, Any],
-  *,
-  greedy: bool,
-  target: tuple[Any, Any],
-) -> list[dict[str, Any]]:
+def _baseline_rows(methods, rows, batches, costs, greedy: bool, target) -> list[dict[str, Any]]:
   """The rows of the non-speculative methods, with their speedups and profiles; a greedy stock
   T5X row that differs from our baseline is audited (`audited`: stock T5X is another program
   over the same weights, so its divergences are classified like speculative ones)."""
   base_row = rows[bench_methods.BASELINE]
   step_costs = {
-    bench_methods.BASELINE: ("target_step_s", "target_prefill_s", noise.TARGET_STEP),
+    bench_methods.BASELINE: ("target_step_s", "target_prefill_s", costs_lib.TARGET_STEP),
     bench_methods.STOCK_EQUIVALENT: (
       "stock_equivalent_step_s",
       "stock_equivalent_prefill_s",
-      noise.STOCK_STEP,
+      costs_lib.STOCK_STEP,
     ),
   }
   out = []
@@ -368,19 +311,13 @@ def _baseline_rows(
         row = audited(row, method, methods[0], batches, *target)
     if method.kind in step_costs:
       step, prefill, noise_name = step_costs[method.kind]
-      row["profile"] = profile(
-        row,
-        costs[prefill],
-        {"target_step_s": costs[step]},
-        noise.refusal(costs.get("noise"), [noise_name]),
-      )
+      refused = costs_lib.refusal(costs.get("noise"), [noise_name])
+      row["profile"] = profile(row, costs[prefill], {"target_step_s": costs[step]}, refused)
     out.append(row)
   return out
 
 
-def _draft_cost(
-  method: bench_methods.Method, costs: dict[str, Any], temperature: float, propose_cost: Callable
-) -> dict[str, Any]:
+def _draft_cost(method, costs: dict[str, Any], temperature: float, propose_cost) -> dict[str, Any]:
   """c, the drafting time per step, the draft prefill and the noise key of c for a method."""
   gamma = method.gamma
   drafter_costs = costs["drafters"].get(method.drafter, {})
@@ -392,18 +329,19 @@ def _draft_cost(
       "draft_s": drafter_costs["draft_catch_up_s"] + (gamma - 1) * drafter_costs["draft_step_s"],
       "draft_prefill_s": drafter_costs["draft_prefill_s"],
       "c_source": "draft extend(T=1) / target extend(T=1)",
-      "c_noise": noise.c_key(method.drafter),
+      "c_noise": costs_lib.c_key(method.drafter),
     }
   # Not a model: time its whole propose(gamma) call (it depends on the sampling strategy).
   drafter, draft_params = method.drafter_obj
-  key = propose_key(gamma, temperature)
-  draft_s, c_samples, c_fallback = propose_cost(drafter, draft_params, gamma)
+  key = f"gamma={gamma},T={temperature:g}"
+  draft_s, c_samples, c_fallback = propose_cost(drafter, draft_params, gamma=gamma)
   entry = costs["drafters"].setdefault(
     method.drafter, {"kind": "propose", "propose_s": {}, "c": {}}
   )
   entry["propose_s"][key] = draft_s
-  noise_name = noise.c_key(method.drafter, key)
-  entry["c"][key] = noise.NoiseLog(costs["noise"]).add(noise_name, c_samples, fallback=c_fallback)
+  noise_name = costs_lib.c_key(method.drafter, key)
+  log = costs_lib.NoiseLog(costs["noise"])
+  entry["c"][key] = log.add(noise_name, c_samples, fallback=c_fallback)
   return {
     "c": entry["c"][key],
     "draft_s": draft_s,
@@ -411,27 +349,6 @@ def _draft_cost(
     "c_source": "propose(gamma) / gamma / target extend(T=1)",
     "c_noise": noise_name,
   }
-
-
-def _predicted_row(metrics: dict[str, Any], gamma: int, c: float) -> dict[str, Any]:
-  """analysis.speedup_row, or (nothing drafted) the alpha = 0 row of Theorem 3.8."""
-  if metrics["drafted_tokens"] > 0:
-    return analysis.speedup_row(metrics)
-  # Nothing was drafted (e.g. prompt lookup never found a match): every call verified gamma+1
-  # positions and emitted one token, which costs what alpha = 0 costs in Theorem 3.8.
-  row = dict(metrics)
-  row.update(
-    block_efficiency=analysis.block_efficiency(metrics),
-    acceptance_rate=None,
-    alpha=None,
-    alpha_used=0.0,
-    alpha_source="nothing drafted (costed as alpha = 0)",
-    expected_tokens=1.0,
-    alpha_from_block_efficiency=None,
-    predicted_speedup=float(analysis.walltime_improvement(0.0, gamma, c, metrics["v"])),
-    measured_speedup=metrics["baseline_walltime"] / metrics["speculative_walltime"],
-  )
-  return row
 
 
 def audited(row, method, reference, batches, target, target_params) -> dict[str, Any]:
@@ -446,14 +363,7 @@ def audited(row, method, reference, batches, target, target_params) -> dict[str,
 
 
 def _speculative_row(
-  method: bench_methods.Method,
-  rows: dict[str, dict[str, Any]],
-  batches,
-  costs: dict[str, Any],
-  *,
-  temperature: float,
-  reference: bench_methods.Method,
-  propose_cost: Callable,
+  method, rows, batches, costs, temperature: float, reference, propose_cost
 ) -> dict[str, Any]:
   """One speculative method's row: counters, EXP (unless the costs are too noisy), EMP, profile."""
   base_row = rows[bench_methods.BASELINE]
@@ -473,10 +383,26 @@ def _speculative_row(
     baseline_walltime=base_row["walltime_s"],
     speculative_walltime=rows[method.name]["walltime_s"],
   )
-  row = _predicted_row(metrics, gamma, draft["c"])
+  if metrics["drafted_tokens"] > 0:
+    row = analysis.speedup_row(metrics)
+  else:
+    # Nothing was drafted (e.g. prompt lookup never found a match): every call verified gamma+1
+    # positions and emitted one token, which costs what alpha = 0 costs in Theorem 3.8.
+    row = dict(metrics)
+    row.update(
+      block_efficiency=analysis.block_efficiency(metrics),
+      acceptance_rate=None,
+      alpha=None,
+      alpha_used=0.0,
+      alpha_source="nothing drafted (costed as alpha = 0)",
+      expected_tokens=1.0,
+      alpha_from_block_efficiency=None,
+      predicted_speedup=float(analysis.walltime_improvement(0.0, gamma, draft["c"], metrics["v"])),
+      measured_speedup=metrics["baseline_walltime"] / metrics["speculative_walltime"],
+    )
   row["c_source"] = draft["c_source"]
-  row["prediction_refused"] = noise.refusal(
-    costs.get("noise"), [noise.v_key(gamma + 1), draft["c_noise"]]
+  row["prediction_refused"] = costs_lib.refusal(
+    costs.get("noise"), [costs_lib.v_key(gamma + 1), draft["c_noise"]]
   )
   if row["prediction_refused"]:
     row["predicted_speedup"] = None
@@ -491,8 +417,8 @@ def _speculative_row(
   )
   if temperature == 0:
     row["identical_to_baseline"] = identical_rows(method, reference, batches)
-  overhead_refused = noise.refusal(
-    costs.get("noise"), [noise.TARGET_STEP, noise.v_key(gamma + 1), draft["c_noise"]]
+  overhead_refused = costs_lib.refusal(
+    costs.get("noise"), [costs_lib.TARGET_STEP, costs_lib.v_key(gamma + 1), draft["c_noise"]]
   )
   row["profile"] = profile(
     row,
@@ -501,10 +427,6 @@ def _speculative_row(
     overhead_refused,
   )
   return row
-
-
-def propose_key(gamma: int, temperature: float) -> str:
-  return f"gamma={gamma},T={temperature:g}"
 
 
 def profile(

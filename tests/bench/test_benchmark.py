@@ -25,12 +25,11 @@ import pytest
 from speculative import benchmark
 from speculative import drafters as drafters_lib
 from speculative.bench import conclude
+from speculative.bench import costs
 from speculative.bench import inputs
 from speculative.bench import main as bench_main
 from speculative.bench import methods
-from speculative.bench import noise as bench_noise
 from speculative.bench import report as report_lib
-from speculative.bench import roofline
 from speculative.bench import sweep
 from speculative.decode import batching
 from speculative.models.t5 import T5
@@ -124,7 +123,7 @@ def _run_benchmark(examples, out):
     drafters=["self", "repeat_last"],
     drafter_gammas={"repeat_last": {1: [GAMMA]}},
     repeats=2,
-    cost_repeats=bench_noise.MIN_ROUNDS,
+    cost_repeats=costs.MIN_ROUNDS,
     cost_min_seconds=0.005,
     cost_position=3,
     allow_random_init=True,
@@ -186,7 +185,7 @@ def test_cost_model_consistent(run):
     else:  # no round resolved it: a stand-in value, refused
       assert f"v({t})" in cm["noise"]["refused"]
     assert cm["target_extend_s"][str(t)] > 0
-  assert all(len(r) == bench_noise.MIN_ROUNDS for r in rounds.values())
+  assert all(len(r) == costs.MIN_ROUNDS for r in rounds.values())
   d = cm["drafters"]["self"]  # a ModelDrafter: c from its extend(T=1) call
   assert d["kind"] == "model"
   median = _median_ratio(rounds["draft[self]_1"], rounds["target_1"])
@@ -202,7 +201,7 @@ def test_cost_model_consistent(run):
   assert set(other["propose_s"]) == set(other["c"]) == keys
   assert all(seconds > 0 for seconds in other["propose_s"].values())
   noise = cm["noise"]
-  assert noise["max_spread"] == bench_noise.MAX_SPREAD
+  assert noise["max_spread"] == costs.MAX_SPREAD
   assert set(noise["refused"]) <= set(noise["estimates"])
   assert {
     "t(1)",
@@ -482,28 +481,26 @@ def test_related_pages_are_included_with_demoted_headings(tmp_path):
 
 
 def test_estimate_is_median_and_relative_iqr():
-  est = bench_noise.estimate([1.0, 1.0, 1.5, 2.0, 2.0])
+  est = costs.estimate([1.0, 1.0, 1.5, 2.0, 2.0])
   assert est.value == 1.5 and est.rounds == 5 and est.unresolved == 0
   assert est.spread == pytest.approx((2.0 - 1.0) / 1.5)
-  assert bench_noise.estimate([3.0] * 4).spread == 0.0
+  assert costs.estimate([3.0] * 4).spread == 0.0
   with pytest.raises(ValueError, match="no samples"):
-    bench_noise.estimate([])
+    costs.estimate([])
 
 
 def test_per_round_ratios_cancel_load_drift():
   # The load doubles every round: each time is noisy on its own, the per-round ratio is exact.
   target_1 = [1.0, 2.0, 4.0, 8.0, 16.0]
   target_3 = [1.5 * t for t in target_1]
-  assert (
-    bench_noise.judge(bench_noise.estimate(target_1), "t(1)") is not None
-  )  # the times: too noisy
-  v3 = bench_noise.estimate(bench_noise.ratio_samples(target_3, target_1))
+  assert costs.judge(costs.estimate(target_1), "t(1)") is not None  # the times: too noisy
+  v3 = costs.estimate(costs.ratio_samples(target_3, target_1))
   assert v3.value == pytest.approx(1.5) and v3.spread == pytest.approx(0.0)
-  assert bench_noise.judge(v3, "v(3)", minimum=1.0) is None
-  assert bench_noise.ratio_samples([2.0, 3.0], [1.0, 0.0], scale=0.5)[0] == 1.0
-  assert math.isnan(bench_noise.ratio_samples([2.0, 3.0], [1.0, 0.0])[1])
+  assert costs.judge(v3, "v(3)", minimum=1.0) is None
+  assert costs.ratio_samples([2.0, 3.0], [1.0, 0.0], scale=0.5)[0] == 1.0
+  assert math.isnan(costs.ratio_samples([2.0, 3.0], [1.0, 0.0])[1])
   with pytest.raises(ValueError, match="rounds differ"):
-    bench_noise.ratio_samples([1.0], [1.0, 2.0])
+    costs.ratio_samples([1.0], [1.0, 2.0])
 
 
 @pytest.mark.parametrize(
@@ -517,20 +514,20 @@ def test_per_round_ratios_cancel_load_drift():
   ],
 )
 def test_judge_refuses_noise(samples, minimum, reason):
-  verdict = bench_noise.judge(bench_noise.estimate(samples), "v(2)", minimum=minimum)
+  verdict = costs.judge(costs.estimate(samples), "v(2)", minimum=minimum)
   assert verdict is not None and reason in verdict and verdict.startswith("v(2)")
 
 
 def test_judge_accepts_a_tight_estimate_and_noise_log_records():
   tight = [1.50, 1.52, 1.49, 1.51, 1.50]
-  assert bench_noise.judge(bench_noise.estimate(tight), "v(2)", minimum=1.0) is None
-  log = bench_noise.NoiseLog()
+  assert costs.judge(costs.estimate(tight), "v(2)", minimum=1.0) is None
+  log = costs.NoiseLog()
   assert log.add("v(2)", tight, minimum=1.0) == pytest.approx(1.50)
   log.add("v(3)", [0.5, 0.5, 0.5], minimum=1.0)
   assert set(log.data["estimates"]) == {"v(2)", "v(3)"} and set(log.data["refused"]) == {"v(3)"}
-  assert bench_noise.refusal(log.data, ["v(2)"]) is None
-  assert "impossible" in bench_noise.refusal(log.data, ["v(2)", "v(3)"])
-  assert bench_noise.refusal(None, ["v(3)"]) is None  # results measured before the verdict existed
+  assert costs.refusal(log.data, ["v(2)"]) is None
+  assert "impossible" in costs.refusal(log.data, ["v(2)", "v(3)"])
+  assert costs.refusal(None, ["v(3)"]) is None  # results measured before the verdict existed
 
 
 def test_profile_refuses_a_negative_overhead():
@@ -604,19 +601,19 @@ def test_gamma_policy_falls_back_on_measurements_only_when_every_gamma_was_slowe
 @pytest.mark.slow
 def test_roofline_counts_the_weights_a_decode_step_reads(run):
   shapes = T5(TARGET).param_shapes()
-  kernels = roofline.decode_step_kernels(shapes, logits_via_embedding=False)
+  kernels = costs.decode_step_kernels(shapes, logits_via_embedding=False)
   assert all(name.startswith("decoder/") for name in kernels)
   assert not any(
     "encoder_decoder_attention/key" in n or "encoder_decoder_attention/value" in n for n in kernels
   )  # cached once per input
   assert "decoder/logits_dense/kernel" in kernels
-  with_embedding = roofline.decode_step_kernels(
+  with_embedding = costs.decode_step_kernels(
     {**shapes, "token_embedder/embedding": (VOCAB, 16)}, logits_via_embedding=True
   )
-  assert roofline.weight_bytes(with_embedding) == roofline.weight_bytes(kernels) + 4 * VOCAB * 16
+  assert costs.weight_bytes(with_embedding) == costs.weight_bytes(kernels) + 4 * VOCAB * 16
   report, _ = run
   roof = report["costs"]["1"]["roofline"]
-  assert roof["weight_bytes"] == roofline.weight_bytes(kernels)
+  assert roof["weight_bytes"] == costs.weight_bytes(kernels)
   assert roof["bandwidth_gb_s"] == pytest.approx(roof["weight_bytes"] / roof["matvec_s"] / 1e9)
   assert set(roof["bare_v"]) == set(report["costs"]["1"]["v"])
 
