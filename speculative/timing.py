@@ -1,9 +1,11 @@
-"""Timing a model's jitted calls: chained `extend` calls in one compiled loop, on a realistic cache.
+"""Timing jitted calls: `timed` (one call, blocked on), chained `extend` calls in one compiled loop on
+a realistic cache, and interleaved rounds.
 
-The one way this package times a model call, outside the benchmark's package so that any job can
-share it: `repeat_extend` chains a model's `extend` calls in one compiled loop, and `time_rounds`
-times several such timers in interleaved rounds (every timer once per round, the order rotating).
-The benchmark (speculative/bench/) times its cost model with them and judges their noise in
+The one way this package times: a job times each batch's decode with `timed` (the times a
+`GAMMA = 'auto'` job measures its loops' steps from, speculative/autogamma/costs.py);
+`repeat_extend` chains a model's `extend` calls in one compiled loop, and `time_rounds` times
+several such timers in interleaved rounds (every timer once per round, the order rotating). The
+benchmark (speculative/bench/) times its cost model with them and judges their noise in
 speculative/bench/costs.py.
 """
 
