@@ -164,7 +164,7 @@ class Drafts:
 
   def invalid(self, target_probs: jax.Array) -> jax.Array:
     """[R] bool: NaN in a distribution that can matter, q at drafted positions or p (the verify
-    call's, [R, gamma+1, V]) at positions <= num_drafted."""
+    call's, [R, gamma+1, V]) at positions <= num_drafted (the baseline: its one p, [R, V])."""
     if self.proposal is None:
       return has_nan(target_probs)
     gamma = self.tokens.shape[1]
@@ -350,14 +350,8 @@ def commit(
   done = state.done | (active & hit_eos) | (lengths - prompt_lengths >= options.max_new_tokens)
   # Filler past the new length is stale.
   tokens = drafter_base.write_rows(state.tokens, block, state.lengths)
-  return state.replace(
-    step=state.step + 1,
-    tokens=tokens,
-    lengths=lengths,
-    done=done,
-    target_cache=cache,
-    draft_state=draft_state,
-    metrics=metrics,
+  return decode_state.DecodeState(
+    state.step + 1, tokens, lengths, done, cache, draft_state, metrics
   )
 
 
