@@ -21,7 +21,7 @@ flags and metrics stay per original row ([B, ...]). A step is decode/step.py's, 
   4. commit: the block exactly as `speculative_decode` commits it (EOS, max_new_tokens), and all K
      copies of row b adopt the chosen branch's caches: its cache rows are gathered into all K
      slots. The chosen branch's caches hold exactly the committed stream on the positions the
-     invariants of `decode/loops.py` / `ModelDrafter` need (the other branches differ only there);
+     invariants of `decode/state.py` / `ModelDrafter` need (the other branches differ only there);
      entries beyond the committed length are stale and never read, so copying whole rows is
      correct. Cache leaves that the target's `extend` passes through unchanged (e.g. a T5's encoder
      output and cross-attention keys/values) are identical in all K copies and are not copied.
