@@ -16,34 +16,25 @@ shared prefix) and classifies the divergence:
     sequences differ in length only, which rounding cannot cause: a stop at EOS or max length is
     decided by a shared token). This is what a broken acceptance rule or cache bug looks like.
 
-The bound. Let eps be the machine epsilon of the dtype the decode ran in (`jnp.finfo(dtype).eps`:
-bfloat16 has 8 significand bits, eps = 2^-7 (unit roundoff u = eps/2 = 2^-8); float32 2^-23).
-Write each pass's logits as z~_v = z_v + e_v with |e_v| <= (C/2) * eps * max(|z_v|, 1). Two
-passes (the 1-token step and the verify call) pick tokens a and b only if z_top1 - z_a <= 2 max|e|
-and z_top1 - z_b <= 2 max|e|. Hence
+The bound. With eps the machine epsilon of the dtype the decode ran in (bfloat16 2^-7, float32
+2^-23) and each pass's logits off by |e_v| <= (C/2) eps max(|z_v|, 1), the 1-token step and the
+verify call can pick tokens a and b only if both are within 2 max|e| of z_top1:
 
   bound = C * eps(dtype) * max(|z_top1|, |z_a|, |z_b|, 1),
 
 and a divergence is a near-tie iff z_top1 - z_a <= bound and z_top1 - z_b <= bound (with the
-usual candidates, the float32 top two, this is `gap` <= bound). The max(., 1) floor covers logits
-near 0, whose absolute error is set by the O(1) activations, not by |z|.
+float32 top two as the candidates: `gap` <= bound). The floor at 1 covers logits near 0, whose
+absolute error is set by the O(1) activations, not by |z|.
 
-C: the analytical minimum is C = 2 (|e| <= eps |z|): the hidden state feeding the float32
-vocabulary projection is rounded to the dtype twice (the last residual add and the final RMS norm
-output, <= u relative each). The residual stream's rounding in earlier layers adds to that; on the
-embedded target in bfloat16 (`logit_error_ratios`, the top-2 logits at every position of 30
-greedy test translations) |e| / (eps max(|z|, 1)) has median 0.16, 99th percentile 1.03 and
-maximum 4.4. DEFAULT_BOUND_FACTOR = 10 (|e| <= 5 eps max(|z|, 1)) covers that maximum with a
-margin: for bfloat16 logits of magnitude 5-10 the bound is 0.4-0.8 logit units (the issue's two
-divergences had gaps 0.0098 and 0.0047; a wrong acceptance rule typically emits tokens whole logit
-units below the top). For float32, eps = 2^-23 makes the bound ~1e-5 at that magnitude, so any
-float32 divergence with a visible gap is a mismatch. Pass `bound_factor` to tighten or loosen it;
-`logit_error_ratios` measures the ratios on a model and its inputs.
+C: 2 at the least (the last hidden state is rounded to the dtype twice), more with the earlier
+layers' rounding; DEFAULT_BOUND_FACTOR = 10 covers the largest ratio measured on the embedded
+target in bfloat16, 4.4 (`logit_error_ratios`), with a margin. `bound_factor` overrides C
+(docs/exactness.md, "Choosing C": the derivation, the measurement, the bound in logit units).
 
-The API takes only the model object, its params, the encoder inputs and token id lists, so any
-runner (speculative.infer, the benchmark) can call it; `audit_arrays` is the same audit on padded
-device arrays, traceable inside jit / pjit (the T5X adapter's `check_exactness`). Both share
-`logits_at` (the float32 recompute) and `classify_logits` (the verdict rule). See docs/exactness.md.
+The API takes only the model, its params, the encoder inputs and token id lists, so any runner can
+call it; `audit_arrays` is the same audit on padded device arrays, traceable inside jit / pjit (the
+T5X adapter's `check_exactness`). Both share `logits_at` (the float32 recompute) and
+`classify_logits` (the verdict rule).
 """
 
 from __future__ import annotations

@@ -5,9 +5,10 @@ sampling strategy, gamma, max_new_tokens and eos_id are static, everything else 
 sampling values, rng) is an array, so new prompts of the same shapes, a new temperature / top-k /
 top-p value or a new seed never recompile (`TRACE_COUNTS` counts traces, for tests).
 
-The loop state, the stream conventions (buffer, lengths, EOS, per-row RNG) and the in-loop steps
-shared with decode/spectr_loop.py live in decode/state.py; the eager input checks in
-decode/inputs.py.
+Both run decode/step.py's loop (a step: draft, verify, accept, commit; the baseline drafts nothing
+and samples one token), as does decode/spectr_loop.py's `spectr_decode`; the loop state and the
+stream conventions (buffer, lengths, EOS, per-row RNG) are decode/state.py's, the eager input
+checks decode/inputs.py's.
 
 Exactness: the speculative loop's output is distributed exactly as the baseline's (and equal to it
 token for token under argmax, up to float rounding of a T=gamma+1 call vs T=1 calls) -- unless a
@@ -33,6 +34,7 @@ from speculative import sampling as sampling_lib
 from speculative.decode import inputs as decode_inputs
 from speculative.decode import options as decode_options
 from speculative.decode import state as decode_state
+from speculative.decode import step as decode_step
 from speculative.drafters import base as drafter_base
 from speculative.models import interface
 
@@ -43,7 +45,7 @@ __all__ = [
 
 
 # --------------------------------------------------------------------------------------------------
-# Baseline.
+# The jitted loops: decode/step.py's `run` of a baseline or a speculative `LoopSpec`.
 # --------------------------------------------------------------------------------------------------
 
 
@@ -57,74 +59,9 @@ def _autoregressive_jit(
   lockstep: bool = False,
 ):
   decode_state.TRACE_COUNTS['autoregressive_decode'] += 1
-  max_new_tokens, sampling = options.max_new_tokens, options.sampling
-  prompt_lengths, sampling_params = inputs.prompt_lengths, inputs.sampling_params
-  batch = prompt_lengths.shape[0]
-  state = decode_state.start(target, target_params, inputs, options, decode_state.DecodeMetrics)
-
-  def body(state: decode_state.DecodeState) -> decode_state.DecodeState:
-    last = decode_state.last_tokens(state.tokens, state.lengths)  # [B]
-    # lockstep (equal prompt lengths, target.lockstep_extend): rows not done all sit at the
-    # longest length, so one scalar start serves the batch (done rows' writes are discarded).
-    start = jnp.max(state.lengths) - 1 if lockstep else state.lengths - 1
-    logits, cache = target.extend(
-      target_params, state.target_cache, last[:, None], start
-    )  # [B, 1, V]
-    probs = sampling_lib.probs_from_logits(logits[:, 0], sampling, sampling_params)  # [B, V]
-    token = sampling_lib.sample_rows(
-      decode_state.row_keys(inputs.rng, inputs.row_ids, state.step, 0), probs, sampling.greedy
-    )  # [B]
-    tokens, lengths, done, active = decode_state.commit_tokens(
-      state,
-      token[:, None],
-      jnp.ones((batch,), jnp.int32),
-      prompt_lengths,
-      max_new_tokens,
-      options.eos_id,
-    )
-    metrics = state.metrics.replace(
-      target_calls=state.metrics.target_calls + active,
-      invalid=state.metrics.invalid | (active & decode_state.has_nan(probs)),
-    )
-    return state.advance(tokens, lengths, done, cache, None, metrics)
-
-  return decode_state.run_loop(body, state, prompt_lengths, max_new_tokens, inputs.max_steps)
-
-
-# --------------------------------------------------------------------------------------------------
-# Speculative.
-# --------------------------------------------------------------------------------------------------
-
-
-def _verify(
-  target: interface.CachedLM,
-  target_params: Any,
-  cache: Any,
-  verify_tokens: jax.Array,
-  start: jax.Array,
-  width: jax.Array | None,
-) -> tuple[jax.Array, Any]:
-  """The target's verify call over verify_tokens [B, gamma+1] at per-row offsets `start`.
-
-  width None: one call of the static width gamma+1. Otherwise `width` ([] int32 in [1, gamma+1])
-  picks one of gamma+1 compiled calls (lax.switch) that feeds only verify_tokens[:, :width]; the
-  logits past `width` are zeros (a uniform p that is never used: the caller guarantees width >
-  num_drafted for every active row) and the cache is written only on the fed positions. What the
-  switch costs: docs/design.md, section 2.
-  """
-  full = verify_tokens.shape[1]
-  if width is None:
-    return target.extend(target_params, cache, verify_tokens, start)
-
-  def branch(w):
-    def call(cache):
-      logits, cache = target.extend(target_params, cache, verify_tokens[:, :w], start)  # [B, w, V]
-      logits = jnp.pad(logits.astype(jnp.float32), ((0, 0), (0, full - w), (0, 0)))
-      return logits, cache
-
-    return call
-
-  return jax.lax.switch(width - 1, [branch(w) for w in range(1, full + 1)], cache)
+  return decode_step.run(
+    decode_step.LoopSpec(target, target_params, options, inputs, lockstep=lockstep)
+  )
 
 
 @functools.partial(
@@ -142,97 +79,10 @@ def _speculative_jit(
   options: decode_options.DecodeOptions,
 ):
   decode_state.TRACE_COUNTS['speculative_decode'] += 1
-  max_new_tokens, sampling = options.max_new_tokens, options.sampling
-  prompt_lengths, sampling_params = inputs.prompt_lengths, inputs.sampling_params
-  rng, row_ids = inputs.rng, inputs.row_ids
-  state = decode_state.start(
-    target, target_params, inputs, options, decode_state.DecodeMetrics, drafter, draft_params
-  )
-
-  def body(state: decode_state.DecodeState) -> decode_state.DecodeState:
-    drafts = decode_state.propose(
-      drafter,
-      draft_params,
-      options,
-      sampling_params,
-      state.draft_state,
-      state.tokens,
-      state.lengths,
-      decode_state.row_keys(rng, row_ids, state.step, 0),
+  return decode_step.run(
+    decode_step.LoopSpec(
+      target, target_params, options, inputs, drafter, draft_params, lenience=lenience
     )
-    proposal = drafts.proposal
-    width = None
-    if options.adaptive_verify:  # only as wide as the longest proposal of a row that is not done
-      width = 1 + jnp.max(jnp.where(state.done, 0, proposal.num_drafted))
-    logits, cache = _verify(
-      target, target_params, state.target_cache, drafts.verify_tokens, state.lengths - 1, width
-    )  # [B, gamma+1, V]
-    target_probs = sampling_lib.probs_from_logits(logits, sampling, sampling_params)
-    result = _accept(
-      logits,
-      drafts.tokens,
-      proposal,
-      target_probs,
-      decode_state.row_keys(rng, row_ids, state.step, 1),
-      lenience,
-      sampling,
-      sampling_params,
-    )
-    tokens, lengths, done, active = decode_state.commit_tokens(
-      state, result.tokens, result.num_accepted + 1, prompt_lengths, max_new_tokens, options.eos_id
-    )
-    metrics = decode_state.DecodeMetrics(
-      target_calls=state.metrics.target_calls + active,
-      drafted=state.metrics.drafted + jnp.where(active, proposal.num_drafted, 0),
-      accepted=state.metrics.accepted + jnp.where(active, result.num_accepted, 0),
-      alpha_sum=state.metrics.alpha_sum + jnp.where(active, result.min_mass.sum(axis=1), 0.0),
-      invalid=state.metrics.invalid | (active & drafts.invalid(target_probs)),
-    )
-    return state.advance(tokens, lengths, done, cache, drafts.draft_state, metrics)
-
-  return decode_state.run_loop(body, state, prompt_lengths, max_new_tokens, inputs.max_steps)
-
-
-def _accept(
-  logits: jax.Array,
-  draft_tokens: jax.Array,
-  proposal: drafter_base.DraftProposal,
-  target_probs: jax.Array,
-  accept_keys: jax.Array,
-  lenience: jax.Array | None,
-  sampling: sampling_lib.SamplingConfig,
-  sampling_params: sampling_lib.SamplingParams,
-) -> sampling_lib.AcceptResult:
-  """The acceptance rule over one step's drafts: exact (lenience None) or lenient.
-
-  logits: [B, gamma+1, V] of the verify call; draft_tokens: [B, gamma]; target_probs: [B, gamma+1,
-  V]; accept_keys: [B].
-  """
-  if lenience is None:
-    return sampling_lib.speculative_accept(
-      draft_tokens,
-      proposal.probs,
-      target_probs,
-      accept_keys,
-      proposal.num_drafted,
-      greedy=sampling.greedy,
-    )
-  # APPROXIMATE for l < 1 (bit-identical to the exact rule at l = 1). Under argmax decoding the
-  # standardized p is one-hot, so the argmax form (p(x) >= l max p, on the raw logits) applies.
-  gamma = draft_tokens.shape[1]
-  argmax_mode = jnp.asarray(True) if sampling.greedy else sampling_params.temperature == 0
-  lenient_accepts = (
-    sampling_lib.lenient_argmax_accept(logits[:, :gamma], draft_tokens, lenience) & argmax_mode
-  )
-  return sampling_lib.speculative_accept(
-    draft_tokens,
-    proposal.probs,
-    target_probs,
-    accept_keys,
-    proposal.num_drafted,
-    lenience=lenience,
-    lenient_accepts=lenient_accepts,
-    greedy=sampling.greedy,
   )
 
 

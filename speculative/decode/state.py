@@ -1,4 +1,5 @@
-"""The decode loops' shared state and in-loop steps (`decode/loops.py`, `decode/spectr_loop.py`).
+"""The decode loops' state: its metrics, the state before the first step, the while-loop and the
+result (the step itself is decode/step.py).
 
 Stream conventions (per row b):
   * The decoder stream is the prompt (left-aligned in `prompt_tokens[b]`, right-padded, length
@@ -27,7 +28,6 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 
-from speculative import sampling as sampling_lib
 from speculative.decode import options as decode_options
 from speculative.drafters import base as drafter_base
 from speculative.models import interface
@@ -67,6 +67,44 @@ class DecodeMetrics:
 
 
 @flax.struct.dataclass
+class SpecTrMetrics:
+  """Per-row counters (original rows), accumulated over the steps in which the row was not done.
+
+  Attributes:
+    target_calls: [B] int32, steps (one batched target call over the K drafts each).
+    drafted: [B] int32, draft length L per step (each of the K drafts has L tokens).
+    accepted: [B] int32, draft tokens accepted by the selection (before EOS/max-length truncation).
+    alpha_sum: [B] float32, sum over selections of the k-Seq acceptance probability with the
+      surviving drafts, 1 - (1 - beta(rho*))^k.
+    single_alpha_sum: [B] float32, sum over the same selections of sum_x min(p(x), q(x)).
+    selections: [B] int32, depths at which a selection ran (min(n+1, L) per step).
+    invalid: [B] bool, a target or draft distribution was NaN (NaN/+inf/all -inf logits).
+  """
+
+  target_calls: jax.Array
+  drafted: jax.Array
+  accepted: jax.Array
+  alpha_sum: jax.Array
+  single_alpha_sum: jax.Array
+  selections: jax.Array
+  invalid: jax.Array
+
+  @classmethod
+  def zeros(cls, batch: int) -> 'SpecTrMetrics':
+    ints = jnp.zeros((batch,), jnp.int32)
+    floats = jnp.zeros((batch,), jnp.float32)
+    return cls(
+      target_calls=ints,
+      drafted=ints,
+      accepted=ints,
+      alpha_sum=floats,
+      single_alpha_sum=floats,
+      selections=ints,
+      invalid=jnp.zeros((batch,), bool),
+    )
+
+
+@flax.struct.dataclass
 class DecodeResult:
   """What a decode returns.
 
@@ -83,7 +121,8 @@ class DecodeResult:
 
 @flax.struct.dataclass
 class DecodeState:
-  """Loop state of the decode loops (`decode/loops.py` and `decode/spectr_loop.py`'s `spectr_decode`).
+  """Loop state of the decode loops (`decode/step.py`'s `run`: every loop of decode/loops.py and
+  decode/spectr_loop.py).
 
   Attributes:
     step: [] int32, loop iteration (the per-row RNG folds it in).
@@ -104,19 +143,6 @@ class DecodeState:
   target_cache: Any
   draft_state: Any
   metrics: Any
-
-  def advance(self, tokens, lengths, done, target_cache, draft_state, metrics) -> 'DecodeState':
-    """The state after one step: the step counter + 1 and every other field as given."""
-    return DecodeState(self.step + 1, tokens, lengths, done, target_cache, draft_state, metrics)
-
-
-def row_keys(rng: jax.Array, row_ids: jax.Array, step: jax.Array, use: int) -> jax.Array:
-  """[B] keys: fold_in(fold_in(fold_in(rng, row), step), use); `use` separates consumers."""
-
-  def one(row):
-    return jax.random.fold_in(jax.random.fold_in(jax.random.fold_in(rng, row), step), use)
-
-  return jax.vmap(one)(row_ids)
 
 
 def buffer_length(prompt_len: int, max_new_tokens: int, gamma: int = 0) -> int:
@@ -149,6 +175,8 @@ def start(
   max_length = buffer_length(
     prompt_len, options.max_new_tokens, 0 if drafter is None else options.gamma
   )
+  tokens = init_buffer(prompt_tokens, max_length)  # [B, L_max]
+  metrics = metrics_type.zeros(batch)
   cache = target.init_cache(target_params, batch, max_length, inputs.encoder_tokens)
   cache = interface.prefill(target, target_params, cache, prompt_tokens)
   draft_state = None
@@ -158,72 +186,13 @@ def start(
     )
   return DecodeState(
     step=jnp.zeros((), jnp.int32),
-    tokens=init_buffer(prompt_tokens, max_length),
+    tokens=tokens,
     lengths=prompt_lengths,
     done=jnp.zeros((batch,), bool),
     target_cache=cache,
     draft_state=draft_state,
-    metrics=metrics_type.zeros(batch),
+    metrics=metrics,
   )
-
-
-@flax.struct.dataclass
-class Drafts:
-  """One step's drafts over R rows (B; K*B in spectr_decode), as the verify call takes them.
-
-  Attributes:
-    proposal: the drafter's DraftProposal (tokens [R, gamma], probs [R, gamma, V], num_drafted).
-    draft_state: the drafter's state after proposing.
-    drafted: [R, gamma] bool, the positions below num_drafted.
-    tokens: [R, gamma] int32, the proposal's tokens with the filler past num_drafted set to 0: any
-      id is fine for exactness (p at a position only conditions on earlier tokens), but an
-      out-of-range id could make NaN keys/values in the cache.
-    verify_tokens: [R, gamma+1] int32, [last committed token, x_1..x_gamma], for one verify call
-      at start = lengths-1.
-  """
-
-  proposal: drafter_base.DraftProposal
-  draft_state: Any
-  drafted: jax.Array
-  tokens: jax.Array
-  verify_tokens: jax.Array
-
-  def masked_probs(self) -> jax.Array:
-    """[R, gamma, V]: q at the drafted positions, 0 past them."""
-    return jnp.where(self.drafted[..., None], self.proposal.probs, 0.0)
-
-  def invalid(self, target_probs: jax.Array) -> jax.Array:
-    """[R] bool: NaN in a distribution that can matter, q at drafted positions or p (the verify
-    call's, [R, gamma+1, V]) at positions <= num_drafted."""
-    gamma = self.tokens.shape[1]
-    verified = jnp.arange(gamma + 1)[None, :] <= self.proposal.num_drafted[:, None]  # [R, gamma+1]
-    return has_nan(jnp.where(verified[..., None], target_probs, 0.0)) | has_nan(self.masked_probs())
-
-
-def propose(
-  drafter: drafter_base.Drafter,
-  draft_params: Any,
-  options: decode_options.DecodeOptions,
-  sampling_params: sampling_lib.SamplingParams,
-  draft_state: Any,
-  tokens: jax.Array,
-  lengths: jax.Array,
-  keys: jax.Array,
-) -> Drafts:
-  """One `drafter.propose` of options.gamma tokens (under options.sampling) after the committed rows
-  `tokens` [R, L_max] / `lengths` [R] with `keys` [R], and the verify call's tokens."""
-  gamma = options.gamma
-  proposal, draft_state = drafter.propose(
-    draft_params, draft_state, tokens, lengths, gamma, keys, options.sampling, sampling_params
-  )
-  rows = tokens.shape[0]
-  assert proposal.tokens.shape == (rows, gamma), proposal.tokens.shape
-  assert proposal.probs.shape == (rows, gamma, drafter.vocab_size), proposal.probs.shape
-  drafted = jnp.arange(gamma)[None, :] < proposal.num_drafted[:, None]  # [R, gamma]
-  draft_tokens = jnp.where(drafted, proposal.tokens, 0)  # [R, gamma]
-  last = last_tokens(tokens, lengths)  # [R]
-  verify_tokens = jnp.concatenate([last[:, None], draft_tokens], axis=1)  # [R, gamma+1]
-  return Drafts(proposal, draft_state, drafted, draft_tokens, verify_tokens)
 
 
 def run_loop(
@@ -244,35 +213,6 @@ def run_loop(
   return make_result(state, prompt_lengths, max_new_tokens)
 
 
-def commit_tokens(
-  state: DecodeState,
-  block: jax.Array,
-  num_emitted: jax.Array,
-  prompt_lengths: jax.Array,
-  max_new_tokens: int,
-  eos_id: int | None,
-) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
-  """Writes an emitted block [B, T] (first num_emitted[b] valid) and applies EOS / max length.
-
-  Returns (tokens, lengths, done, active) where `active` marks rows that were not done before.
-  """
-  active = ~state.done
-  width = block.shape[1]
-  if eos_id is not None:
-    is_eos = (block == eos_id) & (jnp.arange(width)[None, :] < num_emitted[:, None])  # [B, T]
-    hit_eos = jnp.any(is_eos, axis=1)
-    num_emitted = jnp.where(hit_eos, jnp.argmax(is_eos, axis=1) + 1, num_emitted)
-  else:
-    hit_eos = jnp.zeros_like(state.done)
-  generated = state.lengths - prompt_lengths
-  num_emitted = jnp.minimum(num_emitted, max_new_tokens - generated)  # truncate the overshoot
-  # Filler past the new length is stale.
-  tokens = drafter_base.write_rows(state.tokens, block, state.lengths)
-  lengths = jnp.where(active, state.lengths + num_emitted, state.lengths)
-  done = state.done | (active & hit_eos) | (lengths - prompt_lengths >= max_new_tokens)
-  return tokens, lengths, done, active
-
-
 def make_result(state: DecodeState, prompt_lengths: jax.Array, max_new_tokens: int) -> DecodeResult:
   generated = state.lengths - prompt_lengths  # [B]
   index = prompt_lengths[:, None] + jnp.arange(max_new_tokens)[None, :]  # [B, max_new]
@@ -287,13 +227,3 @@ def make_result(state: DecodeState, prompt_lengths: jax.Array, max_new_tokens: i
 def init_buffer(prompt_tokens: jax.Array, max_length: int) -> jax.Array:
   batch, prompt_len = prompt_tokens.shape
   return jnp.zeros((batch, max_length), jnp.int32).at[:, :prompt_len].set(prompt_tokens)
-
-
-def last_tokens(tokens: jax.Array, lengths: jax.Array) -> jax.Array:
-  """[B]: the last committed token of each row."""
-  return jnp.take_along_axis(tokens, (lengths - 1)[:, None], axis=1)[:, 0]
-
-
-def has_nan(probs: jax.Array) -> jax.Array:
-  """[B, ..., V] -> [B] bool."""
-  return jnp.any(jnp.isnan(probs.reshape(probs.shape[0], -1)), axis=1)

@@ -1,6 +1,7 @@
 """The draft-source contract: the `Drafter` protocol, `DraftProposal`, and shared row helpers.
 
-This is the only drafter module the decode loops import (decode/loops.py, decode/spectr_loop.py).
+This is the only drafter module the decode loops import (decode/state.py,
+decode/step.py, decode/loops.py, decode/spectr_loop.py).
 
 A drafter is a small frozen (hashable) dataclass: a jit static argument holding only configuration.
 Its arrays (model weights, n-gram tables) are its `params`, passed to the decode loop as

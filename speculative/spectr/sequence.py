@@ -1,6 +1,7 @@
 """SpecTr's sequence-level selection (the paper's Algorithm 3), K i.i.d. draft sequences of length L
 per row, with k-Seq (rho*, spectr/kseq.py) as the token-level selection; vectorized over rows. The
-decode loop around it is decode/spectr_loop.py.
+decode loop around it is decode/spectr_loop.py's `spectr_decode`, whose step (decode/step.py) calls it
+in `accept`.
 
 The K drafts of a row form a tree walked depth by depth. At depth i (0-based) the drafts still in
 the running ("survivors": those whose first i tokens equal the i tokens emitted so far) hold i.i.d.
