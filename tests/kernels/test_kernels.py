@@ -295,9 +295,10 @@ def test_a_packed_weight_of_the_wrong_shape_names_the_parameter():
   mlp['wo']['kernel'] = mlp['wi_fused']  # [9, 40, 16] where [3, 72, 16] belongs
   broken = t5_lib.DecodeParams(params=params, packed=bad)
   encoder = jnp.ones((1, 4), jnp.int32)
-  cache = model.init_cache(params, 1, 4, encoder)
+  cache = jax.jit(model.init_cache, static_argnums=(1, 2))(params, 1, 4, encoder)  # not op by op
   with pytest.raises(ValueError, match='decoder/layers_1/mlp/wo: packed weight has shape'):
-    model.extend(broken, cache, jnp.zeros((1, 1), jnp.int32), jnp.asarray([0], jnp.int32))
+    # Refused while tracing (as in a job, where extend runs under jit), before any compile.
+    jax.jit(model.extend)(broken, cache, jnp.zeros((1, 1), jnp.int32), jnp.asarray([0], jnp.int32))
 
 
 def test_greedy_speculative_on_kernels_equals_baseline_on_kernels():
