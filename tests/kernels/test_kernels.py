@@ -14,6 +14,7 @@ on a host that can build it fails them. The path policy itself: test_policy.py.
 
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
 
@@ -204,11 +205,18 @@ SMALL = t5_lib.T5Config(
 )
 
 
+@functools.cache
+def _small_params():
+  """SMALL's initial float32 params. The config's activation dtype does not change them (the same
+  values in a bfloat16 config), so one initializer compile serves every dtype."""
+  return t5_lib.T5(SMALL).init_params(jax.random.PRNGKey(0))
+
+
 def _packed_small(dtype: str):
   model = t5_lib.T5(
     SMALL if dtype == 'float32' else t5_lib.T5Config(**{**SMALL.__dict__, 'dtype': dtype})
   )
-  params = model.init_params(jax.random.PRNGKey(0))
+  params = jax.tree.map(lambda x: x, _small_params())  # the callers' own containers
   return model, params, t5_lib.pack_decode_params(model, params)
 
 
