@@ -269,8 +269,8 @@ def test_kernel_path_reproduces_stock_t5x_greedy_tokens():
   packed = t5_lib.pack_decode_params(model, params)
   encoder = jnp.asarray(results['encoder_input_tokens'], jnp.int32)
   steps = results['decoder_len']
-  cache = model.init_cache(packed, 1, steps, encoder)
-  extend = jax.jit(model.extend)  # as a job runs it: one compile, not each op on its own
+  cache = jax.jit(model.init_cache, static_argnums=(1, 2))(packed, 1, steps, encoder)
+  extend = jax.jit(model.extend)  # as a job runs them: one compile, not each op on its own
   tokens = [0]
   for i in range(steps):
     logits, cache = extend(
