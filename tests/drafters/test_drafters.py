@@ -218,14 +218,18 @@ def _lookup(drafter, streams, source=None, gamma=4):
   for row, stream in enumerate(streams):
     tokens[row, : len(stream)] = stream
   lengths = jnp.array([len(s) for s in streams], jnp.int32)
-  state = drafter.init(
-    None,
+
+  @jax.jit  # one compile, not one per op
+  def init_and_lookup(prompts, tokens, lengths, source):
+    state = drafter.init(None, prompts, jnp.ones_like(lengths), width, source)
+    return drafter.lookup(state, tokens, lengths, gamma)
+
+  found, continuation, count = init_and_lookup(
     jnp.asarray(tokens[:, :1]),
-    jnp.ones_like(lengths),
-    width,
+    jnp.asarray(tokens),
+    lengths,
     None if source is None else jnp.asarray(source, jnp.int32),
   )
-  found, continuation, count = drafter.lookup(state, jnp.asarray(tokens), lengths, gamma)
   return np.asarray(found), np.asarray(continuation), np.asarray(count)
 
 
@@ -288,27 +292,23 @@ def test_prompt_lookup_proposal_and_fallback():
   lengths = jnp.array([4, 4], jnp.int32)
   keys = jax.random.split(jax.random.key(3), 2)
   values = S.SamplingParams.create()
+
+  def propose(drafter, params, state=True):  # init (unless the drafter has no state), then propose
+    @jax.jit  # one compile, not one per op
+    def run(params, tokens, lengths, keys, values):
+      start = drafter.init(params, tokens, lengths, 8) if state else None
+      return drafter.propose(params, start, tokens, lengths, 3, keys, FILTERS, values)
+
+    return run(params, tokens, lengths, keys, values)
+
   alone = drafters.PromptLookupDrafter(V, (1,))
-  proposal, _ = alone.propose(
-    None, alone.init(None, tokens, lengths, 8), tokens, lengths, 3, keys, FILTERS, values
-  )
+  proposal, _ = propose(alone, None)
   np.testing.assert_array_equal(proposal.num_drafted, [2, 0])
   np.testing.assert_array_equal(proposal.tokens, [[6, 5, 0], [0, 0, 0]])
   np.testing.assert_array_equal(proposal.probs[0, :2], np.eye(V)[[6, 5]])
   with_fallback = drafters.PromptLookupDrafter(V, (1,), fallback=drafters.UnigramDrafter(V))
-  proposal, _ = with_fallback.propose(
-    UNIGRAM,
-    with_fallback.init(UNIGRAM, tokens, lengths, 8),
-    tokens,
-    lengths,
-    3,
-    keys,
-    FILTERS,
-    values,
-  )
-  fallback, _ = drafters.UnigramDrafter(V).propose(
-    UNIGRAM, None, tokens, lengths, 3, keys, FILTERS, values
-  )
+  proposal, _ = propose(with_fallback, UNIGRAM)
+  fallback, _ = propose(drafters.UnigramDrafter(V), UNIGRAM, state=False)
   np.testing.assert_array_equal(proposal.num_drafted, [2, 3])
   np.testing.assert_array_equal(proposal.tokens[1], fallback.tokens[1])
   np.testing.assert_allclose(proposal.probs[1], fallback.probs[1])

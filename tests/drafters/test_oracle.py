@@ -27,21 +27,26 @@ GAMMA, NEW = 3, 7
 
 
 def _propose(drafter, params, prompt_lengths, lengths, width=12):
+  """((proposal, state), the state `init` gave): one init and one propose, under one jit (one
+  compile, not one per op)."""
   batch = len(lengths)
-  prompts = jnp.ones((batch, 4), jnp.int32)
-  state = drafter.init(params, prompts, jnp.asarray(prompt_lengths, jnp.int32), width)
-  tokens = jnp.ones((batch, width), jnp.int32)
-  keys = jax.random.split(jax.random.key(0), batch)
-  return drafter.propose(
+
+  @jax.jit
+  def init_and_propose(params, prompt_lengths, lengths, sampling_params):
+    prompts = jnp.ones((batch, 4), jnp.int32)
+    state = drafter.init(params, prompts, prompt_lengths, width)
+    tokens = jnp.ones((batch, width), jnp.int32)
+    keys = jax.random.split(jax.random.key(0), batch)
+    return drafter.propose(
+      params, state, tokens, lengths, GAMMA, keys, GREEDY, sampling_params
+    ), state
+
+  return init_and_propose(
     params,
-    state,
-    tokens,
+    jnp.asarray(prompt_lengths, jnp.int32),
     jnp.asarray(lengths, jnp.int32),
-    GAMMA,
-    keys,
-    GREEDY,
     GREEDY_PARAMS,
-  ), state
+  )
 
 
 def test_oracle_proposes_the_continuation_after_each_rows_prompt():

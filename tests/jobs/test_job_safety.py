@@ -15,6 +15,7 @@ import sys
 
 import gin
 import jax
+from model_utils import random_params
 from model_utils import save_tiny_pair
 from model_utils import tiny_t5_config
 import pytest
@@ -728,11 +729,11 @@ def test_train_resume_falls_back_past_a_corrupt_newest_checkpoint(tmp_path, capl
   from speculative.train import checkpoints as train_checkpoints
 
   config = tiny_t5_config(1)
-  params = T5(config).init_params(jax.random.PRNGKey(0))
+  params = random_params(T5(config), 0)  # the model's shapes, no initializer to compile
   optimizer = optax.adam(1e-3)
-  state = optimizer.init(params)
+  state = jax.jit(optimizer.init)(params)  # one compile, not one per op
   train_checkpoints.save_train_state(str(tmp_path), 1, params, state, config=config)
-  later = jax.tree_util.tree_map(lambda x: x + 1, params)
+  later = jax.jit(lambda p: jax.tree_util.tree_map(lambda x: x + 1, p))(params)
   newest = train_checkpoints.save_train_state(str(tmp_path), 2, later, state, config=config)
   assert checkpoints.read_metadata(newest)["config"]["num_decoder_layers"] == 1
   (tmp_path / "checkpoint_3.tmp-1-x").mkdir()  # left by a kill
@@ -764,8 +765,8 @@ def test_train_prunes_the_checkpoints_a_kill_left(tmp_path):
   from speculative.train import checkpoints as train_checkpoints
 
   config = tiny_t5_config(1)
-  params = T5(config).init_params(jax.random.PRNGKey(0))
-  state = optax.adam(1e-3).init(params)
+  params = random_params(T5(config), 0)  # the model's shapes, no initializer to compile
+  state = jax.jit(optax.adam(1e-3).init)(params)
   for step in (1, 2, 3):  # as if killed before each save's pruning
     train_checkpoints.save_train_state(str(tmp_path), step, params, state, keep=3, config=config)
   train_checkpoints.prune_checkpoints(str(tmp_path), protect=(1,))  # the run resumed from 1

@@ -14,6 +14,7 @@ on a host that can build it fails them. The path policy itself: test_policy.py.
 
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
 
@@ -204,11 +205,18 @@ SMALL = t5_lib.T5Config(
 )
 
 
+@functools.cache
+def _small_params():
+  """SMALL's initial float32 params. The config's activation dtype does not change them (the same
+  values in a bfloat16 config), so one initializer compile serves every dtype."""
+  return t5_lib.T5(SMALL).init_params(jax.random.PRNGKey(0))
+
+
 def _packed_small(dtype: str):
   model = t5_lib.T5(
     SMALL if dtype == 'float32' else t5_lib.T5Config(**{**SMALL.__dict__, 'dtype': dtype})
   )
-  params = model.init_params(jax.random.PRNGKey(0))
+  params = jax.tree.map(lambda x: x, _small_params())  # the callers' own containers
   return model, params, t5_lib.pack_decode_params(model, params)
 
 
@@ -261,8 +269,8 @@ def test_kernel_path_reproduces_stock_t5x_greedy_tokens():
   packed = t5_lib.pack_decode_params(model, params)
   encoder = jnp.asarray(results['encoder_input_tokens'], jnp.int32)
   steps = results['decoder_len']
-  cache = model.init_cache(packed, 1, steps, encoder)
-  extend = jax.jit(model.extend)  # as a job runs it: one compile, not each op on its own
+  cache = jax.jit(model.init_cache, static_argnums=(1, 2))(packed, 1, steps, encoder)
+  extend = jax.jit(model.extend)  # as a job runs them: one compile, not each op on its own
   tokens = [0]
   for i in range(steps):
     logits, cache = extend(
@@ -295,9 +303,10 @@ def test_a_packed_weight_of_the_wrong_shape_names_the_parameter():
   mlp['wo']['kernel'] = mlp['wi_fused']  # [9, 40, 16] where [3, 72, 16] belongs
   broken = t5_lib.DecodeParams(params=params, packed=bad)
   encoder = jnp.ones((1, 4), jnp.int32)
-  cache = model.init_cache(params, 1, 4, encoder)
+  cache = jax.jit(model.init_cache, static_argnums=(1, 2))(params, 1, 4, encoder)  # not op by op
   with pytest.raises(ValueError, match='decoder/layers_1/mlp/wo: packed weight has shape'):
-    model.extend(broken, cache, jnp.zeros((1, 1), jnp.int32), jnp.asarray([0], jnp.int32))
+    # Refused while tracing (as in a job, where extend runs under jit), before any compile.
+    jax.jit(model.extend)(broken, cache, jnp.zeros((1, 1), jnp.int32), jnp.asarray([0], jnp.int32))
 
 
 def test_greedy_speculative_on_kernels_equals_baseline_on_kernels():

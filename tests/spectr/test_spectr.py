@@ -244,14 +244,23 @@ def test_batched_jit_select_matches_rows_and_never_emits_target_zero():
   names = list(PAIRS)
   q = jnp.asarray(np.stack([PAIRS[n][0] for n in names]), jnp.float32)  # [N, V]
   p = jnp.asarray(np.stack([PAIRS[n][1] for n in names]), jnp.float32)
-  key = jax.random.PRNGKey(3)
   k = 4
-  drafts = jax.random.categorical(key, jnp.log(q)[:, None, :], shape=(len(names), k))  # [N, K]
-  u = jax.random.uniform(jax.random.fold_in(key, 1), (len(names), k))
-  u = u.at[:, 0].set(0.0)  # u == 0 must still reject a draft the target gives 0 probability
-  ru = jax.random.uniform(jax.random.fold_in(key, 2), (len(names),))
+
+  @jax.jit  # the draws in one program, not one per op
+  def draws(key, q):
+    drafts = jax.random.categorical(key, jnp.log(q)[:, None, :], shape=(len(names), k))  # [N, K]
+    u = jax.random.uniform(jax.random.fold_in(key, 1), (len(names), k))
+    u = u.at[:, 0].set(0.0)  # u == 0 must still reject a draft the target gives 0 probability
+    ru = jax.random.uniform(jax.random.fold_in(key, 2), (len(names),))
+    return drafts, u, ru
+
+  drafts, u, ru = draws(jax.random.PRNGKey(3), q)
   select = jax.jit(spectr.k_sequential_select)
   token, index, prob = select(q, p, drafts, u, ru)
+  # The rows are sliced on the host: a jax array sliced op by op compiles a program per row.
+  q, p, drafts, u, ru, token, index, prob = jax.device_get(
+    (q, p, drafts, u, ru, token, index, prob)
+  )
   for i in range(len(names)):
     row = select(q[i : i + 1], p[i : i + 1], drafts[i : i + 1], u[i : i + 1], ru[i : i + 1])
     assert (int(row[0][0]), int(row[1][0])) == (int(token[i]), int(index[i]))
