@@ -9,6 +9,9 @@ includes what a call pays once (the encoder, the prefill), so this step carries 
 the batches it was measured on, Theorem 3.8's ratio of two such steps times the tokens per step is
 exactly the ratio of the two loops' walltimes over a batch, encoder included.
 
+Where the job's baseline mode decodes the same batches (the run files' jobs), a gamma's step is
+taken relative to the baseline's on the same batches, measured seconds apart, so that the load of
+a shared machine, which drifts over a job, moves both sides of the ratio alike (`LoopTimes.costs`).
 A gamma counts as measured once its batches have run MIN_STEPS loop steps (`LoopTimes`). Between
 measured gammas a step is interpolated linearly in gamma; the job chooses no gamma beyond the
 largest measured one, and decides whether to measure the next by extrapolating (`Costs.step`). `speculative.infer`'s
@@ -125,36 +128,68 @@ class LoopTimes:
   """The job's batches timed so far, summed per gamma.
 
   Attributes:
-    seconds: (walltime of the batches decoded at gamma, for gamma in 0..gamma_max).
+    seconds: (walltime of the batches decoded at gamma, for gamma in 0..gamma_max); gamma 0 holds
+      the plain loop's batches, the job's own or its baseline mode's (`add_plain`).
     steps: (their loop steps, likewise).
+    paired_seconds: (the baseline mode's walltime on the same batches as `seconds[gamma]`, for
+      gamma >= 1; 0 where the job has no baseline mode beside it).
+    paired_steps: (their loop steps, likewise).
   """
 
   seconds: tuple[float, ...]
   steps: tuple[int, ...]
+  paired_seconds: tuple[float, ...]
+  paired_steps: tuple[int, ...]
 
   @classmethod
   def empty(cls, gamma_max: int) -> LoopTimes:
-    return cls((0.0,) * (gamma_max + 1), (0,) * (gamma_max + 1))
+    zeros, none = (0.0,) * (gamma_max + 1), (0,) * (gamma_max + 1)
+    return cls(zeros, none, zeros, none)
 
   @property
   def gamma_max(self) -> int:
     return len(self.steps) - 1
 
   def add(self, gamma: int, seconds: float, steps: int) -> LoopTimes:
-    add = lambda xs, x: tuple(v + x if g == gamma else v for g, v in enumerate(xs))  # noqa: E731
-    return LoopTimes(add(self.seconds, seconds), add(self.steps, steps))
+    """A batch the job decoded at `gamma`."""
+    return dataclasses.replace(
+      self, seconds=_add(self.seconds, gamma, seconds), steps=_add(self.steps, gamma, steps)
+    )
+
+  def add_plain(self, gamma: int, seconds: float, steps: int) -> LoopTimes:
+    """The baseline mode's decode of a batch the job decoded at `gamma`: the plain loop's time,
+    and the pair of that batch's."""
+    times = self.add(0, seconds, steps)
+    if gamma == 0:
+      return times
+    return dataclasses.replace(
+      times,
+      paired_seconds=_add(self.paired_seconds, gamma, seconds),
+      paired_steps=_add(self.paired_steps, gamma, steps),
+    )
 
   def measured(self, gamma: int) -> bool:
     return self.steps[gamma] >= MIN_STEPS
 
   def costs(self) -> Costs:
-    """The measured gammas' steps (needs gamma 0 measured)."""
-    return Costs(
-      tuple(
-        (g, self.seconds[g] / self.steps[g]) for g in range(self.gamma_max + 1) if self.measured(g)
-      ),
-      self.gamma_max,
-    )
+    """The measured gammas' steps (needs gamma 0 measured). Where the baseline timed the same
+    batches, a gamma's step is the plain step times the ratio of the two loops' steps on those
+    batches, each pair measured seconds apart: the machine's load, which drifts over a job, moves
+    both alike; else the gamma's own seconds per step."""
+    plain = self.seconds[0] / self.steps[0]
+    steps = [(0, plain)]
+    for g in range(1, self.gamma_max + 1):
+      if not self.measured(g):
+        continue
+      step = self.seconds[g] / self.steps[g]
+      if self.paired_steps[g]:
+        step = plain * step / (self.paired_seconds[g] / self.paired_steps[g])
+      steps.append((g, step))
+    return Costs(tuple(steps), self.gamma_max)
+
+
+def _add(values: tuple, index: int, value) -> tuple:
+  return tuple(v + value if i == index else v for i, v in enumerate(values))
 
 
 def key_fields(

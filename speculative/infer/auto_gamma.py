@@ -140,10 +140,11 @@ class AutoGamma:
       )
     )
 
-  def observe_plain(self, records: Sequence[dict]) -> None:
-    """The baseline mode's records of a batch this mode has decoded (the plain loop, timed)."""
+  def observe_plain(self, gamma: int, records: Sequence[dict]) -> None:
+    """The baseline mode's records of a batch this mode has decoded at `gamma` (the plain loop,
+    timed on the same batch)."""
     if self.measuring and records:
-      self.times = self.times.add(0, *costs_lib.batch_timing(records))
+      self.times = self.times.add_plain(gamma, *costs_lib.batch_timing(records))
 
   def replay(
     self,
@@ -175,7 +176,7 @@ class AutoGamma:
         )
       self.observe(choice, rows)
       if self.plain_beside:
-        self.observe_plain(plain_rows(plain_records, batch_examples))
+        self.observe_plain(choice.gamma, plain_rows(plain_records, batch_examples))
 
   def costs(self) -> costs_lib.Costs | None:
     """The costs decided with: the frozen ones, or (a job that ended while measuring) those

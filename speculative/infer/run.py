@@ -342,7 +342,7 @@ def _decode_all(
           if auto is not None:
             auto.observe(choice, [records[e.index] for e in batch_examples])
             if auto.plain_beside:
-              auto.observe_plain(auto_gamma.plain_rows(plain.records, batch_examples))
+              auto.observe_plain(choice.gamma, auto_gamma.plain_rows(plain.records, batch_examples))
 
 
 def _decode_batch(

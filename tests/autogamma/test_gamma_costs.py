@@ -45,6 +45,21 @@ def test_a_batch_is_timed_from_its_records():
   assert costs_lib.batch_timing(rows) == (0.5, 9)
 
 
+def test_a_gammas_step_is_paired_with_the_baselines_on_the_same_batches():
+  """Gamma 2's batches ran while the machine was twice as slow, the baseline's decodes of them
+  too: the pair's ratio (1.5) times the plain step measured over all of the baseline's batches."""
+  n = costs_lib.MIN_STEPS
+  times = costs_lib.LoopTimes.empty(3).add_plain(1, 4e-3 * n, n).add(1, 5e-3 * n, n)
+  times = times.add_plain(2, 8e-3 * n, n).add(2, 12e-3 * n, n)  # loaded: both 2x
+  plain = (4e-3 + 8e-3) / 2
+  assert dict(times.costs().loop_steps) == pytest.approx(
+    {0: plain, 1: plain * 1.25, 2: plain * 1.5}
+  )
+  # Without a baseline beside it (the job's own plain batches): each gamma's own seconds per step.
+  alone = costs_lib.LoopTimes.empty(3).add(0, 4e-3 * n, n).add(2, 12e-3 * n, n)
+  assert dict(alone.costs().loop_steps) == pytest.approx({0: 4e-3, 2: 12e-3})
+
+
 def test_the_cache_holds_one_entry_per_key(tmp_path):
   path = str(tmp_path / 'sub' / 'calibration.json')
   costs_lib.check_cache_file(path)  # creates the directory
