@@ -32,22 +32,12 @@ from typing import Sequence
 
 import numpy as np
 
+from speculative.bench import ceiling
 from speculative.bench import machine as machine_lib
 from speculative.checkpoints import files
 
 AUTO = 'auto'
 UNCACHED = 'auto uncached'
-
-
-def parse_gammas(text: str) -> list[int]:
-  """'1,3,5' -> [1, 3, 5]; ValueError unless each is an int in 1..32."""
-  try:
-    gammas = [int(g) for g in text.split(',')]
-  except ValueError:
-    raise ValueError(f'--gammas must be comma-separated ints, got {text!r}') from None
-  if not gammas or any(not 1 <= g <= 32 for g in gammas):
-    raise ValueError(f'--gammas: each must be in [1, 32], got {text!r}')
-  return sorted(set(gammas))
 
 
 def run_job(
@@ -206,14 +196,10 @@ def main(argv: Sequence[str] | None = None) -> None:
   )
   parser.add_argument('--gin_file', action='append', required=True, help='the job run file')
   parser.add_argument('--gin_bindings', action='append', default=[], help='for every job')
-  parser.add_argument('--gammas', default='1,2,3,4,5,6,7', help='fixed gammas (%(default)s)')
   parser.add_argument('--rounds', type=int, default=4, help='rounds, >= 1 (%(default)s)')
-  parser.add_argument('--json_out', default=None, help='also write the jobs and table as JSON')
-  args = parser.parse_args(sys.argv[1:] if argv is None else argv)
-  try:
-    gammas = parse_gammas(args.gammas)
-  except ValueError as e:
-    parser.error(str(e))
+  ceiling.add_gamma_arguments(parser, '1,2,3,4,5,6,7', 'also write the jobs and table as JSON')
+  args, gammas = ceiling.parse_gamma_arguments(parser, argv)
+  gammas = sorted(set(gammas))
   if args.rounds < 1:
     parser.error(f'--rounds must be >= 1, got {args.rounds}')
   for path in args.gin_file:

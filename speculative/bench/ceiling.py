@@ -26,6 +26,7 @@ average before and after; `--json_out` also writes it as JSON (atomically).
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import json
 import os
@@ -77,6 +78,26 @@ def parse_gammas(text: str) -> tuple[int, ...]:
   if not gammas or any(not low <= g <= high for g in gammas):
     raise ValueError(f'--gammas: each must be in [{low}, {high}], got {text!r}')
   return gammas
+
+
+def add_gamma_arguments(parser: argparse.ArgumentParser, default: str, json_help: str) -> None:
+  """The --gammas and --json_out flags of the job benchmarks (this one and auto_gamma)."""
+  parser.add_argument(
+    '--gammas', default=default, help='comma-separated gammas to measure (default %(default)s)'
+  )
+  parser.add_argument('--json_out', default=None, help=json_help)
+
+
+def parse_gamma_arguments(
+  parser: argparse.ArgumentParser, argv: Sequence[str] | None
+) -> tuple[argparse.Namespace, tuple[int, ...]]:
+  """(the parsed `argv`, its --gammas as `parse_gammas` reads them); a bad value is the parser's
+  error (one line, exit status 2)."""
+  args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+  try:
+    return args, parse_gammas(args.gammas)
+  except ValueError as e:
+    parser.error(str(e))
 
 
 def method_fns(
@@ -261,17 +282,10 @@ def main(argv: Sequence[str] | None = None) -> None:
 
   parser = gin_utils.runner_parser('infer', __doc__.splitlines()[0])
   parser.prog = 'python -m speculative.bench.ceiling'
-  parser.add_argument(
-    '--gammas',
-    default=','.join(map(str, DEFAULT_GAMMAS)),
-    help='comma-separated gammas to measure (default %(default)s)',
+  add_gamma_arguments(
+    parser, ','.join(map(str, DEFAULT_GAMMAS)), 'also write the table as JSON here'
   )
-  parser.add_argument('--json_out', default=None, help='also write the table as JSON here')
-  args = parser.parse_args(sys.argv[1:] if argv is None else argv)
-  try:
-    gammas = parse_gammas(args.gammas)
-  except ValueError as e:
-    parser.error(str(e))
+  args, gammas = parse_gamma_arguments(parser, argv)
 
   @checks.settings_entry(infer_settings.InferSettings)
   def ceiling(settings: infer_settings.InferSettings):
