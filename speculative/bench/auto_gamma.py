@@ -215,14 +215,11 @@ def main(argv: Sequence[str] | None = None) -> None:
   except RuntimeError as e:
     print(f'{parser.prog}: error: {e}', file=sys.stderr)
     sys.exit(1)
-  warning = machine_lib.busy_warning(machine)
+  load = machine_lib.load_line(machine)
   rows = table(jobs)
   cost = measuring_cost(jobs)
   print(format_table(rows, cost))
-  print(
-    f'load average {machine["load_average_start"][0]:.2f} at the start, '
-    f'{machine["load_average_end"][0]:.2f} at the end' + (f'. {warning}' if warning else '')
-  )
+  print(load)
   if args.json_out:
     files.write_atomic(
       args.json_out,

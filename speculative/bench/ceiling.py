@@ -257,14 +257,10 @@ def run(settings: infer_settings.InferSettings, gammas: Sequence[int], json_out:
     f'decode path: {settings.decode_path().line}; load average {os.getloadavg()[0]:.2f}'
   )
   tallies = measure(settings, inputs.examples, models, gammas)
-  warning = machine_lib.busy_warning(machine)
+  load = machine_lib.load_line(machine)
   rows = table(tallies)
   print(format_table(rows))
-  print(
-    f'{machine["cpu"]}, {machine["usable_cores"]} cores; load average '
-    f'{machine["load_average_start"][0]:.2f} at the start, {machine["load_average_end"][0]:.2f} '
-    'at the end' + (f'. {warning}' if warning else '')
-  )
+  print(f'{machine["cpu"]}, {machine["usable_cores"]} cores; {load}')
   result = {
     'rows': rows,
     'machine': machine,
