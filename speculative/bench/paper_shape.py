@@ -98,11 +98,7 @@ class PaperShapeSettings(bench_settings.TimingSettings):
     checks.check_int("read_rate_bytes", self.read_rate_bytes, 1)
     sweep.gammas_for(list(self.gammas), 1)
     jnp.dtype(self.storage_dtype)
-    if self.draft_config.vocab_size != self.target_config.vocab_size:
-      raise ValueError(
-        f"draft_config's vocabulary ({self.draft_config.vocab_size}) differs from "
-        f"target_config's ({self.target_config.vocab_size})"
-      )
+    self._check_vocabulary("draft_config")
     if self.real_walltime:
       self._check_real_walltime()
     machine_lib.check_fits(
@@ -113,6 +109,14 @@ class PaperShapeSettings(bench_settings.TimingSettings):
   def real_walltime(self) -> bool:
     return self.source_checkpoint is not None
 
+  def _check_vocabulary(self, name: str) -> None:
+    """ValueError unless the draft config `name` has target_config's vocabulary."""
+    vocab, target_vocab = getattr(self, name).vocab_size, self.target_config.vocab_size
+    if vocab != target_vocab:
+      raise ValueError(
+        f"{name}'s vocabulary ({vocab}) differs from target_config's ({target_vocab})"
+      )
+
   def _check_real_walltime(self) -> None:
     if self.source_config is None or self.shipped_draft_config is None:
       raise ValueError("source_checkpoint needs source_config and shipped_draft_config")
@@ -120,11 +124,7 @@ class PaperShapeSettings(bench_settings.TimingSettings):
       grow.check_growable(self.source_config, self.target_config)
     except ValueError as e:  # the grown target's vocabulary or head size is not the source's
       raise ValueError(f"source_config -> target_config: {e}") from None
-    if self.shipped_draft_config.vocab_size != self.target_config.vocab_size:
-      raise ValueError(
-        f"shipped_draft_config's vocabulary ({self.shipped_draft_config.vocab_size}) differs "
-        f"from target_config's ({self.target_config.vocab_size})"
-      )
+    self._check_vocabulary("shipped_draft_config")
     for name, config in (
       ("source_checkpoint", self.source_config),
       ("shipped_draft_checkpoint", self.shipped_draft_config),
