@@ -34,6 +34,7 @@ import numpy as np
 
 from speculative.bench import ceiling
 from speculative.bench import machine as machine_lib
+from speculative.bench import markdown
 from speculative.checkpoints import files
 
 AUTO = 'auto'
@@ -153,23 +154,20 @@ def measuring_cost(jobs: dict[str, list[dict[str, Any]]]) -> dict[str, Any] | No
 
 
 def format_table(rows: list[dict[str, Any]], cost: dict[str, Any] | None = None) -> str:
-  lines = [
-    '| gamma | median speedup | spread (min..max) | identical | auto: batches per gamma, '
-    'costs (source, batches measuring) |',
-    '|---|---|---|---|---|',
-  ]
-  for row in rows:
-    extra = ''
+  def cells(row):
+    chosen = ''
     if 'chosen' in row:
-      extra = (
+      chosen = (
         ', '.join(f'{g}: {n}' for g, n in sorted(row['chosen'].items(), key=lambda x: int(x[0])))
         + '; '
         + ', '.join(f'{s} {t}' for s, t in row['calibration'])
       )
-    lines.append(
-      f'| {row["gamma"]} | {row["median"]:.3f}x | {row["min"]:.3f}..{row["max"]:.3f} | '
-      f'{row["identical"]} | {extra} |'
-    )
+    spread = f'{row["min"]:.3f}..{row["max"]:.3f}'
+    return [row['gamma'], f'{row["median"]:.3f}x', spread, row['identical'], chosen]
+
+  header = ['gamma', 'median speedup', 'spread (min..max)', 'identical']
+  header.append('auto: batches per gamma, costs (source, batches measuring)')
+  lines = [markdown.table(header, [cells(row) for row in rows])]
   for row in rows:
     if row.get('vs_best_fixed'):
       lines.append(

@@ -42,6 +42,7 @@ import numpy as np
 from speculative import drafters
 from speculative import timing
 from speculative.bench import machine as machine_lib
+from speculative.bench import markdown
 from speculative.checkpoints import files
 from speculative.decode import batching
 from speculative.decode import modes
@@ -220,20 +221,19 @@ def table(tallies: dict[str, Tally]) -> list[dict[str, Any]]:
 
 
 def format_table(rows: list[dict[str, Any]]) -> str:
-  def cell(value):
-    return '-' if value is None else f'{value}'
-
-  lines = [
-    '| method | decode s | tokens | target calls | block efficiency | speedup over baseline |',
-    '|---|---|---|---|---|---|',
-  ]
-  for r in rows:
-    speedup = r['speedup'] if r['method'] != ENCODER else f'({r["share_of_baseline"]} of baseline)'
-    lines.append(
-      f'| {r["method"]} | {r["seconds"]:.2f} | {cell(r["tokens"])} | {cell(r["target_calls"])} '
-      f'| {cell(r["block_efficiency"])} | {cell(speedup)} |'
-    )
-  return '\n'.join(lines)
+  cell = lambda value: '-' if value is None else f'{value}'  # noqa: E731
+  header = ['method', 'decode s', 'tokens', 'target calls', 'block efficiency']
+  return markdown.table(
+    header + ['speedup over baseline'],
+    [
+      [r['method'], f'{r["seconds"]:.2f}']
+      + [cell(r[key]) for key in ('tokens', 'target_calls', 'block_efficiency')]
+      + [
+        cell(r['speedup']) if r['method'] != ENCODER else f'({r["share_of_baseline"]} of baseline)'
+      ]
+      for r in rows
+    ],
+  )
 
 
 def run(settings: infer_settings.InferSettings, gammas: Sequence[int], json_out: str | None):
