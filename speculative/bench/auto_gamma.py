@@ -35,7 +35,6 @@ import numpy as np
 from speculative.bench import ceiling
 from speculative.bench import machine as machine_lib
 from speculative.bench import markdown
-from speculative.checkpoints import files
 
 AUTO = 'auto'
 UNCACHED = 'auto uncached'
@@ -219,13 +218,8 @@ def main(argv: Sequence[str] | None = None) -> None:
   print(format_table(rows, cost))
   print(load)
   if args.json_out:
-    files.write_atomic(
-      args.json_out,
-      json.dumps(
-        {'machine': machine, 'jobs': jobs, 'table': rows, 'measuring_cost': cost}, indent=2
-      )
-      + '\n',
-    )
+    table_json = {'machine': machine, 'jobs': jobs, 'table': rows, 'measuring_cost': cost}
+    markdown.write_json(args.json_out, table_json)
 
 
 if __name__ == '__main__':

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import os
 import sys
 from typing import Any
@@ -43,7 +42,6 @@ from speculative import drafters
 from speculative import timing
 from speculative.bench import machine as machine_lib
 from speculative.bench import markdown
-from speculative.checkpoints import files
 from speculative.decode import batching
 from speculative.decode import modes
 from speculative.decode import state as decode_state
@@ -269,7 +267,7 @@ def run(settings: infer_settings.InferSettings, gammas: Sequence[int], json_out:
     'gammas': list(gammas),
   }
   if json_out is not None:
-    files.write_atomic(json_out, json.dumps(result, indent=2) + '\n')
+    markdown.write_json(json_out, result)
   return result
 
 

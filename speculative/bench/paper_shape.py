@@ -31,7 +31,6 @@ from __future__ import annotations
 import dataclasses
 import gc
 import importlib
-import json
 import logging
 import os
 import sys
@@ -350,9 +349,7 @@ def _run(s: PaperShapeSettings) -> dict[str, Any]:
   report["elapsed_s"] = time.perf_counter() - t0
   print(format_report(report))
   if s.output_dir:
-    checkpoints.write_atomic(  # never half-written
-      os.path.join(s.output_dir, "results.json"), json.dumps(report, indent=1, default=str)
-    )
+    markdown.write_page(s.output_dir, {"results.json": report}, indent=1)
     log(f"wrote {os.path.join(s.output_dir, 'results.json')}")
   mismatches = [
     row["name"]
