@@ -32,22 +32,12 @@ from typing import Sequence
 
 import numpy as np
 
+from speculative.bench import ceiling
 from speculative.bench import machine as machine_lib
-from speculative.checkpoints import files
+from speculative.bench import markdown
 
 AUTO = 'auto'
 UNCACHED = 'auto uncached'
-
-
-def parse_gammas(text: str) -> list[int]:
-  """'1,3,5' -> [1, 3, 5]; ValueError unless each is an int in 1..32."""
-  try:
-    gammas = [int(g) for g in text.split(',')]
-  except ValueError:
-    raise ValueError(f'--gammas must be comma-separated ints, got {text!r}') from None
-  if not gammas or any(not 1 <= g <= 32 for g in gammas):
-    raise ValueError(f'--gammas: each must be in [1, 32], got {text!r}')
-  return sorted(set(gammas))
 
 
 def run_job(
@@ -163,23 +153,20 @@ def measuring_cost(jobs: dict[str, list[dict[str, Any]]]) -> dict[str, Any] | No
 
 
 def format_table(rows: list[dict[str, Any]], cost: dict[str, Any] | None = None) -> str:
-  lines = [
-    '| gamma | median speedup | spread (min..max) | identical | auto: batches per gamma, '
-    'costs (source, batches measuring) |',
-    '|---|---|---|---|---|',
-  ]
-  for row in rows:
-    extra = ''
+  def cells(row):
+    chosen = ''
     if 'chosen' in row:
-      extra = (
+      chosen = (
         ', '.join(f'{g}: {n}' for g, n in sorted(row['chosen'].items(), key=lambda x: int(x[0])))
         + '; '
         + ', '.join(f'{s} {t}' for s, t in row['calibration'])
       )
-    lines.append(
-      f'| {row["gamma"]} | {row["median"]:.3f}x | {row["min"]:.3f}..{row["max"]:.3f} | '
-      f'{row["identical"]} | {extra} |'
-    )
+    spread = f'{row["min"]:.3f}..{row["max"]:.3f}'
+    return [row['gamma'], f'{row["median"]:.3f}x', spread, row['identical'], chosen]
+
+  header = ['gamma', 'median speedup', 'spread (min..max)', 'identical']
+  header.append('auto: batches per gamma, costs (source, batches measuring)')
+  lines = [markdown.table(header, [cells(row) for row in rows])]
   for row in rows:
     if row.get('vs_best_fixed'):
       lines.append(
@@ -206,14 +193,10 @@ def main(argv: Sequence[str] | None = None) -> None:
   )
   parser.add_argument('--gin_file', action='append', required=True, help='the job run file')
   parser.add_argument('--gin_bindings', action='append', default=[], help='for every job')
-  parser.add_argument('--gammas', default='1,2,3,4,5,6,7', help='fixed gammas (%(default)s)')
   parser.add_argument('--rounds', type=int, default=4, help='rounds, >= 1 (%(default)s)')
-  parser.add_argument('--json_out', default=None, help='also write the jobs and table as JSON')
-  args = parser.parse_args(sys.argv[1:] if argv is None else argv)
-  try:
-    gammas = parse_gammas(args.gammas)
-  except ValueError as e:
-    parser.error(str(e))
+  ceiling.add_gamma_arguments(parser, '1,2,3,4,5,6,7', 'also write the jobs and table as JSON')
+  args, gammas = ceiling.parse_gamma_arguments(parser, argv)
+  gammas = sorted(set(gammas))
   if args.rounds < 1:
     parser.error(f'--rounds must be >= 1, got {args.rounds}')
   for path in args.gin_file:
@@ -229,22 +212,14 @@ def main(argv: Sequence[str] | None = None) -> None:
   except RuntimeError as e:
     print(f'{parser.prog}: error: {e}', file=sys.stderr)
     sys.exit(1)
-  warning = machine_lib.busy_warning(machine)
+  load = machine_lib.load_line(machine)
   rows = table(jobs)
   cost = measuring_cost(jobs)
   print(format_table(rows, cost))
-  print(
-    f'load average {machine["load_average_start"][0]:.2f} at the start, '
-    f'{machine["load_average_end"][0]:.2f} at the end' + (f'. {warning}' if warning else '')
-  )
+  print(load)
   if args.json_out:
-    files.write_atomic(
-      args.json_out,
-      json.dumps(
-        {'machine': machine, 'jobs': jobs, 'table': rows, 'measuring_cost': cost}, indent=2
-      )
-      + '\n',
-    )
+    table_json = {'machine': machine, 'jobs': jobs, 'table': rows, 'measuring_cost': cost}
+    markdown.write_json(args.json_out, table_json)
 
 
 if __name__ == '__main__':

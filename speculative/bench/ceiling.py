@@ -26,8 +26,8 @@ average before and after; `--json_out` also writes it as JSON (atomically).
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
-import json
 import os
 import sys
 from typing import Any
@@ -41,7 +41,7 @@ import numpy as np
 from speculative import drafters
 from speculative import timing
 from speculative.bench import machine as machine_lib
-from speculative.checkpoints import files
+from speculative.bench import markdown
 from speculative.decode import batching
 from speculative.decode import modes
 from speculative.decode import state as decode_state
@@ -77,6 +77,26 @@ def parse_gammas(text: str) -> tuple[int, ...]:
   if not gammas or any(not low <= g <= high for g in gammas):
     raise ValueError(f'--gammas: each must be in [{low}, {high}], got {text!r}')
   return gammas
+
+
+def add_gamma_arguments(parser: argparse.ArgumentParser, default: str, json_help: str) -> None:
+  """The --gammas and --json_out flags of the job benchmarks (this one and auto_gamma)."""
+  parser.add_argument(
+    '--gammas', default=default, help='comma-separated gammas to measure (default %(default)s)'
+  )
+  parser.add_argument('--json_out', default=None, help=json_help)
+
+
+def parse_gamma_arguments(
+  parser: argparse.ArgumentParser, argv: Sequence[str] | None
+) -> tuple[argparse.Namespace, tuple[int, ...]]:
+  """(the parsed `argv`, its --gammas as `parse_gammas` reads them); a bad value is the parser's
+  error (one line, exit status 2)."""
+  args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+  try:
+    return args, parse_gammas(args.gammas)
+  except ValueError as e:
+    parser.error(str(e))
 
 
 def method_fns(
@@ -199,20 +219,19 @@ def table(tallies: dict[str, Tally]) -> list[dict[str, Any]]:
 
 
 def format_table(rows: list[dict[str, Any]]) -> str:
-  def cell(value):
-    return '-' if value is None else f'{value}'
-
-  lines = [
-    '| method | decode s | tokens | target calls | block efficiency | speedup over baseline |',
-    '|---|---|---|---|---|---|',
-  ]
-  for r in rows:
-    speedup = r['speedup'] if r['method'] != ENCODER else f'({r["share_of_baseline"]} of baseline)'
-    lines.append(
-      f'| {r["method"]} | {r["seconds"]:.2f} | {cell(r["tokens"])} | {cell(r["target_calls"])} '
-      f'| {cell(r["block_efficiency"])} | {cell(speedup)} |'
-    )
-  return '\n'.join(lines)
+  cell = lambda value: '-' if value is None else f'{value}'  # noqa: E731
+  header = ['method', 'decode s', 'tokens', 'target calls', 'block efficiency']
+  return markdown.table(
+    header + ['speedup over baseline'],
+    [
+      [r['method'], f'{r["seconds"]:.2f}']
+      + [cell(r[key]) for key in ('tokens', 'target_calls', 'block_efficiency')]
+      + [
+        cell(r['speedup']) if r['method'] != ENCODER else f'({r["share_of_baseline"]} of baseline)'
+      ]
+      for r in rows
+    ],
+  )
 
 
 def run(settings: infer_settings.InferSettings, gammas: Sequence[int], json_out: str | None):
@@ -236,14 +255,10 @@ def run(settings: infer_settings.InferSettings, gammas: Sequence[int], json_out:
     f'decode path: {settings.decode_path().line}; load average {os.getloadavg()[0]:.2f}'
   )
   tallies = measure(settings, inputs.examples, models, gammas)
-  warning = machine_lib.busy_warning(machine)
+  load = machine_lib.load_line(machine)
   rows = table(tallies)
   print(format_table(rows))
-  print(
-    f'{machine["cpu"]}, {machine["usable_cores"]} cores; load average '
-    f'{machine["load_average_start"][0]:.2f} at the start, {machine["load_average_end"][0]:.2f} '
-    'at the end' + (f'. {warning}' if warning else '')
-  )
+  print(f'{machine["cpu"]}, {machine["usable_cores"]} cores; {load}')
   result = {
     'rows': rows,
     'machine': machine,
@@ -252,7 +267,7 @@ def run(settings: infer_settings.InferSettings, gammas: Sequence[int], json_out:
     'gammas': list(gammas),
   }
   if json_out is not None:
-    files.write_atomic(json_out, json.dumps(result, indent=2) + '\n')
+    markdown.write_json(json_out, result)
   return result
 
 
@@ -261,17 +276,10 @@ def main(argv: Sequence[str] | None = None) -> None:
 
   parser = gin_utils.runner_parser('infer', __doc__.splitlines()[0])
   parser.prog = 'python -m speculative.bench.ceiling'
-  parser.add_argument(
-    '--gammas',
-    default=','.join(map(str, DEFAULT_GAMMAS)),
-    help='comma-separated gammas to measure (default %(default)s)',
+  add_gamma_arguments(
+    parser, ','.join(map(str, DEFAULT_GAMMAS)), 'also write the table as JSON here'
   )
-  parser.add_argument('--json_out', default=None, help='also write the table as JSON here')
-  args = parser.parse_args(sys.argv[1:] if argv is None else argv)
-  try:
-    gammas = parse_gammas(args.gammas)
-  except ValueError as e:
-    parser.error(str(e))
+  args, gammas = parse_gamma_arguments(parser, argv)
 
   @checks.settings_entry(infer_settings.InferSettings)
   def ceiling(settings: infer_settings.InferSettings):

@@ -240,16 +240,21 @@ def _explain(row: dict[str, Any], base: dict[str, Any], cm: dict[str, Any]) -> l
   return parts
 
 
-def _row(report: dict[str, Any], target: dict[str, Any], kind: str, **fields: Any):
-  """The first `kind` row ('baselines' or 'speculative') of the target's (batch, temperature)
-  group with the given fields, or None."""
-  key = (target["batch_size"], target["temperature"])
-  rows = [
+def group_rows(report: dict[str, Any], batch_size: int, temperature: float, kind: str) -> list:
+  """The `kind` rows ('baselines' or 'speculative') of the (batch size, temperature) group."""
+  key = (batch_size, temperature)
+  return [
     r
     for g in report["groups"]
     if (g["group"]["batch_size"], g["group"]["temperature"]) == key
     for r in g[kind]
   ]
+
+
+def _row(report: dict[str, Any], target: dict[str, Any], kind: str, **fields: Any):
+  """The first `kind` row of the target's (batch, temperature) group with the given fields, or
+  None."""
+  rows = group_rows(report, target["batch_size"], target["temperature"], kind)
   return next((r for r in rows if all(r[k] == v for k, v in fields.items())), None)
 
 

@@ -165,6 +165,15 @@ def c_key(drafter: str, detail: str = "") -> str:
 # t(T), c, v(T).
 
 
+def timer_owners(drafts: Mapping[str, tuple[Any, Any]]) -> dict[str, str]:
+  """{drafter: the first drafter of `drafts` ({name: (model, params)}) with the same params object}:
+  drafters sharing a model share its timers."""
+  owners: dict[str, str] = {}
+  for name, (_, params) in drafts.items():
+    owners[name] = next((o for o in owners if drafts[o][1] is params), name)
+  return owners
+
+
 def measure_extend_costs(
   target,
   target_params,
@@ -204,11 +213,9 @@ def measure_extend_costs(
   timers = {
     f"target_{t}": timing.extend_timer(target, target_params, num_tokens=t, **args) for t in lengths
   }
-  draft_keys = {}
+  draft_keys = {name: f"draft[{owner}]_1" for name, owner in timer_owners(drafts).items()}
   for name, (draft, params) in drafts.items():
-    owner = next((other for other in draft_keys if drafts[other][1] is params), name)
-    draft_keys[name] = f"draft[{owner}]_1"
-    if owner == name:
+    if draft_keys[name] == f"draft[{name}]_1":
       timers[draft_keys[name]] = timing.extend_timer(draft, params, num_tokens=1, **args)
   extra = dict(extra_timers or {})
   timers.update(extra)
@@ -332,9 +339,8 @@ def measure_costs(
     ),
     "stock_prefill": timing.prefill_timer(stock_target, target_params, **args),
   }
-  owners = {}  # {drafter: the first drafter with the same params object} (one timer per model)
+  owners = timer_owners(draft_models)
   for name, (draft, draft_params) in draft_models.items():
-    owners[name] = next((o for o in owners if draft_models[o][1] is draft_params), name)
     if owners[name] == name:
       extra[f"draft[{name}]_2"] = timing.extend_timer(
         draft, draft_params, num_tokens=2, position=position, **args

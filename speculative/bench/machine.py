@@ -83,6 +83,16 @@ def busy_warning(machine: dict[str, Any]) -> str | None:
   return None
 
 
+def load_line(machine: dict[str, Any]) -> str:
+  """The load average at the start and (recorded now, `busy_warning`) at the end, and the warning
+  where the machine was busy: the last line the job benchmarks (ceiling, auto_gamma) print."""
+  warning = busy_warning(machine)
+  return (
+    f"load average {machine['load_average_start'][0]:.2f} at the start, "
+    f"{machine['load_average_end'][0]:.2f} at the end" + (f". {warning}" if warning else "")
+  )
+
+
 MARGIN = 1.10  # XLA workspace, fragmentation, compiled programs: 10% over the estimate
 GB = 1e9
 

@@ -53,7 +53,7 @@ DRIFT_WARNING = 0.15  # relative change of t(1) between before and after the swe
 def _models(s: settings.BenchmarkSettings, warnings: list[str]) -> dict[str, Any]:
   """The target, its stock-equivalent twin, the draft model and the drafters of `s` (same weights
   for every method)."""
-  target, target_params, draft, draft_params, descriptions = inputs_lib.build_pair(
+  target, target_params, draft, draft_params, descriptions = methods_lib.build_pair(
     (s.target_config, s.target_checkpoint),
     (s.draft_config, s.draft_checkpoint),
     allow_random_init=s.allow_random_init,

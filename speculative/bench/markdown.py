@@ -1,5 +1,6 @@
-"""The one writer of the benchmark's pages (the results page, docs/drafters/, docs/spectr/): cells,
-column-declared tables, sections, the record of how a page was made, and a page's files."""
+"""The one writer of the benchmark's pages (the results page, docs/drafters/, docs/spectr/) and of
+the tables and JSON its other commands print and write: cells, column-declared tables, sections,
+the record of how a page was made, and a page's files."""
 
 from __future__ import annotations
 
@@ -80,10 +81,19 @@ def machine_line(machine: dict[str, Any]) -> str:
   )
 
 
+def write_json(path: str, data: Any, indent: int = 2) -> None:
+  """Writes `data` as JSON (a value JSON has no type for, as its str) to `path`, atomically."""
+  text = json.dumps(data, indent=indent, ensure_ascii=False, default=str) + "\n"
+  files.write_atomic(path, text)
+
+
 def write_page(output_dir: str, outputs: dict[str, str | dict[str, Any]], indent: int = 2) -> None:
-  """Writes each {file name: text, or a report written as JSON} into output_dir, atomically."""
+  """Writes each {file name: text, or a report written as JSON (`write_json`)} into output_dir,
+  atomically."""
   os.makedirs(output_dir, exist_ok=True)
   for name, content in outputs.items():
-    if not isinstance(content, str):
-      content = json.dumps(content, indent=indent, ensure_ascii=False) + "\n"
-    files.write_atomic(os.path.join(output_dir, name), content)
+    path = os.path.join(output_dir, name)
+    if isinstance(content, str):
+      files.write_atomic(path, content)
+    else:
+      write_json(path, content, indent)

@@ -1,5 +1,5 @@
-"""What the benchmark compares: its models on their decode path, drafters (built by name) and the
-decoding methods of a group.
+"""What the benchmark compares: its models (the weights of a checkpoint, or random-init for a smoke
+run: `build_pair`) on their decode path, drafters (built by name) and the decoding methods of a group.
 
 The benchmark packs the target's and the draft's weights once (`bench_models`) and hands each batch
 size's cost model, groups and whole job the params of the path `kernels.policy` picks for it
@@ -22,6 +22,7 @@ import functools
 import importlib
 import importlib.util
 import logging
+import os
 from typing import Any
 from typing import Callable
 from typing import Sequence
@@ -30,11 +31,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from speculative import checkpoints
 from speculative import drafters as drafters_lib
 from speculative import kernels
 from speculative.data import tasks
 from speculative.decode import modes
 from speculative.decode import options as decode_options
+from speculative.jobs import checks
 from speculative.models import t5 as t5_lib
 
 BASELINE = "baseline"
@@ -46,6 +49,74 @@ SPECULATIVE = "speculative"
 # ----------------------------------------------------------------------------------------------
 # Models on their decode path.
 # ----------------------------------------------------------------------------------------------
+
+
+def num_params(params: Any) -> int:
+  """The number of parameters of a parameter tree."""
+  return int(sum(np.prod(x.shape) for x in jax.tree_util.tree_leaves(params)))
+
+
+def check_checkpoint(
+  config: t5_lib.T5Config, checkpoint: str | None, *, allow_random_init: bool, what: str
+) -> bool:
+  """Whether the `what` model ('target', 'draft') loads `checkpoint` (True: its weights checked,
+  `checkpoints.check_weights`) or random weights stand in for a missing one (False, only with
+  `allow_random_init`); an error naming the file otherwise. Cheap to repeat (the hash is cached)."""
+  if checkpoint and os.path.exists(checkpoint):
+    checkpoints.check_weights(f"{what}_checkpoint", checkpoint, config)
+    return True
+  if not allow_random_init:
+    raise FileNotFoundError(
+      f"{what} checkpoint does not exist: {checkpoint!r} (set "
+      "allow_random_init=True, e.g. --quick, to time random weights)"
+    )
+  return False
+
+
+def build_model(
+  config: t5_lib.T5Config, checkpoint: str | None, *, allow_random_init: bool, seed: int, what: str
+) -> tuple[t5_lib.T5, Any, str]:
+  """(model, f32 params, description). A missing checkpoint is an error unless allow_random_init
+  (`check_checkpoint`); a file that fails to parse, one line naming it."""
+  if check_checkpoint(config, checkpoint, allow_random_init=allow_random_init, what=what):
+    with checks.user_errors(checkpoints.LOAD_ERRORS):
+      model, params = checkpoints.load_model(config, checkpoint)
+    source = checkpoint
+  else:
+    if checkpoint:
+      logging.warning(
+        "%s checkpoint %s does not exist: using RANDOM-INIT weights", what, checkpoint
+      )
+    model = t5_lib.T5(config)
+    params = jax.jit(model.init_params)(jax.random.PRNGKey(seed))
+    source = f"random init (seed {seed})"
+  return model, params, f"{source}, {num_params(params) / 1e6:.1f}M params"
+
+
+def build_pair(
+  target: tuple[t5_lib.T5Config, str | None],
+  draft: tuple[t5_lib.T5Config, str | None] | None,
+  *,
+  allow_random_init: bool,
+  seed: int,
+) -> tuple[t5_lib.T5, Any, t5_lib.T5 | None, Any, dict[str, str]]:
+  """(target, target params, draft, draft params, descriptions) from (config, checkpoint) pairs
+  (`build_model`; the draft is None without a draft config, and takes seed + 1); ValueError if
+  the two vocabularies differ."""
+  target_model, target_params, target_desc = build_model(
+    *target, allow_random_init=allow_random_init, seed=seed, what="target"
+  )
+  descriptions = {"target": target_desc}
+  if draft is None or draft[0] is None:
+    return target_model, target_params, None, None, descriptions
+  draft_model, draft_params, descriptions["draft"] = build_model(
+    *draft, allow_random_init=allow_random_init, seed=seed + 1, what="draft"
+  )
+  if draft_model.vocab_size != target_model.vocab_size:
+    raise ValueError(
+      f"draft and target vocabularies differ: {draft_model.vocab_size} != {target_model.vocab_size}"
+    )
+  return target_model, target_params, draft_model, draft_params, descriptions
 
 
 def bench_models(

@@ -81,11 +81,11 @@ def load_pair(args: argparse.Namespace) -> Pair:
     )
     for role in ('target', 'draft')
   }
-  target, target_params, draft, draft_params, descriptions = inputs_lib.build_pair(
+  target, target_params, draft, draft_params, descriptions = methods_lib.build_pair(
     roles['target'], roles['draft'], allow_random_init=args.allow_random_init, seed=args.seed
   )
   names = {
-    role: f'{option(role, "macro").lower()} ({inputs_lib.num_params(params) / 1e6:.1f}M)'
+    role: f'{option(role, "macro").lower()} ({methods_lib.num_params(params) / 1e6:.1f}M)'
     for role, params in (('target', target_params), ('draft', draft_params))
   }
   return Pair(target, target_params, draft, draft_params, descriptions, names)

@@ -31,7 +31,6 @@ from __future__ import annotations
 import dataclasses
 import gc
 import importlib
-import json
 import logging
 import os
 import sys
@@ -46,10 +45,10 @@ import numpy as np
 
 from speculative import analysis
 from speculative import checkpoints
-from speculative import kernels
 from speculative.bench import costs as costs_lib
 from speculative.bench import inputs as inputs_lib
 from speculative.bench import machine as machine_lib
+from speculative.bench import markdown
 from speculative.bench import methods as methods_lib
 from speculative.bench import settings as bench_settings
 from speculative.bench import sweep
@@ -64,25 +63,20 @@ MAX_VERIFY = 8  # v(T) for T = 2..8, Theorem 3.8 for gamma = 1..MAX_VERIFY (its 
 CACHES_HELD = 16  # decode caches of the target alive at once: one per cost timer, decode, audit
 
 
-@dataclasses.dataclass(frozen=True)
-class PaperShapeSettings:
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class PaperShapeSettings(bench_settings.TimingSettings):
   """The benchmark's arguments (gin: `paper_shape.<name>`), checked on construction.
 
-  Attributes:
+  Attributes (the timing fields: `settings.TimingSettings`, at batch 1; the inputs are the
+  LibreOffice En-De test split's sentences, the pair's vocabulary):
     target_config, draft_config: the shapes measured (random init); the configs' dtype is the
       compute dtype.
     storage_dtype: the weights' dtype in memory ('bfloat16').
     source_config, source_checkpoint: the trained smaller target grown to `target_config` for the
       real walltime (None: costs only).
     shipped_draft_config, shipped_draft_checkpoint: the draft of the real walltime.
-    num_examples, inputs_length, max_new_tokens: the test sentences (LibreOffice En-De test split,
-      the pair's vocabulary), batch 1.
-    gammas, temperatures: the real walltime's speculative rows and groups.
-    repeats: timed decodes per input and method; cost_repeats, cost_min_seconds, cost_position:
-      the cost model's timing rounds, least seconds per timing and decoder position.
+    gammas: the real walltime's speculative rows.
     read_rate_bytes: size of the array whose read rate the bandwidth share divides by.
-    stock_t5x: 'auto' (stock T5X's row where t5x is importable), 'on', 'off'.
-    kernels: our models' decode path (`kernels.policy`; XLA's dot off CPU).
     output_dir: where results.json goes (None: printed only).
   """
 
@@ -93,35 +87,17 @@ class PaperShapeSettings:
   source_checkpoint: str | None = None
   shipped_draft_config: t5_lib.T5Config | None = None
   shipped_draft_checkpoint: str | None = None
-  num_examples: int = 40
-  inputs_length: int = 64
-  max_new_tokens: int = 64
   gammas: Sequence[int] = (3, 5, 7)
-  temperatures: Sequence[float] = (0.0, 1.0)
   repeats: int = 2
-  cost_repeats: int = 5
-  cost_min_seconds: float = 0.2
-  cost_position: int = 16
   read_rate_bytes: int = 2**30
-  stock_t5x: str = "auto"
-  kernels: str = "auto"
-  seed: int = 0
   output_dir: str | None = None
 
   def __post_init__(self):
-    for name in ("num_examples", "inputs_length", "max_new_tokens", "repeats", "cost_repeats"):
-      checks.check_int(name, getattr(self, name), 1)
+    self.check_timing([1])  # 'on' kernels off CPU: refused here
     checks.check_int("read_rate_bytes", self.read_rate_bytes, 1)
-    bench_settings.check_stock_t5x(self.stock_t5x)
-    checks.check_int("cost_position", self.cost_position, 1, self.max_new_tokens - 1)
     sweep.gammas_for(list(self.gammas), 1)
-    kernels.policy.choose(self.kernels, 1)  # 'on' off CPU: refused here
     jnp.dtype(self.storage_dtype)
-    if self.draft_config.vocab_size != self.target_config.vocab_size:
-      raise ValueError(
-        f"draft_config's vocabulary ({self.draft_config.vocab_size}) differs from "
-        f"target_config's ({self.target_config.vocab_size})"
-      )
+    self._check_vocabulary("draft_config")
     if self.real_walltime:
       self._check_real_walltime()
     machine_lib.check_fits(
@@ -132,9 +108,13 @@ class PaperShapeSettings:
   def real_walltime(self) -> bool:
     return self.source_checkpoint is not None
 
-  @property
-  def use_t5x(self) -> bool:
-    return bench_settings.use_t5x(self.stock_t5x)
+  def _check_vocabulary(self, name: str) -> None:
+    """ValueError unless the draft config `name` has target_config's vocabulary."""
+    vocab, target_vocab = getattr(self, name).vocab_size, self.target_config.vocab_size
+    if vocab != target_vocab:
+      raise ValueError(
+        f"{name}'s vocabulary ({vocab}) differs from target_config's ({target_vocab})"
+      )
 
   def _check_real_walltime(self) -> None:
     if self.source_config is None or self.shipped_draft_config is None:
@@ -143,11 +123,7 @@ class PaperShapeSettings:
       grow.check_growable(self.source_config, self.target_config)
     except ValueError as e:  # the grown target's vocabulary or head size is not the source's
       raise ValueError(f"source_config -> target_config: {e}") from None
-    if self.shipped_draft_config.vocab_size != self.target_config.vocab_size:
-      raise ValueError(
-        f"shipped_draft_config's vocabulary ({self.shipped_draft_config.vocab_size}) differs "
-        f"from target_config's ({self.target_config.vocab_size})"
-      )
+    self._check_vocabulary("shipped_draft_config")
     for name, config in (
       ("source_checkpoint", self.source_config),
       ("shipped_draft_checkpoint", self.shipped_draft_config),
@@ -373,9 +349,7 @@ def _run(s: PaperShapeSettings) -> dict[str, Any]:
   report["elapsed_s"] = time.perf_counter() - t0
   print(format_report(report))
   if s.output_dir:
-    checkpoints.write_atomic(  # never half-written
-      os.path.join(s.output_dir, "results.json"), json.dumps(report, indent=1, default=str)
-    )
+    markdown.write_page(s.output_dir, {"results.json": report}, indent=1)
     log(f"wrote {os.path.join(s.output_dir, 'results.json')}")
   mismatches = [
     row["name"]
@@ -399,127 +373,130 @@ def paper_shape(s: PaperShapeSettings) -> dict[str, Any]:
 
 
 def _ms(seconds: float) -> str:
-  return f"{1e3 * seconds:.3f} ms"
+  return markdown.fmt(seconds, 3, " ms", scale=1e3)
 
 
 def _audit_cell(row: dict[str, Any]) -> str:
   if row.get("identical_to_baseline") is None:
     return "-"
-  examples = row["examples"]
-  cell = f"{row['identical_to_baseline']}/{examples}"
+  cell = f"{row['identical_to_baseline']}/{row['examples']}"
   if "divergences" in row:
     cell += f" ({row['audit_near_tie']} near-tie, {row['audit_mismatch']} mismatch)"
   return cell
 
 
 def format_report(report: dict[str, Any]) -> str:
-  """The Markdown the benchmark prints."""
-  m, costs = report["machine"], report["costs"]
-  lines = [
-    "# Paper-shape benchmark",
-    "",
-    f"Device: {m['backend']} ({', '.join(m['devices'])}), jax {m['jax']}; weights in "
-    f"{report['storage_dtype']}; decode path: {costs['decode_path']['line']}.",
-    f"Target: {report['target']} (random init). Draft: {report['draft']} (random init).",
-    f"Memory: needs {report['memory']['need']}; the device has "
-    + (
-      "an unknown amount"
-      if report["memory"]["limit_bytes"] is None
-      else f"{report['memory']['limit_bytes'] / 1e9:.1f} GB ({report['memory']['source']})"
-    )
-    + ".",
-    "",
-    "## Costs (batch 1)",
-    "",
-    "| measure | value |",
-    "|---|---|",
-    f"| t(1): the target's 1-token step | {_ms(costs['target_step_s'])} |",
-    "| v(T) = t(T) / t(1), T = 2..8 | "
-    + ", ".join(f"{costs['v'][str(t)]:.2f}" for t in range(2, MAX_VERIFY + 1))
-    + " |",
-    f"| c = draft step / t(1) | {costs['c']:.3f} (draft step {_ms(costs['draft_step_s'])}) |",
-    f"| loop overhead: baseline ms/token / t(1) | {costs['loop_overhead']:.2f} "
-    f"({costs['baseline_ms_per_token']:.3f} ms/token; per loop step without the encoder: "
-    f"{costs['baseline_step_over_t1']:.2f}) |",
-    f"| decoder bytes read per step / t(1) | {costs['step_bytes'] / 1e9:.3f} GB / "
-    f"{_ms(costs['target_step_s'])} = {costs['step_read_rate_gb_s']:.1f} GB/s |",
-    f"| read rate of a {costs['read_rate']['bytes'] / 2**20:.0f} MiB "
-    f"{costs['read_rate']['dtype']} array | {costs['read_rate']['read_rate_gb_s']:.1f} GB/s |",
-    f"| the step's share of that bandwidth | {costs['bandwidth_share']:.2f} |",
+  """The Markdown the benchmark prints (bench/markdown.py's tables and sections)."""
+  m, costs, memory = report["machine"], report["costs"], report["memory"]
+  limit = memory["limit_bytes"]
+  read = costs["read_rate"]
+  cost_rows = [
+    ["t(1): the target's 1-token step", _ms(costs["target_step_s"])],
+    [
+      f"v(T) = t(T) / t(1), T = 2..{MAX_VERIFY}",
+      markdown.loads([costs["v"][str(t)] for t in range(2, MAX_VERIFY + 1)]),
+    ],
+    ["c = draft step / t(1)", f"{costs['c']:.3f} (draft step {_ms(costs['draft_step_s'])})"],
+    [
+      "loop overhead: baseline ms/token / t(1)",
+      f"{costs['loop_overhead']:.2f} ({costs['baseline_ms_per_token']:.3f} ms/token; per loop "
+      f"step without the encoder: {costs['baseline_step_over_t1']:.2f})",
+    ],
+    [
+      "decoder bytes read per step / t(1)",
+      f"{costs['step_bytes'] / 1e9:.3f} GB / {_ms(costs['target_step_s'])} = "
+      f"{costs['step_read_rate_gb_s']:.1f} GB/s",
+    ],
+    [
+      f"read rate of a {read['bytes'] / 2**20:.0f} MiB {read['dtype']} array",
+      f"{read['read_rate_gb_s']:.1f} GB/s",
+    ],
+    ["the step's share of that bandwidth", f"{costs['bandwidth_share']:.2f}"],
   ]
-  refused = {**costs["noise_refused"], **costs["read_rate"]["noise"]["refused"]}
-  if refused:
-    lines += ["", "Too noisy (bench/costs.py):"] + [f"- {reason}" for reason in refused.values()]
+  refused = {**costs["noise_refused"], **read["noise"]["refused"]}
   gammas = range(1, MAX_VERIFY + 1)
-  lines += [
-    "",
-    "## Theorem 3.8 with these c and v(T), at the paper's alphas (Table 3)",
-    "",
-    "| alpha | " + " | ".join(f"γ={g}" for g in gammas) + " |",
-    "|---|" + "---:|" * len(gammas),
-  ]
   noisy = {
     g: bool(set(costs["noise_refused"]) & {"t(1)", f"v({g + 1})", "c[model]"}) for g in gammas
   }
-  for label, entry in costs["theorem_3_8"].items():
-    lines.append(
-      f"| {entry['alpha']} ({label}) | "
-      + " | ".join(f"{entry['speedup'][str(g)]:.2f}x{'*' if noisy[g] else ''}" for g in gammas)
-      + " |"
-    )
-  if any(noisy.values()):
-    lines.append("\n\\* from a c or v(T) the noise verdict refused (above): not to be relied on.")
+  theorem_rows = [
+    [f"{entry['alpha']} ({label})"]
+    + [f"{entry['speedup'][str(g)]:.2f}x{'*' if noisy[g] else ''}" for g in gammas]
+    for label, entry in costs["theorem_3_8"].items()
+  ]
+  lines = ["# Paper-shape benchmark", ""]
+  lines += [
+    f"Device: {m['backend']} ({', '.join(m['devices'])}), jax {m['jax']}; weights in "
+    f"{report['storage_dtype']}; decode path: {costs['decode_path']['line']}.\n"
+    f"Target: {report['target']} (random init). Draft: {report['draft']} (random init).\n"
+    f"Memory: needs {memory['need']}; the device has "
+    + ("an unknown amount" if limit is None else f"{limit / 1e9:.1f} GB ({memory['source']})")
+    + ".",
+    "",
+  ]
+  lines += markdown.section(
+    "Costs (batch 1)",
+    markdown.table(["measure", "value"], cost_rows),
+    *(
+      ["Too noisy (bench/costs.py):\n" + "\n".join(f"- {r}" for r in refused.values())]
+      if refused
+      else []
+    ),
+  )
+  lines += markdown.section(
+    "Theorem 3.8 with these c and v(T), at the paper's alphas (Table 3)",
+    markdown.table(["alpha"] + [f"γ={g}" for g in gammas], theorem_rows),
+    *(
+      ["\\* from a c or v(T) the noise verdict refused (above): not to be relied on."]
+      if any(noisy.values())
+      else []
+    ),
+  )
   if "real" in report:
     lines += _real_lines(report)
-  lines.append(f"\n{report['elapsed_s']:.0f} s in all.")
+  lines.append(f"{report['elapsed_s']:.0f} s in all.")
   return "\n".join(lines)
 
 
 def _real_lines(report: dict[str, Any]) -> list[str]:
   real = report["real"]
-  lines = [
-    "",
-    "## Real walltime: the grown target and the shipped draft (batch 1)",
-    "",
-    f"Target: {report['source']} grown to the shape in {real['grow_s']:.1f} s. Draft: "
-    f"{report['shipped_draft']}. c = {real['c']:.3f}; v = "
-    + ", ".join(f"{k}: {v:.2f}" for k, v in real["v"].items() if k != "1")
-    + ".",
-    "",
-    "| temperature | method | ms/token | speedup per token | vs stock | alpha | Thm 3.8 | "
-    "identical to baseline (audit) |",
-    "|---:|---|---:|---:|---:|---:|---:|---|",
-  ]
+  rows, divergences = [], []
   for group in real["groups"]:
     base = group["baselines"][0]
     for row in group["baselines"] + group["speculative"]:
       cells = [f"{row['temperature']:g}", row["name"], f"{row['ms_per_token']:.3f}"]
       cells.append(f"{base['ms_per_token'] / row['ms_per_token']:.2f}x")
+      cells += ["-", "-", "-"]
       if row["method"] == methods_lib.SPECULATIVE:
         predicted = row.get("predicted_speedup")
-        cells += [
+        cells[-3:] = [
           f"{row['speedup_vs_stock']:.2f}x",
           f"{row['alpha_used']:.3f}",
           "too noisy" if predicted is None else f"{predicted:.2f}x",
         ]
-      else:
-        cells += ["-", "-", "-"]
-      cells.append(_audit_cell(row))
-      lines.append("| " + " | ".join(cells) + " |")
-  divergences = [
-    (group["group"]["temperature"], row["name"], d)
-    for group in real["groups"]
-    for row in group["baselines"] + group["speculative"]
-    for d in row.get("divergences", [])
-  ]
-  if divergences:
-    lines += ["", "Divergences from the baseline (decode/audit.py: float32 top-2 gap vs bound):"]
-    lines += [
-      f"- {name}, example {d['example']}, position {d['position']}: gap {d['gap']:.4f}, "
-      f"bound {d['bound']:.4f}: {d['verdict']}"
-      for _, name, d in divergences
-    ]
-  return lines
+      rows.append(cells + [_audit_cell(row)])
+      divergences += [
+        f"- {row['name']}, example {d['example']}, position {d['position']}: gap "
+        f"{d['gap']:.4f}, bound {d['bound']:.4f}: {d['verdict']}"
+        for d in row.get("divergences", [])
+      ]
+  header = ["temperature", "method", "ms/token", "speedup per token", "vs stock", "alpha"]
+  header += ["Thm 3.8", "identical to baseline (audit)"]
+  return markdown.section(
+    "Real walltime: the grown target and the shipped draft (batch 1)",
+    f"Target: {report['source']} grown to the shape in {real['grow_s']:.1f} s. Draft: "
+    f"{report['shipped_draft']}. c = {real['c']:.3f}; v = "
+    + ", ".join(f"{k}: {v:.2f}" for k, v in real["v"].items() if k != "1")
+    + ".",
+    markdown.table(header, rows),
+    *(
+      [
+        "Divergences from the baseline (decode/audit.py: float32 top-2 gap vs bound):\n"
+        + "\n".join(divergences)
+      ]
+      if divergences
+      else []
+    ),
+  )
 
 
 def main(argv: Sequence[str] | None = None) -> None:

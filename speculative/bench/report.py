@@ -5,6 +5,7 @@ results.json; and re-rendering a saved results.json."""
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 from typing import Any
@@ -421,19 +422,15 @@ def _roofline_section(report: dict[str, Any]) -> list[str]:
   for b, cm in _by_batch(report):
     if not (roof := cm.get("roofline")):
       continue
-    greedy = [
-      g
-      for g in report["groups"]
-      if (g["group"]["batch_size"], g["group"]["temperature"]) == (int(b), 0)
-    ]
-    base = [r for g in greedy for r in g["baselines"] if r["method"] == "baseline"]
+    greedy = functools.partial(conclude.group_rows, report, int(b), 0)
+    base = [r for r in greedy("baselines") if r["method"] == "baseline"]
     floor_ms = 1e3 * roof["floor_step_s"] / int(b)
     profile = base[0].get("profile") if base else None
     step_ms = 1e3 * profile["step_s"] / int(b) if profile else None
     rows.append(
       [b, fmt(roof["weight_bytes"] / 1e6, 1), fmt(roof["bandwidth_gb_s"], 1), fmt(floor_ms, 3)]
       + [fmt(step_ms, 3), fmt(None if step_ms is None else step_ms / floor_ms, 1, "x")]
-      + [_overhead_range(base), _overhead_range([r for g in greedy for r in g["speculative"]])]
+      + [_overhead_range(base), _overhead_range(greedy("speculative"))]
     )
     refused = roof.get("noise", {}).get("refused", {})
     v_rows += [
