@@ -299,8 +299,9 @@ def lenient_output_distribution(p: ArrayLike, q: ArrayLike, lenience: ArrayLike)
 def verify_cost_fn(measured: Mapping[int, float]) -> Callable[[int], float]:
   """A callable v(T) from measured ratios {T: target T-token call time / single-step time}.
 
-  Linear interpolation between measured T; beyond the largest (smallest) measured T it extends
-  the last (first) segment linearly. v(1) is taken as 1 unless measured.
+  Linear interpolation between measured T; beyond the largest measured T it extends the last
+  segment linearly, never downwards (a wider call never costs less: a falling last segment is
+  timing noise, and extended it would reach negative costs). v(1) is taken as 1 unless measured.
   """
   points = {1: 1.0}
   points.update({int(t): float(r) for t, r in measured.items()})
@@ -315,7 +316,7 @@ def verify_cost_fn(measured: Mapping[int, float]) -> Callable[[int], float]:
     if len(ts) == 1:
       return float(vs[0])
     if t > ts[-1]:
-      slope = (vs[-1] - vs[-2]) / (ts[-1] - ts[-2])
+      slope = max((vs[-1] - vs[-2]) / (ts[-1] - ts[-2]), 0.0)
       return float(vs[-1] + slope * (t - ts[-1]))
     return float(np.interp(t, ts, vs))
 

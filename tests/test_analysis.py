@@ -100,6 +100,9 @@ def test_optimal_gamma_with_measured_verify_cost():
   assert costly(1) == 1.0 and costly(8) == pytest.approx(2.1)
   assert costly(4) == pytest.approx(1.0 + 3 * 1.1 / 7)
   assert costly(15) == pytest.approx(2.1 + 7 * 1.1 / 7)  # linear extension past the last point
+  # A falling last segment (timing noise) is extended flat, never to a negative cost.
+  noisy = analysis.verify_cost_fn({7: 8.0, 8: 2.6})
+  assert noisy(9) == pytest.approx(2.6) and noisy(30) == pytest.approx(2.6)
   assert analysis.optimal_gamma(0.8, 0.05, v=costly) < free_verify
   np.testing.assert_allclose(
     analysis.walltime_improvement(0.8, 7, 0.05, costly),
