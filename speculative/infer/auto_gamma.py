@@ -142,8 +142,9 @@ class AutoGamma:
 
   def observe_plain(self, gamma: int, records: Sequence[dict]) -> None:
     """The baseline mode's records of a batch this mode has decoded at `gamma` (the plain loop,
-    timed on the same batch)."""
-    if self.measuring and records:
+    timed on the same batch); ignored unless the baseline decodes before this mode
+    (`plain_beside`), as the job and its replay both observe it."""
+    if self.plain_beside and self.measuring and records:
       self.times = self.times.add_plain(gamma, *costs_lib.batch_timing(records))
 
   def replay(
@@ -175,8 +176,7 @@ class AutoGamma:
           'OVERWRITE = True'
         )
       self.observe(choice, rows)
-      if self.plain_beside:
-        self.observe_plain(choice.gamma, plain_rows(plain_records, batch_examples))
+      self.observe_plain(choice.gamma, plain_rows(plain_records, batch_examples))
 
   def costs(self) -> costs_lib.Costs | None:
     """The costs decided with: the frozen ones, or (a job that ended while measuring) those

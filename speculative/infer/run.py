@@ -341,7 +341,7 @@ def _decode_all(
           outputs.write_records(settings.output_dir, runs, run)
           if auto is not None:
             auto.observe(choice, [records[e.index] for e in batch_examples])
-            if auto.plain_beside:
+            if plain is not None:
               auto.observe_plain(choice.gamma, auto_gamma.plain_rows(plain.records, batch_examples))
 
 
