@@ -1,27 +1,30 @@
 """What a loop step costs on the job's own device, batch and decode path: timed on the job's own
 batches, cached per key.
 
-`GAMMA = 'auto'` compares the step of the plain loop, c(0), with the steps of the speculative loops,
-c(gamma) (docs/auto_gamma.md). Each is measured on the job's own compiled loop while it decodes the
-job's own batches: nothing extra is compiled or called. A batch's warm walltime (the call the job
-times anyway) over its loop steps (its rows' most target calls) is that loop's step. The walltime
-includes what a call pays once (the encoder, the prefill), so this step carries a share of it; for
-the batches it was measured on, Theorem 3.8's ratio of two such steps times the tokens per step is
-exactly the ratio of the two loops' walltimes over a batch, encoder included.
+`GAMMA = 'auto'` compares the plain loop (gamma 0) with the speculative loops by their walltime per
+generated token (docs/auto_gamma.md). Each is measured on the job's own compiled loop while it
+decodes the job's own batches: a batch's warm walltime (the call the job times anyway) and, timed
+beside it as calibration, the same compiled call with `max_steps = 0` (the encoders, the prefill,
+the loop's set-up: what a call pays once, whatever its steps). Their difference over the batch's
+loop steps (its rows' most target calls) is the gamma loop's step c(gamma); the stepless time over
+the batch's longest row's tokens is its fixed share per token f(gamma). A gamma's time per token is
+then f(gamma) + c(gamma) / E(gamma) (E: Theorem 3.8's expected tokens per step), so a step measured
+on short batches (where the fixed share dominates) predicts long ones too, and the draft's encoder
+is charged to speculation.
 
-Where the job's baseline mode decodes the same batches (the run files' jobs), a gamma's step is
-taken relative to the baseline's on the same batches, measured seconds apart, so that the load of
-a shared machine, which drifts over a job, moves both sides of the ratio alike (`LoopTimes.costs`).
-A gamma counts as measured once its batches have run MIN_STEPS loop steps (`LoopTimes`). Between
-measured gammas a step is interpolated linearly in gamma; the job chooses no gamma beyond the
-largest measured one, and decides whether to measure the next by extrapolating (`Costs.step`). `speculative.infer`'s
-'auto' mode (speculative/infer/auto_gamma.py) decides which gammas to measure (policy.
-`choose_while_measuring`), then freezes the costs and writes them to a JSON file (default
-`~/.cache/speculative/calibration.json`, or under $XDG_CACHE_HOME), one entry per `key`: the device
-(backend, device kind, CPU model, usable cores), the jax version, the decode path, the batch size,
-the shapes, both models' configs and the loop (drafter, sampling strategy). A second job with the
-same key measures nothing. A file that cannot be read as such a cache is ignored with one warning
-line and measured afresh.
+Where the job's baseline mode decodes the same batches (the run files' jobs), a gamma's step and
+fixed share are taken relative to the baseline's on the same batches, measured seconds apart, so
+that the load of a shared machine, which drifts over a job, moves both sides of the ratio alike
+(`LoopTimes.costs`). A gamma counts as measured once its batches have run MIN_STEPS loop steps
+(`LoopTimes`). Between measured gammas a step is interpolated linearly in gamma; the job chooses no
+gamma beyond the largest measured one, and decides whether to measure the next by extrapolating
+(`Costs.step`). `speculative.infer`'s 'auto' mode (speculative/infer/auto_gamma.py) decides which
+gammas to measure (policy.`choose_while_measuring`), then freezes the costs and writes them to a
+JSON file (default `~/.cache/speculative/calibration.json`, or under $XDG_CACHE_HOME), one entry
+per `key`: the device (backend, device kind, CPU model, usable cores), the jax version, the decode
+path, the batch size, the shapes, both models' configs and the loop (drafter, sampling strategy).
+A second job with the same key measures nothing. A file that cannot be read as such a cache is
+ignored with one warning line and measured afresh.
 """
 
 from __future__ import annotations
@@ -40,7 +43,7 @@ import jax
 from speculative.checkpoints import files
 
 MIN_STEPS = 32  # loop steps a gamma's batches run before its step counts as measured
-CACHE_VERSION = 4
+CACHE_VERSION = 5
 
 
 def default_cache_file() -> str:
@@ -51,16 +54,20 @@ def default_cache_file() -> str:
 
 @dataclasses.dataclass(frozen=True)
 class Costs:
-  """Seconds per loop step at the measured gammas, and the step model between them.
+  """Seconds per loop step and fixed seconds per token at the measured gammas, and the model
+  between them.
 
   Attributes:
-    loop_steps: ((gamma, seconds per step of the gamma loop), ...), sorted by gamma; gamma 0 is the
-      plain loop. Needs gamma 0.
+    loop_steps: ((gamma, seconds per step of the gamma loop, its stepless call's time taken out),
+      ...), sorted by gamma; gamma 0 is the plain loop. Needs gamma 0.
     gamma_max: the largest gamma the job may choose.
+    fixed: ((gamma, the stepless call's seconds per generated token), ...) at the gammas of
+      `loop_steps` (empty: none measured, 0).
   """
 
   loop_steps: tuple[tuple[int, float], ...]
   gamma_max: int
+  fixed: tuple[tuple[int, float], ...] = ()
 
   def __post_init__(self):
     gammas = [g for g, _ in self.loop_steps]
@@ -70,9 +77,12 @@ class Costs:
       or gammas != sorted(set(gammas))
       or gammas[-1] > self.gamma_max
       or not all(s > 0 for _, s in self.loop_steps)
+      or (self.fixed and [g for g, _ in self.fixed] != gammas)
+      or not all(f >= 0 for _, f in self.fixed)
     ):
       raise ValueError(
-        f'costs need the plain loop step c(0) and steps > 0 at sorted gammas <= gamma_max: {self}'
+        'costs need the plain loop step c(0), steps > 0 at sorted gammas <= gamma_max and fixed '
+        f'shares >= 0 at the same gammas: {self}'
       )
 
   @property
@@ -99,27 +109,78 @@ class Costs:
     slope = max((measured[g1] - measured[g0]) / (g1 - g0), 0.0)
     return measured[g1] + slope * (gamma - g1)
 
+  def fixed_per_token(self, gamma: int) -> float:
+    """Seconds per generated token of what a call pays once (the encoders, the prefill): measured,
+    else the nearest measured gamma >= 1's (every speculative loop runs the same encoders), else
+    the plain loop's."""
+    measured = dict(self.fixed)
+    if not measured:
+      return 0.0
+    if gamma in measured:
+      return measured[gamma]
+    speculative = [g for g in measured if g >= 1] or [0]
+    return measured[min(speculative, key=lambda g: (abs(g - gamma), g))]
+
   def to_json(self) -> dict[str, Any]:
     return {
       'gamma_max': self.gamma_max,
       'loop_step_ms': {str(g): round(s * 1e3, 6) for g, s in self.loop_steps},
+      'fixed_ms_per_token': {str(g): round(f * 1e3, 6) for g, f in self.fixed},
     }
 
   @classmethod
   def from_json(cls, data: Mapping[str, Any]) -> Costs:
     steps = sorted((int(g), float(ms) / 1e3) for g, ms in data['loop_step_ms'].items())
-    return cls(loop_steps=tuple(steps), gamma_max=int(data['gamma_max']))
+    fixed = sorted((int(g), float(ms) / 1e3) for g, ms in data['fixed_ms_per_token'].items())
+    return cls(loop_steps=tuple(steps), gamma_max=int(data['gamma_max']), fixed=tuple(fixed))
 
 
-def batch_timing(records: Iterable[dict]) -> tuple[float, int]:
-  """(walltime, loop steps) of one batch from its rows' records: the batch's warm decode time
-  (`decode_s` is it split evenly over the rows) and its rows' most target calls. The job and its
-  resume both measure through here, from the records as written, so a resumed job's measurements
-  equal the uninterrupted job's bit for bit."""
+@dataclasses.dataclass(frozen=True)
+class BatchTiming:
+  """One batch's times (or several batches' summed), from its rows' records.
+
+  Attributes:
+    seconds: warm walltime of the decode call(s).
+    steps: loop steps (per batch: its rows' most target calls).
+    stepless: walltime of the same call(s) with max_steps = 0 (0: not timed).
+    tokens: generated tokens of each batch's longest row (the plain loop's steps).
+  """
+
+  seconds: float = 0.0
+  steps: int = 0
+  stepless: float = 0.0
+  tokens: int = 0
+
+  def __add__(self, other: BatchTiming) -> BatchTiming:
+    return BatchTiming(
+      self.seconds + other.seconds,
+      self.steps + other.steps,
+      self.stepless + other.stepless,
+      self.tokens + other.tokens,
+    )
+
+  def step(self) -> float:
+    """Seconds per loop step, the stepless time taken out (at least 1% of the whole: a noisy
+    stepless time never makes a step free)."""
+    return max(self.seconds - self.stepless, 0.01 * self.seconds) / self.steps
+
+  def fixed(self) -> float:
+    """The stepless time's seconds per generated token."""
+    return self.stepless / self.tokens if self.tokens else 0.0
+
+
+def batch_timing(records: Iterable[dict]) -> BatchTiming:
+  """One batch's timing from its rows' records: the batch's warm decode time (`decode_s` is it
+  split evenly over the rows), its stepless call's (`stepless_s`, likewise; 0 where not timed),
+  its rows' most target calls and longest row's tokens. The job and its resume both measure
+  through here, from the records as written, so a resumed job's measurements equal the
+  uninterrupted job's bit for bit."""
   records = list(records)
-  return (
-    sum(float(r['decode_s']) for r in records),
-    max(int(r['target_calls']) for r in records),
+  return BatchTiming(
+    seconds=sum(float(r['decode_s']) for r in records),
+    steps=max(int(r['target_calls']) for r in records),
+    stepless=sum(float(r.get('stepless_s', 0.0)) for r in records),
+    tokens=max(int(r['num_tokens']) for r in records),
   )
 
 
@@ -128,64 +189,57 @@ class LoopTimes:
   """The job's batches timed so far, summed per gamma.
 
   Attributes:
-    seconds: (walltime of the batches decoded at gamma, for gamma in 0..gamma_max); gamma 0 holds
-      the plain loop's batches, the job's own or its baseline mode's (`add_plain`).
-    steps: (their loop steps, likewise).
-    paired_seconds: (the baseline mode's walltime on the same batches as `seconds[gamma]`, for
-      gamma >= 1; 0 where the job has no baseline mode beside it).
-    paired_steps: (their loop steps, likewise).
+    own: (the batches decoded at gamma, for gamma in 0..gamma_max); gamma 0 holds the plain
+      loop's batches, the job's own or its baseline mode's (`add_plain`).
+    paired: (the baseline mode's decodes of the same batches as `own[gamma]`, for gamma >= 1;
+      empty where the job has no baseline mode beside it).
   """
 
-  seconds: tuple[float, ...]
-  steps: tuple[int, ...]
-  paired_seconds: tuple[float, ...]
-  paired_steps: tuple[int, ...]
+  own: tuple[BatchTiming, ...]
+  paired: tuple[BatchTiming, ...]
 
   @classmethod
   def empty(cls, gamma_max: int) -> LoopTimes:
-    zeros, none = (0.0,) * (gamma_max + 1), (0,) * (gamma_max + 1)
-    return cls(zeros, none, zeros, none)
+    none = (BatchTiming(),) * (gamma_max + 1)
+    return cls(none, none)
 
   @property
   def gamma_max(self) -> int:
-    return len(self.steps) - 1
+    return len(self.own) - 1
 
-  def add(self, gamma: int, seconds: float, steps: int) -> LoopTimes:
+  def add(self, gamma: int, timing: BatchTiming) -> LoopTimes:
     """A batch the job decoded at `gamma`."""
-    return dataclasses.replace(
-      self, seconds=_add(self.seconds, gamma, seconds), steps=_add(self.steps, gamma, steps)
-    )
+    return dataclasses.replace(self, own=_add(self.own, gamma, timing))
 
-  def add_plain(self, gamma: int, seconds: float, steps: int) -> LoopTimes:
+  def add_plain(self, gamma: int, timing: BatchTiming) -> LoopTimes:
     """The baseline mode's decode of a batch the job decoded at `gamma`: the plain loop's time,
     and the pair of that batch's."""
-    times = self.add(0, seconds, steps)
+    times = self.add(0, timing)
     if gamma == 0:
       return times
-    return dataclasses.replace(
-      times,
-      paired_seconds=_add(self.paired_seconds, gamma, seconds),
-      paired_steps=_add(self.paired_steps, gamma, steps),
-    )
+    return dataclasses.replace(times, paired=_add(self.paired, gamma, timing))
 
   def measured(self, gamma: int) -> bool:
-    return self.steps[gamma] >= MIN_STEPS
+    return self.own[gamma].steps >= MIN_STEPS
 
   def costs(self) -> Costs:
-    """The measured gammas' steps (needs gamma 0 measured). Where the baseline timed the same
-    batches, a gamma's step is the plain step times the ratio of the two loops' steps on those
-    batches, each pair measured seconds apart: the machine's load, which drifts over a job, moves
-    both alike; else the gamma's own seconds per step."""
-    plain = self.seconds[0] / self.steps[0]
-    steps = [(0, plain)]
+    """The measured gammas' steps and fixed shares (needs gamma 0 measured). Where the baseline
+    timed the same batches, each is the plain loop's (over all of the baseline's batches) times
+    the ratio of the two loops' on those batches, each pair measured seconds apart: the
+    machine's load, which drifts over a job, moves both alike; else the gamma's own."""
+    plain = self.own[0]
+    steps, fixed = [(0, plain.step())], [(0, plain.fixed())]
     for g in range(1, self.gamma_max + 1):
       if not self.measured(g):
         continue
-      step = self.seconds[g] / self.steps[g]
-      if self.paired_steps[g]:
-        step = plain * step / (self.paired_seconds[g] / self.paired_steps[g])
+      own, pair = self.own[g], self.paired[g]
+      step, share = own.step(), own.fixed()
+      if pair.steps:
+        step = plain.step() * step / pair.step()
+        share = plain.fixed() * share / pair.fixed() if pair.fixed() else share
       steps.append((g, step))
-    return Costs(tuple(steps), self.gamma_max)
+      fixed.append((g, share))
+    return Costs(tuple(steps), self.gamma_max, tuple(fixed))
 
 
 def _add(values: tuple, index: int, value) -> tuple:

@@ -17,10 +17,11 @@ The rule, in the order `choose` applies it:
      predictions of neighbouring gammas differ), plus PRIOR_WEIGHT pseudo-drafts at PRIOR_ALPHA
      (T5 pairs measure 0.5-0.8): a job that has drafted nothing yet speculates where the costs
      let a fair pair pay, and so measures its acceptance first.
-  2. The predicted speedup of each gamma: Theorem 3.8 with the measured costs, the expected tokens
-     per step (Eq. 1) over the step's time relative to a plain step (`costs.Costs.step`: the
-     compiled loops' steps measured on the job's own batches, interpolated between the measured
-     gammas); gamma 0 is 1.
+  2. The predicted speedup of each gamma: Theorem 3.8 with the measured costs, the plain loop's
+     time per generated token over the gamma loop's: its step (`costs.Costs.step`: the compiled
+     loops' steps measured on the job's own batches, interpolated between the measured gammas)
+     over the expected tokens per step (Eq. 1), plus the fixed share per token of what a call
+     pays once (`Costs.fixed_per_token`: the encoders, the draft's among them); gamma 0 is 1.
   3. The best gamma, where a gamma >= 1 has to predict at least 1 + MARGIN to beat plain decoding
      (the model's error, measured against the jobs' speedups, reaches ~15% at batch 32); the
      previous batch's gamma is kept while it scores within HYSTERESIS of the best (a new gamma
@@ -102,13 +103,15 @@ class Choice:
 
 
 def predicted_speedups(costs: costs_lib.Costs, alpha: float) -> dict[int, float]:
-  """{gamma: Theorem 3.8's speedup over plain decoding} for gamma in 0..costs.gamma_max: the
-  expected tokens per step (Eq. 1) times the plain loop's step over the gamma loop's
-  (`Costs.step`)."""
-  return {
-    g: float(analysis.expected_tokens(alpha, g)) * costs.step(0) / costs.step(g)
-    for g in range(costs.gamma_max + 1)
-  }
+  """{gamma: Theorem 3.8's speedup over plain decoding} for gamma in 0..costs.gamma_max: the plain
+  loop's time per generated token over the gamma loop's, each its loop step over the expected
+  tokens per step (Eq. 1; 1 for the plain loop) plus its fixed share per token (the encoders and
+  prefill a call pays once, `Costs.fixed_per_token`; the paper's model leaves it out)."""
+
+  def per_token(g: int) -> float:
+    return costs.fixed_per_token(g) + costs.step(g) / float(analysis.expected_tokens(alpha, g))
+
+  return {g: per_token(0) / per_token(g) for g in range(costs.gamma_max + 1)}
 
 
 def best_gamma(costs: costs_lib.Costs, alpha: float) -> int:

@@ -11,9 +11,11 @@ because the cache is copied into and out of the conditional: more than a per-ste
 back.) Each gamma the job visits compiles once per input length, like the fixed gammas.
 
 The costs: without a cache entry the job measures them on its own first batches, timed as every
-batch is (no extra program, no extra call): the plain loop on the baseline mode's batches (or its
-own first batches at gamma 0 where the job has no baseline mode), and each gamma the policy visits
-while measuring; once the policy chooses a measured gamma the costs are frozen and cached. A
+batch is, plus one stepless call of the same compiled program per batch (`max_steps = 0`: what a
+call pays once, timed apart as calibration, not decode time; no extra program): the plain loop on
+the baseline mode's batches (or its own first batches at gamma 0 where the job has no baseline
+mode), and each gamma the policy visits while measuring; once the policy chooses a measured gamma
+the costs are frozen and cached. A
 resumed job measures again from its finished records, so it reaches the same costs and choices.
 """
 
@@ -100,6 +102,7 @@ class AutoGamma:
     self.times = costs_lib.LoopTimes.empty(gamma_max) if calibration.costs is None else None
     self.state = policy.PolicyState()
     self.batches: list[BatchChoice] = []
+    self.calibration_s = 0.0  # the stepless calls' time (both modes): calibration, not decoding
     self._replaying = False
 
   def decode_fn(self, gamma: int) -> modes.DecodeFn:
@@ -129,8 +132,9 @@ class AutoGamma:
   def observe(self, choice: policy.Choice, records: Sequence[dict]) -> None:
     """The batch decoded at `choice.gamma` produced `records` (one per row)."""
     self.state = policy.observe_records(self.state, choice.gamma, records)
+    self.calibration_s += _stepless_seconds(records)
     if self.measuring:
-      self.times = self.times.add(choice.gamma, *costs_lib.batch_timing(records))
+      self.times = self.times.add(choice.gamma, costs_lib.batch_timing(records))
     self.batches.append(
       BatchChoice(
         choice,
@@ -144,8 +148,11 @@ class AutoGamma:
     """The baseline mode's records of a batch this mode has decoded at `gamma` (the plain loop,
     timed on the same batch); ignored unless the baseline decodes before this mode
     (`plain_beside`), as the job and its replay both observe it."""
-    if self.plain_beside and self.measuring and records:
-      self.times = self.times.add_plain(gamma, *costs_lib.batch_timing(records))
+    if not (self.plain_beside and records):
+      return
+    self.calibration_s += _stepless_seconds(records)
+    if self.measuring:
+      self.times = self.times.add_plain(gamma, costs_lib.batch_timing(records))
 
   def replay(
     self,
@@ -203,6 +210,7 @@ class AutoGamma:
       'source': self.calibration.source,
       'measuring_batches': self.calibration.batches if not self.measuring else len(self.batches),
       'frozen': not self.measuring,
+      'calibration_s': self.calibration_s,
       'key': self.calibration.key,
     }
     if costs is not None:
@@ -227,6 +235,10 @@ class AutoGamma:
     if not plain or predicted is None:
       return None
     return plain / sum(b.tokens / predicted[b.choice.gamma] for b in self.batches)
+
+
+def _stepless_seconds(records: Sequence[dict]) -> float:
+  return sum(float(r.get('stepless_s', 0.0)) for r in records)
 
 
 def plain_rows(plain_records: dict[int, dict] | None, batch_examples: Sequence[Any]) -> list[dict]:

@@ -154,7 +154,10 @@ def resume_runs(output_dir: str, modes: Sequence[str], resume: bool = True) -> l
     path = os.path.join(output_dir, f"predictions-{mode}.jsonl")
     records = read_predictions(path) if resume else {}
     for index, record in records.items():
-      record["decode_s"] = timings.get(mode, {}).get(index, float("nan"))
+      record["decode_s"] = timings.get("decode_s", {}).get(mode, {}).get(index, float("nan"))
+      stepless = timings.get("stepless_s", {}).get(mode, {})
+      if index in stepless:
+        record["stepless_s"] = stepless[index]
     runs.append(ModeRun(mode, decode, path, records))
   return runs
 
@@ -167,6 +170,7 @@ def record(
   metrics: dict,
   seconds: float,
   batch_rows: int,
+  stepless_s: float | None = None,
 ) -> dict:
   generated = [int(t) for t in tokens[:length]]
   text_ids = [t for t in generated if t != 1]
@@ -186,6 +190,8 @@ def record(
     "inputs_truncated": example.truncated,
     # The batch's decode walltime, split evenly over its rows (batch 1: the example's own time).
     "decode_s": seconds / batch_rows,
+    # 'auto' while measuring: the same call without its loop steps, likewise (timings.json).
+    **({} if stepless_s is None else {"stepless_s": stepless_s / batch_rows}),
   }
 
 
@@ -194,28 +200,39 @@ def _number(value: Any) -> int | float:
   return int(value) if np.issubdtype(value.dtype, np.integer) else float(value)
 
 
+TIMINGS = ("decode_s", "stepless_s")  # timings.json's fields: {field: {mode: {index: seconds}}}
+
+
 def write_records(output_dir: str, runs: Sequence[ModeRun], run: ModeRun) -> None:
   """The decode times of every mode, then `run`'s predictions file; records in index order."""
   # Timings first: a kill between the two writes leaves timings for records not yet written.
   files.write_atomic(
     os.path.join(output_dir, "timings.json"),
     json.dumps(
-      {r.name: {str(i): rec["decode_s"] for i, rec in sorted(r.records.items())} for r in runs}
+      {
+        field: {
+          r.name: {str(i): rec[field] for i, rec in sorted(r.records.items()) if field in rec}
+          for r in runs
+        }
+        for field in TIMINGS
+      }
     )
     + "\n",
   )
   files.write_atomic(run.path, _jsonl(sorted(run.records.values(), key=lambda r: r["index"])))
 
 
-def read_timings(output_dir: str) -> dict[str, dict[int, float]]:
-  """{mode: {index: decode seconds}} of an earlier (interrupted) run."""
+def read_timings(output_dir: str) -> dict[str, dict[str, dict[int, float]]]:
+  """{field: {mode: {index: seconds}}} of an earlier (interrupted) run (`TIMINGS`)."""
   path = os.path.join(output_dir, "timings.json")
   if not os.path.exists(path):
     return {}
   with open(path, encoding="utf-8") as f:
-    return {
-      mode: {int(i): s for i, s in by_index.items()} for mode, by_index in json.load(f).items()
-    }
+    data = json.load(f)
+  return {
+    field: {mode: {int(i): s for i, s in by_index.items()} for mode, by_index in by_mode.items()}
+    for field, by_mode in data.items()
+  }
 
 
 def read_predictions(path: str) -> dict[int, dict]:
@@ -261,9 +278,9 @@ def _read_records(path: str, hint: str) -> list[dict]:
 
 
 def _jsonl(records: Iterable[dict]) -> str:
-  """Records without their walltime (in timings.json), so equal settings give equal bytes."""
+  """Records without their walltimes (in timings.json), so equal settings give equal bytes."""
   return "".join(
-    json.dumps({k: v for k, v in r.items() if k != "decode_s"}, ensure_ascii=False) + "\n"
+    json.dumps({k: v for k, v in r.items() if k not in TIMINGS}, ensure_ascii=False) + "\n"
     for r in records
   )
 

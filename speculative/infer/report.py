@@ -319,7 +319,9 @@ def _gamma_policy_lines(summary: dict[str, Any]) -> list[str]:
   cal = policy["calibration"]
   source = {
     "measured": f"measured on this job's first {_batches(cal['measuring_batches'])} (their own "
-    "decodes, timed: no extra calls; cached for the next job)",
+    "decodes, timed, and the same calls without their loop steps: "
+    f"{cal.get('calibration_s', 0.0):.2f} s of calibration, not decode time; cached for the next "
+    "job)",
     "cache": "from the calibration cache (0 s)",
     "manifest": "from this output directory's manifest (a resumed job)",
   }[cal["source"]]
@@ -331,9 +333,12 @@ def _gamma_policy_lines(summary: dict[str, Any]) -> list[str]:
   if "loop_step_ms" in cal:
     measured = ", ".join(f"gamma {g} {v:.2f} ms" for g, v in cal["loop_step_ms"].items())
     steps = ", ".join(f"{v:.2f}" for v in cal["step_ms"])
+    fixed = ", ".join(f"gamma {g} {v:.2f} ms" for g, v in cal["fixed_ms_per_token"].items())
     lines.append(
-      f"Costs {source}: the compiled loops' steps (a batch's walltime over its loop steps) "
-      f"{measured}; so a step at gamma 0..{policy['gamma_max']}: {steps} ms."
+      f"Costs {source}: the compiled loops' steps (a batch's walltime less its stepless call's, "
+      f"over its loop steps) {measured}; so a step at gamma 0..{policy['gamma_max']}: {steps} ms. "
+      "What a call pays once (the stepless call: encoders, prefill), per generated token: "
+      f"{fixed or 'not timed'}."
     )
   else:
     lines.append(f"Costs {source}: the plain loop's step not measured yet.")

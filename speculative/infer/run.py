@@ -12,7 +12,7 @@ the walltime speedup. It writes, atomically, under `output_dir`:
                             hashes, model configs, drafter, gamma, sampling, seed, ...)
   predictions-<mode>.jsonl  one JSON object per example (input, reference, prediction, tokens,
                             target calls, drafted/accepted drafts); identical across re-runs
-  timings.json              per-example decode seconds of each mode
+  timings.json              per-example decode seconds of each mode (and 'auto's stepless calls)
   metrics.json / report.md  the summary
 An interrupted job resumes: finished examples are read back and not decoded again, but only if
 the manifest matches. A finished job grows: a larger NUM_EXAMPLES (or None) over the same inputs
@@ -268,7 +268,8 @@ def _print_calibration(settings: infer_settings.InferSettings, calibration) -> N
   head = f"gamma auto (0..{calibration.fields['gamma_max']}): "
   if calibration.costs is None:
     print(
-      head + "measuring the loops' steps on this job's first batches (no extra calls); "
+      head + "measuring the loops' steps on this job's first batches (and each call without its "
+      "steps); "
       f"cached in {settings.calibration_path} once chosen"
     )
     return
@@ -284,6 +285,8 @@ def _print_calibration(settings: infer_settings.InferSettings, calibration) -> N
     + source
     + "; seconds per step by gamma: "
     + ", ".join(f"{costs.step(g) * 1e3:.2f} ms" for g in range(costs.gamma_max + 1))
+    + "; once per call, per token: "
+    + ", ".join(f"{costs.fixed_per_token(g) * 1e3:.2f} ms" for g in range(costs.gamma_max + 1))
   )
 
 
@@ -302,6 +305,7 @@ def _decode_all(
 
   examples = inputs.examples
   plain = next((run for run in runs if run.name == modes.BASELINE), None)
+  auto_mode = next((r.decode for r in runs if isinstance(r.decode, auto_gamma.AutoGamma)), None)
   for run in runs:
     if isinstance(run.decode, auto_gamma.AutoGamma):
       with checks.user_errors():
@@ -325,12 +329,18 @@ def _decode_all(
         if all(e.index in run.records for e in batch_examples):
           continue
         auto, decode, variant = None, run.decode, ()
+        # While 'auto' measures its costs, its batches and the baseline's beside them are also
+        # timed without their loop steps (`_decode_batch`'s stepless call).
+        stepless = auto_mode is not None and auto_mode.measuring
         if isinstance(run.decode, auto_gamma.AutoGamma):
           auto = run.decode
           choice = auto.choose()
           decode, variant = auto.decode_fn(choice.gamma), (choice.gamma,)
+          stepless = auto.measuring
+        elif run is not plain or not (auto_mode and auto_mode.plain_beside):
+          stepless = False
         records = _decode_batch(
-          run, decode, variant, batch_examples, encoder_tokens, rng, inputs.vocabulary
+          run, decode, variant, batch_examples, encoder_tokens, rng, inputs.vocabulary, stepless
         )
         if auto is not None:
           for row in records.values():
@@ -353,10 +363,12 @@ def _decode_batch(
   encoder_tokens: jax.Array,
   rng,
   vocabulary,
+  stepless: bool = False,
 ) -> dict[int, dict]:
   """One mode over one batch with `decode`, timed warm (the first call of each `variant`, an
   'auto' mode's gamma, at each input length compiles and is timed apart): {example index: its
-  record}."""
+  record}. `stepless`: the same compiled call with `max_steps = 0` is timed too (what the call
+  pays once: 'auto's calibration, recorded as `stepless_s`, not decode time)."""
   compiled = (encoder_tokens.shape, *variant)
   if compiled not in run.compiled_shapes:  # compile this shape outside the timing
     t0 = time.perf_counter()
@@ -368,6 +380,9 @@ def _decode_batch(
   with resources.CompileCounter() as compiles:  # the time 'auto' measures its costs with, too
     seconds, result = timing.timed(lambda: decode(encoder_tokens, rng))
   run.compiles_warm += compiles.count
+  stepless_s = None
+  if stepless:
+    stepless_s, _ = timing.timed(lambda: decode(encoder_tokens, rng, max_steps=0))
   tokens, lengths = np.asarray(result.tokens), np.asarray(result.lengths)
   metrics = jax.tree_util.tree_map(
     np.asarray,
@@ -388,6 +403,7 @@ def _decode_batch(
       {k: v[row] for k, v in metrics.items()},
       seconds,
       len(batch_examples),
+      stepless_s,
     )
     for row, example in enumerate(batch_examples)
   }

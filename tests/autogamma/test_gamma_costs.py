@@ -30,34 +30,71 @@ def test_the_step_model_interpolates_and_extrapolates_between_measured_gammas():
   assert (COSTS.top, costs_lib.Costs(((0, 4e-3),), 7).top) == (3, 0)
 
 
+FIXED = costs_lib.Costs(((0, 4e-3), (1, 5e-3), (3, 6e-3)), 7, ((0, 1e-3), (1, 2e-3), (3, 3e-3)))
+
+
+def test_the_fixed_share_of_an_unmeasured_gamma_is_its_nearest_speculative_neighbours():
+  assert [FIXED.fixed_per_token(g) for g in (0, 1, 2, 3, 4, 7)] == [
+    1e-3,
+    2e-3,
+    2e-3,  # between 1 and 3: the nearer, ties the smaller
+    3e-3,
+    3e-3,
+    3e-3,
+  ]
+  # Only the plain loop measured: its own share; nothing timed: 0.
+  plain = costs_lib.Costs(((0, 4e-3),), 7, ((0, 1e-3),))
+  assert (plain.fixed_per_token(3), COSTS.fixed_per_token(3)) == (1e-3, 0.0)
+
+
 def test_costs_round_trip_through_json_and_need_the_plain_step():
-  assert costs_lib.Costs.from_json(json.loads(json.dumps(COSTS.to_json()))) == COSTS
+  for costs in (COSTS, FIXED):
+    assert costs_lib.Costs.from_json(json.loads(json.dumps(costs.to_json()))) == costs
   for bad in [((1, 1e-3),), ((0, 1e-3), (9, 1e-3)), ((0, 0.0),), ()]:
     with pytest.raises(ValueError, match='costs need'):
       costs_lib.Costs(bad, 7)
+  for bad_fixed in [((0, 1e-3),), ((0, 1e-3), (1, -1e-3))]:  # other gammas; a negative share
+    with pytest.raises(ValueError, match='costs need'):
+      costs_lib.Costs(((0, 4e-3), (1, 5e-3)), 7, bad_fixed)
 
 
 def test_a_batch_is_timed_from_its_records():
   rows = [
-    {'decode_s': 0.25, 'target_calls': 7},
-    {'decode_s': 0.25, 'target_calls': 9},
+    {'decode_s': 0.25, 'stepless_s': 0.05, 'target_calls': 7, 'num_tokens': 20},
+    {'decode_s': 0.25, 'stepless_s': 0.05, 'target_calls': 9, 'num_tokens': 25},
   ]
-  assert costs_lib.batch_timing(rows) == (0.5, 9)
+  timing = costs_lib.batch_timing(rows)
+  assert timing == costs_lib.BatchTiming(seconds=0.5, steps=9, stepless=0.1, tokens=25)
+  assert (timing.step(), timing.fixed()) == pytest.approx((0.4 / 9, 0.1 / 25))
+  # Not timed stepless (a batch after the costs froze): the whole walltime is steps.
+  untimed = costs_lib.batch_timing([{**r, 'stepless_s': 0.0} for r in rows][:1])
+  assert (untimed.step(), untimed.fixed()) == (0.25 / 7, 0.0)
+  # A noisy stepless time at or above the whole call's never makes the steps free.
+  assert costs_lib.BatchTiming(0.1, 10, 0.2, 20).step() == pytest.approx(0.01 * 0.1 / 10)
+
+
+def _timing(step, n, fixed=0.0, tokens=None):
+  """A batch of n loop steps of `step` seconds and `fixed` seconds once, of `tokens` tokens."""
+  return costs_lib.BatchTiming(step * n + fixed, n, fixed, tokens or n)
 
 
 def test_a_gammas_step_is_paired_with_the_baselines_on_the_same_batches():
   """Gamma 2's batches ran while the machine was twice as slow, the baseline's decodes of them
-  too: the pair's ratio (1.5) times the plain step measured over all of the baseline's batches."""
+  too: the pair's ratio (1.5) times the plain step measured over all of the baseline's batches;
+  the fixed shares likewise."""
   n = costs_lib.MIN_STEPS
-  times = costs_lib.LoopTimes.empty(3).add_plain(1, 4e-3 * n, n).add(1, 5e-3 * n, n)
-  times = times.add_plain(2, 8e-3 * n, n).add(2, 12e-3 * n, n)  # loaded: both 2x
-  plain = (4e-3 + 8e-3) / 2
-  assert dict(times.costs().loop_steps) == pytest.approx(
-    {0: plain, 1: plain * 1.25, 2: plain * 1.5}
-  )
-  # Without a baseline beside it (the job's own plain batches): each gamma's own seconds per step.
-  alone = costs_lib.LoopTimes.empty(3).add(0, 4e-3 * n, n).add(2, 12e-3 * n, n)
+  times = costs_lib.LoopTimes.empty(3)
+  times = times.add_plain(1, _timing(4e-3, n, 0.01)).add(1, _timing(5e-3, n, 0.02))
+  times = times.add_plain(2, _timing(8e-3, n, 0.02)).add(2, _timing(12e-3, n, 0.06))  # loaded: 2x
+  plain, fixed = (4e-3 + 8e-3) / 2, 0.03 / (2 * n)
+  costs = times.costs()
+  assert dict(costs.loop_steps) == pytest.approx({0: plain, 1: plain * 1.25, 2: plain * 1.5})
+  assert dict(costs.fixed) == pytest.approx({0: fixed, 1: fixed * 2, 2: fixed * 3})
+  # Without a baseline beside it (the job's own plain batches): each gamma's own.
+  alone = costs_lib.LoopTimes.empty(3).add(0, _timing(4e-3, n, 0.01, n))
+  alone = alone.add(2, _timing(12e-3, n, 0.06, 2 * n))
   assert dict(alone.costs().loop_steps) == pytest.approx({0: 4e-3, 2: 12e-3})
+  assert dict(alone.costs().fixed) == pytest.approx({0: 0.01 / n, 2: 0.03 / n})
 
 
 def test_the_cache_holds_one_entry_per_key(tmp_path):

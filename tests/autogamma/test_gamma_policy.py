@@ -44,6 +44,19 @@ def test_theorem_3_8_with_the_measured_costs():
   assert speedups[2] == pytest.approx((1 + 0.6 + 0.36) / (2.0 + 0.2))
 
 
+def test_what_a_call_pays_once_enters_per_generated_token():
+  """Fixed shares per token (the stepless call: encoders, prefill) add to each loop's time per
+  token: the plain loop's to c(0), a gamma's to c(gamma) / E(gamma). A draft encoder that costs
+  as much per token as the speculative steps save leaves nothing to gain."""
+  steps = ((0, 1e-3), (1, 1.2e-3))
+  no_fixed = policy.predicted_speedups(costs_lib.Costs(steps, 1), 0.5)
+  assert no_fixed[1] == pytest.approx(1.5 * 1.0 / 1.2)  # E(1) = 1.5 at alpha 0.5
+  fixed = costs_lib.Costs(steps, 1, ((0, 0.5e-3), (1, 0.6e-3)))
+  assert policy.predicted_speedups(fixed, 0.5)[1] == pytest.approx(1.5e-3 / (0.6e-3 + 0.8e-3))
+  drafts_cost = costs_lib.Costs(steps, 1, ((0, 0.5e-3), (1, 0.5e-3 + 1e-3 - 0.8e-3)))
+  assert policy.predicted_speedups(drafts_cost, 0.5)[1] == pytest.approx(1.0)
+
+
 def test_where_only_plain_decoding_pays_it_always_chooses_0_and_never_probes():
   state = policy.PolicyState()
   for _ in range(3 * policy.PROBE_EVERY):
@@ -151,7 +164,7 @@ def test_observe_records_takes_the_batch_alpha_the_loop_felt():
 
 def _measure(times, costs, gamma, steps=costs_lib.MIN_STEPS):
   """`times` after a batch of `steps` loop steps at `gamma`, each costing what `costs` says."""
-  return times.add(gamma, steps * costs.step(gamma), steps)
+  return times.add(gamma, costs_lib.BatchTiming(steps * costs.step(gamma), steps))
 
 
 @pytest.mark.parametrize('plain_beside', [True, False])
@@ -191,9 +204,10 @@ def test_while_measuring_where_only_plain_decoding_pays_it_stops_after_gamma_1()
 
 
 def test_a_gamma_counts_as_measured_after_min_steps():
-  times = costs_lib.LoopTimes.empty(3).add(1, 0.1, costs_lib.MIN_STEPS - 1)
+  times = costs_lib.LoopTimes.empty(3).add(1, costs_lib.BatchTiming(0.1, costs_lib.MIN_STEPS - 1))
   assert not times.measured(1)
-  times = times.add(0, 0.2, costs_lib.MIN_STEPS).add(1, 0.01, 1)
+  times = times.add(0, costs_lib.BatchTiming(0.2, costs_lib.MIN_STEPS))
+  times = times.add(1, costs_lib.BatchTiming(0.01, 1))
   assert times.measured(1) and times.measured(0) and not times.measured(2)
   assert times.costs().loop_steps == (
     (0, 0.2 / costs_lib.MIN_STEPS),

@@ -81,7 +81,7 @@ def inject(monkeypatch):
       gamma = int(records[0].get("gamma", 0))
       steps = max(int(r["target_calls"]) for r in records)
       timed.append(gamma)
-      return steps * costs.step(gamma), steps
+      return costs_lib.BatchTiming(steps * costs.step(gamma), steps)
 
     monkeypatch.setattr(costs_lib, "batch_timing", batch_timing)
     monkeypatch.setattr(costs_lib, "MIN_STEPS", 4)  # the tiny jobs' batches run 4-12 steps
