@@ -35,7 +35,7 @@ The rule, in the order `choose` applies it:
 The choice stays within the measured gammas, 0..`Costs.top`. While the costs are being measured
 (`choose_while_measuring`, a job without cached costs), the same rules run on the gammas measured
 so far and one past them, its step extrapolated (`Costs.step`: the slope of the two largest
-measured gammas, flat with one), and a chosen gamma not yet measured is decoded to measure it
+measured gammas, gamma 0's included), and a chosen gamma not yet measured is decoded to measure it
 (CALIBRATE): first the plain loop (from the baseline mode's batches where the job has one, else its
 own first batches at gamma 0) and gamma 1, then wherever the rules point, one gamma further at a
 time, until they choose a measured gamma; the costs are then frozen.

@@ -14,7 +14,8 @@ run in a rotating order each round, each job a fresh process with its own output
 rounds and its spread (min..max), greedy outputs identical to the baseline, and for 'auto' the
 gammas it chose (batches per gamma) and where its costs came from; then what measuring the costs
 cost: per round, the uncached job's speculative decode time over the cached job's, and its compile
-time beside the cached job's (the gammas it visited while measuring compile too); with the machine
+time beside the cached job's (the gammas it visited while measuring compile too), and its stepless
+calls' time (calibration, outside the decode time) as a share of its decode time; with the machine
 and its load average before and after. Every job's extra bindings (`--gin_bindings`) apply to all
 settings, e.g. BATCH_SIZE = 8 or NUM_EXAMPLES = 100.
 """
@@ -101,6 +102,7 @@ def _job_row(metrics: dict[str, Any], load: float) -> dict[str, Any]:
     row['calibration_source'] = policy['calibration']['source']
     row['measuring_batches'] = policy['calibration']['measuring_batches']
     row['predicted_speedup'] = policy['predicted_speedup']
+    row['calibration_s'] = policy['calibration']['calibration_s']
   return row
 
 
@@ -149,6 +151,8 @@ def measuring_cost(jobs: dict[str, list[dict[str, Any]]]) -> dict[str, Any] | No
     'decode_ratio_median': float(np.median(ratios)),
     'compile_s_uncached': [u['speculative_compile_s'] for u, _ in pairs],
     'compile_s_cached': [c['speculative_compile_s'] for _, c in pairs],
+    # The stepless calls that time what a call pays once: calibration, outside the decode time.
+    'calibration_of_decode': [u['calibration_s'] / u['speculative_decode_s'] for u, _ in pairs],
   }
 
 
@@ -182,7 +186,9 @@ def format_table(rows: list[dict[str, Any]], cost: dict[str, Any] | None = None)
       + ', '.join(f'{t:.1f}' for t in cost['compile_s_uncached'])
       + ', cached '
       + ', '.join(f'{t:.1f}' for t in cost['compile_s_cached'])
-      + '.'
+      + '; the uncached job\'s stepless calls (calibration, not decode time) '
+      + ', '.join(f'{100 * f:.1f}%' for f in cost['calibration_of_decode'])
+      + ' of its decode time.'
     )
   return '\n'.join(lines)
 

@@ -305,7 +305,7 @@ def _decode_all(
 
   examples = inputs.examples
   plain = next((run for run in runs if run.name == modes.BASELINE), None)
-  auto_mode = next((r.decode for r in runs if isinstance(r.decode, auto_gamma.AutoGamma)), None)
+  auto_run = next((r for r in runs if isinstance(r.decode, auto_gamma.AutoGamma)), None)
   for run in runs:
     if isinstance(run.decode, auto_gamma.AutoGamma):
       with checks.user_errors():
@@ -325,34 +325,38 @@ def _decode_all(
         batching.pad_batch(batch_examples, settings.batch_size, length)
       )
       rng = jax.random.fold_in(jax.random.PRNGKey(settings.seed), batch_examples[0].index)
+      # 'auto' chooses the batch's gamma first (from the batches before it); while that choice
+      # still measures the costs, the batch's calls are also timed without their loop steps
+      # (`_decode_batch`'s stepless call): the auto mode's, and the baseline's beside it.
+      choice = None
+      if auto_run is not None and not all(e.index in auto_run.records for e in batch_examples):
+        choice = auto_run.decode.choose()
+      measuring = choice is not None and auto_run.decode.measuring
       for run in runs:
         if all(e.index in run.records for e in batch_examples):
           continue
-        auto, decode, variant = None, run.decode, ()
-        # While 'auto' measures its costs, its batches and the baseline's beside them are also
-        # timed without their loop steps (`_decode_batch`'s stepless call).
-        stepless = auto_mode is not None and auto_mode.measuring
-        if isinstance(run.decode, auto_gamma.AutoGamma):
-          auto = run.decode
-          choice = auto.choose()
-          decode, variant = auto.decode_fn(choice.gamma), (choice.gamma,)
-          stepless = auto.measuring
-        elif run is not plain or not (auto_mode and auto_mode.plain_beside):
-          stepless = False
+        decode, variant, stepless = run.decode, (), False
+        if run is auto_run:
+          decode, variant = run.decode.decode_fn(choice.gamma), (choice.gamma,)
+          stepless = measuring
+        elif run is plain:
+          stepless = measuring and auto_run.decode.plain_beside
         records = _decode_batch(
           run, decode, variant, batch_examples, encoder_tokens, rng, inputs.vocabulary, stepless
         )
-        if auto is not None:
+        if run is auto_run:
           for row in records.values():
             row["gamma"] = choice.gamma
         with interrupts.deferred():  # the records, their timings and the manifest: all or none
           claim()
           run.records.update(records)
           outputs.write_records(settings.output_dir, runs, run)
-          if auto is not None:
-            auto.observe(choice, [records[e.index] for e in batch_examples])
+          if run is auto_run:
+            run.decode.observe(choice, [records[e.index] for e in batch_examples])
             if plain is not None:
-              auto.observe_plain(choice.gamma, auto_gamma.plain_rows(plain.records, batch_examples))
+              run.decode.observe_plain(
+                choice.gamma, auto_gamma.plain_rows(plain.records, batch_examples)
+              )
 
 
 def _decode_batch(

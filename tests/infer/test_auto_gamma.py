@@ -106,12 +106,21 @@ def test_where_only_plain_decoding_pays_the_job_never_drafts(pair, inject, tmp_p
   )
   spec = _records(tmp_path / "out1", "speculative")
   policy_summary = first["gamma_policy"]
-  # Gamma 1 measured, gamma 2 (its step assumed flat) would not pay at alpha 0.7: the costs freeze
-  # at the second batch's choice of plain decoding; from then on, on gammas 0..1, not even alpha 1
-  # pays.
-  assert policy_summary["reasons"] == {policy.CALIBRATE: 1, policy.BEST: 1, policy.NEVER_PAYS: 3}
+  # Gamma 1 measured, gamma 2 (its step extrapolated by the plain step's slope to gamma 1) would
+  # not pay even at alpha 1: the costs freeze at the second batch's choice of plain decoding, and
+  # on gammas 0..1 not even alpha 1 pays.
+  assert policy_summary["reasons"] == {policy.CALIBRATE: 1, policy.NEVER_PAYS: 4}
   assert sorted(r["gamma"] for r in spec) == [0] * 8 + [1] * 2
   assert timed[:2] == [1, 0]  # the gamma-1 batch, then the baseline's batch beside it
+  # The measuring batch's calls, both modes', were also timed without their loop steps (what a
+  # call pays once); no other batch's were.
+  settings = infer_settings.InferSettings(output_dir=str(tmp_path / "x"), batch_size=2, **kwargs)
+  first_batch = batching.length_sorted_batches(infer_inputs.load_inputs(settings).examples, 2)[0]
+  stepless = json.loads((tmp_path / "out1" / "timings.json").read_text())["stepless_s"]
+  want = sorted(str(e.index) for e in first_batch)
+  assert {mode: sorted(stepless[mode]) for mode in stepless} == {m: want for m in stepless}
+  assert set(stepless) == set(infer_settings.MODES)
+  assert all(v > 0 for mode in stepless.values() for v in mode.values())
   calibration = policy_summary["calibration"]
   assert (calibration["source"], calibration["measuring_batches"]) == ("measured", 1)
   cached = costs_lib.load(
@@ -126,7 +135,7 @@ def test_where_only_plain_decoding_pays_the_job_never_drafts(pair, inject, tmp_p
   report = (tmp_path / "out1" / "report.md").read_text()
   assert "## Gamma 'auto' (0..3; 0 = plain decoding)" in report
   assert "Costs measured on this job's first 1 batch (their own decodes" in report
-  assert "never pays 3" in report
+  assert "never pays 4" in report
   # A second job on this device, batch and models: the cache's costs, no draft call at all.
   traced = decode_state.TRACE_COUNTS["speculative_decode"]
   timed.clear()
@@ -141,7 +150,6 @@ def test_where_only_plain_decoding_pays_the_job_never_drafts(pair, inject, tmp_p
   # No speculative loop was even traced: every batch ran the baseline's program (no draft call).
   assert decode_state.TRACE_COUNTS["speculative_decode"] == traced and timed == []
   policy_summary = summary["gamma_policy"]
-  settings = infer_settings.InferSettings(output_dir=str(tmp_path / "x"), batch_size=2, **kwargs)
   calls_of = {r["index"]: r["target_calls"] for r in spec}
   steps = sum(  # the loop's steps: each batch's (length-sorted, as the job forms them) longest row
     max(calls_of[e.index] for e in batch)
@@ -274,3 +282,24 @@ def test_an_unwritable_calibration_cache_is_one_line_before_any_model_loads(tmp_
     len(lines) == 1 and f"calibration cache {blocker}/c.json: {blocker} is a file" in lines[0]
   ), lines
   assert not (tmp_path / "out" / "manifest.json").exists()
+
+
+def test_the_timings_file_gives_a_resumed_job_the_measured_batch_timings_back(tmp_path):
+  """A resumed job measures its costs again from the finished records: their decode and stepless
+  times come back from timings.json as written (the predictions files hold no walltime), so
+  `costs.batch_timing` of a batch is the same number before and after."""
+  rows = {
+    0: {"index": 0, "inputs": "a", "prediction": "x", "tokens": [5, 1], "num_tokens": 2},
+    1: {"index": 1, "inputs": "b", "prediction": "y", "tokens": [6, 1], "num_tokens": 2},
+  }
+  rows[0].update(decode_s=0.125, stepless_s=0.03125, target_calls=2)
+  rows[1].update(decode_s=0.25, target_calls=1)  # decoded after the costs froze: no stepless call
+  runs = infer_outputs.resume_runs(str(tmp_path), infer_settings.MODES, resume=False)
+  for run in runs:
+    run.records.update({i: dict(r) for i, r in rows.items()})
+    infer_outputs.write_records(str(tmp_path), runs, run)
+  assert "decode_s" not in (tmp_path / "predictions-speculative.jsonl").read_text()
+  assert "stepless_s" not in (tmp_path / "predictions-speculative.jsonl").read_text()
+  for run in infer_outputs.resume_runs(str(tmp_path), infer_settings.MODES):
+    assert run.records == rows
+    assert costs_lib.batch_timing(run.records.values()) == costs_lib.batch_timing(rows.values())
