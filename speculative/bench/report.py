@@ -1,7 +1,5 @@
-"""The results page (results.md): the machine and setup, the cost model with its noise verdict, the
-speedups in the paper's Tables 2 and 4 layout, the baselines, the batch jobs, the gamma policy and
-the targets (bench/conclude.py), the profile, the roofline and the plots; the pages it includes;
-results.json; and re-rendering a saved results.json."""
+"""The results page (results.md, its sections in SECTIONS), its plots, the pages it includes,
+results.json, and re-rendering a saved results.json."""
 
 from __future__ import annotations
 
@@ -12,9 +10,11 @@ from typing import Any
 from typing import Callable
 from typing import Sequence
 
+import numpy as np
+
+from speculative import analysis
 from speculative.bench import conclude
 from speculative.bench import markdown
-from speculative.bench import plots as plots_lib
 from speculative.jobs import checks
 from speculative.jobs import runtime
 
@@ -23,14 +23,13 @@ TOO_NOISY = conclude.TOO_NOISY
 
 
 def _refusable(header: str, key: str, *args: Any, **kwargs: Any) -> markdown.Column:
-  """The column of record[key], or TOO_NOISY where the record (a row or a profile) says its costs
-  were refused as too noisy."""
+  """The column of record[key], or TOO_NOISY where the record's costs were refused."""
   refused = lambda r: r.get("prediction_refused") or r.get("overhead_refused")
   return column(header, lambda r: TOO_NOISY if refused(r) else fmt(r[key], *args, **kwargs))
 
 
 def _rows(report: dict[str, Any], *kinds: str) -> list[dict[str, Any]]:
-  """The rows of every group, of the given kinds ('baselines', 'speculative'), group by group."""
+  """The rows of the given kinds ('baselines', 'speculative'), group by group."""
   return [r for g in report["groups"] for kind in kinds for r in g[kind]]
 
 
@@ -39,7 +38,7 @@ def _by_batch(report: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
   return sorted(report["costs"].items(), key=lambda kv: int(kv[0]))
 
 
-# Columns that several tables show, under the same header.
+# Columns of several tables; METHOD_COLUMNS name a speculative method as the paper's tables do.
 BATCH, TEMP = column("batch", "batch_size"), column("TEMP", "temperature", 0)
 METHOD, DRAFTER, GAMMA = column("method", "name"), column("M_q", "drafter"), column("γ", "gamma")
 TOKENS_PER_S, MS_PER_TOKEN = (
@@ -48,7 +47,6 @@ TOKENS_PER_S, MS_PER_TOKEN = (
 )
 COMPILE_S, EMP = column("compile s", "compile_s", 1), column("EMP", "measured_speedup", 2, "X")
 IDENTICAL = column("identical", "identical_to_baseline")
-# A speculative method as the paper's tables name it: drafter, temperature, batch size, gamma.
 METHOD_COLUMNS = [DRAFTER, TEMP, column("BATCH", "batch_size"), GAMMA]
 
 
@@ -102,8 +100,7 @@ def _setup_section(report: dict[str, Any]) -> list[str]:
 
 
 def _cost_section(report: dict[str, Any]) -> list[str]:
-  """The measured cost model: the target's costs per batch size, the decode paths, XLA's hoisting,
-  the drafters' costs and the noise verdict of every estimate."""
+  """The target's and drafters' costs, the decode paths, XLA's hoisting, the noise verdicts."""
   t_max = max(max(int(k) for k in cm["v"]) for cm in report["costs"].values())
   rows = [
     [b]
@@ -171,7 +168,7 @@ def _cost_section(report: dict[str, Any]) -> list[str]:
 
 
 def _noise_lines(report: dict[str, Any]) -> list[str]:
-  """The noise verdict of every cost estimate (absent from results measured before it existed)."""
+  """The noise verdict of every cost estimate (none in results measured before it existed)."""
   rows, noise = [], None
   for b, cm in _by_batch(report):
     for name, est in (cm.get("noise") or {}).get("estimates", {}).items():
@@ -218,8 +215,8 @@ def _speedup_section(report: dict[str, Any]) -> list[str]:
 def _tabled(
   title: str, columns: Sequence[markdown.Column], records: Callable, before=None, after=None
 ):
-  """The section of one table, `records(report)` its records (none: no section), with the text
-  `before` and `after` it (strings, or functions of the report)."""
+  """The section of one table of `records(report)` (none: no section) between the texts `before`
+  and `after` (strings, or functions of the report)."""
 
   def write(report: dict[str, Any]) -> list[str]:
     found = records(report)
@@ -286,7 +283,7 @@ WHOLE_JOB_COLUMNS = [
 
 
 def _whole_job_text(report: dict[str, Any]) -> str:
-  """What the whole job ran (bench/whole_job.py: every input of the split at the best batch size)."""
+  """What the whole job ran (every input of the split at the best batch size)."""
   job = report["whole_job"]
   return (
     f"{job['inputs']} ({job['truncated_inputs']} inputs truncated to inputs_length, not "
@@ -304,7 +301,6 @@ _whole_job_section = _tabled(
   lambda report: (report.get("whole_job") or {}).get("rows"),
   _whole_job_text,
 )
-# The resources of a (batch size, temperature) group, from its record and its compile counts.
 RESOURCE_COLUMNS = [
   BATCH,
   TEMP,
@@ -328,7 +324,6 @@ _resources_section = _tabled(
   "the group (its high-water mark reset at the group's start; '(process)' where it could not "
   "be reset).",
 )
-# The gamma policy's decision per (batch size, temperature, drafter).
 CHOICE_COLUMNS = [
   BATCH,
   TEMP,
@@ -356,7 +351,6 @@ _choice_section = _tabled(
 
 
 def _targets_section(report: dict[str, Any]) -> list[str]:
-  """The targets check and the explanations of missed ones."""
   rows = [
     [t["target"], fmt(t["value"], 2), fmt(t["threshold"], 2)]
     + [
@@ -374,8 +368,7 @@ def _targets_section(report: dict[str, Any]) -> list[str]:
   return section("Targets", table) + (report["analysis"] + [""] if report.get("analysis") else [])
 
 
-# The profile table: a row's time per loop step split into its parts (a record is the row's
-# profile with the row's batch size, temperature and name).
+# A row's time per loop step split into its parts (its profile with its batch, temperature, name).
 PROFILE_COLUMNS = [
   BATCH,
   TEMP,
@@ -407,7 +400,7 @@ _profile_section = _tabled(
 
 
 def _overhead_range(rows: Sequence[dict[str, Any]]) -> str:
-  """The loop overhead fractions of `rows` ('-' where refused or absent), as 'a%' or 'a%..b%'."""
+  """The loop overhead fractions of `rows` as 'a%' or 'a%..b%' ('-': none)."""
   fractions = [(r.get("profile") or {}).get("overhead_fraction") for r in rows]
   values = sorted(f for f in fractions if f is not None)
   if not values:
@@ -490,8 +483,7 @@ def format_report(report: dict[str, Any]) -> str:
   return "\n".join(lines + [line for write in SECTIONS for line in write(report)])
 
 
-# Pages written by bench/spectr_page.py and bench/drafters_page.py into subfolders of the output
-# dir; the results page includes them (each keeps its own command, date and machine line).
+# The pages (bench/spectr_page.py, bench/drafters_page.py) the results page includes when found.
 RELATED_PAGES = (
   ("spectr/results.md", "SpecTr: K drafts (python -m speculative.bench.spectr_page)"),
   (
@@ -519,8 +511,8 @@ def related_sections(output_dir: str) -> str:
 
 
 def summary_lines(report: dict[str, Any]) -> list[str]:
-  """What the command line prints once the page is written (the page itself is in the file): one
-  line per group with its best measured gamma and the policy's decision, and the warnings count."""
+  """What the command line prints (the page is in the file): each choice's best measured gamma and
+  the policy's decision, and the warnings count."""
   elapsed, groups = report.get("elapsed_s"), len(report["groups"])
   lines = [
     f"{report['title']}: {groups} group{'' if groups == 1 else 's'}"
@@ -540,26 +532,25 @@ def summary_lines(report: dict[str, Any]) -> list[str]:
 def write_report(
   report: dict[str, Any], output_dir: str, *, plots: bool = True, log: Callable[[str], None] = print
 ) -> None:
-  """Writes results.json, results.md and (if `plots`) the PNG plots to output_dir, atomically;
-  logs a short summary (`summary_lines`) and the paths written, not the page."""
+  """Writes results.json, results.md and (if `plots`) the plots to output_dir; logs
+  `summary_lines` and the paths written."""
   os.makedirs(output_dir, exist_ok=True)
   if plots:
-    report["plots"] = plots_lib.make_plots(report, output_dir)
+    report["plots"] = make_plots(report, output_dir)
   page = format_report(report) + related_sections(output_dir) + "\n"
   markdown.write_page(output_dir, {"results.json": report, "results.md": page}, indent=1)
   for line in summary_lines(report):
     log(line)
   log(
     f"wrote the results page {os.path.join(output_dir, 'results.md')}, and results.json"
-    + (", speedup_vs_gamma.png, alpha.png" if plots else "")
+    + "".join(f", {name}" for name in report.get("plots", {}) if plots)
     + f" in {output_dir}"
   )
 
 
 def render(results_json: str, output_dir: str | None = None) -> dict[str, Any]:
-  """Re-concludes and re-renders a saved results.json (no timing): results.md, plots, JSON. A
-  missing or unreadable file, or one that is not JSON, is the user's to fix (`checks.user_errors`:
-  one line at the command line)."""
+  """Re-concludes and re-renders a saved results.json (no timing); a missing, unreadable or
+  non-JSON file is the user's to fix (`checks.user_errors`)."""
   with checks.user_errors():
     checks.check_readable("--render results file", results_json)
     with open(results_json, encoding="utf-8") as f:
@@ -570,3 +561,126 @@ def render(results_json: str, output_dir: str | None = None) -> dict[str, Any]:
   report = conclude.conclude(report)
   write_report(report, output_dir or os.path.dirname(os.path.abspath(results_json)))
   return report
+
+
+def make_plots(report: dict[str, Any], output_dir: str) -> dict[str, str]:
+  """speedup_vs_gamma.png and alpha.png; returns {file name: caption}."""
+  import matplotlib  # pylint: disable=g-import-not-at-top
+
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+
+  _speedup_plot(plt, report, os.path.join(output_dir, "speedup_vs_gamma.png"))
+  _alpha_plot(plt, report, os.path.join(output_dir, "alpha.png"))
+  return {
+    "speedup_vs_gamma.png": "Walltime speedup over our baseline vs γ; lines: predicted "
+    "(Thm 3.8 with measured v(γ+1), dotted: v=1)",
+    "alpha.png": "α per drafter and temperature",
+  }
+
+
+def _predicted_curves(ax, rows, cm: dict[str, Any], color, label: str) -> None:
+  """Theorem 3.8 with the rows' mean alpha and c and the measured v, and with v = 1; nothing where
+  a row's prediction was refused as too noisy (its costs would draw a made-up curve)."""
+  if len(rows) < 2 or any(r.get("predicted_speedup") is None for r in rows):
+    return
+  v_fn = analysis.verify_cost_fn({int(k): v for k, v in cm["v"].items()})
+  t_max = max(int(k) for k in cm["v"])
+  alpha = float(np.mean([r["alpha_used"] for r in rows]))
+  c = float(np.mean([r["c"] for r in rows]))
+  curve_gammas = np.arange(1, max(max(r["gamma"] for r in rows), t_max - 1) + 1)
+  predicted = [
+    float(analysis.walltime_improvement(alpha, int(k), c, v_fn(int(k) + 1))) for k in curve_gammas
+  ]
+  text = f"{label}: predicted (α={alpha:.2f}, c={c:.3f}, measured v)"
+  ax.plot(curve_gammas, predicted, "-", color=color, marker=".", label=text)
+  ideal = [float(analysis.walltime_improvement(alpha, int(k), c, 1.0)) for k in curve_gammas]
+  text = f"{label}: predicted with v=1 (free verify)"
+  ax.plot(curve_gammas, ideal, ":", color=color, alpha=0.6, label=text)
+
+
+def _speedup_plot(plt, report: dict[str, Any], path: str) -> None:
+  """Measured speedup vs gamma (points) and the predicted curves, one panel per batch size."""
+  from matplotlib.ticker import MaxNLocator  # pylint: disable=g-import-not-at-top
+
+  groups = report["groups"]
+  batch_sizes = sorted({g["group"]["batch_size"] for g in groups})
+  fig, axes = plt.subplots(
+    1, len(batch_sizes), figsize=(6.4 * len(batch_sizes), 6.0), squeeze=False
+  )
+  colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+  for ax, batch_size in zip(axes[0], batch_sizes):
+    cm = report["costs"][str(batch_size)]
+    color_index = 0
+    for g in groups:
+      if g["group"]["batch_size"] != batch_size:
+        continue
+      drafters = dict.fromkeys(r["drafter"] for r in g["speculative"])
+      for drafter in drafters:
+        rows = sorted(
+          (r for r in g["speculative"] if r["drafter"] == drafter), key=lambda r: r["gamma"]
+        )
+        color = colors[color_index % len(colors)]
+        color_index += 1
+        label = f"{drafter}, T={g['group']['temperature']:g}"
+        gammas, speedups = [r["gamma"] for r in rows], [r["measured_speedup"] for r in rows]
+        ax.plot(gammas, speedups, "o", color=color, ms=7, label=f"{label}: measured")
+        _predicted_curves(ax, rows, cm, color, label)
+    ax.axhline(1.0, color="gray", lw=0.8)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_xlim(0.5, max(max(line.get_xdata()) for line in ax.get_lines()) + 0.5)
+    ax.set_title(f"batch {batch_size}")
+    ax.set_xlabel("γ (drafted tokens per step)")
+    ax.set_ylabel("walltime speedup over baseline")
+    ax.grid(alpha=0.3)
+    # Below the axes, so no measured point is hidden.
+    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.13), ncol=1, frameon=False)
+  fig.suptitle(
+    "Speedup vs γ: measured (points) and Theorem 3.8 with measured α, c, v(γ+1) (lines)",
+    fontsize=10,
+  )
+  fig.tight_layout()
+  fig.savefig(path, dpi=110)
+  plt.close(fig)
+
+
+def _alpha_plot(plt, report: dict[str, Any], path: str) -> None:
+  """alpha per drafter and temperature (averaged over gammas at the smallest batch size)."""
+  groups = report["groups"]
+  batch_sizes = sorted({g["group"]["batch_size"] for g in groups})
+  drafters = list(dict.fromkeys(r["drafter"] for g in groups for r in g["speculative"]))
+  temperatures = sorted({g["group"]["temperature"] for g in groups})
+  width_in = min(10.0, max(6.5, 1.2 * len(drafters) * len(temperatures)))
+  fig, ax = plt.subplots(figsize=(width_in, 4.2))
+  width = 0.8 / max(len(temperatures), 1)
+  for ti, temperature in enumerate(temperatures):
+    values, errors = [], []
+    for drafter in drafters:
+      alphas = [
+        r["alpha_used"]
+        for g in groups
+        for r in g["speculative"]
+        if r["drafter"] == drafter
+        and g["group"]["temperature"] == temperature
+        and g["group"]["batch_size"] == batch_sizes[0]
+      ]
+      values.append(float(np.mean(alphas)) if alphas else 0.0)
+      errors.append(float(np.std(alphas)) if alphas else 0.0)
+    x = np.arange(len(drafters)) + ti * width
+    bars = ax.bar(x, values, width, yerr=errors, capsize=3, label=f"temperature {temperature:g}")
+    for bar, value in zip(bars, values):
+      ax.text(
+        bar.get_x() + bar.get_width() / 2, value + 0.02, f"{value:.2f}", ha="center", fontsize=9
+      )
+  ax.set_xticks(np.arange(len(drafters)) + width * (len(temperatures) - 1) / 2)
+  ax.set_xticklabels(drafters)
+  ax.set_ylim(0, 1.1)
+  ax.set_ylabel("α = mean Σ_x min(p(x), q(x))")
+  ax.set_title(
+    f"α per drafter and temperature\n(batch {batch_sizes[0]}, mean ± sd over γ)", fontsize=10
+  )
+  ax.legend(fontsize=8)
+  ax.grid(axis="y", alpha=0.3)
+  fig.tight_layout()
+  fig.savefig(path, dpi=110)
+  plt.close(fig)
