@@ -285,13 +285,8 @@ def _lenience_markdown(report: dict[str, Any]) -> list[str]:
 
 def _walltime_markdown(report: dict[str, Any]) -> list[str]:
   """Walltime of adaptive vs fixed gamma, with the measured costs."""
-  setup, wall, costs, column = (
-    report['setup'],
-    report['walltime'],
-    report['costs'],
-    markdown_lib.column,
-  )
-  v_values = sorted(costs['v'].items(), key=lambda kv: int(kv[0]))
+  setup, wall, costs = report['setup'], report['walltime'], report['costs']
+  column, v_values = markdown_lib.column, sorted(costs['v'].items(), key=lambda kv: int(kv[0]))
   columns = [
     column('method', 'method'),
     column('ms / token', 'ms_per_token'),

@@ -472,12 +472,12 @@ SECTIONS = (
 
 def format_report(report: dict[str, Any]) -> str:
   """The results page (Markdown)."""
-  lines = [f"# {report['title']}", ""]
-  lines += [
+  lines = section(
+    report["title"],
     f"Regenerate with `{report['command']}` (from the repository root, on a quiet "
     f"machine). Generated {report['generated_at']}.",
-    "",
-  ]
+    level=1,
+  )
   return "\n".join(lines + [line for write in SECTIONS for line in write(report)])
 
 

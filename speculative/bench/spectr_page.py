@@ -210,19 +210,17 @@ def format_report(report: dict[str, Any]) -> str:
   """The page's Markdown: the methods table, the measured costs and step model, and K relative to
   K=1 (with whether K=1 matched speculative decoding)."""
   costs, rows = report['costs'], report['rows']
-  lines = [
-    '### SpecTr: K drafts per step (embedded pair, temperature 1, batch 1)',
-    '',
+  lines = markdown.section(
+    'SpecTr: K drafts per step (embedded pair, temperature 1, batch 1)',
     f'Command: `{report["command"]}` ({report["generated_at"]}; '
-    f'{markdown.machine_line(report["machine"])}).',
+    f'{markdown.machine_line(report["machine"])}).\n'
     f'Target: {report["target"]}. Draft: {report["draft"]}. {report["num_inputs"]} test '
     f'sentences, up to {report["max_new_tokens"]} new tokens, median of {report["repeats"]} '
     'repeats. Block efficiency = generated tokens / target calls; SpecTr Table 4 = LM1B, 97M '
     'target / 6M draft (only the cells compared here).',
-    '',
     markdown.columns_table(_COLUMNS, rows),
-    '',
-  ]
+    level=3,
+  )
   lines += [f'**Warning:** {w}' for w in report.get('warnings', [])]
   lines += [
     f'Target single step t(1,1) = {costs["target_1x1_ms"]:.2f} ms; draft step d(K) ms: '
