@@ -153,9 +153,8 @@ def _cost_section(report: dict[str, Any]) -> list[str]:
   for b, cm in _by_batch(report):
     for name, dc in cm.get("drafters", {}).items():
       if dc["kind"] == "model":
-        draft_rows.append([b, name, fmt(dc["draft_step_s"], 3, scale=1e3)])
-        draft_rows[-1] += [fmt(dc["draft_catch_up_s"], 3, scale=1e3), fmt(dc["c"], 3)]
-        draft_rows[-1] += [fmt(dc["draft_prefill_s"], scale=1e3)]
+        ms = [fmt(dc[key], 3, scale=1e3) for key in ("draft_step_s", "draft_catch_up_s")]
+        draft_rows.append([b, name, *ms, fmt(dc["c"], 3), fmt(dc["draft_prefill_s"], scale=1e3)])
       else:
         per_gamma = ", ".join(f"{k}: {1e3 * s:.3f}" for k, s in dc["propose_s"].items())
         draft_rows.append([b, name, f"propose ms {per_gamma}", "-", "per γ", "-"])
