@@ -12,7 +12,8 @@ costs          the cost model t(T), c, v(T), the roofline, and the noise verdict
 sweep          timing every method of a (batch size, temperature) group; rows and profiles
 conclude       the gamma policy, the targets check and the explanations of missed targets
 markdown       the one page writer: cells, column-declared tables, sections, a page's record and files
-report         the results page (its sections), its plots, the included pages, results.json
+report         the results page (its sections), the included pages, results.json
+plots          speedup_vs_gamma.png and alpha.png
 decode_step    the T5 decoder step on the CPU kernels against XLA's dot (python -m ...decode_step)
 ceiling        a perfect draft's speedup on a job (python -m speculative.bench.ceiling)
 paper_shape    T5 1.1 XXL's shape on this device (python -m speculative.bench.paper_shape)
