@@ -27,24 +27,21 @@ def choose_gammas(
   groups: Sequence[dict[str, Any]], fallback_threshold: float
 ) -> list[dict[str, Any]]:
   """The policy's choice (`_choice`) per (batch, temperature, drafter)."""
-  choices = []
-  for g in groups:
-    by_drafter: dict[str, list[dict[str, Any]]] = {}
-    for row in g["speculative"]:
-      by_drafter.setdefault(row["drafter"], []).append(row)
-    choices += [_choice(g["group"], d, rows, fallback_threshold) for d, rows in by_drafter.items()]
-  return choices
+  return [
+    _choice(g["group"], d, [r for r in g["speculative"] if r["drafter"] == d], fallback_threshold)
+    for g in groups
+    for d in dict.fromkeys(r["drafter"] for r in g["speculative"])
+  ]
 
 
 def _choice(
   group: dict[str, Any], drafter: str, rows: Sequence[dict[str, Any]], fallback_threshold: float
 ) -> dict[str, Any]:
-  """Among one drafter's rows of a group: the measured gamma with the best predicted speedup, or
-  plain decoding when even that prediction is below `fallback_threshold` (rows whose prediction
-  was refused as too noisy are not candidates). If no row has one: plain decoding when even the
-  best measured gamma was slower than the baseline (MEASURED_FALLBACK, a conservative pick
-  whatever the noise), else no policy (TOO_NOISY; the measured fields are those of the best
-  measured gamma, an optimistic pick). The best measured gamma is reported either way."""
+  """Among one drafter's rows of a group: the gamma with the best predicted speedup (refused
+  predictions are no candidates), or plain decoding if that is below `fallback_threshold`. With no
+  prediction: plain decoding if even the best measured gamma was slower than the baseline
+  (MEASURED_FALLBACK), else no policy (TOO_NOISY, reporting the best measured gamma's numbers, an
+  optimistic pick). The best measured gamma is reported either way."""
   best_meas = max(rows, key=lambda r: (r["measured_speedup"], -r["gamma"]))
   predicted = [r for r in rows if r.get("predicted_speedup") is not None]
   best = max(predicted, key=lambda r: (r["predicted_speedup"], -r["gamma"]), default=best_meas)
@@ -75,23 +72,21 @@ def _choice(
 def check_targets(
   groups: Sequence[dict[str, Any]], choices: Sequence[dict[str, Any]], primary_drafter: str
 ) -> list[dict[str, Any]]:
-  """The issue's targets for the primary drafter, each evaluated at the gamma with the best
-  predicted speedup (the policy's gamma; for batch > 1 the policy's decision, which may be plain
-  decoding). Every entry names its (batch size, temperature, gamma) so the profile can explain
-  it."""
+  """The targets for the primary drafter at the gamma with the best predicted speedup (for batch
+  > 1 the policy's decision, maybe plain decoding), each naming its batch, temperature, gamma."""
   rows = {
     (g["group"]["batch_size"], g["group"]["temperature"], r["drafter"], r["gamma"]): r
     for g in groups
     for r in g["speculative"]
   }
-  results = []
-  for c in choices:
-    if c["drafter"] != primary_drafter:
-      continue
-    r = rows[(c["batch_size"], c["temperature"], c["drafter"], c["predicted_best_gamma"])]
-    for name, value, threshold, note in _choice_targets(c, r):
-      results.append(_target_entry(name, value, threshold, c, note))
-  return results
+  return [
+    _target_entry(name, value, threshold, c, note)
+    for c in choices
+    if c["drafter"] == primary_drafter
+    for name, value, threshold, note in _choice_targets(
+      c, rows[(c["batch_size"], c["temperature"], c["drafter"], c["predicted_best_gamma"])]
+    )
+  ]
 
 
 def _choice_targets(c: dict[str, Any], r: dict[str, Any]) -> list[tuple[str, Any, float, str]]:
@@ -155,21 +150,11 @@ def _target_entry(
 
 
 def _analysis_notes(report: dict[str, Any]) -> list[str]:
-  """Plain-language explanation of every missed target, from the profile numbers.
-
-  The measured/predicted ratio factors (exactly, by construction) into
-    block efficiency / E[#tokens]                (Eq. 1's i.i.d. acceptance model vs reality)
-    x (draft calls + verify) / measured step     (loop overhead beyond the draft and verify calls)
-    x measured baseline step / t(1)              (the baseline loop's own overhead)
-    x the rest                                   (prefill: encoder runs, paid once per decode; and
-                                                  the draft's catch-up call costing more than the
-                                                  one-token step c t(1) that EXP assumes)
-  """
-  notes = []
+  """Plain-language explanation of every missed target, from the profile numbers (`_explain`)."""
   missed = [t for t in report["targets"] if t["met"] is False]
   if not missed:
-    return notes
-  notes += ["### Why targets were missed", ""]
+    return []
+  notes = ["### Why targets were missed", ""]
   by_row: dict[tuple, list[dict[str, Any]]] = {}
   for t in missed:  # one explanation per measured configuration
     by_row.setdefault((t["batch_size"], t["temperature"], t["drafter"], t["gamma"]), []).append(t)
@@ -193,7 +178,11 @@ def _analysis_notes(report: dict[str, Any]) -> list[str]:
 
 
 def _explain(row: dict[str, Any], base: dict[str, Any], cm: dict[str, Any]) -> list[str]:
-  """Sentences explaining one speculative row's shortfall from its profile and the cost model."""
+  """Sentences explaining one speculative row's shortfall from its profile and the cost model. The
+  measured/predicted ratio factors exactly into block efficiency / E[#tokens] (Eq. 1's i.i.d.
+  acceptance vs reality) x (draft + verify calls) / measured step (the loop's own work) x baseline
+  step / t(1) (the baseline loop's overhead) x the rest (prefill, paid once per decode, and the
+  draft's catch-up call costing more than the one-token step c t(1) EXP assumes)."""
   p, bp = row["profile"], base["profile"]
   if row.get("predicted_speedup") is None or p.get("overhead_s") is None:
     return [
@@ -252,8 +241,7 @@ def group_rows(report: dict[str, Any], batch_size: int, temperature: float, kind
 
 
 def _row(report: dict[str, Any], target: dict[str, Any], kind: str, **fields: Any):
-  """The first `kind` row of the target's (batch, temperature) group with the given fields, or
-  None."""
+  """The first `kind` row of the target's group with the given fields, or None."""
   rows = group_rows(report, target["batch_size"], target["temperature"], kind)
   return next((r for r in rows if all(r[k] == v for k, v in fields.items())), None)
 
@@ -274,8 +262,7 @@ def _jsonable(value: Any) -> Any:
 
 
 def conclude(report: dict[str, Any]) -> dict[str, Any]:
-  """Adds the gamma choices, the targets check and the explanations (from the measurements only, so
-  a saved results.json can be re-concluded and re-rendered); returns a JSON-ready copy."""
+  """A JSON-ready copy with the gamma choices, the targets check and the explanations added."""
   report = _jsonable(report)
   report["choices"] = choose_gammas(report["groups"], report["config"]["fallback_threshold"])
   report["targets"] = check_targets(

@@ -3,30 +3,24 @@ lenience (Table 5), and walltime of adaptive gamma vs the best fixed gamma (Sect
 
   python -m speculative.bench.drafters_page --output_dir=docs/drafters
 
-(repository root, on a quiet CPU: roughly 30-45 minutes on 2 cores with the defaults, most of it
-compiling one decode loop per (drafter, gamma) and the batch-1 walltime passes; the README gives the
-options of docs/drafters/). Smoke run (a few sentences, two gammas, one repeat; random weights if a
-checkpoint is missing); the walltime part alone: `--skip alpha,lenience`:
+(repository root, quiet CPU: 30-45 minutes on 2 cores with the defaults, mostly compiling one
+decode loop per (drafter, gamma); docs/benchmark.md gives docs/drafters/'s options). Smoke run (one
+repeat; random weights for a missing checkpoint); `--skip alpha,lenience` times the walltime only:
 
   python -m speculative.bench.drafters_page --quick --allow_random_init \\
       --output_dir=/tmp/bench_drafters
 
-On the first `--num_examples` sentences of a LibreOffice En-De split that fit `--inputs_length`
-(greedy = temperature 0, sampling = temperature 1, top-k off):
-  1. Table 3: alpha (mean of sum_x min(p, q) over drafted positions), the acceptance rate, tokens
-     per target call and drafted tokens per step of each registry drafter in `--drafters` (the
-     draft model, unigram and bigram tables of the train split's German side, prompt lookup alone
-     and with the draft model as fallback) at gamma `--gamma`, batch `--batch_size`.
-  2. Table 5: the same and BLEU of the draft model for lenience l in `--lenience` (l < 1 is
-     APPROXIMATE: argmax form under greedy, sampling form at T=1).
-  3. Walltime at batch 1 (timed as pages.time_rows): the baseline, the draft model at each fixed
-     gamma in `--gammas`, and adaptive gamma up to `--max_gamma`: the confidence stop rule
-     (stop_below=s for s in `--stop_below`) with the static verify width and with adaptive verify,
-     and the acceptance-predicted rule (AdaptiveGammaDrafter with c and v(T) measured on the first
-     sentence).
+On the first --num_examples sentences that fit (greedy = temperature 0, sampling = 1, top-k off):
+  1. alpha (mean of sum_x min(p, q) over drafted positions), acceptance rate, tokens per target
+     call and drafted tokens per step of each registry drafter in --drafters, at --gamma and
+     --batch_size.
+  2. The same and BLEU of the draft model per lenience l in --lenience (l < 1 is APPROXIMATE).
+  3. Walltime at batch 1 (pages.time_rows): the baseline, the draft model at each gamma in
+     --gammas, and adaptive gamma up to --max_gamma: the confidence stop rule (each --stop_below)
+     with the static and the adaptive verify width, and the acceptance-predicted rule
+     (AdaptiveGammaDrafter, c and v(T) measured on the first sentence).
 
-Prints the tables; writes OUTPUT_DIR/drafters.json (every number, the command, the machine) and
-OUTPUT_DIR/drafters.md (`markdown`), which the results page includes.
+Writes OUTPUT_DIR/drafters.json (every number, the command, the machine) and drafters.md.
 """
 
 from __future__ import annotations
@@ -55,15 +49,7 @@ DRAFTER_NAMES = ('model', 'unigram', 'bigram', 'prompt_lookup', 'prompt_lookup+m
 PARTS = ('alpha', 'lenience', 'walltime')
 MODULE = 'speculative.bench.drafters_page'
 # The options recorded as they are in the report's setup (the tables name them).
-SETUP_OPTIONS = (
-  'split',
-  'inputs_length',
-  'max_new_tokens',
-  'gamma',
-  'batch_size',
-  'repeats',
-  'seed',
-)
+SETUP_OPTIONS = 'split inputs_length max_new_tokens gamma batch_size repeats seed'.split()
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -103,9 +89,8 @@ def sampling_name(temperature: float) -> str:
 def decode_all(
   pair: pages.Pair, drafter: Any, params: Any, examples, args, temperature: float, lenience=None
 ) -> tuple[dict[str, Any], list[list[int]]]:
-  """Speculative decoding of every example in batches of --batch_size at gamma --gamma; returns
-  (summed counters with alpha, acceptance, tokens per call, drafted per step; each example's
-  generated tokens)."""
+  """Speculative decoding of every example in batches of --batch_size at --gamma: (summed counters
+  with alpha, acceptance, tokens per call, drafted per step; each example's generated tokens)."""
   options = pages.decode_options(args.max_new_tokens, temperature)
   decode = modes.decode_fns(
     pair.target, pair.target_params, drafter, params, lenience=lenience, gamma=args.gamma, **options
@@ -207,10 +192,9 @@ def walltime_methods(pair: pages.Pair, costs: dict[str, Any], args) -> list[meth
 
 
 def walltime_part(pair: pages.Pair, examples, args) -> tuple[dict[str, Any], dict[str, Any]]:
-  """(costs, walltime): c and v(T), T = 1..max_gamma+1, at batch 1 on the first sentence (the
-  estimates refused as too noisy in 'too_noisy'), then the batch-1 walltime of every method on the
-  first --walltime_examples sentences, with the speedups over the baseline and the best fixed
-  gamma."""
+  """(costs, walltime): c and v(T), T = 1..max_gamma+1, at batch 1 on the first sentence (those
+  refused as too noisy in 'too_noisy'); every method's batch-1 walltime on the first
+  --walltime_examples sentences, with its speedups over the baseline and the best fixed gamma."""
   print('== costs', flush=True)
   cm = pages.extend_costs(
     pair,
@@ -219,11 +203,9 @@ def walltime_part(pair: pages.Pair, examples, args) -> tuple[dict[str, Any], dic
     verify_lengths=range(2, args.max_gamma + 2),
     repeats=max(3, args.repeats),
   )
-  costs = dict(
-    target_step_s=cm['target_step_s'], draft_step_s=cm['drafters']['model']['draft_step_s']
-  )
-  costs.update(c=cm['drafters']['model']['c'], v={int(t): v for t, v in cm['v'].items()})
-  costs['too_noisy'] = cm['noise']['refused']
+  draft = cm['drafters']['model']
+  costs = dict(target_step_s=cm['target_step_s'], draft_step_s=draft['draft_step_s'], c=draft['c'])
+  costs.update(v={int(t): v for t, v in cm['v'].items()}, too_noisy=cm['noise']['refused'])
   print(
     f'  c = {costs["c"]:.3f}, v = { ({k: round(v, 2) for k, v in costs["v"].items()}) }', flush=True
   )
@@ -237,14 +219,11 @@ def walltime_part(pair: pages.Pair, examples, args) -> tuple[dict[str, Any], dic
     calls = max(r['target_calls'], 1)
     row = dict(method=m.name, gamma=m.gamma, **m.drafter_obj, decode_s=r['walltime_s'])
     row.update(compile_s=r['compile_s'], ms_per_token=r['ms_per_token'])
-    tokens_per_call, drafted_per_step = (
-      r['generated_tokens'] / calls,
-      r.get('drafted_tokens', 0) / calls,
-    )
-    row.update(tokens_per_call=tokens_per_call, drafted_per_step=drafted_per_step)
+    row.update(tokens_per_call=r['generated_tokens'] / calls)
+    row['drafted_per_step'] = r.get('drafted_tokens', 0) / calls
     rows.append(dict(row, generated=r['generated_tokens'], target_calls=r['target_calls']))
     print(
-      f'  {m.name}: {r["ms_per_token"]:.2f} ms/token, {tokens_per_call:.2f} '
+      f'  {m.name}: {r["ms_per_token"]:.2f} ms/token, {row["tokens_per_call"]:.2f} '
       f'tokens/call, compile {r["compile_s"]:.1f} s',
       flush=True,
     )
@@ -306,13 +285,8 @@ def _lenience_markdown(report: dict[str, Any]) -> list[str]:
 
 def _walltime_markdown(report: dict[str, Any]) -> list[str]:
   """Walltime of adaptive vs fixed gamma, with the measured costs."""
-  setup, wall, costs, column = (
-    report['setup'],
-    report['walltime'],
-    report['costs'],
-    markdown_lib.column,
-  )
-  v_values = sorted(costs['v'].items(), key=lambda kv: int(kv[0]))
+  setup, wall, costs = report['setup'], report['walltime'], report['costs']
+  column, v_values = markdown_lib.column, sorted(costs['v'].items(), key=lambda kv: int(kv[0]))
   columns = [
     column('method', 'method'),
     column('ms / token', 'ms_per_token'),
@@ -345,13 +319,8 @@ def _walltime_markdown(report: dict[str, Any]) -> list[str]:
 def markdown(report: dict[str, Any]) -> str:
   """The page (docs/drafters/drafters.md): the tables of the parts that ran, in the layout of the
   paper's Tables 3 and 5, then the command and machine line."""
-  lines = []
-  for part, write in (
-    ('alpha', _alpha_markdown),
-    ('lenience', _lenience_markdown),
-    ('walltime', _walltime_markdown),
-  ):
-    lines += write(report) if part in report else []
+  writers = dict(alpha=_alpha_markdown, lenience=_lenience_markdown, walltime=_walltime_markdown)
+  lines = [line for part, write in writers.items() if part in report for line in write(report)]
   setup = report['setup']
   lines.append(
     f'Command: `{setup["command"]}` ({setup["generated_at"]}); machine: '

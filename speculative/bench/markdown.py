@@ -1,6 +1,5 @@
-"""The one writer of the benchmark's pages (the results page, docs/drafters/, docs/spectr/) and of
-the tables and JSON its other commands print and write: cells, column-declared tables, sections,
-the record of how a page was made, and a page's files."""
+"""The one writer of the benchmark's pages and of the tables and JSON its commands print and write:
+cells, column-declared tables, sections, the record of how a page was made, a page's files."""
 
 from __future__ import annotations
 
@@ -88,8 +87,7 @@ def write_json(path: str, data: Any, indent: int = 2) -> None:
 
 
 def write_page(output_dir: str, outputs: dict[str, str | dict[str, Any]], indent: int = 2) -> None:
-  """Writes each {file name: text, or a report written as JSON (`write_json`)} into output_dir,
-  atomically."""
+  """Writes each {file name: text, or a report as JSON (`write_json`)} into output_dir, atomically."""
   os.makedirs(output_dir, exist_ok=True)
   for name, content in outputs.items():
     path = os.path.join(output_dir, name)

@@ -1,8 +1,6 @@
-"""What the benchmark's own pages (`python -m speculative.bench.drafters_page`: docs/drafters/,
-`python -m speculative.bench.spectr_page`: docs/spectr/) measure alike: the options naming the
-target/draft pair and its inputs, loading them (bench/inputs.py), decode functions, the cost model
-(bench/costs.py) and timing methods at batch 1 (bench/sweep.py). Their Markdown: bench/markdown.py.
-"""
+"""What the benchmark's own pages (bench/drafters_page.py, bench/spectr_page.py) share: the
+options naming the pair and its inputs and their loading, decode functions, the cost model and the
+timing at batch 1, the command line; their Markdown is bench/markdown.py's."""
 
 from __future__ import annotations
 
@@ -32,10 +30,9 @@ COST_POSITION = 16  # decoder position of the timed cost-model calls (mid-senten
 def add_pair_args(
   parser: argparse.ArgumentParser, *, num_examples: int, output_dir: str, quick: str
 ) -> None:
-  """The options every page has: the two models (gin file, macro, weights), the inputs (the first
-  `--num_examples` sentences of a LibreOffice En-De split that fit `--inputs_length`), the decode
-  length, the timing repeats, the seed, the output folder, and `--quick` (its help: `quick`; one
-  repeat)."""
+  """The options of every page: the models (gin file, macro, weights), the inputs (the first
+  --num_examples sentences of a LibreOffice En-De split that fit --inputs_length), the decode
+  length, timing repeats, seed, output folder and --quick (help: `quick`)."""
   for role in ('target', 'draft'):
     parser.add_argument(f'--{role}_gin', default=f'configs/models/embedded_{role}.gin')
     parser.add_argument(f'--{role}_macro', default=f'EMBEDDED_{role.upper()}')
@@ -58,8 +55,7 @@ def values(text: str, kind: type) -> list[Any]:
 
 @dataclasses.dataclass(frozen=True)
 class Pair:
-  """The target and draft models with their params; `descriptions` say where the weights came
-  from, `names` are the tables' model names (macro and size)."""
+  """The models and params; `descriptions`: where the weights came from; `names`: the tables'."""
 
   target: t5_lib.T5
   target_params: Any
@@ -70,8 +66,7 @@ class Pair:
 
 
 def load_pair(args: argparse.Namespace) -> Pair:
-  """The pair the `add_pair_args` options name (inputs.build_pair: a missing checkpoint is an
-  error unless --allow_random_init)."""
+  """The pair the options name (a missing checkpoint is an error unless --allow_random_init)."""
   option = lambda role, name: getattr(args, f'{role}_{name}')
   roles = {
     # Relative weights paths missing here are the repository's, as the runners' are.
@@ -94,9 +89,8 @@ def load_pair(args: argparse.Namespace) -> Pair:
 def load_pair_and_examples(
   args: argparse.Namespace,
 ) -> tuple[Pair, list[infer_inputs.Example], int]:
-  """(pair, examples, how many were skipped as longer than --inputs_length): `load_pair`, then the
-  first --num_examples sentences of --split that fit. A bad gin file or macro, a missing
-  checkpoint or no inputs is the user's to fix (one line at the command line, `command_line`)."""
+  """(pair, the first --num_examples sentences of --split that fit, how many were skipped); a bad
+  gin file or macro, a missing checkpoint or no inputs is a user error (`command_line`)."""
   with checks.user_errors():
     pair = load_pair(args)
     source = inputs_lib.split_file(args.split, args.inputs_length)
@@ -107,17 +101,15 @@ def load_pair_and_examples(
 
 
 def command_line(main: Callable[[Sequence[str]], Any], argv: Sequence[str]) -> None:
-  """Runs a page's `main(argv)`; a user error (raised inside `checks.user_errors`) prints one
-  `error:` line and exits with status 2, unless --debug (or SPECULATIVE_DEBUG) lets its traceback
-  through. TensorFlow's and XLA's start-up log lines are silenced as the runners' are."""
+  """Runs a page's `main(argv)`, start-up logs silenced; a user error prints one `error:` line and
+  exits with status 2, unless --debug (or SPECULATIVE_DEBUG) lets its traceback through."""
   gin_utils.quiet_native_logs()
   debug = '--debug' in argv or bool(os.environ.get(gin_utils.DEBUG_ENV))
   gin_utils.call_with_user_errors(lambda: main(argv), 'error: ', debug)
 
 
 def model_drafter(pair: Pair, **options: Any) -> Any:
-  """The registry's 'model' drafter on the pair's draft model (`options`, e.g. stop_below, go to
-  the registry)."""
+  """The registry's 'model' drafter (`options`, e.g. stop_below, go to the registry)."""
   return build_drafters(pair, ['model'], **options)['model'][0]
 
 
@@ -135,8 +127,7 @@ def build_drafters(pair: Pair, names: Sequence[str], **options: Any) -> dict[str
 
 
 def decode_options(max_new_tokens: int, temperature: float) -> dict[str, Any]:
-  """The DecodeOptions fields and sampling_params of exact sampling at `temperature` (0: argmax;
-  top-k off), stopping at EOS."""
+  """The decode options of exact sampling at `temperature` (0: argmax; top-k off) up to EOS."""
   sampling, sampling_params = sampling_lib.make_sampling(temperature)
   options = dict(max_new_tokens=max_new_tokens, sampling=sampling, eos_id=tasks.EOS_ID)
   return dict(options, sampling_params=sampling_params)
@@ -144,18 +135,19 @@ def decode_options(max_new_tokens: int, temperature: float) -> dict[str, Any]:
 
 def decode_fn(pair: Pair, drafter: Any = None, **options: Any) -> Callable[..., Any]:
   """fn(encoder_tokens [B, S], rng) -> DecodeResult (modes.decode_fns): the target's baseline
-  without a drafter, else speculative decoding with `drafter` on the pair's draft params;
-  `options` are DecodeOptions fields, sampling_params and lenience."""
+  without a drafter, else speculative decoding with `drafter` on the pair's draft params, SpecTr
+  given num_drafts; `options` are decode_fns' (DecodeOptions fields, sampling_params, ...)."""
   fns = modes.decode_fns(pair.target, pair.target_params, drafter, pair.draft_params, **options)
-  return fns[modes.BASELINE if drafter is None else modes.SPECULATIVE]
+  if drafter is None:
+    return fns[modes.BASELINE]
+  return fns[modes.SPECULATIVE if options.get('num_drafts') is None else modes.SPECTR]
 
 
 def extend_costs(
   pair: Pair, encoder_tokens: Any, *, max_length: int, verify_lengths: Sequence[int], **kwargs: Any
 ) -> dict[str, Any]:
-  """The benchmark's cost model (costs.measure_extend_costs: interleaved rounds, per-round ratios)
-  of the pair on `encoder_tokens` [B, S] at COST_POSITION, the draft model named 'model'; `kwargs`
-  (repeats, extra timers) go to it."""
+  """costs.measure_extend_costs of the pair (the draft named 'model') on `encoder_tokens` [B, S]
+  at COST_POSITION; `kwargs` (repeats, extra timers) go to it."""
   return costs_lib.measure_extend_costs(
     pair.target,
     pair.target_params,
@@ -175,9 +167,8 @@ def time_rows(
   args: argparse.Namespace,
   temperature: float,
 ) -> tuple[list[Any], dict[str, dict[str, Any]]]:
-  """Times `methods` at batch 1 as the benchmark's sweep does (compiled on the first input, then
-  every input decoded --repeats times by every method, interleaved); returns the input batches
-  and {method name: sweep.method_row} (walltime = sum over inputs of the median over repeats)."""
+  """Times `methods` at batch 1 as the benchmark's sweep does; returns the input batches and
+  {method name: sweep.method_row}."""
   batches = batching.batches(examples, 1, args.inputs_length)
   sweep.time_methods(methods, batches, repeats=args.repeats, seed=args.seed, log=print)
   group = dict(batch_size=1, temperature=temperature, examples=len(examples))

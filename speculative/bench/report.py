@@ -1,7 +1,5 @@
-"""The results page (results.md): the machine and setup, the cost model with its noise verdict, the
-speedups in the paper's Tables 2 and 4 layout, the baselines, the batch jobs, the gamma policy and
-the targets (bench/conclude.py), the profile, the roofline and the plots; the pages it includes;
-results.json; and re-rendering a saved results.json."""
+"""The results page (results.md, its sections in SECTIONS), the pages it includes, results.json,
+and re-rendering a saved results.json; its plots are bench/plots.py's."""
 
 from __future__ import annotations
 
@@ -23,14 +21,13 @@ TOO_NOISY = conclude.TOO_NOISY
 
 
 def _refusable(header: str, key: str, *args: Any, **kwargs: Any) -> markdown.Column:
-  """The column of record[key], or TOO_NOISY where the record (a row or a profile) says its costs
-  were refused as too noisy."""
+  """The column of record[key], or TOO_NOISY where the record's costs were refused."""
   refused = lambda r: r.get("prediction_refused") or r.get("overhead_refused")
   return column(header, lambda r: TOO_NOISY if refused(r) else fmt(r[key], *args, **kwargs))
 
 
 def _rows(report: dict[str, Any], *kinds: str) -> list[dict[str, Any]]:
-  """The rows of every group, of the given kinds ('baselines', 'speculative'), group by group."""
+  """The rows of the given kinds ('baselines', 'speculative'), group by group."""
   return [r for g in report["groups"] for kind in kinds for r in g[kind]]
 
 
@@ -39,16 +36,13 @@ def _by_batch(report: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
   return sorted(report["costs"].items(), key=lambda kv: int(kv[0]))
 
 
-# Columns that several tables show, under the same header.
+# Columns of several tables; METHOD_COLUMNS name a speculative method as the paper's tables do.
 BATCH, TEMP = column("batch", "batch_size"), column("TEMP", "temperature", 0)
 METHOD, DRAFTER, GAMMA = column("method", "name"), column("M_q", "drafter"), column("γ", "gamma")
-TOKENS_PER_S, MS_PER_TOKEN = (
-  column("tokens/s", "tokens_per_s", 1),
-  column("ms/token", "ms_per_token"),
-)
+TOKENS_PER_S = column("tokens/s", "tokens_per_s", 1)
+MS_PER_TOKEN = column("ms/token", "ms_per_token")
 COMPILE_S, EMP = column("compile s", "compile_s", 1), column("EMP", "measured_speedup", 2, "X")
 IDENTICAL = column("identical", "identical_to_baseline")
-# A speculative method as the paper's tables name it: drafter, temperature, batch size, gamma.
 METHOD_COLUMNS = [DRAFTER, TEMP, column("BATCH", "batch_size"), GAMMA]
 
 
@@ -102,8 +96,7 @@ def _setup_section(report: dict[str, Any]) -> list[str]:
 
 
 def _cost_section(report: dict[str, Any]) -> list[str]:
-  """The measured cost model: the target's costs per batch size, the decode paths, XLA's hoisting,
-  the drafters' costs and the noise verdict of every estimate."""
+  """The target's and drafters' costs, the decode paths, XLA's hoisting, the noise verdicts."""
   t_max = max(max(int(k) for k in cm["v"]) for cm in report["costs"].values())
   rows = [
     [b]
@@ -158,9 +151,8 @@ def _cost_section(report: dict[str, Any]) -> list[str]:
   for b, cm in _by_batch(report):
     for name, dc in cm.get("drafters", {}).items():
       if dc["kind"] == "model":
-        draft_rows.append([b, name, fmt(dc["draft_step_s"], 3, scale=1e3)])
-        draft_rows[-1] += [fmt(dc["draft_catch_up_s"], 3, scale=1e3), fmt(dc["c"], 3)]
-        draft_rows[-1] += [fmt(dc["draft_prefill_s"], scale=1e3)]
+        ms = [fmt(dc[key], 3, scale=1e3) for key in ("draft_step_s", "draft_catch_up_s")]
+        draft_rows.append([b, name, *ms, fmt(dc["c"], 3), fmt(dc["draft_prefill_s"], scale=1e3)])
       else:
         per_gamma = ", ".join(f"{k}: {1e3 * s:.3f}" for k, s in dc["propose_s"].items())
         draft_rows.append([b, name, f"propose ms {per_gamma}", "-", "per γ", "-"])
@@ -171,7 +163,7 @@ def _cost_section(report: dict[str, Any]) -> list[str]:
 
 
 def _noise_lines(report: dict[str, Any]) -> list[str]:
-  """The noise verdict of every cost estimate (absent from results measured before it existed)."""
+  """The noise verdict of every cost estimate (none in results measured before it existed)."""
   rows, noise = [], None
   for b, cm in _by_batch(report):
     for name, est in (cm.get("noise") or {}).get("estimates", {}).items():
@@ -218,8 +210,8 @@ def _speedup_section(report: dict[str, Any]) -> list[str]:
 def _tabled(
   title: str, columns: Sequence[markdown.Column], records: Callable, before=None, after=None
 ):
-  """The section of one table, `records(report)` its records (none: no section), with the text
-  `before` and `after` it (strings, or functions of the report)."""
+  """The section of one table of `records(report)` (none: no section) between the texts `before`
+  and `after` (strings, or functions of the report)."""
 
   def write(report: dict[str, Any]) -> list[str]:
     found = records(report)
@@ -286,7 +278,7 @@ WHOLE_JOB_COLUMNS = [
 
 
 def _whole_job_text(report: dict[str, Any]) -> str:
-  """What the whole job ran (bench/whole_job.py: every input of the split at the best batch size)."""
+  """What the whole job ran (every input of the split at the best batch size)."""
   job = report["whole_job"]
   return (
     f"{job['inputs']} ({job['truncated_inputs']} inputs truncated to inputs_length, not "
@@ -304,7 +296,6 @@ _whole_job_section = _tabled(
   lambda report: (report.get("whole_job") or {}).get("rows"),
   _whole_job_text,
 )
-# The resources of a (batch size, temperature) group, from its record and its compile counts.
 RESOURCE_COLUMNS = [
   BATCH,
   TEMP,
@@ -328,7 +319,6 @@ _resources_section = _tabled(
   "the group (its high-water mark reset at the group's start; '(process)' where it could not "
   "be reset).",
 )
-# The gamma policy's decision per (batch size, temperature, drafter).
 CHOICE_COLUMNS = [
   BATCH,
   TEMP,
@@ -356,7 +346,6 @@ _choice_section = _tabled(
 
 
 def _targets_section(report: dict[str, Any]) -> list[str]:
-  """The targets check and the explanations of missed ones."""
   rows = [
     [t["target"], fmt(t["value"], 2), fmt(t["threshold"], 2)]
     + [
@@ -374,8 +363,7 @@ def _targets_section(report: dict[str, Any]) -> list[str]:
   return section("Targets", table) + (report["analysis"] + [""] if report.get("analysis") else [])
 
 
-# The profile table: a row's time per loop step split into its parts (a record is the row's
-# profile with the row's batch size, temperature and name).
+# A row's time per loop step split into its parts (its profile with its batch, temperature, name).
 PROFILE_COLUMNS = [
   BATCH,
   TEMP,
@@ -407,7 +395,7 @@ _profile_section = _tabled(
 
 
 def _overhead_range(rows: Sequence[dict[str, Any]]) -> str:
-  """The loop overhead fractions of `rows` ('-' where refused or absent), as 'a%' or 'a%..b%'."""
+  """The loop overhead fractions of `rows` as 'a%' or 'a%..b%' ('-': none)."""
   fractions = [(r.get("profile") or {}).get("overhead_fraction") for r in rows]
   values = sorted(f for f in fractions if f is not None)
   if not values:
@@ -481,17 +469,16 @@ SECTIONS = (
 
 def format_report(report: dict[str, Any]) -> str:
   """The results page (Markdown)."""
-  lines = [f"# {report['title']}", ""]
-  lines += [
+  lines = section(
+    report["title"],
     f"Regenerate with `{report['command']}` (from the repository root, on a quiet "
     f"machine). Generated {report['generated_at']}.",
-    "",
-  ]
+    level=1,
+  )
   return "\n".join(lines + [line for write in SECTIONS for line in write(report)])
 
 
-# Pages written by bench/spectr_page.py and bench/drafters_page.py into subfolders of the output
-# dir; the results page includes them (each keeps its own command, date and machine line).
+# The pages (bench/spectr_page.py, bench/drafters_page.py) the results page includes when found.
 RELATED_PAGES = (
   ("spectr/results.md", "SpecTr: K drafts (python -m speculative.bench.spectr_page)"),
   (
@@ -519,8 +506,8 @@ def related_sections(output_dir: str) -> str:
 
 
 def summary_lines(report: dict[str, Any]) -> list[str]:
-  """What the command line prints once the page is written (the page itself is in the file): one
-  line per group with its best measured gamma and the policy's decision, and the warnings count."""
+  """What the command line prints (the page is in the file): each choice's best measured gamma and
+  the policy's decision, and the warnings count."""
   elapsed, groups = report.get("elapsed_s"), len(report["groups"])
   lines = [
     f"{report['title']}: {groups} group{'' if groups == 1 else 's'}"
@@ -540,8 +527,8 @@ def summary_lines(report: dict[str, Any]) -> list[str]:
 def write_report(
   report: dict[str, Any], output_dir: str, *, plots: bool = True, log: Callable[[str], None] = print
 ) -> None:
-  """Writes results.json, results.md and (if `plots`) the PNG plots to output_dir, atomically;
-  logs a short summary (`summary_lines`) and the paths written, not the page."""
+  """Writes results.json, results.md and (if `plots`) the plots to output_dir; logs
+  `summary_lines` and the paths written."""
   os.makedirs(output_dir, exist_ok=True)
   if plots:
     report["plots"] = plots_lib.make_plots(report, output_dir)
@@ -551,15 +538,14 @@ def write_report(
     log(line)
   log(
     f"wrote the results page {os.path.join(output_dir, 'results.md')}, and results.json"
-    + (", speedup_vs_gamma.png, alpha.png" if plots else "")
+    + "".join(f", {name}" for name in report.get("plots", {}) if plots)
     + f" in {output_dir}"
   )
 
 
 def render(results_json: str, output_dir: str | None = None) -> dict[str, Any]:
-  """Re-concludes and re-renders a saved results.json (no timing): results.md, plots, JSON. A
-  missing or unreadable file, or one that is not JSON, is the user's to fix (`checks.user_errors`:
-  one line at the command line)."""
+  """Re-concludes and re-renders a saved results.json (no timing); a missing, unreadable or
+  non-JSON file is the user's to fix (`checks.user_errors`)."""
   with checks.user_errors():
     checks.check_readable("--render results file", results_json)
     with open(results_json, encoding="utf-8") as f:

@@ -2,14 +2,12 @@
 
   python -m speculative.bench.spectr_jobs outputs/numbers/* [--log LOG] [--c 0.061]
 
-Reads each job's metrics.json and manifest.json (and, with --log, the load averages that
-scripts/spectr_jobs.sh prints around each job) and prints a Markdown table: block efficiency of
-SpecTr and of one-draft speculative decoding in the same job (same examples, same seeds) with 95%
-intervals, the paired difference (z), the acceptance with K drafts and with one, the walltime per
-generated token against the baseline and against one-draft speculative decoding, and the cost
-model's prediction for a device where the K x (L+1) verify costs one target step and a K-row draft
-step one draft step: speedup = BE / (1 + L c), with c = draft step / target step (--c: measured on
-this CPU by `speculative.bench.spectr_page`, docs/spectr/results.json costs.c['1']).
+From each job's metrics, manifest and predictions (and --log: scripts/spectr_jobs.sh's load
+averages): block efficiency of SpecTr and of one-draft speculative decoding (same examples and
+seeds) with 95% intervals and their paired difference (z), acceptance with K drafts and one, ms
+per token against the baseline and one draft, and the speedup on a device where the K x (L+1)
+verify costs one target step and a K-row draft step one draft step: BE / (1 + L c), c = draft step
+/ target step (--c: docs/spectr/results.json costs.c['1'], from bench/spectr_page.py).
 """
 
 from __future__ import annotations
@@ -26,8 +24,7 @@ from speculative.bench import markdown
 
 
 def read_job(output_dir: str) -> dict[str, Any]:
-  """A job's metrics.json, manifest.json and (tokens, target calls) per example of SpecTr and of
-  one-draft speculative decoding (their predictions files)."""
+  """A job's metrics, manifest and (tokens, target calls) per example of both speculative modes."""
 
   def read(name: str) -> list[Any]:  # a JSON file, or a JSONL file's lines
     with open(os.path.join(output_dir, name), encoding='utf-8') as f:
@@ -42,9 +39,8 @@ def read_job(output_dir: str) -> dict[str, Any]:
 
 
 def paired_difference(spectr: dict[int, tuple], one: dict[int, tuple]) -> tuple[float, float]:
-  """(BE_spectr - BE_one, its standard error) over the same examples: the difference of two ratio
-  estimators, linearized per example (delta method), its variance from the per-example
-  differences of the linearized terms (paired: both modes decode the same inputs)."""
+  """(BE_spectr - BE_one, its standard error): two ratio estimators linearized per example (delta
+  method), the variance from the per-example differences (paired: the same inputs)."""
   indices = sorted(spectr)
   n = len(indices)
 

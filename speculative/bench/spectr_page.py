@@ -2,22 +2,17 @@
 
   python -m speculative.bench.spectr_page --num_examples 12 --repeats 2 --output_dir docs/spectr
 
-(repository root, on a quiet machine: about 20-30 minutes on the 2-core CPU with the defaults, 5.5
-minutes with the options above, which made docs/spectr/). Smoke run (4 inputs, 16 new tokens, K in
-{1, 2}, L = 4, one repeat; random-init weights when a checkpoint is missing; timings mean nothing):
+(repository root, quiet machine: 5.5 minutes on the 2-core CPU with these options, which made
+docs/spectr/; 20-30 with the defaults). Smoke run (random-init weights for a missing checkpoint;
+timings mean nothing): `python -m speculative.bench.spectr_page --quick`.
 
-  python -m speculative.bench.spectr_page --quick
-
-The pair and inputs are bench/pages.py's (the first --num_examples test sentences that fit
---inputs_length, batch 1 as in the papers); exact sampling at temperature 1. Methods, on the same
-inputs and per-input seeds: `baseline`, `speculative L` (gamma = L) and `spectr K L`
-(decode.spectr_loop, K in --ks, L in --ls); with the same seed, spectr K=1 emits exactly speculative
-L's tokens (checked). Timed as the benchmark's sweep (pages.time_rows); samples differ between
-methods, so the comparison is per generated token. Cost model (bench/costs.py): t(R, T) = one target
-`extend` over R rows of T tokens, d(R) = one draft step over R rows; a SpecTr step costs about
-L d(K) + t(K, L+1), so the predicted speedup is BE x t(1, 1) / (L d(K) + t(K, L+1)). Writes
-results.json and results.md (which the results page includes), with SpecTr's Table 4 (LM1B, 97M
-target, 6M draft) beside ours where the paper reports it (K = 1 and K = 8).
+On bench/pages.py's pair and inputs, batch 1, exact sampling at temperature 1, the same inputs and
+per-input seeds: `baseline`, `speculative L` (gamma = L) and `spectr K L` (K in --ks, L in --ls;
+K = 1 must emit speculative L's tokens: checked), timed as pages.time_rows, compared per generated
+token (samples differ). Cost model (bench/costs.py): t(R, T) = one target `extend` over R rows of
+T tokens, d(R) = one draft step over R rows; a SpecTr step costs about L d(K) + t(K, L+1), so the
+predicted speedup is BE x t(1, 1) / (L d(K) + t(K, L+1)). Writes results.json and results.md, with
+SpecTr's Table 4 (LM1B, 97M target, 6M draft) beside ours where the paper reports it.
 """
 
 from __future__ import annotations
@@ -37,7 +32,6 @@ from speculative.bench import methods as methods_lib
 from speculative.bench import pages
 from speculative.bench import sweep
 from speculative.decode import batching
-from speculative.decode import spectr_loop as spectr_decoding
 
 MODULE = 'speculative.bench.spectr_page'
 SPECTR = 'spectr'
@@ -68,10 +62,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 
 def measure_costs(pair: pages.Pair, encoder_row: np.ndarray, args, max_length: int) -> dict:
-  """t(K, L+1), d(K) and t(1, 1) with the benchmark's cost model: per K, the K-row calls
-  interleaved with the 1-row target step t(1, 1) in timing rounds, so the ratios
-  c_K = d(K) / t(1, 1) and v = t(K, L+1) / t(1, 1) are medians of per-round ratios; those too
-  noisy to predict from are listed in 'too_noisy'."""
+  """t(K, L+1), d(K) and t(1, 1): per K, the K-row calls interleaved with t(1, 1) in timing
+  rounds, so c_K = d(K) / t(1, 1) and v = t(K, L+1) / t(1, 1) are medians of per-round ratios;
+  those too noisy to predict from are in 'too_noisy'."""
   costs = {'target_ms': {}, 'draft_ms': {}, 'c': {}, 'v': {}, 'too_noisy': {}}
   t11 = []
   for k in args.ks:
@@ -96,8 +89,7 @@ def measure_costs(pair: pages.Pair, encoder_row: np.ndarray, args, max_length: i
     rounds, noise = cm['rounds'], bench_noise.NoiseLog(cm['noise'])
     t11.append(cm['seconds']['target_1x1'])
 
-    def ratio(name: str, timer: str, seconds: float, **options: Any) -> float:
-      """The median of the per-round ratios of `timer` to t(1, 1), judged for noise."""
+    def ratio(name: str, timer: str, seconds: float, **options: Any) -> float:  # judged for noise
       samples = bench_noise.ratio_samples(rounds[timer], rounds['target_1x1'])
       return noise.add(name, samples, fallback=seconds / t11[-1], **options)
 
@@ -121,29 +113,19 @@ def make_methods(pair: pages.Pair, args) -> list[methods_lib.Method]:
   drafter = pages.model_drafter(pair)
   options = pages.decode_options(args.max_new_tokens, temperature=1.0)
   methods = [methods_lib.Method('baseline', methods_lib.BASELINE, pages.decode_fn(pair, **options))]
-
-  def spectr(k, length):
-    return lambda encoder_tokens, rng: spectr_decoding.spectr_decode(
-      pair.target,
-      pair.target_params,
-      drafter,
-      pair.draft_params,
-      None,
-      num_drafts=k,
-      draft_length=length,
-      encoder_tokens=encoder_tokens,
-      rng=rng,
-      **options,
-    )
-
   for length in args.ls:
     speculative = pages.decode_fn(pair, drafter, gamma=length, **options)
     name = f'speculative L={length}'
     methods.append(methods_lib.Method(name, methods_lib.SPECULATIVE, speculative, gamma=length))
     for k in args.ks:
+      # check_finite as spectr_decode's own default (the page called it directly before).
+      decode = pages.decode_fn(
+        pair, drafter, gamma=length, num_drafts=k, check_finite=True, **options
+      )
       name = f'spectr K={k} L={length}'
-      methods.append(methods_lib.Method(name, SPECTR, spectr(k, length), gamma=length))
-      methods[-1].drafter_obj = (k, length)
+      methods.append(
+        methods_lib.Method(name, SPECTR, decode, gamma=length, drafter_obj=(k, length))
+      )
   return methods
 
 
@@ -228,19 +210,17 @@ def format_report(report: dict[str, Any]) -> str:
   """The page's Markdown: the methods table, the measured costs and step model, and K relative to
   K=1 (with whether K=1 matched speculative decoding)."""
   costs, rows = report['costs'], report['rows']
-  lines = [
-    '### SpecTr: K drafts per step (embedded pair, temperature 1, batch 1)',
-    '',
+  lines = markdown.section(
+    'SpecTr: K drafts per step (embedded pair, temperature 1, batch 1)',
     f'Command: `{report["command"]}` ({report["generated_at"]}; '
-    f'{markdown.machine_line(report["machine"])}).',
+    f'{markdown.machine_line(report["machine"])}).\n'
     f'Target: {report["target"]}. Draft: {report["draft"]}. {report["num_inputs"]} test '
     f'sentences, up to {report["max_new_tokens"]} new tokens, median of {report["repeats"]} '
     'repeats. Block efficiency = generated tokens / target calls; SpecTr Table 4 = LM1B, 97M '
     'target / 6M draft (only the cells compared here).',
-    '',
     markdown.columns_table(_COLUMNS, rows),
-    '',
-  ]
+    level=3,
+  )
   lines += [f'**Warning:** {w}' for w in report.get('warnings', [])]
   lines += [
     f'Target single step t(1,1) = {costs["target_1x1_ms"]:.2f} ms; draft step d(K) ms: '
