@@ -217,16 +217,10 @@ def decode_outputs(kind: str, result: Any) -> dict[str, np.ndarray]:
     is_eos = tokens == tasks.EOS_ID
     lengths = np.where(is_eos.any(1), is_eos.argmax(1) + 1, tokens.shape[1])
     tokens = np.where(np.arange(tokens.shape[1])[None] < lengths[:, None], tokens, 0)
-    zeros = np.zeros(tokens.shape[0])
-    return {
-      "tokens": tokens,
-      "lengths": lengths,
-      "target_calls": lengths,
-      "drafted": zeros,
-      "accepted": zeros,
-      "alpha_sum": zeros,
-      "invalid": zeros.astype(bool),
-    }
+    zeros = np.zeros(tokens.shape[0])  # no draft: nothing drafted or accepted
+    counters = dict.fromkeys(("drafted", "accepted", "alpha_sum"), zeros)
+    counters["invalid"] = zeros.astype(bool)
+    return dict(counters, tokens=tokens, lengths=lengths, target_calls=lengths)
   # Every counter of the result's metrics (a SpecTr decode adds selections and single_alpha_sum).
   metrics = {
     f.name: np.asarray(getattr(result.metrics, f.name)) for f in dataclasses.fields(result.metrics)

@@ -310,13 +310,7 @@ def run_group(g: GroupSettings) -> dict[str, Any]:
     min_seconds=s.cost_min_seconds,
   )
   speculative_rows = [
-    audited(
-      _speculative_row(m, rows, batches, costs, g.temperature, methods[0], propose_cost),
-      m,
-      methods[0],
-      batches,
-      *target,
-    )
+    _speculative_row(m, rows, batches, costs, g.temperature, methods[0], propose_cost, target)
     for m in methods
     if m.kind == bench_methods.SPECULATIVE
   ]
@@ -329,13 +323,10 @@ def _baseline_rows(methods, rows, batches, costs, greedy: bool, target) -> list[
   T5X row that differs from our baseline is audited (`audited`: stock T5X is another program
   over the same weights, so its divergences are classified like speculative ones)."""
   base_row = rows[bench_methods.BASELINE]
+  stock = ("stock_equivalent_step_s", "stock_equivalent_prefill_s", costs_lib.STOCK_STEP)
   step_costs = {
     bench_methods.BASELINE: ("target_step_s", "target_prefill_s", costs_lib.TARGET_STEP),
-    bench_methods.STOCK_EQUIVALENT: (
-      "stock_equivalent_step_s",
-      "stock_equivalent_prefill_s",
-      costs_lib.STOCK_STEP,
-    ),
+    bench_methods.STOCK_EQUIVALENT: stock,
   }
   out = []
   for method in methods:
@@ -401,9 +392,10 @@ def audited(row, method, reference, batches, target, target_params) -> dict[str,
 
 
 def _speculative_row(
-  method, rows, batches, costs, temperature: float, reference, propose_cost
+  method, rows, batches, costs, temperature: float, reference, propose_cost, target
 ) -> dict[str, Any]:
-  """One speculative method's row: counters, EXP (unless the costs are too noisy), EMP, profile."""
+  """One speculative method's row: counters, EXP (unless the costs are too noisy), EMP, profile,
+  and the audit of a greedy row that differs from the baseline (`audited`)."""
   base_row = rows[bench_methods.BASELINE]
   stock_name = (
     bench_methods.STOCK_T5X if bench_methods.STOCK_T5X in rows else bench_methods.STOCK_EQUIVALENT
@@ -464,7 +456,7 @@ def _speculative_row(
     {"draft_s": draft["draft_s"], "verify_s": verify_s},
     overhead_refused,
   )
-  return row
+  return audited(row, method, reference, batches, *target)
 
 
 def profile(
