@@ -3,10 +3,11 @@
   .venv/bin/python -m speculative.bench.decode_step [--shape shipped|random140m] [--rows 1,2,4,8]
 
 `T5.extend` over T tokens, 10 chained steps per timed call, a cache of 128 positions, on three
-paths (XLA's dot on float32 weights, the kernels with float32 and with bfloat16 weight storage), each
-(path, T) jitted once and timed in interleaved rounds (`kernels.bench`'s table). Shapes: the shipped
-target, or a random-init 139.7M one whose decode-step weights are several times the last-level
-cache. Off CPU the kernel columns are skipped (the reason printed) and XLA's dot is timed alone.
+paths (XLA's dot on float32 weights, the kernels with float32 and with bfloat16 weight storage),
+each (path, T) jitted once, timed in interleaved rounds and printed as `kernels.bench`'s table with
+the load average. Shapes: the shipped target, or a random-init 139.7M one whose decode-step weights
+are several times the last-level cache. Off CPU the kernel columns are skipped (the reason
+printed) and XLA's dot is timed alone.
 """
 
 from __future__ import annotations

@@ -7,8 +7,8 @@ Part 1 measures a random-init pair of the shapes at batch 1 (t(1), v(T), c, the 
 step's share of the device's read rate) and Theorem 3.8 at the paper's alphas; part 2, where
 `source_checkpoint` is given, decodes with that trained target grown to the shape and the shipped
 draft, every greedy divergence audited. A shape that does not fit the device's memory, a source it
-cannot be grown from and a draft with another vocabulary are refused in one line before any compute.
-What it prints and how to read it: docs/paper_shape.md.
+cannot be grown from and a draft with another vocabulary are refused in one line before any compute
+(exit status 2, nothing written). What it prints and how to read it: docs/paper_shape.md.
 """
 
 from __future__ import annotations
