@@ -1,15 +1,15 @@
 """The walltime benchmark's parts, one module per concern (entry point: speculative.benchmark).
 
-main           benchmark(): inputs, models, the cost model, the sweep, the whole job, the report
-settings       BenchmarkSettings: the benchmark's arguments, checked before any work (its timing
-               fields, TimingSettings, are paper_shape's too)
+main           benchmark() and its arguments (BenchmarkSettings, checked before any work): inputs,
+               models, the cost model, the sweep, the whole job, the report
 machine        the machine: its description, load average, and whether a model shape fits its memory
 inputs         benchmark inputs (a seqio task, a TSV file or synthetic tokens)
 methods        our models (their weights) on each batch size's decode path, the drafters and the
                methods compared
 costs          the cost model t(T), c, v(T), the roofline, and the noise verdict of each estimate
                (timed with speculative.timing's timers, in interleaved rounds)
-sweep          timing every method of a (batch size, temperature) group; rows and profiles
+sweep          timing every method of a (batch size, temperature) group; rows and profiles; the
+               timing settings (TimingSettings) the benchmark and paper_shape share
 conclude       the gamma policy, the targets check and the explanations of missed targets
 markdown       the one page writer: cells, column-declared tables, sections, a page's record and files
 report         the results page (its sections), the included pages, results.json

@@ -3,25 +3,15 @@
   .venv/bin/python -m speculative.bench.ceiling --gin_file=configs/local/run.gin \
       [--gammas=3,5,7] [--json_out=FILE] [--gin_bindings=...]
 
-Reads the job's run file with the same `infer.*` knobs and checks as `speculative.infer` (greedy
-only; the job's output directory is not touched), loads its target and draft on the job's decode
-path, and decodes its inputs in the job's batches, every method on every batch in turn:
-
-  baseline              the target alone (the job's baseline mode);
-  draft g               the job's drafter at gamma g (its speculative mode);
-  oracle+draft g        `OracleDrafter` around the job's drafter: each step proposes the target's
-                        own greedy continuation (all g accepted) and still runs the drafter's calls,
-                        so: a perfect draft that costs what this one costs;
-  oracle g              `OracleDrafter` alone: all g accepted at no draft cost, so the ceiling of
-                        any draft at gamma g on this machine: the verify calls, the loop's own work
-                        and the encoder;
-  encoder               the target's encoder and cache set-up alone (`speculative.timing.prefill`), what
-                        every decode of both modes pays once per batch.
-
-Each method's first call at a padded input length compiles and is not timed; every output must
-equal the baseline's token for token (else the run stops with an error). Prints one table (decode
-seconds, target calls, block efficiency, speedup over the baseline) and the machine with its load
-average before and after; `--json_out` also writes it as JSON (atomically).
+The job's run file, read and checked as `speculative.infer` reads it (greedy only; its output
+directory untouched), its models on its decode path, its inputs in its batches, each batch decoded
+by every method in turn (the first call at a padded length compiles, untimed): `baseline`; `draft
+g`, the job's drafter at gamma g; `oracle+draft g`, `OracleDrafter` around it (the target's own
+greedy continuation, all g accepted, at the drafter's cost); `oracle g`, `OracleDrafter` alone (the
+ceiling of any draft at gamma g: verifies, the loop and the encoder); `encoder`, the prefill alone
+(`speculative.timing.prefill`). Every output must equal the baseline's token for token. Prints one
+table and the machine with its load; --json_out also writes it (atomically). docs/training.md, "The
+ceiling, measured", has a run.
 """
 
 from __future__ import annotations
@@ -203,16 +193,16 @@ def table(tallies: dict[str, Tally]) -> list[dict[str, Any]]:
   base = tallies[BASELINE].seconds
   rows = []
   for name, t in tallies.items():
-    calls = t.target_calls
+    decodes, calls = name != ENCODER, t.target_calls
     rows.append(
       {
         'method': name,
         'seconds': round(t.seconds, 3),
-        'tokens': t.tokens if name != ENCODER else None,
-        'target_calls': calls if name != ENCODER else None,
+        'tokens': t.tokens if decodes else None,
+        'target_calls': calls if decodes else None,
         'block_efficiency': round(t.tokens / calls, 3) if calls else None,
-        'speedup': round(base / t.seconds, 3) if name != ENCODER and t.seconds else None,
-        'share_of_baseline': round(t.seconds / base, 3) if name == ENCODER and base else None,
+        'speedup': round(base / t.seconds, 3) if decodes and t.seconds else None,
+        'share_of_baseline': round(t.seconds / base, 3) if not decodes and base else None,
       }
     )
   return rows

@@ -1,32 +1,14 @@
 """The cost model, measured: t(T), c and v(T), the roofline, and the noise verdict of each estimate.
 
-  t(T) = seconds of one target `extend` call over T new tokens (batch rows as given);
-  c    = draft single-token step / target single-token step;
+  t(T) = seconds of one target `extend` call over T new tokens; c = draft single-token step / t(1);
   v(T) = t(T) / t(1).
 
-Every time is the marginal per-call time of a jitted loop of calls ((time of 2n calls - time of n
-calls) / n: no dispatch, no work hoisted out of the loop), on a realistic cache (the encoder run on
-real inputs, the decoder cache prefilled to a mid-sentence position), timed in interleaved rounds
-(`speculative.timing.time_rounds`: every timer once per round, the order rotating from round to
-round, so a change of background load hits all of them alike).
-
-Noise. A ratio (c, v(T)) is computed per round, from the two times of the same round, and
-summarized by its median over rounds and its spread = interquartile range / median of the
-per-round ratios. An estimate is refused (`judge` returns the reason) when
-  * fewer than MIN_ROUNDS rounds were timed (the spread cannot be measured),
-  * some round's time was not resolved above timer jitter (a non-positive marginal time),
-  * the spread exceeds MAX_SPREAD (0.25: the middle half of the rounds disagree by more than a
-    quarter of the value, so a predicted speedup could be off by as much),
-  * it is physically impossible (v(T) < 1: a T-token call cannot be cheaper than a 1-token call).
-A prediction (EXP) and the loop overheads derived from refused estimates are reported as "too
-noisy to predict" instead of a number.
-
-Roofline: the bytes of weights a decode step reads (the decoder's, the cached cross-attention K/V
-projections excluded: they run once per input; plus the embedding table when it is also the logits
-layer); the stream bandwidth, those bytes over the marginal time of a bare jitted matvec over one
-matrix of the same size (so the floor of a step is bytes / bandwidth); v(T) of a bare jitted stack
-of the target's decoder matmuls at B x T rows, beside the target's measured v(T); and a device's
-read rate of one large array (`measure_read_rate`).
+Each time is the marginal per-call time of a jitted loop of calls on a realistic cache, timed in
+interleaved rounds (`speculative.timing.time_rounds`). A ratio is computed per round and summarized
+by its median and spread (interquartile range / median); `judge` refuses a noisy one, and what
+uses it reads "too noisy to predict". The roofline: the bytes of weights a decode step reads over
+the stream bandwidth of a bare matvec of that size, v(T) of the bare decoder matmul stack, and a
+device's read rate. docs/benchmark.md says more.
 """
 
 from __future__ import annotations
@@ -56,20 +38,10 @@ STOCK_STEP = "stock t(1)"
 CACHED_PER_INPUT = ("encoder_decoder_attention/key/", "encoder_decoder_attention/value/")
 
 
-# ------------------------------------------------------------------------------------------------
-# The noise verdict (pure functions of per-round times).
-
-
 @dataclasses.dataclass(frozen=True)
 class Estimate:
-  """Median over rounds of a per-round quantity, with its relative spread.
-
-  Attributes:
-    value: median of the resolved (finite, positive) per-round values; nan if none.
-    spread: (75th - 25th percentile) / median of the resolved values; inf if none.
-    rounds: number of rounds.
-    unresolved: rounds whose value was not finite and positive (timer jitter above the signal).
-  """
+  """The median `value` and `spread` (interquartile range / median) of the resolved (finite,
+  positive) values of `rounds` per-round values (nan and inf if none); `unresolved`: the others."""
 
   value: float
   spread: float
@@ -103,7 +75,8 @@ def ratio_samples(
 def judge(
   est: Estimate, what: str, *, minimum: float | None = None, max_spread: float = MAX_SPREAD
 ) -> str | None:
-  """None if `est` is usable, else why it is too noisy (see the module docstring)."""
+  """None if `est` is usable, else why not: fewer than MIN_ROUNDS rounds, a round not resolved
+  above timer jitter, a spread above `max_spread`, or a value below `minimum` (v(T) < 1)."""
   if est.rounds < MIN_ROUNDS:
     return f"{what}: {est.rounds} timing rounds, too few to measure the noise (need {MIN_ROUNDS})"
   if est.unresolved:
@@ -125,12 +98,7 @@ class NoiseLog:
   def __init__(self, data: dict[str, Any] | None = None, max_spread: float = MAX_SPREAD):
     self.data = data
     if data is None:
-      self.data = {
-        "max_spread": max_spread,
-        "min_rounds": MIN_ROUNDS,
-        "estimates": {},
-        "refused": {},
-      }
+      self.data = dict(max_spread=max_spread, min_rounds=MIN_ROUNDS, estimates={}, refused={})
 
   def add(
     self, name: str, samples: Sequence[float], minimum: float | None = None, fallback=math.nan
@@ -161,10 +129,6 @@ def c_key(drafter: str, detail: str = "") -> str:
   return f"c[{drafter}{', ' + detail if detail else ''}]"
 
 
-# ------------------------------------------------------------------------------------------------
-# t(T), c, v(T).
-
-
 def timer_owners(drafts: Mapping[str, tuple[Any, Any]]) -> dict[str, str]:
   """{drafter: the first drafter of `drafts` ({name: (model, params)}) with the same params object}:
   drafters sharing a model share its timers."""
@@ -190,23 +154,15 @@ def measure_extend_costs(
   max_calls: Mapping[str, int] | None = None,
   keep_timers: dict[str, timing.Timer] | None = None,
 ) -> dict[str, Any]:
-  """t(T) for T in {1} + verify_lengths, each draft model's step and c, all interleaved.
+  """t(T) for T in {1} + verify_lengths and each draft model's step and c, interleaved, on the
+  cache of `encoder_tokens` [B, S] (length `max_length`) with new tokens written at `position`.
 
-  Args:
-    target, target_params: the target model (T5 API) and its params.
-    encoder_tokens: [B, S] int32 real inputs (the batch the costs are for).
-    max_length, position: the decoder cache length and the position the new tokens are written at.
-    verify_lengths: the T > 1 of v(T).
-    drafts: {name: (draft model, params)}; drafters sharing a params object share one timer
-      (`draft[<first such name>]_1`).
-    repeats, min_seconds: timing rounds, and the least duration of one timed loop.
-    extra_timers: more timers to interleave (their per-call seconds land in 'seconds'); those in
-      `marginal_extra` are jitted loops (marginal time); max_calls caps their calibration.
-    keep_timers: if given, receives every timer by name (e.g. to re-time 'target_1' later).
-
+  `drafts` is {name: (draft model, params)} (drafters sharing a params object share one timer,
+  `timer_owners`); `extra_timers` are interleaved too (those in `marginal_extra` are jitted loops;
+  `max_calls` caps their calibration); `keep_timers`, if given, receives every timer by name.
   Returns a JSON-ready dict: batch_size, position, max_length, target_step_s, target_extend_s
   {T: s}, v {T: ratio}, drafters {name: {kind: 'model', draft_step_s, c}}, seconds {extra timer:
-  s}, rounds {timer: [per-round seconds]}, noise (see NoiseLog).
+  s}, rounds {timer: [per-round seconds]}, noise (NoiseLog's).
   """
   lengths = sorted(set([1] + [int(t) for t in verify_lengths]))
   args = dict(encoder_tokens=encoder_tokens, max_length=max_length, position=position)
@@ -254,11 +210,8 @@ def measure_extend_costs(
 
 
 def loop_body_matmuls(compiled_hlo: str) -> int | None:
-  """Number of `dot` ops executed per iteration of the (largest) while loop of an optimized HLO
-  module, following called computations; None if no loop is found.
-
-  Used to check whether XLA hoisted loop-invariant work (e.g. the cross-attention K/V projection of
-  the fixed encoder output) out of a decode loop."""
+  """`dot` ops per iteration of the largest while loop of an optimized HLO module, following called
+  computations (None without a loop): whether XLA hoisted loop-invariant work out of a loop."""
   computations: dict[str, list[str]] = {}
   current = None
   for line in compiled_hlo.splitlines():
@@ -315,13 +268,11 @@ def measure_costs(
   max_length: int | None = None,
   check_hoisting: bool = True,
 ) -> dict[str, Any]:
-  """The benchmark's cost model of the models `view` (`methods.for_batch`: target, target_params,
-  stock_target, drafters) at `batch_size`, on the first batch of `examples`, with the
-  inputs_length, max_new_tokens and cost_* settings of `s` (a BenchmarkSettings or a
-  PaperShapeSettings): `measure_extend_costs` for v(T) up to T = max_gamma + 1 on the cache of the
-  loop at max_gamma (unless `max_length` is given), plus the prefill times, the stock-equivalent
-  step, each draft model's 2-token (catch-up) call and, if `check_hoisting`,
-  the matmuls per compiled decode step of ours and the stock-equivalent loop. Fills `timers`."""
+  """The cost model of `view` (`methods.for_batch`) at `batch_size` on the first batch of
+  `examples`, with the timing settings `s` (sweep.TimingSettings): `measure_extend_costs` up to
+  T = max_gamma + 1 on the loop's cache at max_gamma (or `max_length`), the prefills, the
+  stock-equivalent step, each draft model's 2-token (catch-up) call and, if `check_hoisting`, the
+  matmuls per compiled step of ours and the stock-equivalent loop. Fills `timers`."""
   target, target_params, stock_target = view["target"], view["target_params"], view["stock_target"]
   draft_models = {
     name: (d.model, p)
@@ -387,10 +338,8 @@ def measure_costs(
 def repeat_propose(
   draft_params, state, tokens, lengths, rng, sampling_params, num_calls, *, drafter, gamma, sampling
 ):
-  """`num_calls` chained `drafter.propose` calls at the same lengths (one fresh key per call).
-
-  tokens: [B, L] int32 stream buffer, valid on [0, lengths); lengths: [B] int32; rng: a typed key.
-  """
+  """`num_calls` chained `drafter.propose` calls at the same lengths (one fresh key per call) on
+  `tokens` [B, L], valid on [0, lengths)."""
   batch = tokens.shape[0]
 
   def body(i, carry):
@@ -425,9 +374,8 @@ def measure_propose(
   repeats: int,
   min_seconds: float,
 ) -> tuple[float, list[float], float]:
-  """Seconds per `drafter.propose(gamma)` call (generic: any Drafter) at a mid-sentence length,
-  interleaved with the target step timer `target_step`; returns (seconds, per-round c samples =
-  propose / gamma / target step, c from the medians: the fallback where no round resolved c)."""
+  """(seconds per `drafter.propose(gamma)` call of any Drafter at `position`, per-round c samples =
+  propose / gamma / target step, c from the medians), interleaved with `target_step`."""
   batch = encoder_tokens.shape[0]
   tokens = np.ones((batch, max_length), np.int32)
   tokens[:, : min(position, encoder_tokens.shape[1])] = encoder_tokens[:, :position]
@@ -453,10 +401,6 @@ def measure_propose(
   )
 
 
-# ------------------------------------------------------------------------------------------------
-# The roofline.
-
-
 def decode_step_kernels(
   param_shapes: Mapping[str, tuple[int, ...]], *, logits_via_embedding: bool
 ) -> dict[str, tuple[int, ...]]:
@@ -473,23 +417,34 @@ def weight_bytes(shapes: Mapping[str, tuple[int, ...]], itemsize: int = 4) -> in
   return int(sum(math.prod(shape) for shape in shapes.values()) * itemsize)
 
 
-@jax.jit
-def matmul_loop(kernels, inputs, num_calls):
-  """`num_calls` rounds of inputs[i] @ kernels[i] for every i; the inputs are scaled by a
-  loop-carried scalar and each product reduced by max, so nothing is hoisted or simplified away."""
+@functools.partial(jax.jit, static_argnames="work")
+def work_loop(arrays, num_calls, *, work):
+  """`num_calls` rounds of `work(arrays, scale)` (a float32 scalar); the scale is carried by the
+  loop, so no round is hoisted out of it or skipped."""
 
   def body(_, acc):
-    scale = 1.0 + 1e-9 * acc
-    return acc + sum(jnp.max((scale * x) @ w) for x, w in zip(inputs, kernels)) * 1e-12
+    return acc + work(arrays, 1.0 + 1e-9 * acc) * 1e-12
 
   return jax.lax.fori_loop(0, num_calls, body, jnp.zeros((), jnp.float32))
+
+
+def _matmuls(arrays, scale):  # every inputs[i] @ kernels[i], each product reduced by max
+  return sum(jnp.max((scale * x) @ w) for x, w in zip(*arrays))
+
+
+def _read(array, scale):  # one full read of `array`
+  return jnp.sum(array * scale.astype(array.dtype), dtype=jnp.float32)
+
+
+def _loop_timer(arrays, work) -> timing.Timer:
+  return lambda n: work_loop(arrays, jnp.asarray(n, jnp.int32), work=work)
 
 
 def _stack_timer(kernel_shapes: Sequence[tuple[int, int]], rows: int, seed: int) -> timing.Timer:
   rng = np.random.default_rng(seed)
   kernels = [jnp.asarray(rng.standard_normal(s, np.float32)) for s in kernel_shapes]
   inputs = [jnp.asarray(rng.standard_normal((rows, s[0]), np.float32)) for s in kernel_shapes]
-  return lambda n: matmul_loop(kernels, inputs, jnp.asarray(n, jnp.int32))
+  return _loop_timer((inputs, kernels), _matmuls)
 
 
 def measure_roofline(
@@ -528,17 +483,6 @@ def measure_roofline(
   return out
 
 
-@jax.jit
-def read_loop(array, num_calls):
-  """`num_calls` full reads of `array` (a sum scaled by a loop-carried scalar, so no read is hoisted
-  out of the loop or skipped)."""
-
-  def body(_, acc):
-    return acc + jnp.sum(array * (1.0 + 1e-9 * acc).astype(array.dtype), dtype=jnp.float32) * 1e-12
-
-  return jax.lax.fori_loop(0, num_calls, body, jnp.zeros((), jnp.float32))
-
-
 def measure_read_rate(
   num_bytes: int, dtype: str, *, repeats: int, min_seconds: float
 ) -> dict[str, Any]:
@@ -546,7 +490,7 @@ def measure_read_rate(
   `num_bytes` in `dtype` made on the device (JSON-ready: bytes, read_s, read_rate_gb_s, noise)."""
   itemsize = jnp.dtype(dtype).itemsize
   array = jnp.ones((max(1, num_bytes // itemsize // 1024), 1024), dtype)
-  timers = {"read": lambda n: read_loop(array, jnp.asarray(n, jnp.int32))}
+  timers = {"read": _loop_timer(array, _read)}
   rounds, seconds = timing.time_rounds(timers, repeats, min_seconds, marginal=["read"])
   noise = NoiseLog()
   noise.add("read rate", rounds["read"])

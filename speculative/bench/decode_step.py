@@ -2,15 +2,12 @@
 
   .venv/bin/python -m speculative.bench.decode_step [--shape shipped|random140m] [--rows 1,2,4,8]
 
-`T5.extend` over T tokens, 10 chained steps per timed call (the logits feed the result, so nothing
-is dead code), a cache of 128 positions, three paths: XLA's dot on float32 weights, and the kernels
-with float32 and with bfloat16 weight storage (`t5.pack_decode_params`). Shapes: the shipped 51.2M
-target, or a random-init 139.7M shape (d 768, 12 heads, 6+6 layers, mlp 3072) whose decode-step
-weights are several times the last-level cache (its weights are rounded to bfloat16 values, so the
-bfloat16 storage is exact; timing does not depend on the values). Each (path, T) is jitted once and
-the rounds interleave them; prints the table of `kernels.bench` with the load average. Where the
-job does not compute on CPU (a GPU or TPU backend) the kernel columns are skipped, with the reason
-printed, and XLA's dot is timed alone.
+`T5.extend` over T tokens, 10 chained steps per timed call, a cache of 128 positions, on three
+paths (XLA's dot on float32 weights, the kernels with float32 and with bfloat16 weight storage),
+each (path, T) jitted once, timed in interleaved rounds and printed as `kernels.bench`'s table with
+the load average. Shapes: the shipped target, or a random-init 139.7M one whose decode-step weights
+are several times the last-level cache. Off CPU the kernel columns are skipped (the reason
+printed) and XLA's dot is timed alone.
 """
 
 from __future__ import annotations
@@ -46,15 +43,15 @@ def timed_paths(model, params) -> dict:
 
 def run_model(shape: str, rows, rounds: int, peak_gflops: float, steps: int = 10):
   """t(1) and v(T) of the T5 decoder step per path (XLA f32, kernels with f32 / bf16 weights)."""
-  # The shipped target's shape; the random one is wider (d 768, 12 heads, mlp 3072) and deeper.
   config = gin_utils.load_macro(
     'configs/models/embedded_target.gin', 'EMBEDDED_TARGET', t5_lib.T5Config
   )
   if shape == 'shipped':
     model, params = checkpoints.load_model(config, 'models/embedded/target.msgpack')
-  else:
-    config = dataclasses.replace(config, emb_dim=768, num_heads=12, mlp_dim=3072)
-    config = dataclasses.replace(config, num_encoder_layers=6, num_decoder_layers=6)
+  else:  # wider (d 768, 12 heads, mlp 3072) and deeper than the shipped target
+    config = dataclasses.replace(
+      config, emb_dim=768, num_heads=12, mlp_dim=3072, num_encoder_layers=6, num_decoder_layers=6
+    )
     model = t5_lib.T5(config)
     # bfloat16-valued weights, so that the bf16-stored packing is exact (timing does not depend
     # on the values).

@@ -32,9 +32,8 @@ def synthetic_examples(
 
 @dataclasses.dataclass(frozen=True)
 class InputSource:
-  """Where benchmark inputs come from: a seqio task and split, or a file (a prefix before each
-  line), encoded to at most `inputs_length` tokens; `examples`, if given, are used instead.
-  `BenchmarkSettings` has the same fields, so either describes a source."""
+  """Where benchmark inputs come from (as `BenchmarkSettings`' fields of the same names): a seqio
+  task and split, or a file (a prefix before each line), to at most `inputs_length` tokens."""
 
   task: str | None = tasks.LIBREOFFICE_TASK
   split: str = "test"
@@ -59,10 +58,8 @@ def split_file(split: str, inputs_length: int) -> InputSource:
 def load_examples(
   source: InputSource, *, num_examples: int, skip_truncated: bool
 ) -> tuple[list[infer_inputs.Example], int]:
-  """The first `num_examples` inputs of `source` (an InputSource or a BenchmarkSettings), skipping
-  those longer than its inputs_length if asked.
-
-  Returns (examples, number skipped)."""
+  """(the first `num_examples` inputs of `source`, an InputSource or a BenchmarkSettings, the number
+  of those longer than its inputs_length skipped if `skip_truncated`)."""
   if (source.task is None) == (source.input_file is None):
     raise ValueError("give exactly one of task and input_file")
   limit = None if skip_truncated else num_examples
@@ -71,12 +68,9 @@ def load_examples(
       source.task, source.split, source.inputs_length, limit
     )
   else:
+    vocabulary, length = vocabulary_lib.load(), source.inputs_length
     examples = infer_inputs.examples_from_file(
-      source.input_file,
-      vocabulary_lib.load(),
-      source.inputs_length,
-      source.input_prefix,
-      limit,
+      source.input_file, vocabulary, length, source.input_prefix, limit
     )
   skipped = 0
   if skip_truncated:

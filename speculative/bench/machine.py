@@ -1,20 +1,7 @@
 """The machine a benchmark runs on: its description (reported with every results page), its load,
-and whether a model shape fits its memory.
-
-Does a benchmark's model shape fit the device? An estimate from the configs, before any compute:
-  * weights: every parameter of the models held at once, in their storage dtype;
-  * KV caches: each cache a timer or decode holds (self-attention K/V of max_length positions,
-    cross-attention K/V and the encoder output of inputs_length positions), in the compute dtype;
-  * activations: the largest working set of one call (an encoder or decoder layer over its rows in
-    float32, attention scores, the float32 logits of a verify or of the audit's teacher-forced
-    forward) twice over, plus one decoder layer's weights in float32 twice over (the audit's
-    float32 recompute converts each weight where it is used, `decode.audit._logits_at`), plus
-    whatever extra array the caller names (a read-rate probe);
-  * a margin for XLA's workspace and fragmentation (`MARGIN`).
-
-The device's memory is `memory_stats()['bytes_limit']` of jax's first device where the backend
-reports it (GPUs, TPUs: what the allocator may use), else the host's MemAvailable (/proc/meminfo)
-for the CPU backend. A shape above it is refused in one line, naming both numbers.
+and whether a model shape fits its memory (`estimate`, `check_fits`: weights in their storage
+dtype, the decode caches held at once, the largest float32 working set of one call twice over, and
+a margin; against the device's allocator limit, or on CPU the host's MemAvailable).
 """
 
 from __future__ import annotations
@@ -72,10 +59,8 @@ def machine_info() -> dict[str, Any]:
 
 def busy_warning(machine: dict[str, Any]) -> str | None:
   """Records the load average at the end; a warning if the machine was busier than its cores."""
-  machine["load_average_end"] = list(os.getloadavg())
-  if (
-    max(machine["load_average_start"][0], machine["load_average_end"][0]) > machine["usable_cores"]
-  ):
+  end = machine["load_average_end"] = list(os.getloadavg())
+  if max(machine["load_average_start"][0], end[0]) > machine["usable_cores"]:
     return (
       f"The machine was busy (load average above {machine['usable_cores']} cores): "
       "timings are noisy; regenerate on a quiet machine."
@@ -147,8 +132,9 @@ def cache_bytes(config: t5_lib.T5Config, batch: int, max_length: int, inputs_len
 def activation_bytes(
   config: t5_lib.T5Config, batch: int, inputs_length: int, decoder_length: int
 ) -> int:
-  """The largest float32 working set of one call of `config` over `batch` rows (see the module
-  docstring), twice over, plus the audit's float32 decoder layer twice over."""
+  """The largest float32 working set of one call over `batch` rows (a layer, attention scores, the
+  logits of a verify or of the audit's forward) twice over, plus one decoder layer's weights in
+  float32 twice over (the audit's float32 recompute, `decode.audit._logits_at`)."""
   rows = batch * max(inputs_length, decoder_length)
   widest = max(len(config.mlp_activations) * config.mlp_dim, 3 * config.num_heads * config.head_dim)
   layer = rows * (widest + 4 * config.emb_dim)

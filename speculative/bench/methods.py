@@ -1,18 +1,8 @@
-"""What the benchmark compares: its models (the weights of a checkpoint, or random-init for a smoke
-run: `build_pair`) on their decode path, drafters (built by name) and the decoding methods of a group.
-
-The benchmark packs the target's and the draft's weights once (`bench_models`) and hands each batch
-size's cost model, groups and whole job the params of the path `kernels.policy` picks for it
-(`for_batch`), as `speculative.infer` does per job; the stock-equivalent twin and stock T5X keep
-XLA's path.
-
-Drafters are named in the benchmark's `drafters` option by their names in the one drafter registry
-(`speculative.drafters.registry`): 'model' (the draft model, `ModelDrafter`), 'unigram' / 'bigram'
-(tables estimated on the training targets), 'prompt_lookup' (copying), 'prompt_lookup+model'
-(copying, else the draft model), any name added with `drafters.register_drafter`, or
-'package.module:build' for a build function defined elsewhere: it receives the registry's
-`DrafterOptions` (the target and draft models and params, the vocabulary size, the training
-sequences) and returns (drafter, draft_params).
+"""What the benchmark compares: its models (a checkpoint's weights, or random-init for a smoke run:
+`build_pair`) on each batch size's decode path (`bench_models` packs the weights once for our CPU
+kernels, `for_batch` picks the path `kernels.policy` picks, as `speculative.infer` does per job; the
+stock-equivalent twin and stock T5X keep XLA's), the drafters (by their names in
+`speculative.drafters.registry`, or 'package.module:build') and the decoding methods of a group.
 """
 
 from __future__ import annotations
@@ -44,11 +34,6 @@ BASELINE = "baseline"
 STOCK_EQUIVALENT = "stock_equivalent"
 STOCK_T5X = "stock_t5x"
 SPECULATIVE = "speculative"
-
-
-# ----------------------------------------------------------------------------------------------
-# Models on their decode path.
-# ----------------------------------------------------------------------------------------------
 
 
 def num_params(params: Any) -> int:
@@ -161,15 +146,9 @@ def for_batch(models: dict[str, Any], batch_size: int, setting: str) -> dict[str
   return view
 
 
-# ----------------------------------------------------------------------------------------------
-# Drafters: built by name through the one drafter registry (speculative.drafters).
-# ----------------------------------------------------------------------------------------------
-
-
 @functools.lru_cache(maxsize=1)
 def train_sequences() -> list[np.ndarray]:
   """The LibreOffice training targets as decoder streams (the embedded pair's training data)."""
-
   return tasks.target_token_sequences("train")
 
 
@@ -215,15 +194,10 @@ def build_drafters(
   return built
 
 
-# ----------------------------------------------------------------------------------------------
-# Decoding methods (one callable per method: encoder_tokens [B, S], rng -> tokens, lengths,
-# metrics).
-# ----------------------------------------------------------------------------------------------
-
-
 @dataclasses.dataclass
 class Method:
-  """One decoding method of a group and its measurements."""
+  """One decoding method of a group (`decode`: encoder_tokens [B, S], rng -> its result) and its
+  measurements."""
 
   name: str
   kind: str
@@ -243,16 +217,10 @@ def decode_outputs(kind: str, result: Any) -> dict[str, np.ndarray]:
     is_eos = tokens == tasks.EOS_ID
     lengths = np.where(is_eos.any(1), is_eos.argmax(1) + 1, tokens.shape[1])
     tokens = np.where(np.arange(tokens.shape[1])[None] < lengths[:, None], tokens, 0)
-    zeros = np.zeros(tokens.shape[0])
-    return {
-      "tokens": tokens,
-      "lengths": lengths,
-      "target_calls": lengths,
-      "drafted": zeros,
-      "accepted": zeros,
-      "alpha_sum": zeros,
-      "invalid": zeros.astype(bool),
-    }
+    zeros = np.zeros(tokens.shape[0])  # no draft: nothing drafted or accepted
+    counters = dict.fromkeys(("drafted", "accepted", "alpha_sum"), zeros)
+    counters["invalid"] = zeros.astype(bool)
+    return dict(counters, tokens=tokens, lengths=lengths, target_calls=lengths)
   # Every counter of the result's metrics (a SpecTr decode adds selections and single_alpha_sum).
   metrics = {
     f.name: np.asarray(getattr(result.metrics, f.name)) for f in dataclasses.fields(result.metrics)
@@ -281,12 +249,9 @@ def make_stock_t5x_decode(
   config: t5_lib.T5Config, params: Any, *, max_new_tokens: int, temperature: float
 ) -> Callable[[jax.Array, jax.Array], jax.Array]:
   """Stock T5X decoding: `EncoderDecoderModel(decode_fn=t5x.decoding.temperature_sample)` with
-  T5X's own network (`t5x.examples.t5.network.Transformer`) on the same parameter tree.
-
-  T5X's `temperature_sample` defaults to topk=1, i.e. greedy even at temperature 1; sampling from
-  the model's distribution needs topk=0, which is what we pass for temperature > 0. Temperature 0 is
-  greedy in T5X regardless of topk.
-  """
+  T5X's own network on the same parameter tree. `temperature_sample` defaults to topk=1 (greedy
+  even at temperature 1): sampling from the model's distribution needs topk=0, passed for
+  temperature > 0."""
   from t5x import decoding as t5x_decoding  # pylint: disable=g-import-not-at-top
   from t5x import models as t5x_models  # pylint: disable=g-import-not-at-top
   from t5x.examples.t5 import network as t5x_network  # pylint: disable=g-import-not-at-top
@@ -333,11 +298,9 @@ def stock_t5x_decoder(s: Any, params: Any) -> Callable[..., Any] | None:
 
 
 def make_methods(group: Any, sampling, sampling_params) -> list[Method]:
-  """The methods of one group (a sweep.GroupSettings: its models, gammas, settings'
-  max_new_tokens, stock_t5x_decode and temperature): baseline, stock_equivalent, stock_t5x (if
-  group.stock_t5x_decode is given) and speculative for every drafter (name -> (drafter, params))
-  x its gammas; stock_t5x_decode is called as stock_t5x_decode(temperature=...) and returns the
-  decode callable."""
+  """The methods of one group (a sweep.GroupSettings): baseline, stock_equivalent, stock_t5x (if
+  group.stock_t5x_decode is given: called with temperature=..., it returns the decode callable)
+  and speculative for every drafter x its gammas."""
   target, target_params = group.models["target"], group.models["target_params"]
   options = decode_options.DecodeOptions(
     max_new_tokens=group.settings.max_new_tokens, sampling=sampling, eos_id=tasks.EOS_ID

@@ -3,27 +3,12 @@
   python -m speculative.bench.paper_shape --gin_file=configs/benchmark/paper_shape.gin
   python -m speculative.bench.paper_shape --gin_file=configs/benchmark/paper_shape_small.gin  # CPU
 
-On jax's default backend, in two parts (docs/paper_shape.md says how to read the output):
-  1. Costs, random init: a target of `target_config`'s shape (T5 1.1 XXL's widths and depths) and
-     a draft of `draft_config`'s (T5 1.1 small's), both with the pair's vocabulary and stored in
-     `storage_dtype`. Measured at batch 1 (bench/costs.py): t(1), v(T) for T = 2..8, c; the
-     baseline decode of the inputs (bench/sweep.py), whose ms/token over t(1) is the loop overhead;
-     the decoder's bytes read per step (bench/costs.py) over t(1), as a share of the read rate
-     of a large array measured on the device. Then Theorem 3.8 (analysis.walltime_improvement)
-     with these c and v(T) at the paper's alphas (Table 3: 0.75 greedy, 0.62 at temperature 1)
-     for gamma = 1..8.
-  2. Real walltime, where `source_checkpoint` is given: that trained smaller target grown to
-     `target_config`'s shape in memory on the device (train/grow.py `grow_params_in_memory`,
-     function-preserving, in `storage_dtype`), with the shipped draft (`shipped_draft_*`): the
-     baseline, speculative decoding at `gammas` and the stock row (stock T5X's decode on the same
-     weights where t5x is importable, else the stock-equivalent loop), greedy and sampled, timed
-     interleaved (bench/sweep.py); every greedy output that differs from the baseline, the
-     speculative ones and stock T5X's, is audited (decode/audit.py), and a mismatch fails the run.
-
-Refused in one line before any compute (exit status 2, nothing written): a shape whose weights,
-caches and activations do not fit the device's memory (bench/machine.py), a source the target
-cannot be grown from (another vocabulary or head size, a smaller shape), a draft with another
-vocabulary.
+Part 1 measures a random-init pair of the shapes at batch 1 (t(1), v(T), c, the loop overhead, the
+step's share of the device's read rate) and Theorem 3.8 at the paper's alphas; part 2, where
+`source_checkpoint` is given, decodes with that trained target grown to the shape and the shipped
+draft, every greedy divergence audited. A shape that does not fit the device's memory, a source it
+cannot be grown from and a draft with another vocabulary are refused in one line before any compute
+(exit status 2, nothing written). What it prints and how to read it: docs/paper_shape.md.
 """
 
 from __future__ import annotations
@@ -50,7 +35,6 @@ from speculative.bench import inputs as inputs_lib
 from speculative.bench import machine as machine_lib
 from speculative.bench import markdown
 from speculative.bench import methods as methods_lib
-from speculative.bench import settings as bench_settings
 from speculative.bench import sweep
 from speculative.decode import state as decode_state
 from speculative.jobs import checks
@@ -64,10 +48,10 @@ CACHES_HELD = 16  # decode caches of the target alive at once: one per cost time
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class PaperShapeSettings(bench_settings.TimingSettings):
+class PaperShapeSettings(sweep.TimingSettings):
   """The benchmark's arguments (gin: `paper_shape.<name>`), checked on construction.
 
-  Attributes (the timing fields: `settings.TimingSettings`, at batch 1; the inputs are the
+  Attributes (the timing fields: `sweep.TimingSettings`, at batch 1; the inputs are the
   LibreOffice En-De test split's sentences, the pair's vocabulary):
     target_config, draft_config: the shapes measured (random init); the configs' dtype is the
       compute dtype.
@@ -124,12 +108,11 @@ class PaperShapeSettings(bench_settings.TimingSettings):
     except ValueError as e:  # the grown target's vocabulary or head size is not the source's
       raise ValueError(f"source_config -> target_config: {e}") from None
     self._check_vocabulary("shipped_draft_config")
-    for name, config in (
-      ("source_checkpoint", self.source_config),
-      ("shipped_draft_checkpoint", self.shipped_draft_config),
-    ):  # relative: the repository's
-      object.__setattr__(self, name, checks.resolve_input_path(getattr(self, name)))
-      checkpoints.check_weights(name, getattr(self, name), config)
+    checks.resolve_input_fields(self, ("source_checkpoint", "shipped_draft_checkpoint"))
+    checkpoints.check_weights("source_checkpoint", self.source_checkpoint, self.source_config)
+    checkpoints.check_weights(
+      "shipped_draft_checkpoint", self.shipped_draft_checkpoint, self.shipped_draft_config
+    )
 
   def memory_need(self) -> machine_lib.Need:
     """The larger of the two parts' needs (they run one after the other)."""
@@ -170,17 +153,12 @@ def describe(config: t5_lib.T5Config) -> str:
   )
 
 
-def _measure(s, pair, examples, log, *, max_gamma, temperatures, gammas, stock_t5x_decode):
+def _measure(s, pair, examples, log, gammas=(), temperatures=(0.0,), stock_t5x_decode=None):
   """(decode path, cost model, groups) of `pair` (target, its params, draft, its params) at batch
-  1: the models on the path of `s.kernels` (`methods.bench_models`), their cost model
-  (`costs.measure_costs`, v(T) up to T = max_gamma + 1) and a group per temperature
-  (`sweep.run_group`; the baseline only where `gammas` is empty). Both parts use one cache length
-  (for gamma up to MAX_VERIFY), so the second reuses the first's compiled target programs (same
-  config, shapes and dtypes)."""
-  target, target_params, draft, draft_params = pair
-  pair_args = dict(
-    target=target, target_params=target_params, draft=draft, draft_params=draft_params
-  )
+  1 on the path of `s.kernels`: the cost model up to T = max(gammas) + 1 (MAX_VERIFY without
+  gammas) and a group per temperature (the baseline only where `gammas` is empty). Both parts use one cache length, so the second
+  reuses the first's compiled target programs."""
+  pair_args = dict(zip(("target", "target_params", "draft", "draft_params"), pair))
   drafters = methods_lib.build_drafters(["model"], warnings=[], **pair_args)
   models = methods_lib.bench_models(*pair, drafters, s.kernels, [1])
   models = methods_lib.for_batch(models, 1, s.kernels)
@@ -188,6 +166,7 @@ def _measure(s, pair, examples, log, *, max_gamma, temperatures, gammas, stock_t
     log(f"costs: random init, {models['decode_path']['line']}")
   timers: dict = {}
   max_length = decode_state.buffer_length(1, s.max_new_tokens, MAX_VERIFY)  # the loop's, at most
+  max_gamma = max(gammas, default=MAX_VERIFY - 1)
   costs = costs_lib.measure_costs(
     s, models, examples, 1, max_gamma, timers, max_length=max_length, check_hoisting=False
   )
@@ -218,16 +197,7 @@ def measure_costs(s: PaperShapeSettings, examples, log: Callable[[str], None]) -
   target_params = target.init_params(jax.random.PRNGKey(s.seed), s.storage_dtype)
   draft_params = draft.init_params(jax.random.PRNGKey(s.seed + 1), s.storage_dtype)
   pair = (target, target_params, draft, draft_params)
-  decode_path, costs, groups = _measure(
-    s,
-    pair,
-    examples,
-    log,
-    max_gamma=MAX_VERIFY - 1,
-    temperatures=[0.0],
-    gammas=(),
-    stock_t5x_decode=None,
-  )
+  decode_path, costs, groups = _measure(s, pair, examples, log)
   baseline = groups[0]["baselines"][0]
   step = costs["target_step_s"]
   itemsize = jnp.dtype(s.storage_dtype).itemsize
@@ -303,20 +273,14 @@ def real_walltime(s: PaperShapeSettings, examples, log: Callable[[str], None]) -
     t5_lib.T5(s.shipped_draft_config),
     draft_params,
   )
-  _, costs, groups = _measure(
-    s,
-    pair,
-    examples,
-    log,
-    max_gamma=max(s.gammas),
-    temperatures=s.temperatures,
-    gammas=s.gammas,
-    stock_t5x_decode=methods_lib.stock_t5x_decoder(s, target_params),
-  )
+  stock_t5x_decode = methods_lib.stock_t5x_decoder(s, target_params)
+  _, costs, groups = _measure(s, pair, examples, log, s.gammas, s.temperatures, stock_t5x_decode)
   return {"grow_s": grow_s, "c": costs["drafters"]["model"]["c"], "v": costs["v"], "groups": groups}
 
 
-def _run(s: PaperShapeSettings) -> dict[str, Any]:
+@checks.settings_entry(PaperShapeSettings)
+def paper_shape(s: PaperShapeSettings) -> dict[str, Any]:
+  """The benchmark (arguments: `PaperShapeSettings`' fields, checked before any compute)."""
   t0 = time.perf_counter()
   log = lambda msg: print(f"[{time.perf_counter() - t0:6.1f}s] {msg}", flush=True)  # noqa: E731
   machine = machine_lib.machine_info()
@@ -360,16 +324,6 @@ def _run(s: PaperShapeSettings) -> dict[str, Any]:
   if mismatches:
     raise AssertionError(f"greedy outputs differ from the baseline beyond rounding: {mismatches}")
   return report
-
-
-@checks.settings_entry(PaperShapeSettings)
-def paper_shape(s: PaperShapeSettings) -> dict[str, Any]:
-  """The benchmark (arguments: `PaperShapeSettings`' fields, checked before any compute)."""
-  return _run(s)
-
-
-# ------------------------------------------------------------------------------------------------
-# The printed report.
 
 
 def _ms(seconds: float) -> str:
@@ -433,23 +387,19 @@ def format_report(report: dict[str, Any]) -> str:
     + ".",
     "",
   ]
+  costs_section = [markdown.table(["measure", "value"], cost_rows)]
+  if refused:
+    costs_section.append(
+      "Too noisy (bench/costs.py):\n" + "\n".join(f"- {r}" for r in refused.values())
+    )
+  theorem_section = [markdown.table(["alpha"] + [f"γ={g}" for g in gammas], theorem_rows)]
+  if any(noisy.values()):
+    theorem_section.append(
+      "\\* from a c or v(T) the noise verdict refused (above): not to be relied on."
+    )
+  lines += markdown.section("Costs (batch 1)", *costs_section)
   lines += markdown.section(
-    "Costs (batch 1)",
-    markdown.table(["measure", "value"], cost_rows),
-    *(
-      ["Too noisy (bench/costs.py):\n" + "\n".join(f"- {r}" for r in refused.values())]
-      if refused
-      else []
-    ),
-  )
-  lines += markdown.section(
-    "Theorem 3.8 with these c and v(T), at the paper's alphas (Table 3)",
-    markdown.table(["alpha"] + [f"γ={g}" for g in gammas], theorem_rows),
-    *(
-      ["\\* from a c or v(T) the noise verdict refused (above): not to be relied on."]
-      if any(noisy.values())
-      else []
-    ),
+    "Theorem 3.8 with these c and v(T), at the paper's alphas (Table 3)", *theorem_section
   )
   if "real" in report:
     lines += _real_lines(report)
@@ -481,21 +431,20 @@ def _real_lines(report: dict[str, Any]) -> list[str]:
       ]
   header = ["temperature", "method", "ms/token", "speedup per token", "vs stock", "alpha"]
   header += ["Thm 3.8", "identical to baseline (audit)"]
-  return markdown.section(
-    "Real walltime: the grown target and the shipped draft (batch 1)",
+  paragraphs = [
     f"Target: {report['source']} grown to the shape in {real['grow_s']:.1f} s. Draft: "
     f"{report['shipped_draft']}. c = {real['c']:.3f}; v = "
     + ", ".join(f"{k}: {v:.2f}" for k, v in real["v"].items() if k != "1")
     + ".",
     markdown.table(header, rows),
-    *(
-      [
-        "Divergences from the baseline (decode/audit.py: float32 top-2 gap vs bound):\n"
-        + "\n".join(divergences)
-      ]
-      if divergences
-      else []
-    ),
+  ]
+  if divergences:
+    paragraphs.append(
+      "Divergences from the baseline (decode/audit.py: float32 top-2 gap vs bound):\n"
+      + "\n".join(divergences)
+    )
+  return markdown.section(
+    "Real walltime: the grown target and the shipped draft (batch 1)", *paragraphs
   )
 
 

@@ -1,5 +1,6 @@
 """The sweep: every method of a (batch size, temperature) group timed, interleaved, on the same
-inputs; one row per method (walltime, counters, EXP vs EMP, the profile per loop step)."""
+inputs; one row per method (walltime, counters, EXP vs EMP, the profile per loop step). Its timing
+settings (`TimingSettings`) are the benchmark's and the paper-shape benchmark's."""
 
 from __future__ import annotations
 
@@ -17,13 +18,62 @@ import jax.numpy as jnp
 import numpy as np
 
 from speculative import analysis
+from speculative import kernels
 from speculative import sampling as sampling_lib
 from speculative import timing
 from speculative.bench import costs as costs_lib
 from speculative.bench import methods as bench_methods
 from speculative.decode import audit
 from speculative.decode import batching
+from speculative.jobs import checks
 from speculative.jobs import resources
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class TimingSettings:
+  """The timing fields of the benchmark and the paper-shape benchmark, with their checks.
+
+  Attributes:
+    num_examples: how many inputs; inputs_length: the encoder length; max_new_tokens: decode cap.
+    temperatures: the groups' temperatures (0: greedy).
+    repeats: timed decodes per input batch and method; cost_repeats/cost_min_seconds: cost model
+      (timing rounds, at least costs.MIN_ROUNDS for a noise verdict; least seconds per timing).
+    cost_position: decoder position at which c and v(T) are measured.
+    stock_t5x: 'auto' (time stock T5X when importable), 'on' (require it), 'off'.
+    kernels: our models' decode path per batch size ('auto', 'on', 'off'; `kernels.policy`); the
+      stock-equivalent twin and stock T5X always run on XLA.
+  """
+
+  num_examples: int = 40
+  inputs_length: int = 64
+  max_new_tokens: int = 64
+  temperatures: Sequence[float] = (0.0, 1.0)
+  repeats: int = 3
+  cost_repeats: int = 5
+  cost_min_seconds: float = 0.2
+  cost_position: int = 16
+  stock_t5x: str = "auto"
+  kernels: str = "auto"
+  seed: int = 0
+
+  def check_timing(self, batch_sizes: Sequence[int]) -> None:
+    """ValueError on a timing field out of range; 'on' kernels where some batch size cannot take
+    them (unavailable, or the job computes off CPU)."""
+    for name in ("repeats", "num_examples", "inputs_length", "max_new_tokens", "cost_repeats"):
+      checks.check_int(name, getattr(self, name), 1)
+    checks.check_int("cost_position", self.cost_position, 1, self.max_new_tokens - 1)
+    if not self.temperatures or any(float(t) < 0 for t in self.temperatures):
+      raise ValueError(f"temperatures must be >= 0; got {self.temperatures!r}")
+    checks.check_choice("stock_t5x", self.stock_t5x, ("auto", "on", "off"))
+    if self.stock_t5x == "on" and not bench_methods.t5x_available():
+      raise ValueError("stock_t5x='on' but t5x is not importable (pip install t5x, or use 'auto')")
+    for batch_size in batch_sizes:
+      kernels.policy.choose(self.kernels, int(batch_size))
+
+  @property
+  def use_t5x(self) -> bool:
+    """Time stock T5X itself ('on', or 'auto' where t5x is importable)."""
+    return self.stock_t5x == "on" or (self.stock_t5x == "auto" and bench_methods.t5x_available())
 
 
 def gammas_for(
@@ -77,10 +127,8 @@ def gamma_plan(
 
 def sum_rows(method: bench_methods.Method, batches, key: str) -> float:
   """Sum of a per-row counter over the real (non-padding) rows of every input batch."""
-  total = 0.0
-  for (chunk, _), out in zip(batches, method.outputs):
-    total += float(np.sum(out[key][: len(chunk)]))
-  return total
+  outputs = zip(batches, method.outputs)
+  return sum((float(np.sum(out[key][: len(c)])) for (c, _), out in outputs), 0.0)
 
 
 def method_row(method: bench_methods.Method, batches, group: dict[str, Any]) -> dict[str, Any]:
@@ -211,15 +259,10 @@ def _time_batch(methods, batch_index: int, enc, repeats: int, seed: int) -> None
 
 @dataclasses.dataclass(frozen=True)
 class GroupSettings:
-  """One (batch size, temperature) group of the sweep: its inputs, models, methods and timing.
-
-  `settings` gives inputs_length, max_new_tokens, repeats, seed, cost_position, cost_repeats and
-  cost_min_seconds (a BenchmarkSettings or a PaperShapeSettings); `models` is the batch size's view
-  (`methods.for_batch`: target, target_params, stock_target, drafters {name: (drafter, params)});
-  `gammas` maps a drafter name to its gammas here; `costs` is the batch size's cost model and
-  `timers` its timers (a drafter that is not a model has its propose call timed against
-  'target_1'); `repeats` overrides the settings'; `only` keeps the named methods (the baseline
-  always stays)."""
+  """One (batch size, temperature) group of the sweep: `settings` (TimingSettings), the batch
+  size's models (`methods.for_batch`), cost model and timers (a drafter that is not a model has its
+  propose call timed against 'target_1'), {drafter: gammas}; `repeats` overrides the settings';
+  `only` keeps the named methods (the baseline always stays)."""
 
   settings: Any
   models: Mapping[str, Any]
@@ -240,12 +283,8 @@ def run_group(g: GroupSettings) -> dict[str, Any]:
   s, costs = g.settings, g.costs
   sampling, sampling_params = sampling_lib.make_sampling(g.temperature)
   batches = batching.batches(g.examples, g.batch_size, s.inputs_length)
-  group = {
-    "batch_size": g.batch_size,
-    "temperature": g.temperature,
-    "examples": len(g.examples),
-    "input_batches": len(batches),
-  }
+  group = dict(batch_size=g.batch_size, temperature=g.temperature, examples=len(g.examples))
+  group["input_batches"] = len(batches)
   methods = bench_methods.make_methods(g, sampling, sampling_params)
   if g.only is not None:
     unknown = set(g.only) - {m.name for m in methods}
@@ -256,7 +295,6 @@ def run_group(g: GroupSettings) -> dict[str, Any]:
     repeats = g.repeats or s.repeats
     group["compiles"] = time_methods(methods, batches, repeats=repeats, seed=s.seed, log=g.log)
   group.update(peak_rss_mib=rss.mib, peak_rss_reset=rss.reset)
-
   rows = {m.name: method_row(m, batches, group) for m in methods}
   target = (g.models["target"], g.models["target_params"])
   baselines = _baseline_rows(methods, rows, batches, costs, g.temperature == 0, target)
@@ -272,13 +310,7 @@ def run_group(g: GroupSettings) -> dict[str, Any]:
     min_seconds=s.cost_min_seconds,
   )
   speculative_rows = [
-    audited(
-      _speculative_row(m, rows, batches, costs, g.temperature, methods[0], propose_cost),
-      m,
-      methods[0],
-      batches,
-      *target,
-    )
+    _speculative_row(m, rows, batches, costs, g.temperature, methods[0], propose_cost, target)
     for m in methods
     if m.kind == bench_methods.SPECULATIVE
   ]
@@ -291,13 +323,10 @@ def _baseline_rows(methods, rows, batches, costs, greedy: bool, target) -> list[
   T5X row that differs from our baseline is audited (`audited`: stock T5X is another program
   over the same weights, so its divergences are classified like speculative ones)."""
   base_row = rows[bench_methods.BASELINE]
+  stock = ("stock_equivalent_step_s", "stock_equivalent_prefill_s", costs_lib.STOCK_STEP)
   step_costs = {
     bench_methods.BASELINE: ("target_step_s", "target_prefill_s", costs_lib.TARGET_STEP),
-    bench_methods.STOCK_EQUIVALENT: (
-      "stock_equivalent_step_s",
-      "stock_equivalent_prefill_s",
-      costs_lib.STOCK_STEP,
-    ),
+    bench_methods.STOCK_EQUIVALENT: stock,
   }
   out = []
   for method in methods:
@@ -363,9 +392,10 @@ def audited(row, method, reference, batches, target, target_params) -> dict[str,
 
 
 def _speculative_row(
-  method, rows, batches, costs, temperature: float, reference, propose_cost
+  method, rows, batches, costs, temperature: float, reference, propose_cost, target
 ) -> dict[str, Any]:
-  """One speculative method's row: counters, EXP (unless the costs are too noisy), EMP, profile."""
+  """One speculative method's row: counters, EXP (unless the costs are too noisy), EMP, profile,
+  and the audit of a greedy row that differs from the baseline (`audited`)."""
   base_row = rows[bench_methods.BASELINE]
   stock_name = (
     bench_methods.STOCK_T5X if bench_methods.STOCK_T5X in rows else bench_methods.STOCK_EQUIVALENT
@@ -426,7 +456,7 @@ def _speculative_row(
     {"draft_s": draft["draft_s"], "verify_s": verify_s},
     overhead_refused,
   )
-  return row
+  return audited(row, method, reference, batches, *target)
 
 
 def profile(

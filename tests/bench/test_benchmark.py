@@ -401,7 +401,6 @@ def test_bad_options_raise_before_any_work(tmp_path):
 def test_kernels_on_off_cpu_is_refused_before_any_work(monkeypatch, platform):
   """On a GPU or TPU backend (faked: `kernels.policy.backend`) 'on' is refused by the settings'
   checks, naming the backend; 'auto' passes them (XLA's dot at every batch size)."""
-  from speculative.bench import settings as bench_settings
   from speculative.kernels import policy
 
   monkeypatch.setattr(policy, "backend", lambda given=None: platform)
@@ -413,8 +412,8 @@ def test_kernels_on_off_cpu_is_refused_before_any_work(monkeypatch, platform):
     allow_random_init=True,  # no weights: the settings' weights check passes
   )
   with pytest.raises(ValueError, match=rf"^kernels = on, but this job computes on {platform}: "):
-    bench_settings.BenchmarkSettings(kernels="on", **kwargs)
-  assert bench_settings.BenchmarkSettings(kernels="auto", **kwargs).kernels == "auto"
+    bench_main.BenchmarkSettings(kernels="on", **kwargs)
+  assert bench_main.BenchmarkSettings(kernels="auto", **kwargs).kernels == "auto"
   with pytest.raises(ValueError, match="cannot import"):
     drafters_lib.registry.spec("no_such_module_xyz:factory")
 

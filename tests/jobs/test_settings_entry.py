@@ -10,7 +10,6 @@ import pytest
 from speculative import infer
 from speculative import train
 from speculative.bench import main as bench_main
-from speculative.bench import settings as bench_settings
 from speculative.infer import settings as infer_settings
 from speculative.jobs import checks
 from speculative.train import settings as train_settings
@@ -65,7 +64,7 @@ def test_gin_binds_the_fields_by_name_and_refuses_others():
   [
     (infer.infer, infer_settings.InferSettings),
     (train.train, train_settings.TrainSettings),
-    (bench_main.benchmark, bench_settings.BenchmarkSettings),
+    (bench_main.benchmark, bench_main.BenchmarkSettings),
   ],
 )
 def test_the_runners_signatures_are_their_settings_fields(runner, settings_type):
