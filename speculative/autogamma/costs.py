@@ -93,10 +93,9 @@ class Costs:
   def step(self, gamma: int) -> float:
     """Seconds per step of the gamma loop: measured, else the line between the measured gammas
     around it, else (beyond `top`: what the job considers measuring next) the slope of the two
-    largest measured gammas, at least 0 (a longer draft never costs less). With gamma 1 the only
-    measured gamma >= 1 that slope is the plain loop's step to gamma 1's, which includes the
-    draft's cost per step: a guess on the dear side, so a job whose gamma 1 loses does not go on
-    to measure gamma 2 on its own batches unless even that guess pays."""
+    largest measured gammas >= 1, at least 0, or flat with one (a longer draft never costs less;
+    the plain step's slope up to gamma 1 would charge each further draft token the speculative
+    loop's per-step overhead too: measured at batch 1, gamma 2's step is gamma 1's)."""
     measured = dict(self.loop_steps)
     if gamma in measured:
       return measured[gamma]
@@ -105,9 +104,10 @@ class Costs:
     if above:
       g2 = min(above)
       return measured[g1] + (measured[g2] - measured[g1]) * (gamma - g1) / (g2 - g1)
-    if g1 == 0:
-      return measured[0]  # the plain step alone: flat
-    g0 = max(g for g in measured if g < g1)
+    speculative = [g for g in measured if g >= 1]
+    if len(speculative) < 2:
+      return measured[g1]
+    g0 = speculative[-2]
     slope = max((measured[g1] - measured[g0]) / (g1 - g0), 0.0)
     return measured[g1] + slope * (gamma - g1)
 

@@ -35,10 +35,14 @@ The rule, in the order `choose` applies it:
 The choice stays within the measured gammas, 0..`Costs.top`. While the costs are being measured
 (`choose_while_measuring`, a job without cached costs), the same rules run on the gammas measured
 so far and one past them, its step extrapolated (`Costs.step`: the slope of the two largest
-measured gammas, gamma 0's included), and a chosen gamma not yet measured is decoded to measure it
+measured gammas, flat with one), and a chosen gamma not yet measured is decoded to measure it
 (CALIBRATE): first the plain loop (from the baseline mode's batches where the job has one, else its
 own first batches at gamma 0) and gamma 1, then wherever the rules point, one gamma further at a
-time, until they choose a measured gamma; the costs are then frozen.
+time, until they choose a measured gamma; the costs are then frozen. The job looks one gamma past
+the measured range only while some measured gamma >= 1 predicts at least plain decoding's speed
+(EXPLORE_FROM): where the drafts lose at every measured width, a longer draft is not decoded on the
+job's own batches just to confirm it (at batch 8 and 32 that measurement was most of what measuring
+cost).
 """
 
 from __future__ import annotations
@@ -55,6 +59,7 @@ HALF_LIFE = 1024.0  # drafted tokens after which older batches count half
 HYSTERESIS = 0.05  # keep the previous gamma while within 5% of the best prediction
 PROBE_EVERY = 8  # the probe rule: every 8th consecutive plain batch drafts
 MARGIN = 0.10  # speculate only where a gamma predicts at least 1 + MARGIN (the model's error)
+EXPLORE_FROM = 1.0  # while measuring, look past the measured gammas only from this prediction on
 
 # Why a batch got its gamma (the report counts batches per reason).
 BEST = 'best'
@@ -170,7 +175,9 @@ def choose_while_measuring(
   if not (times.measured(0) and times.measured(1)):
     return Choice(1, CALIBRATE, alpha, {})
   costs = times.costs()
-  choice = choose(costs, state, top=min(costs.top + 1, costs.gamma_max))
+  speedups = predicted_speedups(costs, alpha)
+  explore = max(speedups[g] for g in range(1, costs.top + 1)) >= EXPLORE_FROM
+  choice = choose(costs, state, top=min(costs.top + explore, costs.gamma_max))
   if times.measured(choice.gamma):
     return choice
   return dataclasses.replace(choice, reason=CALIBRATE)

@@ -24,8 +24,8 @@ def test_the_step_model_interpolates_and_extrapolates_between_measured_gammas():
   # A noisy measured step that falls beyond gamma 1 is not extrapolated downwards.
   dip = costs_lib.Costs(((0, 4e-3), (1, 5e-3), (2, 4.5e-3)), 7)
   assert dip.step(6) == 4.5e-3
-  # Gamma 1 the only measured gamma >= 1: beyond it the plain step's slope up to it.
-  assert costs_lib.Costs(((0, 4e-3), (1, 5e-3)), 7).step(3) == pytest.approx(7e-3)
+  # One measured gamma >= 1: beyond it flat (not the plain step's slope up to it).
+  assert costs_lib.Costs(((0, 4e-3), (1, 5e-3)), 7).step(3) == 5e-3
   assert costs_lib.Costs(((0, 4e-3),), 7).step(3) == 4e-3  # the plain step alone: flat
   assert (COSTS.top, costs_lib.Costs(((0, 4e-3),), 7).top) == (3, 0)
 

@@ -198,11 +198,26 @@ def test_while_measuring_where_only_plain_decoding_pays_it_stops_after_gamma_1()
   times = costs_lib.LoopTimes.empty(7)
   times = _measure(_measure(times, ONLY_PLAIN_PAYS, 0), ONLY_PLAIN_PAYS, 1)
   choice = policy.choose_while_measuring(times, policy.PolicyState(), True)
-  # Gamma 2 extrapolated by the plain step's slope to gamma 1 pays not even at alpha 1: plain is
-  # chosen among measured gammas, so the costs freeze.
+  # Gamma 1 predicts below plain decoding's speed (0.68x at alpha 0.7): the job does not look
+  # past it (gamma 2, its step assumed flat, would predict 0.88x: not measured either way), and
+  # on gammas 0..1 not even alpha 1 pays: plain, and the costs freeze.
   assert (choice.gamma, choice.reason) == (0, policy.NEVER_PAYS)
   # Frozen on gammas 0..1, where not even alpha 1 pays: plain for good, no probe.
   assert policy.choose(times.costs(), policy.PolicyState()).reason == policy.NEVER_PAYS
+
+
+def test_while_measuring_it_looks_past_gamma_1_only_where_gamma_1_breaks_even():
+  """Gamma 1 steps 1.9 plain steps: at alpha 0.8 it predicts 1.8 / 1.9 = 0.95x, and gamma 2, its
+  step assumed flat, 2.44 / 1.9 = 1.28x. A job whose measured drafts all lose does not decode its
+  next batches at gamma 2 to find out: it freezes on plain decoding. Gamma 1 at 1.7 plain steps
+  (1.06x) breaks even, so gamma 2 (1.44x) is measured."""
+  state = _confident(0.8)
+  for gamma_1_step, want in [(1.9e-3, (0, policy.BEST)), (1.7e-3, (2, policy.CALIBRATE))]:
+    costs = costs_lib.Costs(((0, 1e-3), (1, gamma_1_step)), 7)
+    times = _measure(_measure(costs_lib.LoopTimes.empty(7), costs, 0), costs, 1)
+    assert policy.predicted_speedups(times.costs(), state.alpha())[2] > 1 + policy.MARGIN
+    choice = policy.choose_while_measuring(times, state, True)
+    assert (choice.gamma, choice.reason) == want
 
 
 def test_a_gamma_counts_as_measured_after_min_steps():

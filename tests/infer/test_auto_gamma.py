@@ -106,9 +106,8 @@ def test_where_only_plain_decoding_pays_the_job_never_drafts(pair, inject, tmp_p
   )
   spec = _records(tmp_path / "out1", "speculative")
   policy_summary = first["gamma_policy"]
-  # Gamma 1 measured, gamma 2 (its step extrapolated by the plain step's slope to gamma 1) would
-  # not pay even at alpha 1: the costs freeze at the second batch's choice of plain decoding, and
-  # on gammas 0..1 not even alpha 1 pays.
+  # Gamma 1 measured loses to plain decoding, so the job does not look past it: the costs freeze
+  # at the second batch's choice of plain decoding, and on gammas 0..1 not even alpha 1 pays.
   assert policy_summary["reasons"] == {policy.CALIBRATE: 1, policy.NEVER_PAYS: 4}
   assert sorted(r["gamma"] for r in spec) == [0] * 8 + [1] * 2
   assert timed[:2] == [1, 0]  # the gamma-1 batch, then the baseline's batch beside it
