@@ -10,6 +10,7 @@ from model_utils import save_tiny_pair
 import numpy as np
 import pytest
 
+from speculative import drafters
 from speculative.bench import ceiling
 from speculative.infer import inputs as infer_inputs
 from speculative.infer import run as infer_run
@@ -32,30 +33,58 @@ def settings(tmp_path_factory):
 
 
 def test_oracles_accept_every_draft_and_every_output_is_the_baselines(settings):
+  """End to end at one gamma, 3 (the table test below reuses its compiled programs). That each
+  method decodes at its own gamma, not another's or the job's default 4, is the next test's check,
+  made without compiling (at these lengths, up to 12 tokens, gamma 3 and 4 need the same number of
+  oracle calls)."""
   _, kwargs = settings
   s = infer_settings.InferSettings(**kwargs)
   examples = infer_inputs.load_inputs(s).examples
-  tallies = ceiling.measure(s, examples, infer_run.load_models(s), (2, 3), log=lambda line: None)
-  assert list(tallies) == [
-    "baseline",
-    "draft 2",
-    "oracle+draft 2",
-    "oracle 2",
-    "draft 3",
-    "oracle+draft 3",
-    "oracle 3",
-    "encoder",
-  ]
+  gamma = 3
+  tallies = ceiling.measure(s, examples, infer_run.load_models(s), (gamma,), log=lambda line: None)
+  assert list(tallies) == ["baseline", "draft 3", "oracle+draft 3", "oracle 3", "encoder"]
   lengths = np.asarray(tallies["baseline"].lengths)  # measure checked every output against these
   assert len(lengths) == len(SOURCES) and tallies["baseline"].target_calls == lengths.sum() > 0
-  for gamma in (2, 3):
-    # The tiny draft is imperfect; an oracle needs exactly ceil(n / (gamma + 1)) calls for n tokens.
-    calls = int(np.sum(-(-lengths // (gamma + 1))))
-    assert tallies[f"oracle {gamma}"].target_calls == calls
-    assert tallies[f"oracle+draft {gamma}"].target_calls == calls
-    assert tallies[f"draft {gamma}"].target_calls > calls
-    assert tallies[f"oracle {gamma}"].lengths == tallies[f"draft {gamma}"].lengths == list(lengths)
+  # The tiny draft is imperfect; an oracle needs exactly ceil(n / (gamma + 1)) calls for n tokens.
+  calls = int(np.sum(-(-lengths // (gamma + 1))))
+  assert tallies[f"oracle {gamma}"].target_calls == calls
+  assert tallies[f"oracle+draft {gamma}"].target_calls == calls
+  assert tallies[f"draft {gamma}"].target_calls > calls
+  assert tallies[f"oracle {gamma}"].lengths == tallies[f"draft {gamma}"].lengths == list(lengths)
   assert all(t.seconds > 0 for t in tallies.values())
+
+
+def test_each_gamma_gets_its_own_drafters_params_and_gamma(settings, monkeypatch):
+  """method_fns for gammas (2, 3): every method decodes with its own gamma (no method bound to
+  another's, or to the job's default 4), its drafter (the job's, the oracle around it, the oracle
+  alone) and that drafter's params (the baseline's tokens for the oracles). `modes.decode_fns` is
+  replaced by a recorder, so nothing compiles: the decodes themselves are the test above's."""
+  _, kwargs = settings
+  s = infer_settings.InferSettings(**kwargs)
+  models = infer_run.load_models(s)
+
+  def recorder(target, target_params, drafter=None, draft_params=None, *, options, **unused):
+    assert target is models.target and target_params is models.target_params
+    spec = lambda encoder_tokens, rng: (drafter, draft_params, options.gamma)  # noqa: E731
+    return {"baseline": lambda encoder_tokens, rng: "baseline", "speculative": spec}
+
+  monkeypatch.setattr(ceiling.modes, "decode_fns", recorder)
+  fns = ceiling.method_fns(s, models, (2, 3))
+  assert list(fns) == ["baseline"] + [
+    f"{method} {g}" for g in (2, 3) for method in ("draft", "oracle+draft", "oracle")
+  ]
+  generated = object()  # what measure passes: the baseline's tokens of the batch
+  assert fns["baseline"](None, None, generated) == "baseline"
+  for g in (2, 3):
+    drafter, params, gamma = fns[f"draft {g}"](None, None, generated)
+    assert (drafter, params, gamma) == (models.drafter, models.draft_params, g)
+    drafter, params, gamma = fns[f"oracle+draft {g}"](None, None, generated)
+    assert isinstance(drafter, drafters.OracleDrafter) and drafter.inner is models.drafter
+    assert gamma == g and params["generated"] is generated
+    assert params["inner"] is models.draft_params
+    drafter, params, gamma = fns[f"oracle {g}"](None, None, generated)
+    assert isinstance(drafter, drafters.OracleDrafter) and drafter.inner is None
+    assert gamma == g and params == {"generated": generated, "inner": None}
 
 
 def test_the_table_is_printed_and_written(settings, capsys):

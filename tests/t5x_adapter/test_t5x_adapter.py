@@ -207,8 +207,10 @@ def test_draft_config_from_size_inherits_target_vocab_and_dtype():
 
 @pytest.fixture(scope='module')
 def tiny_draft_checkpoint(tmp_path_factory):
-  """A random tiny T5 (seed 1, not the fixture's weights) written as a T5X checkpoint."""
-  params = jax.jit(t5_lib.T5(TINY).init_params)(jax.random.PRNGKey(1))
+  """A random tiny T5 (seed 1, not the fixture's weights) written as a T5X checkpoint: the real
+  init's shapes and scales, made in NumPy (`model_utils.random_params`; compiling T5's initializer
+  for TINY took ~5 s of the fast tier's test_add_draft_checkpoint_errors)."""
+  params = model_utils.random_params(t5_lib.T5(TINY), seed=1)
   directory = tmp_path_factory.mktemp('draft')
   path = checkpoints.save_t5x_checkpoint(params, directory, step=7)
   return path, params

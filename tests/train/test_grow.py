@@ -1,8 +1,11 @@
 """Growth (speculative/train/grow.py): the grown model computes the small model's logits, and every new
 weight gets a gradient on the first step (no zero-read/zero-write saddle)."""
 
+import functools
+
 import jax
 import jax.numpy as jnp
+from model_utils import random_params
 import numpy as np
 import pytest
 
@@ -32,6 +35,15 @@ LARGE = T5Config(
 )
 
 
+@functools.cache
+def _small_params():
+  """The small model's params: random, with the real init's shapes and scales, made in NumPy
+  (`model_utils.random_params`; compiling T5's initializer for SMALL took ~8 s). Growth must keep
+  the logits of any small model, so its weights need not come from the initializer; the large
+  model's fresh weights still do (grow_params and grow_params_in_memory call T5.init_params)."""
+  return jax.device_get(random_params(T5(SMALL), seed=1))
+
+
 def _batch():
   rng = np.random.default_rng(0)
   enc = rng.integers(2, 300, size=(3, 11)).astype(np.int32)
@@ -41,7 +53,7 @@ def _batch():
 
 
 def test_grown_model_computes_the_small_models_logits():
-  small_params = T5(SMALL).init_params(jax.random.PRNGKey(1))
+  small_params = _small_params()
   grown = grow.grow_params(jax.device_get(small_params), SMALL, LARGE, seed=2)
   enc, dec = _batch()
   expected = jax.jit(T5(SMALL).forward)(small_params, enc, dec)  # jitted: one compile, not ~100
@@ -50,7 +62,7 @@ def test_grown_model_computes_the_small_models_logits():
 
 
 def test_new_write_weights_get_gradients():
-  small_params = T5(SMALL).init_params(jax.random.PRNGKey(1))
+  small_params = _small_params()
   grown = jax.tree_util.tree_map(
     jnp.asarray, grow.grow_params(jax.device_get(small_params), SMALL, LARGE, seed=2)
   )
@@ -83,7 +95,7 @@ def test_refuses_to_shrink_or_change_the_vocabulary():
 def test_growth_in_memory_is_the_same_rule_in_bfloat16():
   """`grow_params_in_memory` (device, bfloat16) gives `grow_params`'s tree rounded to bfloat16, and
   the grown model computes the small one's logits within bfloat16 rounding."""
-  small_params = jax.device_get(T5(SMALL).init_params(jax.random.PRNGKey(1)))
+  small_params = _small_params()
   grown = grow.grow_params_in_memory(small_params, SMALL, LARGE, seed=2, dtype="bfloat16")
   assert {x.dtype for x in jax.tree_util.tree_leaves(grown)} == {jnp.dtype(jnp.bfloat16)}
   reference = grow.grow_params(small_params, SMALL, LARGE, seed=2)
@@ -107,7 +119,7 @@ def test_growth_in_memory_is_the_same_rule_in_bfloat16():
   [("vocab_size", 400, "vocab_size differs"), ("head_dim", 32, "head_dim differs")],
 )
 def test_growth_in_memory_refuses_another_vocabulary_or_head_size(field, value, message):
-  params = jax.device_get(T5(SMALL).init_params(jax.random.PRNGKey(0)))
+  params = _small_params()
   other = T5Config(**{**LARGE.__dict__, field: value})
   with pytest.raises(ValueError, match=message):
     grow.grow_params_in_memory(params, SMALL, other)
