@@ -315,8 +315,9 @@ def check_cache_file(path: str) -> None:
     raise PermissionError(f'calibration cache {path} is not writable')
 
 
-def _read_cache(path: str) -> dict[str, Any]:
-  """The cache's entries ({} if there is no file); a file that is not a cache: one warning line."""
+def _read_cache(path: str, warn: bool = True) -> dict[str, Any]:
+  """The cache's entries ({} if there is no file); a file that is not a cache: one warning line
+  (`warn`: `store` rewrites a file the job's `load` has warned of already)."""
   if not os.path.exists(path):
     return {}
   try:
@@ -329,7 +330,8 @@ def _read_cache(path: str) -> dict[str, Any]:
       Costs.from_json(entry['costs'])
     return entries
   except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
-    logging.warning('calibration cache %s is unreadable (%s); measuring afresh', path, e)
+    if warn:
+      logging.warning('calibration cache %s is unreadable (%s); measuring afresh', path, e)
     return {}
 
 
@@ -394,8 +396,9 @@ def load(path: str, fields: Mapping[str, Any]) -> Calibration:
 
 
 def store(path: str, calibration: Calibration) -> None:
-  """Writes a measured calibration's costs to the cache file under its key."""
-  entries = _read_cache(path)
+  """Writes a measured calibration's costs to the cache file under its key (an unreadable file:
+  replaced, without a second warning)."""
+  entries = _read_cache(path, warn=False)
   entries[calibration.key] = {
     'fields': calibration.fields,
     'costs': calibration.costs.to_json(),
