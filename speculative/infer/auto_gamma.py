@@ -15,8 +15,8 @@ batch is, plus one stepless call of the same compiled program per batch (`max_st
 call pays once, timed apart as calibration, not decode time; no extra program): the plain loop on
 the baseline mode's batches (or its own first batches at gamma 0 where the job has no baseline
 mode), and each gamma the policy visits while measuring; once the policy chooses a measured gamma
-the costs are frozen and cached. A
-resumed job measures again from its finished records, so it reaches the same costs and choices.
+the costs are frozen and cached. A resumed job measures again from its finished records, so it
+reaches the same costs and choices.
 """
 
 from __future__ import annotations
@@ -102,7 +102,7 @@ class AutoGamma:
     self.times = costs_lib.LoopTimes.empty(gamma_max) if calibration.costs is None else None
     self.state = policy.PolicyState()
     self.batches: list[BatchChoice] = []
-    self.calibration_s = 0.0  # the stepless calls' time (both modes): calibration, not decoding
+    self.calibration_s = 0.0  # the measuring batches' stepless calls (both modes): calibration
     self._replaying = False
 
   def decode_fn(self, gamma: int) -> modes.DecodeFn:
@@ -132,9 +132,10 @@ class AutoGamma:
   def observe(self, choice: policy.Choice, records: Sequence[dict]) -> None:
     """The batch decoded at `choice.gamma` produced `records` (one per row)."""
     self.state = policy.observe_records(self.state, choice.gamma, records)
-    self.calibration_s += _stepless_seconds(records)
-    if self.measuring:
-      self.times = self.times.add(choice.gamma, costs_lib.batch_timing(records))
+    if self.measuring:  # (only a measuring batch's calls were also timed stepless)
+      timing = costs_lib.batch_timing(records)
+      self.calibration_s += timing.stepless
+      self.times = self.times.add(choice.gamma, timing)
     self.batches.append(
       BatchChoice(
         choice,
@@ -148,11 +149,10 @@ class AutoGamma:
     """The baseline mode's records of a batch this mode has decoded at `gamma` (the plain loop,
     timed on the same batch); ignored unless the baseline decodes before this mode
     (`plain_beside`), as the job and its replay both observe it."""
-    if not (self.plain_beside and records):
-      return
-    self.calibration_s += _stepless_seconds(records)
-    if self.measuring:
-      self.times = self.times.add_plain(gamma, costs_lib.batch_timing(records))
+    if self.plain_beside and self.measuring and records:
+      timing = costs_lib.batch_timing(records)
+      self.calibration_s += timing.stepless
+      self.times = self.times.add_plain(gamma, timing)
 
   def replay(
     self,
@@ -235,10 +235,6 @@ class AutoGamma:
     if not plain or predicted is None:
       return None
     return plain / sum(b.tokens / predicted[b.choice.gamma] for b in self.batches)
-
-
-def _stepless_seconds(records: Sequence[dict]) -> float:
-  return sum(float(r.get('stepless_s', 0.0)) for r in records)
 
 
 def plain_rows(plain_records: dict[int, dict] | None, batch_examples: Sequence[Any]) -> list[dict]:
