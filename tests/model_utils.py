@@ -280,3 +280,15 @@ def kernels_run_here_mark():
 
   reason = kernels_cannot_run_here()
   return pytest.mark.skipif(reason is not None, reason=f"CPU kernels cannot run here: {reason}")
+
+
+def loop_times(costs, steps=None):
+  """`autogamma.costs.LoopTimes` whose costs are `costs`: each gamma's loop timed over `steps`
+  loop steps (default MIN_STEPS), no stepless call (what a cache entry holds)."""
+  from speculative.autogamma import costs as costs_lib
+
+  steps = steps or costs_lib.MIN_STEPS
+  own = [costs_lib.BatchTiming()] * (costs.gamma_max + 1)
+  for gamma, step in costs.loop_steps:
+    own[gamma] = costs_lib.BatchTiming(step * steps, steps)
+  return costs_lib.LoopTimes(tuple(own), (costs_lib.BatchTiming(),) * len(own))

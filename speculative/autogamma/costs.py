@@ -43,7 +43,8 @@ import jax
 from speculative.checkpoints import files
 
 MIN_STEPS = 32  # loop steps a gamma's batches run before its step counts as measured
-CACHE_VERSION = 5
+CACHE_VERSION = 6
+CACHE_STEPS = 1024  # loop steps per gamma the cache keeps (`LoopTimes.capped`)
 
 
 def default_cache_file() -> str:
@@ -63,11 +64,14 @@ class Costs:
     gamma_max: the largest gamma the job may choose.
     fixed: ((gamma, the stepless call's seconds per generated token), ...) at the gammas of
       `loop_steps` (empty: none measured, 0).
+    evidence: ((gamma, the loop steps its step was measured over), ...) at the gammas of
+      `loop_steps` (empty: unknown; the policy's margin over plain decoding shrinks with it).
   """
 
   loop_steps: tuple[tuple[int, float], ...]
   gamma_max: int
   fixed: tuple[tuple[int, float], ...] = ()
+  evidence: tuple[tuple[int, int], ...] = ()
 
   def __post_init__(self):
     gammas = [g for g, _ in self.loop_steps]
@@ -79,6 +83,7 @@ class Costs:
       or not all(s > 0 for _, s in self.loop_steps)
       or (self.fixed and [g for g, _ in self.fixed] != gammas)
       or not all(f >= 0 for _, f in self.fixed)
+      or (self.evidence and [g for g, _ in self.evidence] != gammas)
     ):
       raise ValueError(
         'costs need the plain loop step c(0), steps > 0 at sorted gammas <= gamma_max and fixed '
@@ -123,18 +128,26 @@ class Costs:
     speculative = [g for g in measured if g >= 1] or [0]
     return measured[min(speculative, key=lambda g: (abs(g - gamma), g))]
 
+  def measured_steps(self, gamma: int) -> int | None:
+    """The loop steps `gamma`'s step was measured over (0: not measured; None: unknown)."""
+    if not self.evidence:
+      return None
+    return dict(self.evidence).get(gamma, 0)
+
   def to_json(self) -> dict[str, Any]:
     return {
       'gamma_max': self.gamma_max,
       'loop_step_ms': {str(g): round(s * 1e3, 6) for g, s in self.loop_steps},
       'fixed_ms_per_token': {str(g): round(f * 1e3, 6) for g, f in self.fixed},
+      'measured_steps': {str(g): n for g, n in self.evidence},
     }
 
   @classmethod
   def from_json(cls, data: Mapping[str, Any]) -> Costs:
     steps = sorted((int(g), float(ms) / 1e3) for g, ms in data['loop_step_ms'].items())
     fixed = sorted((int(g), float(ms) / 1e3) for g, ms in data['fixed_ms_per_token'].items())
-    return cls(loop_steps=tuple(steps), gamma_max=int(data['gamma_max']), fixed=tuple(fixed))
+    evidence = sorted((int(g), int(n)) for g, n in data.get('measured_steps', {}).items())
+    return cls(tuple(steps), int(data['gamma_max']), tuple(fixed), tuple(evidence))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -144,31 +157,32 @@ class BatchTiming:
   Attributes:
     seconds: warm walltime of the decode call(s).
     steps: loop steps (per batch: its rows' most target calls).
-    stepless: walltime of the same call(s) with max_steps = 0 (0: not timed).
+    stepless: walltime of the same call(s) with max_steps = 0, where timed (while measuring).
     tokens: generated tokens of each batch's longest row (the plain loop's steps).
+    stepless_tokens: `tokens` of the batches whose stepless call was timed.
   """
 
   seconds: float = 0.0
   steps: int = 0
   stepless: float = 0.0
   tokens: int = 0
+  stepless_tokens: int = 0
 
   def __add__(self, other: BatchTiming) -> BatchTiming:
-    return BatchTiming(
-      self.seconds + other.seconds,
-      self.steps + other.steps,
-      self.stepless + other.stepless,
-      self.tokens + other.tokens,
-    )
+    return BatchTiming(*(a + b for a, b in zip(self.to_json(), other.to_json())))
 
-  def step(self) -> float:
-    """Seconds per loop step, the stepless time taken out (at least 1% of the whole: a noisy
-    stepless time never makes a step free)."""
-    return max(self.seconds - self.stepless, 0.01 * self.seconds) / self.steps
+  def step(self, fixed: float) -> float:
+    """Seconds per loop step: the walltime less the fixed share (`fixed` seconds per generated
+    token, `fixed()` where the stepless calls were timed) over the loop steps; at least 1% of the
+    whole (a noisy stepless time never makes a step free)."""
+    return max(self.seconds - fixed * self.tokens, 0.01 * self.seconds) / self.steps
 
-  def fixed(self) -> float:
-    """The stepless time's seconds per generated token."""
-    return self.stepless / self.tokens if self.tokens else 0.0
+  def fixed(self) -> float | None:
+    """The stepless calls' seconds per generated token over the batches they timed (None: none)."""
+    return self.stepless / self.stepless_tokens if self.stepless_tokens else None
+
+  def to_json(self) -> list[float]:
+    return [self.seconds, self.steps, self.stepless, self.tokens, self.stepless_tokens]
 
 
 def batch_timing(records: Iterable[dict]) -> BatchTiming:
@@ -178,11 +192,14 @@ def batch_timing(records: Iterable[dict]) -> BatchTiming:
   through here, from the records as written, so a resumed job's measurements equal the
   uninterrupted job's bit for bit."""
   records = list(records)
+  tokens = max(int(r['num_tokens']) for r in records)
+  timed = all('stepless_s' in r for r in records)
   return BatchTiming(
     seconds=sum(float(r['decode_s']) for r in records),
     steps=max(int(r['target_calls']) for r in records),
-    stepless=sum(float(r.get('stepless_s', 0.0)) for r in records),
-    tokens=max(int(r['num_tokens']) for r in records),
+    stepless=sum(float(r['stepless_s']) for r in records) if timed else 0.0,
+    tokens=tokens,
+    stepless_tokens=tokens if timed else 0,
   )
 
 
@@ -228,20 +245,75 @@ class LoopTimes:
     """The measured gammas' steps and fixed shares (needs gamma 0 measured). Where the baseline
     timed the same batches, each is the plain loop's (over all of the baseline's batches) times
     the ratio of the two loops' on those batches, each pair measured seconds apart: the
-    machine's load, which drifts over a job, moves both alike; else the gamma's own."""
+    machine's load, which drifts over a job, moves both alike; else the gamma's own. A gamma's
+    fixed share is its stepless calls' (`BatchTiming.fixed`), else, where its batches ran no
+    stepless call (decoded after the costs froze), the nearest measured gamma's >= 1 (every
+    speculative loop runs the same encoders), else the plain loop's."""
+    shares = {g: t.fixed() for g, t in enumerate(self.own) if t.fixed() is not None}
+    plain_fixed = shares.get(0, 0.0)
+
+    def share(gamma: int) -> float:
+      if gamma in shares:
+        return shares[gamma]
+      speculative = [g for g in shares if g >= 1]
+      if not speculative:
+        return plain_fixed
+      return shares[min(speculative, key=lambda g: (abs(g - gamma), g))]
+
     plain = self.own[0]
-    steps, fixed = [(0, plain.step())], [(0, plain.fixed())]
+    plain_step = plain.step(plain_fixed)
+    steps, fixed, evidence = [(0, plain_step)], [(0, plain_fixed)], [(0, plain.steps)]
     for g in range(1, self.gamma_max + 1):
       if not self.measured(g):
         continue
       own, pair = self.own[g], self.paired[g]
-      step, share = own.step(), own.fixed()
+      f = share(g)
+      step = own.step(f)
       if pair.steps:
-        step = plain.step() * step / pair.step()
-        share = plain.fixed() * share / pair.fixed() if pair.fixed() else share
+        pair_fixed = pair.fixed()
+        pair_fixed = plain_fixed if pair_fixed is None else pair_fixed
+        step = plain_step * step / pair.step(pair_fixed)
+        f = plain_fixed * f / pair_fixed if pair_fixed else f
       steps.append((g, step))
-      fixed.append((g, share))
-    return Costs(tuple(steps), self.gamma_max, tuple(fixed))
+      fixed.append((g, f))
+      evidence.append((g, own.steps))
+    return Costs(tuple(steps), self.gamma_max, tuple(fixed), tuple(evidence))
+
+  def capped(self, steps: int) -> LoopTimes:
+    """What the cache keeps: each gamma's sums (its own and its pairs alike, so its ratios and
+    per-step times stay) scaled down to at most `steps` loop steps, so that the next jobs' own
+    batches still move the costs they start from."""
+
+    def scale(t: BatchTiming, k: float) -> BatchTiming:
+      if k >= 1.0:
+        return t
+      return BatchTiming(
+        t.seconds * k,
+        round(t.steps * k),
+        t.stepless * k,
+        round(t.tokens * k),
+        round(t.stepless_tokens * k),
+      )
+
+    ks = [steps / t.steps if t.steps else 1.0 for t in self.own]
+    return LoopTimes(
+      tuple(scale(t, k) for t, k in zip(self.own, ks)),
+      tuple(scale(t, k) for t, k in zip(self.paired, ks)),
+    )
+
+  def to_json(self) -> dict[str, Any]:
+    return {
+      'own': [t.to_json() for t in self.own],
+      'paired': [t.to_json() for t in self.paired],
+    }
+
+  @classmethod
+  def from_json(cls, data: Mapping[str, Any]) -> LoopTimes:
+    own = tuple(BatchTiming(*t) for t in data['own'])
+    paired = tuple(BatchTiming(*t) for t in data['paired'])
+    if len(own) != len(paired) or len(own) < 2:
+      raise ValueError(f'loop times need one sum per gamma for both lists: {data}')
+    return cls(own, paired)
 
 
 def _add(values: tuple, index: int, value) -> tuple:
@@ -328,6 +400,7 @@ def _read_cache(path: str, warn: bool = True) -> dict[str, Any]:
       raise ValueError('not a calibration cache of this version')
     for entry in entries.values():
       Costs.from_json(entry['costs'])
+      LoopTimes.from_json(entry['times'])
     return entries
   except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
     if warn:
@@ -355,6 +428,8 @@ class Calibration:
   """The costs a job decides with, and where they came from.
 
   Attributes:
+    times: the loop times the job starts from (None: none; source 'measured'), to which it adds
+      its own batches'.
     costs: the loop steps; None while the job is still measuring them (source 'measured').
     key: `cache_key` of `fields`.
     fields: `key_fields`.
@@ -363,6 +438,7 @@ class Calibration:
     batches: the batches the measurement took (0 unless measured by this job).
   """
 
+  times: LoopTimes | None
   costs: Costs | None
   key: str
   fields: dict[str, Any]
@@ -370,20 +446,21 @@ class Calibration:
   batches: int = 0
 
   def to_json(self) -> dict[str, Any]:
-    """The manifest's record: the costs the job started from (None: measured on its own batches,
-    which a resume measures again from their records)."""
+    """The manifest's record: the loop times the job started from (None: measured on its own
+    batches, which a resume measures again from their records)."""
     return {
       'key': self.key,
       'fields': self.fields,
-      'costs': None if self.source == 'measured' else self.costs.to_json(),
+      'times': None if self.source == 'measured' else self.times.to_json(),
     }
 
   @classmethod
   def from_json(cls, data: Mapping[str, Any]) -> Calibration:
     """A resumed job's calibration from its manifest's record."""
-    if data.get('costs') is None:
-      return cls(None, data['key'], dict(data['fields']), 'measured')
-    return cls(Costs.from_json(data['costs']), data['key'], dict(data['fields']), 'manifest')
+    if data.get('times') is None:
+      return cls(None, None, data['key'], dict(data['fields']), 'measured')
+    times = LoopTimes.from_json(data['times'])
+    return cls(times, times.costs(), data['key'], dict(data['fields']), 'manifest')
 
 
 def load(path: str, fields: Mapping[str, Any]) -> Calibration:
@@ -391,17 +468,21 @@ def load(path: str, fields: Mapping[str, Any]) -> Calibration:
   key = cache_key(fields)
   entries = _read_cache(path)
   if key in entries:
-    return Calibration(Costs.from_json(entries[key]['costs']), key, dict(fields), 'cache')
-  return Calibration(None, key, dict(fields), 'measured')
+    times = LoopTimes.from_json(entries[key]['times'])
+    return Calibration(times, times.costs(), key, dict(fields), 'cache')
+  return Calibration(None, None, key, dict(fields), 'measured')
 
 
-def store(path: str, calibration: Calibration) -> None:
-  """Writes a measured calibration's costs to the cache file under its key (an unreadable file:
-  replaced, without a second warning)."""
+def store(path: str, times: LoopTimes, calibration: Calibration) -> None:
+  """Writes a job's loop times (`times`: those it started from and its own batches', capped at
+  CACHE_STEPS loop steps per gamma) and their costs to the cache file under `calibration`'s key
+  (an unreadable file: replaced, without a second warning)."""
+  times = times.capped(CACHE_STEPS)
   entries = _read_cache(path, warn=False)
   entries[calibration.key] = {
     'fields': calibration.fields,
-    'costs': calibration.costs.to_json(),
+    'costs': times.costs().to_json(),
+    'times': times.to_json(),
     'batches': calibration.batches,
   }
   files.write_atomic(

@@ -58,13 +58,15 @@ PRIOR_WEIGHT = 4.0  # pseudo-drafted tokens at PRIOR_ALPHA
 HALF_LIFE = 1024.0  # drafted tokens after which older batches count half
 HYSTERESIS = 0.05  # keep the previous gamma while within 5% of the best prediction
 PROBE_EVERY = 8  # the probe rule: every 8th consecutive plain batch drafts
-MARGIN = 0.10  # speculate only where a gamma predicts at least 1 + MARGIN (the model's error)
-EXPLORE_FROM = 1.0  # while measuring, look past the measured gammas only from this prediction on
+REFRESH_EVERY = 4  # every 4th batch decodes at the runner-up where it scores within HYSTERESIS
+MARGIN = 0.10  # a gamma measured over MIN_STEPS loop steps must predict 1 + MARGIN to speculate
+EXPLORE_FROM = 1.0  # look past the measured gammas only where one of them predicts this
 
 # Why a batch got its gamma (the report counts batches per reason).
 BEST = 'best'
 KEPT = 'kept'
 PROBE = 'probe'
+REFRESH = 'refresh'  # the runner-up, so that the costs of close gammas stay measured
 NEVER_PAYS = 'never pays'
 CALIBRATE = 'calibrate'  # decoded at a gamma whose step is not measured yet, to measure it
 
@@ -77,13 +79,15 @@ class PolicyState:
     alpha_sum: decayed sum of the batches' alphas (`batch_alpha`), each times its drafted positions.
     drafted: decayed count of drafted positions (same decay).
     plain_streak: consecutive batches decoded at gamma 0 (reset by any batch that drafts).
-    gamma: the previous batch's gamma (None before the first).
+    gamma: the previous batch's gamma but a REFRESH batch's (None before the first).
+    since_refresh: batches since the last REFRESH batch (or the first).
   """
 
   alpha_sum: float = 0.0
   drafted: float = 0.0
   plain_streak: int = 0
   gamma: int | None = None
+  since_refresh: int = 0
 
   def alpha(self) -> float:
     """The acceptance estimate (rule 1)."""
@@ -121,16 +125,28 @@ def predicted_speedups(costs: costs_lib.Costs, alpha: float) -> dict[int, float]
 
 def best_gamma(costs: costs_lib.Costs, alpha: float) -> int:
   """The gamma in 0..costs.top (the measured range) that Theorem 3.8 predicts fastest at `alpha`,
-  a gamma >= 1 having to beat plain decoding by MARGIN (0: plain decoding); the T5X adapter's one
-  choice per batch size."""
-  return _argmax(_against_plain(predicted_speedups(costs, alpha)), range(costs.top + 1))
+  a gamma >= 1 having to beat plain decoding by its margin (0: plain decoding); the T5X adapter's
+  one choice per batch size."""
+  return _argmax(_scores(costs, predicted_speedups(costs, alpha)), range(costs.top + 1))
 
 
-def _against_plain(speedups: dict[int, float]) -> dict[int, float]:
-  """The scores the choice compares: the predictions, with plain decoding's set to 1 + MARGIN.
-  Plain decoding's time is the job's own; a gamma's prediction is a model's, off by up to ~15%
-  where measured (docs/auto_gamma.md), so a gamma has to beat plain decoding by MARGIN."""
-  return {**speedups, 0: 1.0 + MARGIN}
+def margin(costs: costs_lib.Costs, gamma: int) -> float:
+  """What a gamma's prediction must beat plain decoding by: MARGIN where its step was measured
+  over MIN_STEPS loop steps (or is extrapolated, or its evidence unknown), shrinking as one over
+  the square root of the loop steps measured (a sum of n noisy step times is off by ~1/sqrt(n)
+  of one): the model's error, ~10-25% at batch 1 over a job's first 32 steps (docs/auto_gamma.md),
+  is mostly the noise of a few short batches' timings, which a job's further batches average
+  away."""
+  n = costs.measured_steps(gamma)
+  if not n:
+    return MARGIN
+  return MARGIN * (costs_lib.MIN_STEPS / max(n, costs_lib.MIN_STEPS)) ** 0.5
+
+
+def _scores(costs: costs_lib.Costs, speedups: dict[int, float]) -> dict[int, float]:
+  """The scores the choice compares: each gamma's prediction over 1 + its margin; plain
+  decoding's 1 (its time is the job's own, a gamma's a model's prediction)."""
+  return {g: 1.0 if g == 0 else v / (1.0 + margin(costs, g)) for g, v in speedups.items()}
 
 
 def _argmax(speedups: dict[int, float], gammas: Iterable[int]) -> int:
@@ -138,13 +154,14 @@ def _argmax(speedups: dict[int, float], gammas: Iterable[int]) -> int:
   return max(gammas, key=lambda g: (speedups[g], -g))
 
 
-def choose(costs: costs_lib.Costs, state: PolicyState, top: int | None = None) -> Choice:
-  """The gamma of the next batch (the module docstring's rules 1-4), in 0..top (default
-  `costs.top`: the measured range)."""
+def choose(costs: costs_lib.Costs, state: PolicyState) -> Choice:
+  """The gamma of the next batch (the module docstring's rules 1-5), in 0..top: the measured
+  range, and one gamma past it where a measured gamma >= 1 predicts at least EXPLORE_FROM."""
   alpha = state.alpha()
   speedups = predicted_speedups(costs, alpha)
-  gammas = range((costs.top if top is None else top) + 1)
-  scores = _against_plain(speedups)
+  explore = max(speedups[g] for g in range(1, costs.top + 1)) >= EXPLORE_FROM if costs.top else 0
+  gammas = range(min(costs.top + explore, costs.gamma_max) + 1)
+  scores = _scores(costs, speedups)
   best = _argmax(scores, gammas)
   chosen, reason = best, BEST
   if (
@@ -153,6 +170,11 @@ def choose(costs: costs_lib.Costs, state: PolicyState, top: int | None = None) -
     and scores[state.gamma] >= (1.0 - HYSTERESIS) * scores[best]
   ):
     chosen, reason = state.gamma, (BEST if state.gamma == best else KEPT)
+  rivals = [
+    g for g in gammas[1:] if g != chosen and scores[g] >= (1.0 - HYSTERESIS) * scores[chosen]
+  ]
+  if rivals and state.since_refresh + 1 >= REFRESH_EVERY:
+    return Choice(_argmax(scores, rivals), REFRESH, alpha, speedups)
   if chosen == 0:
     at_one = predicted_speedups(costs, 1.0)
     if len(gammas) < 2 or max(at_one[g] for g in gammas) <= 1.0:
@@ -174,26 +196,31 @@ def choose_while_measuring(
     return Choice(0, CALIBRATE, alpha, {})
   if not (times.measured(0) and times.measured(1)):
     return Choice(1, CALIBRATE, alpha, {})
-  costs = times.costs()
-  speedups = predicted_speedups(costs, alpha)
-  explore = max(speedups[g] for g in range(1, costs.top + 1)) >= EXPLORE_FROM
-  choice = choose(costs, state, top=min(costs.top + explore, costs.gamma_max))
+  choice = choose(times.costs(), state)
   if times.measured(choice.gamma):
     return choice
   return dataclasses.replace(choice, reason=CALIBRATE)
 
 
-def observe(state: PolicyState, gamma: int, drafted: int, alpha_sum: float) -> PolicyState:
-  """The state after a batch decoded at `gamma` drafted `drafted` positions (all rows), with
-  `alpha_sum` its alpha times `drafted` (`observe_records`)."""
+def observe(
+  state: PolicyState, gamma: int, drafted: int, alpha_sum: float, reason: str = BEST
+) -> PolicyState:
+  """The state after a batch decoded at `gamma` (chosen for `reason`) drafted `drafted` positions
+  (all rows), with `alpha_sum` its alpha times `drafted` (`observe_records`)."""
+  refresh = reason == REFRESH
+  since_refresh = 0 if refresh else state.since_refresh + 1
+  anchor = state.gamma if refresh else gamma
   if gamma == 0:
-    return dataclasses.replace(state, plain_streak=state.plain_streak + 1, gamma=0)
+    return dataclasses.replace(
+      state, plain_streak=state.plain_streak + 1, gamma=anchor, since_refresh=since_refresh
+    )
   keep = 0.5 ** (drafted / HALF_LIFE)
   return PolicyState(
     alpha_sum=state.alpha_sum * keep + alpha_sum,
     drafted=state.drafted * keep + drafted,
     plain_streak=0,
-    gamma=gamma,
+    gamma=anchor,
+    since_refresh=since_refresh,
   )
 
 
@@ -209,12 +236,14 @@ def batch_alpha(gamma: int, records: Iterable[dict]) -> float:
   return float(analysis.alpha_from_block_efficiency(tokens / max(steps, 1), gamma))
 
 
-def observe_records(state: PolicyState, gamma: int, records: Iterable[dict]) -> PolicyState:
+def observe_records(
+  state: PolicyState, gamma: int, records: Iterable[dict], reason: str = BEST
+) -> PolicyState:
   """`observe` of one batch from its rows' records (`drafted`, `target_calls`, `num_tokens`): the
   batch's alpha (`batch_alpha`) weighted by its drafted positions. The job and its resume both
   observe through here, so a resumed job reaches the same state bit for bit."""
   records = list(records)
   drafted = sum(int(r['drafted']) for r in records)
   if gamma == 0 or drafted == 0:
-    return observe(state, gamma, drafted, 0.0)
-  return observe(state, gamma, drafted, batch_alpha(gamma, records) * drafted)
+    return observe(state, gamma, drafted, 0.0, reason)
+  return observe(state, gamma, drafted, batch_alpha(gamma, records) * drafted, reason)

@@ -15,8 +15,12 @@ batch is, plus one stepless call of the same compiled program per batch (`max_st
 call pays once, timed apart as calibration, not decode time; no extra program): the plain loop on
 the baseline mode's batches (or its own first batches at gamma 0 where the job has no baseline
 mode), and each gamma the policy visits while measuring; once the policy chooses a measured gamma
-the costs are frozen and cached. A resumed job measures again from its finished records, so it
-reaches the same costs and choices.
+the stepless calls stop and the costs are cached. Every later batch still adds its timing (and the
+baseline's beside it) to the loop times the costs come from, so the costs of the gammas the job
+decodes at, the runner-up's among them (policy.REFRESH), sharpen over the job; at its end the job
+writes them back to the cache, where the next job with the same key starts from them (and adds
+its own). A resumed job measures again from its finished records and the loop times its manifest
+records, so it reaches the same costs and choices.
 """
 
 from __future__ import annotations
@@ -37,7 +41,7 @@ from speculative.decode import state as decode_state
 def start(settings, models, recorded: dict[str, Any] | None) -> costs_lib.Calibration:
   """The calibration a job starts from: a resumed job's manifest record (`recorded`), else the
   cache file's entry for this device, batch, decode path, shapes, models and loop, else one to
-  measure on the job's batches (costs None)."""
+  measure on the job's batches (times and costs None)."""
   if recorded is not None:
     try:
       return costs_lib.Calibration.from_json(recorded)
@@ -77,7 +81,7 @@ class AutoGamma:
   Args:
     calibration: `start`'s.
     fns_for_gamma: gamma -> the decode function of that gamma (0: the baseline's).
-    cache_path: where measured costs are cached once frozen.
+    cache_path: where the loop times are cached: once measured, and at the job's end (`finish`).
     plain_beside: the job's baseline mode decodes the same batches (its times measure the plain
       loop: `observe_plain`).
     on_frozen: called with the calibration when costs measured by this job are frozen.
@@ -99,7 +103,7 @@ class AutoGamma:
     self._on_frozen = on_frozen
     self._fns: dict[int, modes.DecodeFn] = {}
     gamma_max = int(calibration.fields['gamma_max'])
-    self.times = costs_lib.LoopTimes.empty(gamma_max) if calibration.costs is None else None
+    self.times = calibration.times or costs_lib.LoopTimes.empty(gamma_max)
     self.state = policy.PolicyState()
     self.batches: list[BatchChoice] = []
     self.calibration_s = 0.0  # the measuring batches' stepless calls (both modes): calibration
@@ -115,27 +119,33 @@ class AutoGamma:
     return self.calibration.costs is None
 
   def choose(self) -> policy.Choice:
-    """The next batch's choice; while measuring, the first choice of a measured gamma freezes the
-    costs (and writes them to the cache file, unless replaying: the interrupted run wrote them)."""
+    """The next batch's choice; while measuring, the first choice of a measured gamma ends the
+    measuring (and writes the loop times to the cache file, unless replaying: the interrupted run
+    wrote them)."""
     if not self.measuring:
-      return policy.choose(self.calibration.costs, self.state)
+      return policy.choose(self.times.costs(), self.state)
     choice = policy.choose_while_measuring(self.times, self.state, self.plain_beside)
     if choice.reason != policy.CALIBRATE:
       self.calibration = dataclasses.replace(
         self.calibration, costs=self.times.costs(), batches=len(self.batches)
       )
       if not self._replaying:
-        costs_lib.store(self._cache_path, self.calibration)
+        costs_lib.store(self._cache_path, self.times, self.calibration)
         self._on_frozen(self.calibration)
     return choice
 
+  def finish(self) -> None:
+    """At the job's end: its loop times, with every batch it decoded, back to the cache file."""
+    if not self.measuring and self.batches:
+      costs_lib.store(self._cache_path, self.times, self.calibration)
+
   def observe(self, choice: policy.Choice, records: Sequence[dict]) -> None:
     """The batch decoded at `choice.gamma` produced `records` (one per row)."""
-    self.state = policy.observe_records(self.state, choice.gamma, records)
+    self.state = policy.observe_records(self.state, choice.gamma, records, choice.reason)
+    timing = costs_lib.batch_timing(records)
     if self.measuring:  # (only a measuring batch's calls were also timed stepless)
-      timing = costs_lib.batch_timing(records)
       self.calibration_s += timing.stepless
-      self.times = self.times.add(choice.gamma, timing)
+    self.times = self.times.add(choice.gamma, timing)
     self.batches.append(
       BatchChoice(
         choice,
@@ -149,9 +159,10 @@ class AutoGamma:
     """The baseline mode's records of a batch this mode has decoded at `gamma` (the plain loop,
     timed on the same batch); ignored unless the baseline decodes before this mode
     (`plain_beside`), as the job and its replay both observe it."""
-    if self.plain_beside and self.measuring and records:
+    if self.plain_beside and records:
       timing = costs_lib.batch_timing(records)
-      self.calibration_s += timing.stepless
+      if self.measuring:
+        self.calibration_s += timing.stepless
       self.times = self.times.add_plain(gamma, timing)
 
   def replay(
@@ -186,10 +197,8 @@ class AutoGamma:
       self.observe_plain(choice.gamma, plain_rows(plain_records, batch_examples))
 
   def costs(self) -> costs_lib.Costs | None:
-    """The costs decided with: the frozen ones, or (a job that ended while measuring) those
-    measured so far (None without the plain loop's)."""
-    if not self.measuring:
-      return self.calibration.costs
+    """The costs of the loop times so far, the job's own batches with those it started from
+    (None without the plain loop's)."""
     return self.times.costs() if self.times.measured(0) else None
 
   def summary(self) -> dict[str, Any]:

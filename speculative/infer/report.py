@@ -320,10 +320,12 @@ def _gamma_policy_lines(summary: dict[str, Any]) -> list[str]:
   source = {
     "measured": f"measured on this job's first {_batches(cal['measuring_batches'])} (their own "
     "decodes, timed, and the same calls without their loop steps: "
-    f"{cal.get('calibration_s', 0.0):.2f} s of calibration, not decode time; cached for the next "
-    "job)",
-    "cache": "from the calibration cache (0 s)",
-    "manifest": "from this output directory's manifest (a resumed job)",
+    f"{cal.get('calibration_s', 0.0):.2f} s of calibration, not decode time), with every later "
+    "batch's times added; cached for the next job",
+    "cache": "from the calibration cache (0 s of calibration), with this job's batches' times added "
+    "and written back",
+    "manifest": "from this output directory's manifest (a resumed job), with the job's batches' "
+    "times added",
   }[cal["source"]]
   if not cal["frozen"]:
     source = (
@@ -331,7 +333,11 @@ def _gamma_policy_lines(summary: dict[str, Any]) -> list[str]:
     )
   lines = ["", f"## Gamma 'auto' (0..{policy['gamma_max']}; 0 = plain decoding)", ""]
   if "loop_step_ms" in cal:
-    measured = ", ".join(f"gamma {g} {v:.2f} ms" for g, v in cal["loop_step_ms"].items())
+    evidence = cal.get("measured_steps", {})
+    measured = ", ".join(
+      f"gamma {g} {v:.2f} ms" + (f" ({evidence[g]} steps)" if g in evidence else "")
+      for g, v in cal["loop_step_ms"].items()
+    )
     steps = ", ".join(f"{v:.2f}" for v in cal["step_ms"])
     fixed = ", ".join(f"gamma {g} {v:.2f} ms" for g, v in cal["fixed_ms_per_token"].items())
     lines.append(

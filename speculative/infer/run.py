@@ -357,6 +357,8 @@ def _decode_all(
               run.decode.observe_plain(
                 choice.gamma, auto_gamma.plain_rows(plain.records, batch_examples)
               )
+  if auto_run is not None:
+    auto_run.decode.finish()  # the loop times of every batch back to the cache
 
 
 def _decode_batch(

@@ -2,6 +2,7 @@
 records, and the cache file (per key, a corrupt file measured afresh with one warning, an
 unwritable one refused)."""
 
+import dataclasses
 import json
 import logging
 import os
@@ -48,7 +49,13 @@ def test_the_fixed_share_of_an_unmeasured_gamma_is_its_nearest_speculative_neigh
 
 
 def test_costs_round_trip_through_json_and_need_the_plain_step():
-  for costs in (COSTS, FIXED):
+  evidence = dataclasses.replace(FIXED, evidence=((0, 64), (1, 32), (3, 0)))
+  assert (evidence.measured_steps(1), evidence.measured_steps(2), FIXED.measured_steps(1)) == (
+    32,
+    0,
+    None,
+  )
+  for costs in (COSTS, FIXED, evidence):
     assert costs_lib.Costs.from_json(json.loads(json.dumps(costs.to_json()))) == costs
   for bad in [((1, 1e-3),), ((0, 1e-3), (9, 1e-3)), ((0, 0.0),), ()]:
     with pytest.raises(ValueError, match='costs need'):
@@ -64,18 +71,26 @@ def test_a_batch_is_timed_from_its_records():
     {'decode_s': 0.25, 'stepless_s': 0.05, 'target_calls': 9, 'num_tokens': 25},
   ]
   timing = costs_lib.batch_timing(rows)
-  assert timing == costs_lib.BatchTiming(seconds=0.5, steps=9, stepless=0.1, tokens=25)
-  assert (timing.step(), timing.fixed()) == pytest.approx((0.4 / 9, 0.1 / 25))
-  # Not timed stepless (a batch after the costs froze): the whole walltime is steps.
-  untimed = costs_lib.batch_timing([{**r, 'stepless_s': 0.0} for r in rows][:1])
-  assert (untimed.step(), untimed.fixed()) == (0.25 / 7, 0.0)
+  assert timing == costs_lib.BatchTiming(0.5, steps=9, stepless=0.1, tokens=25, stepless_tokens=25)
+  assert (timing.step(timing.fixed()), timing.fixed()) == pytest.approx((0.4 / 9, 0.1 / 25))
+  # Not timed stepless (a batch after the measuring): no fixed share of its own; its steps are its
+  # walltime less the fixed share per token it is given, times its tokens.
+  untimed = costs_lib.batch_timing(
+    [{k: v for k, v in r.items() if k != 'stepless_s'} for r in rows]
+  )
+  assert (untimed.stepless_tokens, untimed.fixed()) == (0, None)
+  assert untimed.step(1e-3) == pytest.approx((0.5 - 25e-3) / 9)
   # A noisy stepless time at or above the whole call's never makes the steps free.
-  assert costs_lib.BatchTiming(0.1, 10, 0.2, 20).step() == pytest.approx(0.01 * 0.1 / 10)
+  assert costs_lib.BatchTiming(0.1, 10, 0.2, 20, 20).step(0.01) == pytest.approx(0.01 * 0.1 / 10)
 
 
-def _timing(step, n, fixed=0.0, tokens=None):
-  """A batch of n loop steps of `step` seconds and `fixed` seconds once, of `tokens` tokens."""
-  return costs_lib.BatchTiming(step * n + fixed, n, fixed, tokens or n)
+def _timing(step, n, fixed=0.0, tokens=None, timed=True):
+  """A batch of n loop steps of `step` seconds and `fixed` seconds once, of `tokens` tokens; its
+  stepless call timed (`timed`) or not."""
+  tokens = tokens or n
+  return costs_lib.BatchTiming(
+    step * n + fixed, n, fixed if timed else 0.0, tokens, tokens if timed else 0
+  )
 
 
 def test_a_gammas_step_is_paired_with_the_baselines_on_the_same_batches():
@@ -90,6 +105,7 @@ def test_a_gammas_step_is_paired_with_the_baselines_on_the_same_batches():
   costs = times.costs()
   assert dict(costs.loop_steps) == pytest.approx({0: plain, 1: plain * 1.25, 2: plain * 1.5})
   assert dict(costs.fixed) == pytest.approx({0: fixed, 1: fixed * 2, 2: fixed * 3})
+  assert costs.evidence == ((0, 2 * n), (1, n), (2, n))
   # Without a baseline beside it (the job's own plain batches): each gamma's own.
   alone = costs_lib.LoopTimes.empty(3).add(0, _timing(4e-3, n, 0.01, n))
   alone = alone.add(2, _timing(12e-3, n, 0.06, 2 * n))
@@ -97,32 +113,81 @@ def test_a_gammas_step_is_paired_with_the_baselines_on_the_same_batches():
   assert dict(alone.costs().fixed) == pytest.approx({0: 0.01 / n, 2: 0.03 / n})
 
 
+def test_batches_after_the_measuring_add_to_the_steps_with_the_measured_fixed_shares():
+  """Batches without a stepless call (decoded after the measuring) count towards their gamma's
+  step, their fixed share taken from the measured batches: of their own gamma, else the nearest
+  gamma >= 1's, else the plain loop's."""
+  n = costs_lib.MIN_STEPS
+  times = costs_lib.LoopTimes.empty(3).add(0, _timing(4e-3, n, 0.032))  # 1 ms per token once
+  times = times.add(1, _timing(5e-3, n, 0.064))  # 2 ms per token
+  later = times.add(1, _timing(7e-3, 3 * n, 0.192, timed=False))  # 2 ms per token, not timed
+  assert dict(later.costs().loop_steps)[1] == pytest.approx((5e-3 + 3 * 7e-3) / 4)
+  assert dict(later.costs().fixed)[1] == pytest.approx(2e-3)
+  # Gamma 3, never timed stepless, has gamma 1's share (the same encoders); the plain loop alone
+  # lends its own.
+  later = later.add(3, _timing(9e-3, n, 0.064, timed=False))
+  assert dict(later.costs().loop_steps)[3] == pytest.approx(9e-3)
+  plain_only = costs_lib.LoopTimes.empty(3).add(0, _timing(4e-3, n, 0.032))
+  plain_only = plain_only.add(2, _timing(6e-3, n, 0.032, timed=False))
+  assert dict(plain_only.costs().loop_steps)[2] == pytest.approx(6e-3)
+  assert plain_only.costs().evidence == ((0, n), (2, n))
+
+
+def test_the_cache_keeps_each_gammas_times_scaled_to_its_cap():
+  n = costs_lib.MIN_STEPS
+  times = costs_lib.LoopTimes.empty(3).add_plain(1, _timing(4e-3, 64 * n, 0.3))
+  times = times.add(1, _timing(5e-3, 40 * n, 0.5)).add_plain(2, _timing(4e-3, n, 0.01))
+  times = times.add(2, _timing(6e-3, n, 0.02))
+  capped = times.capped(16 * n)
+  assert [t.steps for t in capped.own] == [16 * n, 16 * n, n, 0]  # plain: 65 n, gamma 1: 40 n
+  assert capped.paired[1].steps == round(64 * n * 16 / 40)  # gamma 1's pairs, by its own factor
+  before, after = times.costs(), capped.costs()
+  assert dict(after.loop_steps) == pytest.approx(dict(before.loop_steps), rel=1e-3)
+  assert dict(after.fixed) == pytest.approx(dict(before.fixed), rel=1e-3)
+  assert times.capped(1024 * n) == times
+  again = costs_lib.LoopTimes.from_json(json.loads(json.dumps(capped.to_json())))
+  assert again == capped
+  with pytest.raises(ValueError, match='one sum per gamma'):
+    costs_lib.LoopTimes.from_json({'own': [[1, 1, 0, 1, 0]] * 3, 'paired': [[0] * 5] * 2})
+
+
+def _times(scale=1.0):
+  n = costs_lib.MIN_STEPS
+  times = costs_lib.LoopTimes.empty(7).add(0, _timing(4e-3 * scale, n, 0.01))
+  return times.add(1, _timing(5e-3 * scale, n, 0.02)).add(3, _timing(6e-3 * scale, n, 0.02))
+
+
 def test_the_cache_holds_one_entry_per_key(tmp_path):
   path = str(tmp_path / 'sub' / 'calibration.json')
   costs_lib.check_cache_file(path)  # creates the directory
   first = costs_lib.load(path, _fields())
-  assert (first.source, first.costs) == ('measured', None)
-  measured = costs_lib.Calibration(COSTS, first.key, first.fields, 'measured', batches=6)
-  costs_lib.store(path, measured)
+  assert (first.source, first.costs, first.times) == ('measured', None, None)
+  times = _times()
+  measured = costs_lib.Calibration(None, times.costs(), first.key, first.fields, 'measured', 6)
+  costs_lib.store(path, times, measured)
   again = costs_lib.load(path, _fields())
-  assert (again.source, again.costs) == ('cache', COSTS)
+  assert (again.source, again.times, again.costs) == ('cache', times, times.costs())
   assert costs_lib.load(path, _fields(batch=8)).costs is None  # another key
-  costs_lib.store(path, costs_lib.Calibration(COSTS, 'k8', _fields(batch=8), 'measured'))
+  costs_lib.store(
+    path, _times(2.0), costs_lib.Calibration(None, None, 'k8', _fields(8), 'measured')
+  )
   assert len(json.loads(open(path).read())['entries']) == 2
-  # The manifest's record: a cached start keeps its costs; a measured start measures again.
+  # A job's end writes its times back under its key: the next job starts from them.
+  costs_lib.store(path, _times(3.0), again)
+  assert costs_lib.load(path, _fields()).times == _times(3.0)
+  # The manifest's record: a cached start keeps its times; a measured start measures again.
   recorded = costs_lib.Calibration.from_json(again.to_json())
-  assert (recorded.costs, recorded.key, recorded.source) == (COSTS, again.key, 'manifest')
+  assert (recorded.times, recorded.costs, recorded.source) == (times, times.costs(), 'manifest')
   assert costs_lib.Calibration.from_json(measured.to_json()).costs is None
 
 
 def test_find_costs_reads_an_xla_path_entry(tmp_path):
   path = str(tmp_path / 'calibration.json')
   fields = {**_fields(batch=8), 'decode_path': 'XLA dot (kernels = off)'}
-  costs_lib.store(path, costs_lib.Calibration(COSTS, 'x', fields, 'measured'))
-  costs_lib.store(
-    path, costs_lib.Calibration(COSTS, 'k', {**fields, 'decode_path': 'CPU kernels'}, 'measured')
-  )
-  assert costs_lib.find_costs(path, batch_size=8) == COSTS
+  costs_lib.store(path, _times(), costs_lib.Calibration(None, None, 'x', fields, 'measured'))
+  kernels = {**fields, 'decode_path': 'CPU kernels'}
+  costs_lib.store(path, _times(2.0), costs_lib.Calibration(None, None, 'k', kernels, 'measured'))
+  assert costs_lib.find_costs(path, batch_size=8) == _times().costs()
   assert costs_lib.find_costs(path, batch_size=1) is None
 
 
@@ -134,9 +199,7 @@ def test_a_corrupt_cache_is_measured_afresh_with_one_warning(tmp_path, caplog, c
     calibration = costs_lib.load(str(path), _fields())
     assert calibration.source == 'measured' and calibration.costs is None
     # Rewritten as a cache once measured (no second warning): the next job reads it.
-    costs_lib.store(
-      str(path), calibration.__class__(COSTS, calibration.key, calibration.fields, 'measured')
-    )
+    costs_lib.store(str(path), _times(), calibration)
   warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
   assert len(warnings) == 1 and 'unreadable' in warnings[0].getMessage()
   assert str(path) in warnings[0].getMessage()

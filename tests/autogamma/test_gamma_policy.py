@@ -190,8 +190,56 @@ def test_while_measuring_it_visits_gamma_1_then_where_the_measured_steps_point(p
   assert dict(times.costs().loop_steps) == pytest.approx(
     {g: FIVE_AT_ALPHA_08.step(g) for g in range(6)}
   )
-  # Frozen there, the job chooses in the measured range 0..5.
-  assert policy.choose(times.costs(), _confident(0.95)).gamma == 5
+  # Measured up to 5: at alpha 0.95 gamma 6 (one past them, its step the slope of the last two)
+  # predicts best, so the job goes on to decode, and measure, gamma 6; never 7, two past them.
+  assert policy.choose(times.costs(), _confident(0.95)).gamma == 6
+  assert FIVE_AT_ALPHA_08.step(6) == pytest.approx(times.costs().step(6))
+  assert policy.choose(FIVE_AT_ALPHA_08, _confident(0.999)).gamma == 7  # measured: 7 is best
+
+
+def _evidence(costs, steps):
+  """`costs` measured over `steps` loop steps at each gamma."""
+  return dataclasses.replace(costs, evidence=tuple((g, steps) for g, _ in costs.loop_steps))
+
+
+def test_the_margin_over_plain_decoding_shrinks_with_the_steps_measured():
+  """PAYS_ABOVE_06's gamma 1 predicts 1.7 / 1.6 = 1.0625x at alpha 0.7: not enough over a job's
+  first MIN_STEPS loop steps (margin 10%) nor twice as many (7.1%), enough over four times as many
+  (5%)."""
+  state = _confident(0.7)
+  n = costs_lib.MIN_STEPS
+  assert policy.predicted_speedups(PAYS_ABOVE_06, 0.7)[1] == pytest.approx(1.0625, abs=1e-4)
+  assert policy.margin(_evidence(PAYS_ABOVE_06, n), 1) == policy.MARGIN
+  assert policy.margin(_evidence(PAYS_ABOVE_06, 16 * n), 1) == pytest.approx(policy.MARGIN / 4)
+  assert policy.margin(PAYS_ABOVE_06, 1) == policy.MARGIN  # evidence unknown (the T5X adapter)
+  assert policy.choose(_evidence(PAYS_ABOVE_06, n), state).gamma == 0
+  assert policy.choose(_evidence(PAYS_ABOVE_06, 2 * n), state).gamma == 0
+  # Its score, 1.0625 / 1.1, is within HYSTERESIS of plain decoding's: a runner-up that refreshes.
+  due = dataclasses.replace(state, since_refresh=policy.REFRESH_EVERY - 1)
+  choice = policy.choose(_evidence(PAYS_ABOVE_06, n), due)
+  assert (choice.gamma, choice.reason) == (1, policy.REFRESH)
+  assert policy.choose(_evidence(PAYS_ABOVE_06, 4 * n), state).gamma == 1
+  assert policy.best_gamma(_evidence(PAYS_ABOVE_06, 4 * n), 0.7) == 1
+  assert policy.best_gamma(PAYS_ABOVE_06, 0.7) == 0
+
+
+def test_every_refresh_every_th_batch_decodes_at_the_runner_up_within_hysteresis():
+  """At alpha 0.8 FIVE_AT_ALPHA_08's gamma 5 predicts 2.306, gamma 6 2.297 (0.4% less): every
+  REFRESH_EVERY-th batch decodes at 6, so that both stay measured; a refresh batch does not become
+  the gamma the next batch keeps. Where gamma 1 predicts 1.8x and gamma 2 1.22x, no refresh."""
+  state, chosen = _confident(0.8), []
+  for _ in range(3 * policy.REFRESH_EVERY):
+    choice = policy.choose(FIVE_AT_ALPHA_08, state)
+    chosen.append((choice.gamma, choice.reason))
+    state = policy.observe(state, choice.gamma, 100, 80.0, choice.reason)
+  want = [(5, policy.BEST)] * (policy.REFRESH_EVERY - 1) + [(6, policy.REFRESH)]
+  assert chosen == want * 3
+  assert state.gamma == 5 and state.since_refresh == 0
+  state, apart = _confident(0.8), costs_lib.Costs(((0, 1e-3), (1, 1e-3), (2, 2e-3)), 2)
+  for _ in range(3 * policy.REFRESH_EVERY):
+    choice = policy.choose(apart, state)
+    assert (choice.gamma, choice.reason) == (1, policy.BEST)
+    state = policy.observe(state, choice.gamma, 100, 80.0, choice.reason)
 
 
 def test_while_measuring_where_only_plain_decoding_pays_it_stops_after_gamma_1():

@@ -420,7 +420,8 @@ def test_auto_gamma_batches_sample_exactly(monkeypatch):
     return fns['speculative' if gamma else 'baseline']
 
   costs = costs_lib.Costs(((0, 1e-3), (1, 1.1e-3)), 2)
-  calibration = costs_lib.Calibration(costs, 'k', {'gamma_max': 2}, 'cache')
+  times = model_utils.loop_times(costs)
+  calibration = costs_lib.Calibration(times, costs, 'k', {'gamma_max': 2}, 'cache')
   auto = auto_gamma.AutoGamma(calibration, fns_for_gamma, cache_path='unused', plain_beside=False)
   forced = iter([0, 2])
   monkeypatch.setattr(
@@ -439,6 +440,7 @@ def test_auto_gamma_batches_sample_exactly(monkeypatch):
           'drafted': metrics.drafted.sum(),
           'alpha_sum': metrics.alpha_sum.sum(),
           'index': batch,
+          'decode_s': 0.0,
           'target_calls': 1,
           'num_tokens': NEW,
         }

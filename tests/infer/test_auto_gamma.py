@@ -7,6 +7,7 @@ byte-identical (while measuring and from a cached start), and the settings it re
 import json
 import os
 from pathlib import Path
+import shutil
 import subprocess
 import sys
 
@@ -146,8 +147,9 @@ def test_where_only_plain_decoding_pays_the_job_never_drafts(pair, inject, tmp_p
   assert [r["tokens"] for r in spec] == [
     r["tokens"] for r in _records(tmp_path / "out", "baseline")
   ]
-  # No speculative loop was even traced: every batch ran the baseline's program (no draft call).
-  assert decode_state.TRACE_COUNTS["speculative_decode"] == traced and timed == []
+  # No speculative loop was even traced: every batch ran the baseline's program (no draft call),
+  # and every batch timed (its times join the cached ones) was a plain one.
+  assert decode_state.TRACE_COUNTS["speculative_decode"] == traced and set(timed) == {0}
   policy_summary = summary["gamma_policy"]
   calls_of = {r["index"]: r["target_calls"] for r in spec}
   steps = sum(  # the loop's steps: each batch's (length-sorted, as the job forms them) longest row
@@ -159,7 +161,11 @@ def test_where_only_plain_decoding_pays_the_job_never_drafts(pair, inject, tmp_p
   assert policy_summary["calibration"]["source"] == "cache"
   manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
   assert manifest["gamma"] == "auto" and manifest["gamma_max"] == 3
-  assert costs_lib.Costs.from_json(manifest["calibration"]["costs"]) == cached.costs
+  assert costs_lib.LoopTimes.from_json(manifest["calibration"]["times"]) == cached.times
+  # At its end the job wrote its own batches' times back to the cache: 10 more plain batches.
+  after = costs_lib.load(str(cache), cached.fields).times
+  assert after.own[0].steps == cached.times.own[0].steps + 2 * steps
+  assert after.own[1:] == cached.times.own[1:]
 
 
 @pytest.mark.parametrize("batch_size", [1, 8])
@@ -203,7 +209,8 @@ def test_a_resumed_sampled_auto_job_is_byte_identical(pair, inject, tmp_path, mo
   cache = tmp_path / "a.json"
   reference = infer.infer(output_dir=str(tmp_path / "ref"), calibration_file=str(cache), **kwargs)
   assert reference["gamma_policy"]["calibration"]["source"] == "measured"
-  if start == "cached":  # the reference and the interrupted job both start from the cache
+  if start == "cached":  # the reference and the interrupted job both start from this cache
+    shutil.copy(cache, tmp_path / "start.json")  # (each job writes its times back at its end)
     reference = infer.infer(
       output_dir=str(tmp_path / "ref"), calibration_file=str(cache), overwrite=True, **kwargs
     )
@@ -222,7 +229,7 @@ def test_a_resumed_sampled_auto_job_is_byte_identical(pair, inject, tmp_path, mo
 
   out = tmp_path / "run"
   monkeypatch.setattr(infer_outputs, "record", interrupted)
-  first_cache = cache if start == "cached" else tmp_path / "b.json"
+  first_cache = tmp_path / ("start.json" if start == "cached" else "b.json")
   with pytest.raises(KeyboardInterrupt):
     infer.infer(output_dir=str(out), calibration_file=str(first_cache), **kwargs)
   assert len(_records(out, "speculative")) == 6

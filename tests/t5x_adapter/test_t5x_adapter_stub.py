@@ -804,9 +804,8 @@ def _cost_cache(path, model, batch, costs):
     draft_config=checkpoints.config_dict(model.draft.config),
     loop='test',
   )
-  costs_lib.store(
-    str(path), costs_lib.Calibration(costs, costs_lib.cache_key(fields), fields, 'measured')
-  )
+  calibration = costs_lib.Calibration(None, None, costs_lib.cache_key(fields), fields, 'measured')
+  costs_lib.store(str(path), model_utils.loop_times(costs), calibration)
   return str(path)
 
 
