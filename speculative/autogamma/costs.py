@@ -16,15 +16,17 @@ Where the job's baseline mode decodes the same batches (the run files' jobs), a 
 fixed share are taken relative to the baseline's on the same batches, measured seconds apart, so
 that the load of a shared machine, which drifts over a job, moves both sides of the ratio alike
 (`LoopTimes.costs`). A gamma counts as measured once its batches have run MIN_STEPS loop steps
-(`LoopTimes`). Between measured gammas a step is interpolated linearly in gamma; the job chooses no
-gamma beyond the largest measured one, and decides whether to measure the next by extrapolating
-(`Costs.step`). `speculative.infer`'s 'auto' mode (speculative/infer/auto_gamma.py) decides which
-gammas to measure (policy.`choose_while_measuring`), then freezes the costs and writes them to a
-JSON file (default `~/.cache/speculative/calibration.json`, or under $XDG_CACHE_HOME), one entry
-per `key`: the device (backend, device kind, CPU model, usable cores), the jax version, the decode
-path, the batch size, the shapes, both models' configs and the loop (drafter, sampling strategy).
-A second job with the same key measures nothing. A file that cannot be read as such a cache is
-ignored with one warning line and measured afresh.
+(`LoopTimes`). Between measured gammas a step is interpolated linearly in gamma; beyond the largest
+measured one it is extrapolated, to decide whether to measure the next (`Costs.step`).
+`speculative.infer`'s 'auto' mode (speculative/infer/auto_gamma.py) decides which gammas to measure
+(policy.`choose_while_measuring`), then ends the stepless calls, adds every later batch's timing
+to the loop times (its fixed share from the measured batches) and writes the loop times to a JSON
+file (default `~/.cache/speculative/calibration.json`, or under $XDG_CACHE_HOME), once measured and
+at the job's end, one entry per `key`: the device (backend, device kind, CPU model, usable cores),
+the jax version, the decode path, the batch size, the shapes, both models' configs and the loop
+(drafter, sampling strategy). A second job with the same key starts from them, makes no stepless
+call and adds its own batches. A file that cannot be read as such a cache is ignored with one
+warning line and measured afresh.
 """
 
 from __future__ import annotations
@@ -247,7 +249,7 @@ class LoopTimes:
     the ratio of the two loops' on those batches, each pair measured seconds apart: the
     machine's load, which drifts over a job, moves both alike; else the gamma's own. A gamma's
     fixed share is its stepless calls' (`BatchTiming.fixed`), else, where its batches ran no
-    stepless call (decoded after the costs froze), the nearest measured gamma's >= 1 (every
+    stepless call (decoded after the measuring), the nearest measured gamma's >= 1 (every
     speculative loop runs the same encoders), else the plain loop's."""
     shares = {g: t.fixed() for g, t in enumerate(self.own) if t.fixed() is not None}
     plain_fixed = shares.get(0, 0.0)

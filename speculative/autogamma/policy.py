@@ -22,23 +22,28 @@ The rule, in the order `choose` applies it:
      loops' steps measured on the job's own batches, interpolated between the measured gammas)
      over the expected tokens per step (Eq. 1), plus the fixed share per token of what a call
      pays once (`Costs.fixed_per_token`: the encoders, the draft's among them); gamma 0 is 1.
-  3. The best gamma, where a gamma >= 1 has to predict at least 1 + MARGIN to beat plain decoding
-     (the model's error, measured against the jobs' speedups, reaches ~15% at batch 32); the
-     previous batch's gamma is kept while it scores within HYSTERESIS of the best (a new gamma
-     compiles a new loop).
+  3. The best score: a gamma's prediction over 1 + its margin (`margin`: MARGIN over MIN_STEPS
+     measured loop steps, the error of predictions from a job's first batches, shrinking as one
+     over the square root of the steps measured), plain decoding's 1; the previous batch's gamma
+     is kept while it scores within HYSTERESIS of the best (a new gamma compiles a new loop).
   4. Gamma 0 does not lock in (alpha only moves on batches that draft). The probe rule: when
      gamma 0 is chosen but some gamma would pay at alpha = 1 (the measured costs' ceiling), every
      PROBE_EVERY-th consecutive plain batch is decoded at the best gamma >= 1 instead; its
      acceptance enters alpha like any other batch's. When not even alpha = 1 pays, the job never
-     probes (the costs do not change once measured).
+     probes.
+  5. Refresh: where another gamma >= 1 scores within HYSTERESIS of the choice, every
+     REFRESH_EVERY-th batch is decoded at it, so that the costs of close gammas stay measured (the
+     job adds every batch's timing to its costs: speculative/infer/auto_gamma.py).
 
-The choice stays within the measured gammas, 0..`Costs.top`. While the costs are being measured
+The choice stays within the measured gammas, 0..`Costs.top`, and one past them where a measured
+gamma >= 1 predicts at least EXPLORE_FROM (its step extrapolated; decoding it measures it). While
+the costs are being measured
 (`choose_while_measuring`, a job without cached costs), the same rules run on the gammas measured
 so far and one past them, its step extrapolated (`Costs.step`: the slope of the two largest
 measured gammas, flat with one), and a chosen gamma not yet measured is decoded to measure it
 (CALIBRATE): first the plain loop (from the baseline mode's batches where the job has one, else its
 own first batches at gamma 0) and gamma 1, then wherever the rules point, one gamma further at a
-time, until they choose a measured gamma; the costs are then frozen. The job looks one gamma past
+time, until they choose a measured gamma; the measuring then ends. The job looks one gamma past
 the measured range only while some measured gamma >= 1 predicts at least plain decoding's speed
 (EXPLORE_FROM): where the drafts lose at every measured width, a longer draft is not decoded on the
 job's own batches just to confirm it (at batch 8 and 32 that measurement was most of what measuring
