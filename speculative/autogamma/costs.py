@@ -32,9 +32,11 @@ warning line and measured afresh.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
 import logging
+import operator
 import os
 from typing import Any
 from typing import Iterable
@@ -244,41 +246,38 @@ class LoopTimes:
     return self.own[gamma].steps >= MIN_STEPS
 
   def costs(self) -> Costs:
-    """The measured gammas' steps and fixed shares (needs gamma 0 measured). Where the baseline
-    timed the same batches, each is the plain loop's (over all of the baseline's batches) times
-    the ratio of the two loops' on those batches, each pair measured seconds apart: the
-    machine's load, which drifts over a job, moves both alike; else the gamma's own. A gamma's
-    fixed share is its stepless calls' (`BatchTiming.fixed`), else, where its batches ran no
-    stepless call (decoded after the measuring), the nearest measured gamma's >= 1 (every
-    speculative loop runs the same encoders), else the plain loop's."""
-    shares = {g: t.fixed() for g, t in enumerate(self.own) if t.fixed() is not None}
-    plain_fixed = shares.get(0, 0.0)
+    """The measured gammas' steps and fixed shares (needs gamma 0 measured).
 
-    def share(gamma: int) -> float:
-      if gamma in shares:
-        return shares[gamma]
-      speculative = [g for g in shares if g >= 1]
-      if not speculative:
-        return plain_fixed
-      return shares[min(speculative, key=lambda g: (abs(g - gamma), g))]
-
+    The fixed share per token of every gamma >= 1 is one number: every speculative loop runs the
+    same encoders and prefill, so their stepless calls are pooled over all gammas >= 1 (a share
+    per gamma, from the one or two batches each was timed stepless on, differed by up to 1.7x on
+    the same job); where the baseline timed the same batches, it is the plain loop's share times
+    the pooled ratio of the two loops' stepless calls on those batches. Batches without a stepless
+    call (decoded after the measuring) count with that share. Where the baseline timed the same
+    batches, a gamma's step is the plain loop's (over all of the baseline's batches) times the
+    ratio of the two loops' steps on those batches, each pair measured seconds apart: the
+    machine's load, which drifts over a job, moves both alike; else the gamma's own."""
     plain = self.own[0]
+    plain_fixed = plain.fixed() or 0.0
+    drafting = functools.reduce(operator.add, self.own[1:], BatchTiming())
+    pairs = functools.reduce(operator.add, self.paired[1:], BatchTiming())
+    share = drafting.fixed()
+    if share is None:
+      share = plain_fixed
+    elif pairs.fixed():
+      share = plain_fixed * share / pairs.fixed()
     plain_step = plain.step(plain_fixed)
-    steps, fixed, evidence = [(0, plain_step)], [(0, plain_fixed)], [(0, plain.steps)]
+    steps, fixed, evidence = [(0, plain_step)], [(0, plain_fixed)], [(0, int(plain.steps))]
     for g in range(1, self.gamma_max + 1):
       if not self.measured(g):
         continue
       own, pair = self.own[g], self.paired[g]
-      f = share(g)
-      step = own.step(f)
+      step = own.step(share)
       if pair.steps:
-        pair_fixed = pair.fixed()
-        pair_fixed = plain_fixed if pair_fixed is None else pair_fixed
-        step = plain_step * step / pair.step(pair_fixed)
-        f = plain_fixed * f / pair_fixed if pair_fixed else f
+        step = plain_step * step / pair.step(plain_fixed)
       steps.append((g, step))
-      fixed.append((g, f))
-      evidence.append((g, own.steps))
+      fixed.append((g, share))
+      evidence.append((g, int(own.steps)))
     return Costs(tuple(steps), self.gamma_max, tuple(fixed), tuple(evidence))
 
   def capped(self, steps: int) -> LoopTimes:
@@ -289,13 +288,7 @@ class LoopTimes:
     def scale(t: BatchTiming, k: float) -> BatchTiming:
       if k >= 1.0:
         return t
-      return BatchTiming(
-        t.seconds * k,
-        round(t.steps * k),
-        t.stepless * k,
-        round(t.tokens * k),
-        round(t.stepless_tokens * k),
-      )
+      return BatchTiming(*(x * k for x in t.to_json()))  # (counts too: every ratio stays)
 
     ks = [steps / t.steps if t.steps else 1.0 for t in self.own]
     return LoopTimes(

@@ -31,9 +31,10 @@ The rule, in the order `choose` applies it:
      PROBE_EVERY-th consecutive plain batch is decoded at the best gamma >= 1 instead; its
      acceptance enters alpha like any other batch's. When not even alpha = 1 pays, the job never
      probes.
-  5. Refresh: where another gamma >= 1 scores within HYSTERESIS of the choice, every
-     REFRESH_EVERY-th batch is decoded at it, so that the costs of close gammas stay measured (the
-     job adds every batch's timing to its costs: speculative/infer/auto_gamma.py).
+  5. Refresh: where another gamma >= 1 could be faster within the margins (its prediction times
+     1 + its margin reaches the choice's score), every REFRESH_EVERY-th batch is decoded at the
+     best such runner-up, so that close gammas stay measured (the job adds every batch's timing to
+     its costs: speculative/infer/auto_gamma.py) until their margins tell them apart.
 
 The choice stays within the measured gammas, 0..`Costs.top`, and one past them where a measured
 gamma >= 1 predicts at least EXPLORE_FROM (its step extrapolated; decoding it measures it). While
@@ -63,7 +64,7 @@ PRIOR_WEIGHT = 4.0  # pseudo-drafted tokens at PRIOR_ALPHA
 HALF_LIFE = 1024.0  # drafted tokens after which older batches count half
 HYSTERESIS = 0.05  # keep the previous gamma while within 5% of the best prediction
 PROBE_EVERY = 8  # the probe rule: every 8th consecutive plain batch drafts
-REFRESH_EVERY = 4  # every 4th batch decodes at the runner-up where it scores within HYSTERESIS
+REFRESH_EVERY = 4  # every 4th batch decodes at the runner-up, where there is one (`choose`)
 MARGIN = 0.10  # a gamma measured over MIN_STEPS loop steps must predict 1 + MARGIN to speculate
 EXPLORE_FROM = 1.0  # look past the measured gammas only where one of them predicts this
 
@@ -175,8 +176,12 @@ def choose(costs: costs_lib.Costs, state: PolicyState) -> Choice:
     and scores[state.gamma] >= (1.0 - HYSTERESIS) * scores[best]
   ):
     chosen, reason = state.gamma, (BEST if state.gamma == best else KEPT)
+  # A runner-up: a gamma >= 1 whose prediction, plus its margin, reaches the choice's score (its
+  # prediction less its margin): the noise of their timings could order them either way.
   rivals = [
-    g for g in gammas[1:] if g != chosen and scores[g] >= (1.0 - HYSTERESIS) * scores[chosen]
+    g
+    for g in gammas[1:]
+    if g != chosen and speedups[g] * (1.0 + margin(costs, g)) >= scores[chosen]
   ]
   if rivals and state.since_refresh + 1 >= REFRESH_EVERY:
     return Choice(_argmax(scores, rivals), REFRESH, alpha, speedups)

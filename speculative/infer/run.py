@@ -372,13 +372,18 @@ def _decode_batch(
   stepless: bool = False,
 ) -> dict[int, dict]:
   """One mode over one batch with `decode`, timed warm (the first call of each `variant`, an
-  'auto' mode's gamma, at each input length compiles and is timed apart): {example index: its
-  record}. `stepless`: the same compiled call with `max_steps = 0` is timed too (what the call
-  pays once: 'auto's calibration, recorded as `stepless_s`, not decode time)."""
+  'auto' mode's gamma, at each input length compiles, and a second call runs it once more, both
+  timed apart as compile time): {example index: its record}. `stepless`: the same compiled call
+  with `max_steps = 0` is timed too (what the call pays once: 'auto's calibration, recorded as
+  `stepless_s`, not decode time)."""
   compiled = (encoder_tokens.shape, *variant)
   if compiled not in run.compiled_shapes:  # compile this shape outside the timing
     t0 = time.perf_counter()
     with resources.CompileCounter() as compiles:
+      jax.block_until_ready(decode(encoder_tokens, rng))
+      # The first run after a compile measured 1.3-1.8x slower than the runs after it (2-core
+      # EPYC, batch 1): timed, it would bias the job's speedup and the costs 'auto' measures on
+      # the first batches of each gamma it visits.
       jax.block_until_ready(decode(encoder_tokens, rng))
     run.compile_s = (run.compile_s or 0.0) + time.perf_counter() - t0
     run.compiles_first_call += compiles.count
