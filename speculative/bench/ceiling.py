@@ -32,8 +32,8 @@ from speculative import drafters
 from speculative import timing
 from speculative.bench import machine as machine_lib
 from speculative.bench import markdown
+from speculative.bench import methods as methods_lib
 from speculative.decode import batching
-from speculative.decode import modes
 from speculative.decode import state as decode_state
 from speculative.infer import inputs as infer_inputs
 from speculative.infer import run as infer_run
@@ -93,28 +93,19 @@ def method_fns(
   settings: infer_settings.InferSettings, models: infer_run.Models, gammas: Sequence[int]
 ) -> dict[str, Callable[[jax.Array, Any, jax.Array], Any]]:
   """{name: fn(encoder_tokens [B, S], rng, generated [B, N]) -> DecodeResult}, baseline first."""
-  sampling_params = settings.sampling()[1]
+  sampling = dict(sampling_params=settings.sampling()[1])
   target, target_params = models.target, models.target_params
   vocab = target.vocab_size
 
   def bind(drafter, gamma, params_of):
     options = dataclasses.replace(settings.decode_options(), gamma=gamma)
+    return lambda encoder_tokens, rng, generated: methods_lib.decode_fn(
+      target, target_params, drafter, params_of(generated), options=options, **sampling
+    )(encoder_tokens, rng)
 
-    def fn(encoder_tokens, rng, generated):
-      return modes.decode_fns(
-        target,
-        target_params,
-        drafter,
-        params_of(generated),
-        options=options,
-        sampling_params=sampling_params,
-      )[modes.SPECULATIVE](encoder_tokens, rng)
-
-    return fn
-
-  baseline = modes.decode_fns(
-    target, target_params, options=settings.decode_options(), sampling_params=sampling_params
-  )[modes.BASELINE]
+  baseline = methods_lib.decode_fn(
+    target, target_params, options=settings.decode_options(), **sampling
+  )
   fns = {BASELINE: lambda encoder_tokens, rng, generated: baseline(encoder_tokens, rng)}
   for g in gammas:
     fns[f'draft {g}'] = bind(models.drafter, g, lambda generated: models.draft_params)

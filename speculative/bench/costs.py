@@ -3,12 +3,9 @@
   t(T) = seconds of one target `extend` call over T new tokens; c = draft single-token step / t(1);
   v(T) = t(T) / t(1).
 
-Each time is the marginal per-call time of a jitted loop of calls on a realistic cache, timed in
-interleaved rounds (`speculative.timing.time_rounds`). A ratio is computed per round and summarized
-by its median and spread (interquartile range / median); `judge` refuses a noisy one, and what
-uses it reads "too noisy to predict". The roofline: the bytes of weights a decode step reads over
-the stream bandwidth of a bare matvec of that size, v(T) of the bare decoder matmul stack, and a
-device's read rate. docs/benchmark.md says more.
+Times are marginal per-call times of jitted loops on a realistic cache, in interleaved rounds
+(`speculative.timing.time_rounds`); a ratio is taken per round, summarized by its median and spread
+(interquartile range / median), and `judge` refuses a noisy one. docs/benchmark.md says more.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Benchmark inputs: a seqio task, a TSV file, or synthetic tokens."""
+"""Benchmark inputs: a seqio task or a TSV file (or examples given, e.g. synthetic ones)."""
 
 from __future__ import annotations
 
@@ -7,27 +7,9 @@ import logging
 import os
 from typing import Sequence
 
-import numpy as np
-
 from speculative.data import tasks
 from speculative.data import vocabulary as vocabulary_lib
 from speculative.infer import inputs as infer_inputs
-
-
-def synthetic_examples(
-  num_examples: int, inputs_length: int, vocab_size: int, seed: int = 0
-) -> list[infer_inputs.Example]:
-  """Random token inputs (EOS-terminated, lengths in [inputs_length/2, inputs_length]); for smoke
-  tests only: they exercise the timing code, not translation."""
-  rng = np.random.default_rng(seed)
-  examples = []
-  for i in range(num_examples):
-    length = int(rng.integers(max(2, inputs_length // 2), inputs_length + 1))
-    tokens = np.concatenate([rng.integers(2, vocab_size, length - 1), [tasks.EOS_ID]]).astype(
-      np.int32
-    )
-    examples.append(infer_inputs.Example(i, f"<synthetic {i}>", None, tokens, False))
-  return examples
 
 
 @dataclasses.dataclass(frozen=True)

@@ -18,7 +18,6 @@ from speculative.bench import methods as methods_lib
 from speculative.bench import sweep
 from speculative.data import tasks
 from speculative.decode import batching
-from speculative.decode import modes
 from speculative.infer import inputs as infer_inputs
 from speculative.jobs import checks
 from speculative.jobs import gin_utils
@@ -134,13 +133,10 @@ def decode_options(max_new_tokens: int, temperature: float) -> dict[str, Any]:
 
 
 def decode_fn(pair: Pair, drafter: Any = None, **options: Any) -> Callable[..., Any]:
-  """fn(encoder_tokens [B, S], rng) -> DecodeResult (modes.decode_fns): the target's baseline
-  without a drafter, else speculative decoding with `drafter` on the pair's draft params, SpecTr
-  given num_drafts; `options` are decode_fns' (DecodeOptions fields, sampling_params, ...)."""
-  fns = modes.decode_fns(pair.target, pair.target_params, drafter, pair.draft_params, **options)
-  if drafter is None:
-    return fns[modes.BASELINE]
-  return fns[modes.SPECULATIVE if options.get('num_drafts') is None else modes.SPECTR]
+  """methods.decode_fn of the pair (`drafter` on the pair's draft params)."""
+  return methods_lib.decode_fn(
+    pair.target, pair.target_params, drafter, pair.draft_params, **options
+  )
 
 
 def extend_costs(
