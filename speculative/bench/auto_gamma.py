@@ -190,8 +190,8 @@ def main(argv: Sequence[str] | None = None) -> None:
   parser.add_argument('--gin_file', action='append', required=True, help='the job run file')
   parser.add_argument('--gin_bindings', action='append', default=[], help='for every job')
   parser.add_argument('--rounds', type=int, default=4, help='rounds, >= 1 (%(default)s)')
-  ceiling.add_gamma_arguments(parser, '1,2,3,4,5,6,7', 'also write the jobs and table as JSON')
-  args, gammas = ceiling.parse_gamma_arguments(parser, argv)
+  json_help = 'also write the jobs and table as JSON'
+  args, gammas = ceiling.parse_gamma_arguments(parser, argv, '1,2,3,4,5,6,7', json_help)
   gammas = sorted(set(gammas))
   if args.rounds < 1:
     parser.error(f'--rounds must be >= 1, got {args.rounds}')

@@ -69,19 +69,16 @@ def parse_gammas(text: str) -> tuple[int, ...]:
   return gammas
 
 
-def add_gamma_arguments(parser: argparse.ArgumentParser, default: str, json_help: str) -> None:
-  """The --gammas and --json_out flags of the job benchmarks (this one and auto_gamma)."""
+def parse_gamma_arguments(
+  parser: argparse.ArgumentParser, argv: Sequence[str] | None, default: str, json_help: str
+) -> tuple[argparse.Namespace, tuple[int, ...]]:
+  """Adds the --gammas and --json_out flags of the job benchmarks (this one and auto_gamma) and
+  parses `argv`: (the arguments, --gammas as `parse_gammas` reads them); a bad value is the
+  parser's error (one line, exit status 2)."""
   parser.add_argument(
     '--gammas', default=default, help='comma-separated gammas to measure (default %(default)s)'
   )
   parser.add_argument('--json_out', default=None, help=json_help)
-
-
-def parse_gamma_arguments(
-  parser: argparse.ArgumentParser, argv: Sequence[str] | None
-) -> tuple[argparse.Namespace, tuple[int, ...]]:
-  """(the parsed `argv`, its --gammas as `parse_gammas` reads them); a bad value is the parser's
-  error (one line, exit status 2)."""
   args = parser.parse_args(sys.argv[1:] if argv is None else argv)
   try:
     return args, parse_gammas(args.gammas)
@@ -257,10 +254,8 @@ def main(argv: Sequence[str] | None = None) -> None:
 
   parser = gin_utils.runner_parser('infer', __doc__.splitlines()[0])
   parser.prog = 'python -m speculative.bench.ceiling'
-  add_gamma_arguments(
-    parser, ','.join(map(str, DEFAULT_GAMMAS)), 'also write the table as JSON here'
-  )
-  args, gammas = parse_gamma_arguments(parser, argv)
+  default, json_help = ','.join(map(str, DEFAULT_GAMMAS)), 'also write the table as JSON here'
+  args, gammas = parse_gamma_arguments(parser, argv, default, json_help)
 
   @checks.settings_entry(infer_settings.InferSettings)
   def ceiling(settings: infer_settings.InferSettings):

@@ -340,14 +340,13 @@ def _draft_cost(method, costs: dict[str, Any], temperature: float, propose_cost)
   # Not a model: time its whole propose(gamma) call (it depends on the sampling strategy).
   drafter, draft_params = method.drafter_obj
   key = f"gamma={gamma},T={temperature:g}"
-  draft_s, c_samples, c_fallback = propose_cost(drafter, draft_params, gamma=gamma)
+  noise_name = costs_lib.c_key(method.drafter, key)
+  noise = costs_lib.NoiseLog(costs["noise"])
+  draft_s, c = propose_cost(drafter, draft_params, gamma, noise, noise_name)
   entry = costs["drafters"].setdefault(
     method.drafter, {"kind": "propose", "propose_s": {}, "c": {}}
   )
-  entry["propose_s"][key] = draft_s
-  noise_name = costs_lib.c_key(method.drafter, key)
-  log = costs_lib.NoiseLog(costs["noise"])
-  entry["c"][key] = log.add(noise_name, c_samples, fallback=c_fallback)
+  entry["propose_s"][key], entry["c"][key] = draft_s, c
   return {
     "c": entry["c"][key],
     "draft_s": draft_s,
