@@ -176,9 +176,9 @@ class InputSource:
   task and split, or a file (a prefix before each line), to at most `inputs_length` tokens."""
 
   task: str | None = tasks.LIBREOFFICE_TASK
-  split: str = "test"
+  split: str = 'test'
   input_file: str | None = None
-  input_prefix: str = ""
+  input_prefix: str = ''
   inputs_length: int = 64
   examples: Sequence[infer_inputs.Example] | None = None
 
@@ -189,7 +189,7 @@ def load_examples(
   """(the first `num_examples` inputs of `source`, an InputSource or a BenchmarkSettings, the number
   of those longer than its inputs_length skipped if `skip_truncated`)."""
   if (source.task is None) == (source.input_file is None):
-    raise ValueError("give exactly one of task and input_file")
+    raise ValueError('give exactly one of task and input_file')
   limit = None if skip_truncated else num_examples
   if source.task is not None:
     examples = infer_inputs.examples_from_task(
@@ -209,9 +209,9 @@ def load_examples(
   else:
     examples = examples[:num_examples]
   if len(examples) < num_examples:
-    logging.warning("only %d examples available (asked for %d)", len(examples), num_examples)
+    logging.warning('only %d examples available (asked for %d)', len(examples), num_examples)
   if not examples:
-    raise ValueError("no benchmark inputs")
+    raise ValueError('no benchmark inputs')
   return examples, skipped
 
 
@@ -243,20 +243,20 @@ def benchmark_inputs(
       source, num_examples=num_examples, skip_truncated=skip_truncated
     )
     described = (
-      f"the first {len(examples)} examples of `{task}` / {source.split}"
+      f'the first {len(examples)} examples of `{task}` / {source.split}'
       if task
-      else f"the first {len(examples)} lines of `{input_file}`"
+      else f'the first {len(examples)} lines of `{input_file}`'
     )
     if skipped:
-      described += f" ({skipped} longer than {inputs_length} tokens skipped)"
+      described += f' ({skipped} longer than {inputs_length} tokens skipped)'
     task_label = task or os.path.basename(input_file)
   else:
     examples = list(source.examples)[:num_examples]
-    described = f"{len(examples)} given examples ({examples[0].inputs.split()[0]}...)"
-    task_label = "given inputs"
+    described = f'{len(examples)} given examples ({examples[0].inputs.split()[0]}...)'
+    task_label = 'given inputs'
   for e in examples:
     if len(e.input_tokens) > inputs_length:
       raise ValueError(
-        f"example {e.index} has {len(e.input_tokens)} input tokens > inputs_length={inputs_length}"
+        f'example {e.index} has {len(e.input_tokens)} input tokens > inputs_length={inputs_length}'
       )
   return examples, described, task_label
