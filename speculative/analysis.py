@@ -25,7 +25,6 @@ import math
 from typing import Any
 from typing import Callable
 from typing import Mapping
-from typing import Sequence
 
 import numpy as np
 
@@ -418,44 +417,3 @@ def speedup_row(metrics: Mapping[str, Any]) -> dict[str, Any]:
       raise ValueError(f"speculative_walltime must be > 0; got {speculative}")
     row["measured_speedup"] = _require(metrics, "baseline_walltime") / speculative
   return row
-
-
-def speedup_table(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
-  """`speedup_row` applied to each metrics dict."""
-  return [speedup_row(r) for r in rows]
-
-
-DEFAULT_COLUMNS = (
-  "name",
-  "gamma",
-  "alpha_used",
-  "acceptance_rate",
-  "block_efficiency",
-  "expected_tokens",
-  "c",
-  "v",
-  "predicted_speedup",
-  "measured_speedup",
-)
-
-
-def format_markdown(
-  rows: Sequence[Mapping[str, Any]], columns: Sequence[str] = DEFAULT_COLUMNS
-) -> str:
-  """A Markdown table of `rows` (floats to 3 decimals; missing values as '-'). Columns absent from
-  every row are dropped."""
-  columns = [c for c in columns if any(c in r for r in rows)]
-  if not columns:
-    raise ValueError("none of the requested columns occur in the rows")
-
-  def cell(value: Any) -> str:
-    if value is None:
-      return "-"
-    if isinstance(value, (float, np.floating)):
-      return f"{float(value):.3f}"
-    return str(value)
-
-  lines = ["| " + " | ".join(columns) + " |", "|" + "|".join("---" for _ in columns) + "|"]
-  for r in rows:
-    lines.append("| " + " | ".join(cell(r.get(c)) for c in columns) + " |")
-  return "\n".join(lines)

@@ -3,7 +3,6 @@
 main           benchmark() and its arguments (BenchmarkSettings, checked before any work): inputs,
                models, the cost model, the sweep, the whole job, the report
 machine        the machine: its description, load average, and whether a model shape fits its memory
-inputs         benchmark inputs (a seqio task, a TSV file or synthetic tokens)
 methods        our models (their weights) on each batch size's decode path, the drafters and the
                methods compared
 costs          the cost model t(T), c, v(T), the roofline, and the noise verdict of each estimate
@@ -20,8 +19,9 @@ paper_shape    T5 1.1 XXL's shape on this device (python -m speculative.bench.pa
 auto_gamma     GAMMA = 'auto' against each fixed gamma, one job a process (python -m ...auto_gamma)
 
 The benchmark's own pages, included into the results page (python -m speculative.bench.<page>):
-pages          what they measure alike: the pair's options and loading, decode functions, batch-1
-               cost model and timing
+pages          what they measure alike: the pair's options and loading, the benchmark's inputs (a
+               seqio task, a TSV file or examples given), decode functions, batch-1 cost model and
+               timing
 drafters_page  docs/drafters/: alpha per drafter (Table 3), lenience (Table 5), adaptive gamma
 spectr_page    docs/spectr/: SpecTr's K drafts vs speculative decoding vs the baseline
 spectr_jobs    the table of `speculative.infer` jobs run with METHOD = 'spectr' (docs/spectr/jobs.md)

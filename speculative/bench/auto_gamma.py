@@ -3,21 +3,11 @@
   .venv/bin/python -m speculative.bench.auto_gamma --gin_file=configs/local/run.gin \
       [--gammas=1,2,3,4,5,6,7] [--rounds=4] [--json_out=FILE] [--gin_bindings=...]
 
-Runs the job of the run file (`speculative.infer`, both modes: each job's speedup is its own
-baseline's decode time over its speculative mode's, warm, same process, same inputs and weights)
-once per setting and round: GAMMA = g for each fixed g, and GAMMA = 'auto' (GAMMA_MAX = the largest
-g), twice: 'auto' with the costs cached (one unreported 'auto' job fills a fresh cost cache first)
-and 'auto uncached' with an empty cache each round, so that it measures the costs on its own first
-batches. Gamma 0, plain decoding, is each job's own baseline (1.00x by definition). The settings
-run in a rotating order each round, each job a fresh process with its own output directory
-(OVERWRITE), so no job warms another's caches. Prints, per setting: the median speedup over the
-rounds and its spread (min..max), greedy outputs identical to the baseline, and for 'auto' the
-gammas it chose (batches per gamma) and where its costs came from; then what measuring the costs
-cost: per round, the uncached job's speculative decode time over the cached job's, and its compile
-time beside the cached job's (the gammas it visited while measuring compile too), and its stepless
-calls' time (calibration, outside the decode time) as a share of its decode time; with the machine
-and its load average before and after. Every job's extra bindings (`--gin_bindings`) apply to all
-settings, e.g. BATCH_SIZE = 8 or NUM_EXAMPLES = 100.
+Each round runs the run file's job (`speculative.infer`, both modes) once per setting, in a rotating
+order, each a fresh process: GAMMA = g per fixed g; 'auto' (GAMMA_MAX = the largest g) on costs an
+unreported 'auto' job cached first; 'auto uncached' on an empty cache. Prints the median speedup
+per setting over the rounds, its spread, identical outputs, the gammas 'auto' chose, and what
+measuring the costs cost (docs/auto_gamma.md); `--gin_bindings` apply to every job.
 """
 
 from __future__ import annotations
@@ -200,8 +190,8 @@ def main(argv: Sequence[str] | None = None) -> None:
   parser.add_argument('--gin_file', action='append', required=True, help='the job run file')
   parser.add_argument('--gin_bindings', action='append', default=[], help='for every job')
   parser.add_argument('--rounds', type=int, default=4, help='rounds, >= 1 (%(default)s)')
-  ceiling.add_gamma_arguments(parser, '1,2,3,4,5,6,7', 'also write the jobs and table as JSON')
-  args, gammas = ceiling.parse_gamma_arguments(parser, argv)
+  json_help = 'also write the jobs and table as JSON'
+  args, gammas = ceiling.parse_gamma_arguments(parser, argv, '1,2,3,4,5,6,7', json_help)
   gammas = sorted(set(gammas))
   if args.rounds < 1:
     parser.error(f'--rounds must be >= 1, got {args.rounds}')

@@ -32,8 +32,8 @@ from speculative import drafters
 from speculative import timing
 from speculative.bench import machine as machine_lib
 from speculative.bench import markdown
+from speculative.bench import methods as methods_lib
 from speculative.decode import batching
-from speculative.decode import modes
 from speculative.decode import state as decode_state
 from speculative.infer import inputs as infer_inputs
 from speculative.infer import run as infer_run
@@ -69,19 +69,16 @@ def parse_gammas(text: str) -> tuple[int, ...]:
   return gammas
 
 
-def add_gamma_arguments(parser: argparse.ArgumentParser, default: str, json_help: str) -> None:
-  """The --gammas and --json_out flags of the job benchmarks (this one and auto_gamma)."""
+def parse_gamma_arguments(
+  parser: argparse.ArgumentParser, argv: Sequence[str] | None, default: str, json_help: str
+) -> tuple[argparse.Namespace, tuple[int, ...]]:
+  """Adds the --gammas and --json_out flags of the job benchmarks (this one and auto_gamma) and
+  parses `argv`: (the arguments, --gammas as `parse_gammas` reads them); a bad value is the
+  parser's error (one line, exit status 2)."""
   parser.add_argument(
     '--gammas', default=default, help='comma-separated gammas to measure (default %(default)s)'
   )
   parser.add_argument('--json_out', default=None, help=json_help)
-
-
-def parse_gamma_arguments(
-  parser: argparse.ArgumentParser, argv: Sequence[str] | None
-) -> tuple[argparse.Namespace, tuple[int, ...]]:
-  """(the parsed `argv`, its --gammas as `parse_gammas` reads them); a bad value is the parser's
-  error (one line, exit status 2)."""
   args = parser.parse_args(sys.argv[1:] if argv is None else argv)
   try:
     return args, parse_gammas(args.gammas)
@@ -93,28 +90,19 @@ def method_fns(
   settings: infer_settings.InferSettings, models: infer_run.Models, gammas: Sequence[int]
 ) -> dict[str, Callable[[jax.Array, Any, jax.Array], Any]]:
   """{name: fn(encoder_tokens [B, S], rng, generated [B, N]) -> DecodeResult}, baseline first."""
-  sampling_params = settings.sampling()[1]
+  sampling = dict(sampling_params=settings.sampling()[1])
   target, target_params = models.target, models.target_params
   vocab = target.vocab_size
 
   def bind(drafter, gamma, params_of):
     options = dataclasses.replace(settings.decode_options(), gamma=gamma)
+    return lambda encoder_tokens, rng, generated: methods_lib.decode_fn(
+      target, target_params, drafter, params_of(generated), options=options, **sampling
+    )(encoder_tokens, rng)
 
-    def fn(encoder_tokens, rng, generated):
-      return modes.decode_fns(
-        target,
-        target_params,
-        drafter,
-        params_of(generated),
-        options=options,
-        sampling_params=sampling_params,
-      )[modes.SPECULATIVE](encoder_tokens, rng)
-
-    return fn
-
-  baseline = modes.decode_fns(
-    target, target_params, options=settings.decode_options(), sampling_params=sampling_params
-  )[modes.BASELINE]
+  baseline = methods_lib.decode_fn(
+    target, target_params, options=settings.decode_options(), **sampling
+  )
   fns = {BASELINE: lambda encoder_tokens, rng, generated: baseline(encoder_tokens, rng)}
   for g in gammas:
     fns[f'draft {g}'] = bind(models.drafter, g, lambda generated: models.draft_params)
@@ -266,10 +254,8 @@ def main(argv: Sequence[str] | None = None) -> None:
 
   parser = gin_utils.runner_parser('infer', __doc__.splitlines()[0])
   parser.prog = 'python -m speculative.bench.ceiling'
-  add_gamma_arguments(
-    parser, ','.join(map(str, DEFAULT_GAMMAS)), 'also write the table as JSON here'
-  )
-  args, gammas = parse_gamma_arguments(parser, argv)
+  default, json_help = ','.join(map(str, DEFAULT_GAMMAS)), 'also write the table as JSON here'
+  args, gammas = parse_gamma_arguments(parser, argv, default, json_help)
 
   @checks.settings_entry(infer_settings.InferSettings)
   def ceiling(settings: infer_settings.InferSettings):

@@ -3,12 +3,9 @@
   t(T) = seconds of one target `extend` call over T new tokens; c = draft single-token step / t(1);
   v(T) = t(T) / t(1).
 
-Each time is the marginal per-call time of a jitted loop of calls on a realistic cache, timed in
-interleaved rounds (`speculative.timing.time_rounds`). A ratio is computed per round and summarized
-by its median and spread (interquartile range / median); `judge` refuses a noisy one, and what
-uses it reads "too noisy to predict". The roofline: the bytes of weights a decode step reads over
-the stream bandwidth of a bare matvec of that size, v(T) of the bare decoder matmul stack, and a
-device's read rate. docs/benchmark.md says more.
+Times are marginal per-call times of jitted loops on a realistic cache, in interleaved rounds
+(`speculative.timing.time_rounds`); a ratio is taken per round, summarized by its median and spread
+(interquartile range / median), and `judge` refuses a noisy one. docs/benchmark.md says more.
 """
 
 from __future__ import annotations
@@ -112,6 +109,12 @@ class NoiseLog:
       self.data["refused"][name] = reason
     return est.value if math.isfinite(est.value) else fallback
 
+  def ratio(self, name, rounds, seconds, num: str, den: str, minimum=None, scale=1.0) -> float:
+    """`add` of the per-round ratios scale * rounds[num] / rounds[den] (`ratio_samples`), falling
+    back on the ratio of the `seconds` of the two timers."""
+    samples = ratio_samples(rounds[num], rounds[den], scale)
+    return self.add(name, samples, minimum, fallback=scale * seconds[num] / seconds[den])
+
 
 def refusal(noise: Mapping[str, Any] | None, names: Sequence[str]) -> str | None:
   """The reasons (joined) why any of the estimates `names` in a `costs['noise']` dict is refused;
@@ -161,8 +164,8 @@ def measure_extend_costs(
   `timer_owners`); `extra_timers` are interleaved too (those in `marginal_extra` are jitted loops;
   `max_calls` caps their calibration); `keep_timers`, if given, receives every timer by name.
   Returns a JSON-ready dict: batch_size, position, max_length, target_step_s, target_extend_s
-  {T: s}, v {T: ratio}, drafters {name: {kind: 'model', draft_step_s, c}}, seconds {extra timer:
-  s}, rounds {timer: [per-round seconds]}, noise (NoiseLog's).
+  {T: s}, v {T: ratio}, drafters {name: {kind: 'model', draft_step_s, c}}, seconds {timer: s},
+  rounds {timer: [per-round seconds]}, noise (NoiseLog's).
   """
   lengths = sorted(set([1] + [int(t) for t in verify_lengths]))
   args = dict(encoder_tokens=encoder_tokens, max_length=max_length, position=position)
@@ -194,18 +197,11 @@ def measure_extend_costs(
     "drafters": {},
   }
   for t in lengths[1:]:
-    costs["v"][str(t)] = noise.add(
-      v_key(t),
-      ratio_samples(rounds[f"target_{t}"], rounds["target_1"]),
-      minimum=1.0,
-      fallback=seconds[f"target_{t}"] / step,
-    )
+    costs["v"][str(t)] = noise.ratio(v_key(t), rounds, seconds, f"target_{t}", "target_1", 1.0)
   for name, key in draft_keys.items():
-    c = noise.add(
-      c_key(name), ratio_samples(rounds[key], rounds["target_1"]), fallback=seconds[key] / step
-    )
+    c = noise.ratio(c_key(name), rounds, seconds, key, "target_1")
     costs["drafters"][name] = {"kind": "model", "draft_step_s": seconds[key], "c": c}
-  costs.update(seconds={name: seconds[name] for name in extra}, rounds=rounds, noise=noise.data)
+  costs.update(seconds=seconds, rounds=rounds, noise=noise.data)
   return costs
 
 
@@ -363,19 +359,21 @@ def repeat_propose(
 def measure_propose(
   drafter,
   draft_params,
+  gamma: int,
+  noise: NoiseLog,
+  name: str,
   *,
   encoder_tokens: np.ndarray,
   max_length: int,
   position: int,
-  gamma: int,
   sampling,
   sampling_params,
   target_step: timing.Timer,
   repeats: int,
   min_seconds: float,
-) -> tuple[float, list[float], float]:
-  """(seconds per `drafter.propose(gamma)` call of any Drafter at `position`, per-round c samples =
-  propose / gamma / target step, c from the medians), interleaved with `target_step`."""
+) -> tuple[float, float]:
+  """(seconds per `drafter.propose(gamma)` call of any Drafter at `position`, c = propose / gamma /
+  target step, recorded in `noise` under `name`), interleaved with `target_step`."""
   batch = encoder_tokens.shape[0]
   tokens = np.ones((batch, max_length), np.int32)
   tokens[:, : min(position, encoder_tokens.shape[1])] = encoder_tokens[:, :position]
@@ -394,11 +392,8 @@ def measure_propose(
     "target_1": target_step,
   }
   rounds, seconds = timing.time_rounds(timers, repeats, min_seconds, marginal=list(timers))
-  return (
-    seconds["propose"],
-    ratio_samples(rounds["propose"], rounds["target_1"], scale=1.0 / gamma),
-    seconds["propose"] / gamma / seconds["target_1"],
-  )
+  c = noise.ratio(name, rounds, seconds, "propose", "target_1", scale=1.0 / gamma)
+  return seconds["propose"], c
 
 
 def decode_step_kernels(
@@ -473,11 +468,8 @@ def measure_roofline(
     "bare_v": {"1": 1.0},
   }
   for t in lengths[1:]:
-    out["bare_v"][str(t)] = noise.add(
-      f"bare v({t})",
-      ratio_samples(rounds[f"stack_{t}"], rounds["stack_1"]),
-      minimum=1.0,
-      fallback=seconds[f"stack_{t}"] / seconds["stack_1"],
+    out["bare_v"][str(t)] = noise.ratio(
+      f"bare v({t})", rounds, seconds, f"stack_{t}", "stack_1", 1.0
     )
   out["noise"] = noise.data
   return out

@@ -43,7 +43,6 @@ from speculative.data import metrics as metrics_lib
 from speculative.data import tasks
 from speculative.data import vocabulary as vocabulary_lib
 from speculative.decode import batching
-from speculative.decode import modes
 
 DRAFTER_NAMES = ('model', 'unigram', 'bigram', 'prompt_lookup', 'prompt_lookup+model')
 PARTS = ('alpha', 'lenience', 'walltime')
@@ -92,9 +91,9 @@ def decode_all(
   """Speculative decoding of every example in batches of --batch_size at --gamma: (summed counters
   with alpha, acceptance, tokens per call, drafted per step; each example's generated tokens)."""
   options = pages.decode_options(args.max_new_tokens, temperature)
-  decode = modes.decode_fns(
+  decode = methods_lib.decode_fn(
     pair.target, pair.target_params, drafter, params, lenience=lenience, gamma=args.gamma, **options
-  )[modes.SPECULATIVE]
+  )
   method = methods_lib.Method('alpha', methods_lib.SPECULATIVE, decode)
   batches = batching.batches(examples, args.batch_size, args.inputs_length)
   for index, (_, encoder_tokens) in enumerate(batches):

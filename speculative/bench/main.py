@@ -27,9 +27,9 @@ from speculative import kernels
 from speculative import timing
 from speculative.bench import conclude as conclude_lib
 from speculative.bench import costs as costs_lib
-from speculative.bench import inputs as inputs_lib
 from speculative.bench import machine as machine_lib
 from speculative.bench import methods as methods_lib
+from speculative.bench import pages
 from speculative.bench import report as report_lib
 from speculative.bench import sweep
 from speculative.drafters import registry as drafter_registry
@@ -262,7 +262,7 @@ def whole_job(s, context, groups) -> dict[str, Any]:
   batch_size = best["group"]["batch_size"]
   fastest = min(best["speculative"], key=lambda r: r["walltime_s"], default=None)
   view = methods_lib.for_batch(models, batch_size, s.kernels)  # the path its groups ran
-  examples, source, _ = inputs_lib.benchmark_inputs(
+  examples, source, _ = pages.benchmark_inputs(
     s, num_examples=s.whole_job_examples, skip_truncated=False
   )
   stock_name = methods_lib.STOCK_T5X if stock_t5x_decode else methods_lib.STOCK_EQUIVALENT
@@ -321,7 +321,7 @@ def _run(s: BenchmarkSettings) -> dict[str, Any]:
   warnings: list[str] = []
   t_start = time.perf_counter()
   log = lambda msg: report_log(f"[{time.perf_counter() - t_start:6.0f}s] {msg}")  # noqa: E731
-  examples, source, task_label = inputs_lib.benchmark_inputs(
+  examples, source, task_label = pages.benchmark_inputs(
     s, num_examples=s.num_examples, skip_truncated=s.skip_truncated
   )
   log(f"inputs: {source}")

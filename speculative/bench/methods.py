@@ -194,6 +194,16 @@ def build_drafters(
   return built
 
 
+def decode_fn(target, target_params, drafter=None, draft_params=None, **options) -> Callable:
+  """fn(encoder_tokens [B, S], rng) -> DecodeResult of `modes.decode_fns`: the target's baseline
+  without a drafter, else speculative decoding, SpecTr given num_drafts; `options` are
+  decode_fns' (DecodeOptions fields or options=, sampling_params, ...)."""
+  fns = modes.decode_fns(target, target_params, drafter, draft_params, **options)
+  if drafter is None:
+    return fns[modes.BASELINE]
+  return fns[modes.SPECULATIVE if options.get("num_drafts") is None else modes.SPECTR]
+
+
 @dataclasses.dataclass
 class Method:
   """One decoding method of a group (`decode`: encoder_tokens [B, S], rng -> its result) and its
@@ -234,15 +244,9 @@ def t5x_available() -> bool:
 
 # The fields of our T5Config that T5X's `network.T5Config` takes as they are (same names).
 _T5X_NETWORK_FIELDS = (
-  "vocab_size",
-  "emb_dim",
-  "num_heads",
-  "num_encoder_layers",
-  "num_decoder_layers",
-  "head_dim",
-  "mlp_dim",
-  "logits_via_embedding",
-)
+  "vocab_size emb_dim num_heads num_encoder_layers num_decoder_layers head_dim mlp_dim "
+  "logits_via_embedding"
+).split()
 
 
 def make_stock_t5x_decode(
@@ -306,24 +310,19 @@ def make_methods(group: Any, sampling, sampling_params) -> list[Method]:
     max_new_tokens=group.settings.max_new_tokens, sampling=sampling, eos_id=tasks.EOS_ID
   )
 
-  def autoregressive(model):
-    fns = modes.decode_fns(model, target_params, options=options, sampling_params=sampling_params)
-    return fns[modes.BASELINE]
-
-  def speculative(drafter, draft_params, gamma):
-    fns = modes.decode_fns(
-      target,
+  def decode(model, drafter=None, draft_params=None, **replaced):
+    return decode_fn(
+      model,
       target_params,
       drafter,
       draft_params,
-      options=dataclasses.replace(options, gamma=gamma),
+      options=dataclasses.replace(options, **replaced),
       sampling_params=sampling_params,
     )
-    return fns[modes.SPECULATIVE]
 
   methods = [
-    Method(BASELINE, BASELINE, autoregressive(target)),
-    Method(STOCK_EQUIVALENT, STOCK_EQUIVALENT, autoregressive(group.models["stock_target"])),
+    Method(BASELINE, BASELINE, decode(target)),
+    Method(STOCK_EQUIVALENT, STOCK_EQUIVALENT, decode(group.models["stock_target"])),
   ]
   if group.stock_t5x_decode is not None:
     stock_t5x = group.stock_t5x_decode(temperature=group.temperature)
@@ -334,7 +333,7 @@ def make_methods(group: Any, sampling, sampling_params) -> list[Method]:
         Method(
           f"{drafter_name}/gamma={gamma}",
           SPECULATIVE,
-          speculative(drafter, draft_params, gamma),
+          decode(target, drafter, draft_params, gamma=gamma),
           drafter=drafter_name,
           gamma=gamma,
           drafter_obj=(drafter, draft_params),

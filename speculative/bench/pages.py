@@ -1,11 +1,13 @@
 """What the benchmark's own pages (bench/drafters_page.py, bench/spectr_page.py) share: the
-options naming the pair and its inputs and their loading, decode functions, the cost model and the
+options naming the pair and its inputs and their loading (the benchmark's inputs: a seqio task, a
+TSV file or examples given), decode functions, the cost model and the
 timing at batch 1, the command line; their Markdown is bench/markdown.py's."""
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import logging
 import os
 from typing import Any
 from typing import Callable
@@ -13,12 +15,11 @@ from typing import Sequence
 
 from speculative import sampling as sampling_lib
 from speculative.bench import costs as costs_lib
-from speculative.bench import inputs as inputs_lib
 from speculative.bench import methods as methods_lib
 from speculative.bench import sweep
 from speculative.data import tasks
+from speculative.data import vocabulary as vocabulary_lib
 from speculative.decode import batching
-from speculative.decode import modes
 from speculative.infer import inputs as infer_inputs
 from speculative.jobs import checks
 from speculative.jobs import gin_utils
@@ -93,10 +94,7 @@ def load_pair_and_examples(
   gin file or macro, a missing checkpoint or no inputs is a user error (`command_line`)."""
   with checks.user_errors():
     pair = load_pair(args)
-    source = inputs_lib.split_file(args.split, args.inputs_length)
-    examples, skipped = inputs_lib.load_examples(
-      source, num_examples=args.num_examples, skip_truncated=True
-    )
+    examples, skipped = split_examples(args.split, args.inputs_length, args.num_examples)
   return pair, examples, skipped
 
 
@@ -134,13 +132,10 @@ def decode_options(max_new_tokens: int, temperature: float) -> dict[str, Any]:
 
 
 def decode_fn(pair: Pair, drafter: Any = None, **options: Any) -> Callable[..., Any]:
-  """fn(encoder_tokens [B, S], rng) -> DecodeResult (modes.decode_fns): the target's baseline
-  without a drafter, else speculative decoding with `drafter` on the pair's draft params, SpecTr
-  given num_drafts; `options` are decode_fns' (DecodeOptions fields, sampling_params, ...)."""
-  fns = modes.decode_fns(pair.target, pair.target_params, drafter, pair.draft_params, **options)
-  if drafter is None:
-    return fns[modes.BASELINE]
-  return fns[modes.SPECULATIVE if options.get('num_drafts') is None else modes.SPECTR]
+  """methods.decode_fn of the pair (`drafter` on the pair's draft params)."""
+  return methods_lib.decode_fn(
+    pair.target, pair.target_params, drafter, pair.draft_params, **options
+  )
 
 
 def extend_costs(
@@ -173,3 +168,95 @@ def time_rows(
   sweep.time_methods(methods, batches, repeats=args.repeats, seed=args.seed, log=print)
   group = dict(batch_size=1, temperature=temperature, examples=len(examples))
   return batches, {m.name: sweep.method_row(m, batches, group) for m in methods}
+
+
+@dataclasses.dataclass(frozen=True)
+class InputSource:
+  """Where benchmark inputs come from (as `BenchmarkSettings`' fields of the same names): a seqio
+  task and split, or a file (a prefix before each line), to at most `inputs_length` tokens."""
+
+  task: str | None = tasks.LIBREOFFICE_TASK
+  split: str = 'test'
+  input_file: str | None = None
+  input_prefix: str = ''
+  inputs_length: int = 64
+  examples: Sequence[infer_inputs.Example] | None = None
+
+
+def load_examples(
+  source: InputSource, *, num_examples: int, skip_truncated: bool
+) -> tuple[list[infer_inputs.Example], int]:
+  """(the first `num_examples` inputs of `source`, an InputSource or a BenchmarkSettings, the number
+  of those longer than its inputs_length skipped if `skip_truncated`)."""
+  if (source.task is None) == (source.input_file is None):
+    raise ValueError('give exactly one of task and input_file')
+  limit = None if skip_truncated else num_examples
+  if source.task is not None:
+    examples = infer_inputs.examples_from_task(
+      source.task, source.split, source.inputs_length, limit
+    )
+  else:
+    vocabulary, length = vocabulary_lib.load(), source.inputs_length
+    examples = infer_inputs.examples_from_file(
+      source.input_file, vocabulary, length, source.input_prefix, limit
+    )
+  skipped = 0
+  if skip_truncated:
+    kept = [e for e in examples if not e.truncated][:num_examples]
+    last = kept[-1].index if kept else -1
+    skipped = sum(e.truncated for e in examples if e.index <= last)
+    examples = kept
+  else:
+    examples = examples[:num_examples]
+  if len(examples) < num_examples:
+    logging.warning('only %d examples available (asked for %d)', len(examples), num_examples)
+  if not examples:
+    raise ValueError('no benchmark inputs')
+  return examples, skipped
+
+
+def split_examples(
+  split: str, inputs_length: int, num_examples: int
+) -> tuple[list[infer_inputs.Example], int]:
+  """`load_examples` of a split of the LibreOffice En-De corpus read from its TSV file (no seqio
+  pipeline: seqio's vocabulary would import TensorFlow), with the task's input prefix; those
+  longer than inputs_length skipped."""
+  source = InputSource(
+    task=None,
+    split=split,
+    input_file=str(tasks.split_path(split)),
+    input_prefix=tasks.TRANSLATE_EN_DE_PREFIX,
+    inputs_length=inputs_length,
+  )
+  return load_examples(source, num_examples=num_examples, skip_truncated=True)
+
+
+def benchmark_inputs(
+  source: InputSource, *, num_examples: int, skip_truncated: bool
+) -> tuple[list[infer_inputs.Example], str, str]:
+  """(examples, a description of their source, the task label of the tables): `source.examples`
+  if given, else those of its task or file (`load_examples`); every one must fit inputs_length.
+  `source` is an InputSource or a BenchmarkSettings."""
+  task, input_file, inputs_length = source.task, source.input_file, source.inputs_length
+  if source.examples is None:
+    examples, skipped = load_examples(
+      source, num_examples=num_examples, skip_truncated=skip_truncated
+    )
+    described = (
+      f'the first {len(examples)} examples of `{task}` / {source.split}'
+      if task
+      else f'the first {len(examples)} lines of `{input_file}`'
+    )
+    if skipped:
+      described += f' ({skipped} longer than {inputs_length} tokens skipped)'
+    task_label = task or os.path.basename(input_file)
+  else:
+    examples = list(source.examples)[:num_examples]
+    described = f'{len(examples)} given examples ({examples[0].inputs.split()[0]}...)'
+    task_label = 'given inputs'
+  for e in examples:
+    if len(e.input_tokens) > inputs_length:
+      raise ValueError(
+        f'example {e.index} has {len(e.input_tokens)} input tokens > inputs_length={inputs_length}'
+      )
+  return examples, described, task_label

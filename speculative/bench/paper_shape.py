@@ -31,10 +31,10 @@ import numpy as np
 from speculative import analysis
 from speculative import checkpoints
 from speculative.bench import costs as costs_lib
-from speculative.bench import inputs as inputs_lib
 from speculative.bench import machine as machine_lib
 from speculative.bench import markdown
 from speculative.bench import methods as methods_lib
+from speculative.bench import pages
 from speculative.bench import sweep
 from speculative.decode import state as decode_state
 from speculative.jobs import checks
@@ -301,10 +301,7 @@ def paper_shape(s: PaperShapeSettings) -> dict[str, Any]:
   )
   # The test split's TSV, tokenized with SentencePiece directly (seqio's vocabulary would import
   # TensorFlow: ~20 s on a small CPU); batch 1, so no padding beyond the sentence.
-  source_file = inputs_lib.split_file("test", s.inputs_length)
-  examples, _ = inputs_lib.load_examples(
-    source_file, num_examples=s.num_examples, skip_truncated=True
-  )
+  examples, _ = pages.split_examples("test", s.inputs_length, s.num_examples)
   report["costs"] = measure_costs(s, examples, log)
   if s.real_walltime:
     report["source"] = f"{s.source_checkpoint} ({describe(s.source_config)})"

@@ -86,20 +86,17 @@ def measure_costs(pair: pages.Pair, encoder_row: np.ndarray, args, max_length: i
       extra_timers={'target_1x1': reference},
       marginal_extra=['target_1x1'],
     )
-    rounds, noise = cm['rounds'], bench_noise.NoiseLog(cm['noise'])
-    t11.append(cm['seconds']['target_1x1'])
-
-    def ratio(name: str, timer: str, seconds: float, **options: Any) -> float:  # judged for noise
-      samples = bench_noise.ratio_samples(rounds[timer], rounds['target_1x1'])
-      return noise.add(name, samples, fallback=seconds / t11[-1], **options)
-
-    draft_step_s = cm['drafters']['model']['draft_step_s']
-    costs['draft_ms'][str(k)] = 1e3 * draft_step_s
-    costs['c'][str(k)] = ratio(f'c(K={k})', 'draft[model]_1', draft_step_s)
+    noise, seconds = bench_noise.NoiseLog(cm['noise']), cm['seconds']
+    t11.append(seconds['target_1x1'])
+    ratio = lambda name, timer, **kw: noise.ratio(
+      name, cm['rounds'], seconds, timer, 'target_1x1', **kw
+    )
+    costs['draft_ms'][str(k)] = 1e3 * seconds['draft[model]_1']
+    costs['c'][str(k)] = ratio(f'c(K={k})', 'draft[model]_1')
     for length in args.ls:
-      key, extend_s = f'{k}x{length + 1}', cm['target_extend_s'][str(length + 1)]
-      costs['target_ms'][key] = 1e3 * extend_s
-      costs['v'][key] = ratio(f'v({key})', f'target_{length + 1}', extend_s, minimum=1.0)
+      key = f'{k}x{length + 1}'
+      costs['target_ms'][key] = 1e3 * seconds[f'target_{length + 1}']
+      costs['v'][key] = ratio(f'v({key})', f'target_{length + 1}', minimum=1.0)
     refused = noise.data['refused'].items()
     costs['too_noisy'].update(
       {name: reason for name, reason in refused if name.startswith(('c(K=', f'v({k}x'))}

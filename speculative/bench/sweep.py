@@ -183,25 +183,6 @@ def identical_rows(method: bench_methods.Method, reference: bench_methods.Method
   return same
 
 
-def audit_rows(
-  method: bench_methods.Method, reference: bench_methods.Method, batches, target, target_params
-) -> list[dict]:
-  """The divergence audit (speculative/decode/audit.py) of every row whose greedy output differs from the
-  reference's: first differing position, float32 top-2 gap, near-tie or mismatch."""
-  found = []
-  for (chunk, encoder_tokens), out, ref in zip(batches, method.outputs, reference.outputs):
-    rows = range(len(chunk))
-    divergences = audit.audit_divergences(
-      target,
-      target_params,
-      np.asarray(encoder_tokens)[: len(chunk)],  # [rows, S]
-      [ref["tokens"][r, : int(ref["lengths"][r])] for r in rows],
-      [out["tokens"][r, : int(out["lengths"][r])] for r in rows],
-    )
-    found += [dict(dataclasses.asdict(d), example=int(chunk[d.example].index)) for d in divergences]
-  return found
-
-
 def time_methods(
   methods: Sequence[bench_methods.Method],
   batches,
@@ -226,8 +207,19 @@ def time_methods(
   gc.disable()
   try:
     with resources.CompileCounter() as timed:
-      for batch_index, (_, encoder_tokens) in enumerate(batches):
-        _time_batch(methods, batch_index, jnp.asarray(encoder_tokens), repeats, seed)
+      for index, (_, encoder_tokens) in enumerate(batches):
+        # Every method `repeats` times, the order rotating so each takes each slot.
+        enc, rng = jnp.asarray(encoder_tokens), jax.random.fold_in(jax.random.PRNGKey(seed), index)
+        times = {m.name: [] for m in methods}
+        for repeat in range(repeats):
+          shift = (index + repeat) % len(methods)
+          for method in list(methods[shift:]) + list(methods[:shift]):
+            seconds, result = timing.timed(lambda: method.decode(enc, rng))  # pylint: disable=cell-var-from-loop
+            times[method.name].append(seconds)
+            if repeat == 0:
+              method.outputs.append(bench_methods.decode_outputs(method.kind, result))
+        for method in methods:
+          method.times.append(times[method.name])
   finally:
     if gc_was_enabled:
       gc.enable()
@@ -240,21 +232,6 @@ def time_methods(
     "first_calls_compile_s": first_calls.seconds,
     "timed_calls": timed.count,
   }
-
-
-def _time_batch(methods, batch_index: int, enc, repeats: int, seed: int) -> None:
-  """Every method on one input batch `repeats` times, the order rotating so each takes each slot."""
-  rng = jax.random.fold_in(jax.random.PRNGKey(seed), batch_index)
-  times = {m.name: [] for m in methods}
-  for repeat in range(repeats):
-    shift = (batch_index + repeat) % len(methods)
-    for method in list(methods[shift:]) + list(methods[:shift]):
-      seconds, result = timing.timed(lambda: method.decode(enc, rng))  # pylint: disable=cell-var-from-loop
-      times[method.name].append(seconds)
-      if repeat == 0:
-        method.outputs.append(bench_methods.decode_outputs(method.kind, result))
-  for method in methods:
-    method.times.append(times[method.name])
 
 
 @dataclasses.dataclass(frozen=True)
@@ -363,14 +340,13 @@ def _draft_cost(method, costs: dict[str, Any], temperature: float, propose_cost)
   # Not a model: time its whole propose(gamma) call (it depends on the sampling strategy).
   drafter, draft_params = method.drafter_obj
   key = f"gamma={gamma},T={temperature:g}"
-  draft_s, c_samples, c_fallback = propose_cost(drafter, draft_params, gamma=gamma)
+  noise_name = costs_lib.c_key(method.drafter, key)
+  noise = costs_lib.NoiseLog(costs["noise"])
+  draft_s, c = propose_cost(drafter, draft_params, gamma, noise, noise_name)
   entry = costs["drafters"].setdefault(
     method.drafter, {"kind": "propose", "propose_s": {}, "c": {}}
   )
-  entry["propose_s"][key] = draft_s
-  noise_name = costs_lib.c_key(method.drafter, key)
-  log = costs_lib.NoiseLog(costs["noise"])
-  entry["c"][key] = log.add(noise_name, c_samples, fallback=c_fallback)
+  entry["propose_s"][key], entry["c"][key] = draft_s, c
   return {
     "c": entry["c"][key],
     "draft_s": draft_s,
@@ -381,13 +357,27 @@ def _draft_cost(method, costs: dict[str, Any], temperature: float, propose_cost)
 
 
 def audited(row, method, reference, batches, target, target_params) -> dict[str, Any]:
-  """Adds the divergence audit to a greedy row that is not identical to the baseline."""
-  if row.get("identical_to_baseline") is not None and row["identical_to_baseline"] < sum(
+  """Adds the divergence audit (speculative/decode/audit.py: first differing position, float32
+  top-2 gap, near-tie or mismatch) to a greedy row that is not identical to the baseline."""
+  if row.get("identical_to_baseline") is None or row["identical_to_baseline"] >= sum(
     len(chunk) for chunk, _ in batches
   ):
-    row["divergences"] = audit_rows(method, reference, batches, target, target_params)
-    row["audit_mismatch"] = sum(d["verdict"] == audit.MISMATCH for d in row["divergences"])
-    row["audit_near_tie"] = len(row["divergences"]) - row["audit_mismatch"]
+    return row
+  row["divergences"] = []
+  for (chunk, encoder_tokens), out, ref in zip(batches, method.outputs, reference.outputs):
+    rows = range(len(chunk))
+    divergences = audit.audit_divergences(
+      target,
+      target_params,
+      np.asarray(encoder_tokens)[: len(chunk)],  # [rows, S]
+      [ref["tokens"][r, : int(ref["lengths"][r])] for r in rows],
+      [out["tokens"][r, : int(out["lengths"][r])] for r in rows],
+    )
+    row["divergences"] += [
+      dict(dataclasses.asdict(d), example=int(chunk[d.example].index)) for d in divergences
+    ]
+  row["audit_mismatch"] = sum(d["verdict"] == audit.MISMATCH for d in row["divergences"])
+  row["audit_near_tie"] = len(row["divergences"]) - row["audit_mismatch"]
   return row
 
 

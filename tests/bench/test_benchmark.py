@@ -26,12 +26,13 @@ from speculative import benchmark
 from speculative import drafters as drafters_lib
 from speculative.bench import conclude
 from speculative.bench import costs
-from speculative.bench import inputs
 from speculative.bench import main as bench_main
 from speculative.bench import methods
 from speculative.bench import report as report_lib
 from speculative.bench import sweep
+from speculative.data.tasks import EOS_ID
 from speculative.decode import batching
+from speculative.infer.inputs import Example
 from speculative.models.t5 import T5
 from speculative.models.t5 import T5Config
 
@@ -58,6 +59,20 @@ DRAFT = T5Config(
 NUM_EXAMPLES = 3
 GAMMA = 2
 MAX_NEW_TOKENS = 8
+
+
+def synthetic_examples(
+  num_examples: int, inputs_length: int, vocab_size: int, seed: int = 0
+) -> list[Example]:
+  """Random token inputs (EOS-terminated, lengths in [inputs_length/2, inputs_length]); for smoke
+  tests only: they exercise the timing code, not translation."""
+  rng = np.random.default_rng(seed)
+  examples = []
+  for i in range(num_examples):
+    length = int(rng.integers(max(2, inputs_length // 2), inputs_length + 1))
+    tokens = np.concatenate([rng.integers(2, vocab_size, length - 1), [EOS_ID]]).astype(np.int32)
+    examples.append(Example(i, f"<synthetic {i}>", None, tokens, False))
+  return examples
 
 
 def _self_drafter(options: drafters_lib.DrafterOptions):
@@ -98,7 +113,7 @@ def run(tmp_path_factory):
   drafters_lib.register_drafter("self", _self_drafter)
   drafters_lib.register_drafter("repeat_last", _repeat_last_drafter)
   out = tmp_path_factory.mktemp("bench")
-  examples = inputs.synthetic_examples(NUM_EXAMPLES, inputs_length=10, vocab_size=VOCAB, seed=3)
+  examples = synthetic_examples(NUM_EXAMPLES, inputs_length=10, vocab_size=VOCAB, seed=3)
   try:
     report = _run_benchmark(examples, out)
   finally:
@@ -374,7 +389,7 @@ def test_bad_options_raise_before_any_work(tmp_path):
     draft_checkpoint=None,
     output_dir=None,
     verbose=False,
-    examples=inputs.synthetic_examples(1, 8, VOCAB),
+    examples=synthetic_examples(1, 8, VOCAB),
   )
   with pytest.raises(ValueError, match="unknown drafter"):
     benchmark.benchmark(drafters=["no_such_drafter"], allow_random_init=True, **kwargs)
@@ -618,7 +633,7 @@ def test_roofline_counts_the_weights_a_decode_step_reads(run):
 
 
 def test_batches_pad_like_t5x():
-  examples = inputs.synthetic_examples(3, inputs_length=6, vocab_size=VOCAB, seed=1)
+  examples = synthetic_examples(3, inputs_length=6, vocab_size=VOCAB, seed=1)
   (chunk0, first), (chunk1, last) = batching.batches(examples, 2, 6)
   assert [e.index for e in chunk0] == [0, 1] and [e.index for e in chunk1] == [2]
   assert first.shape == last.shape == (2, 6) and first.dtype == last.dtype == np.int32

@@ -58,7 +58,8 @@ def test_each_gamma_gets_its_own_drafters_params_and_gamma(settings, monkeypatch
   """method_fns for gammas (2, 3): every method decodes with its own gamma (no method bound to
   another's, or to the job's default 4), its drafter (the job's, the oracle around it, the oracle
   alone) and that drafter's params (the baseline's tokens for the oracles). `modes.decode_fns` is
-  replaced by a recorder, so nothing compiles: the decodes themselves are the test above's."""
+  replaced by a recorder (methods.decode_fn calls it), so nothing compiles: the decodes themselves
+  are the test above's."""
   _, kwargs = settings
   s = infer_settings.InferSettings(**kwargs)
   models = infer_run.load_models(s)
@@ -68,7 +69,7 @@ def test_each_gamma_gets_its_own_drafters_params_and_gamma(settings, monkeypatch
     spec = lambda encoder_tokens, rng: (drafter, draft_params, options.gamma)  # noqa: E731
     return {"baseline": lambda encoder_tokens, rng: "baseline", "speculative": spec}
 
-  monkeypatch.setattr(ceiling.modes, "decode_fns", recorder)
+  monkeypatch.setattr(ceiling.methods_lib.modes, "decode_fns", recorder)
   fns = ceiling.method_fns(s, models, (2, 3))
   assert list(fns) == ["baseline"] + [
     f"{method} {g}" for g in (2, 3) for method in ("draft", "oracle+draft", "oracle")
