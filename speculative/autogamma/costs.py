@@ -45,6 +45,7 @@ from typing import Mapping
 import jax
 
 from speculative.checkpoints import files
+from speculative.jobs import runtime
 
 MIN_STEPS = 32  # loop steps a gamma's batches run before its step counts as measured
 CACHE_VERSION = 6
@@ -332,8 +333,8 @@ def key_fields(
   return {
     'backend': jax.default_backend(),
     'device_kind': device.device_kind,
-    'cpu': _cpu_model(),
-    'usable_cores': len(os.sched_getaffinity(0)) if hasattr(os, 'sched_getaffinity') else None,
+    'cpu': runtime.cpu_model(),
+    'usable_cores': runtime.usable_cores(),
     'jax': jax.__version__,
     'decode_path': decode_path,
     'batch_size': batch,
@@ -348,17 +349,6 @@ def key_fields(
 
 def cache_key(fields: Mapping[str, Any]) -> str:
   return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:16]
-
-
-def _cpu_model() -> str | None:
-  try:
-    with open('/proc/cpuinfo', encoding='utf-8') as f:
-      for line in f:
-        if line.startswith('model name'):
-          return line.split(':', 1)[1].strip()
-  except OSError:
-    pass
-  return None
 
 
 def check_cache_file(path: str) -> None:

@@ -21,31 +21,15 @@ from speculative.jobs import runtime
 from speculative.models import t5 as t5_lib
 
 
-def _proc_field(path: str, key: str) -> str | None:
-  """The value of the first `key: value` line of a /proc file; None where unreadable."""
-  try:
-    with open(path, encoding="utf-8") as f:
-      for line in f:
-        if line.startswith(key):
-          return line.split(":", 1)[1].strip()
-  except OSError:
-    pass
-  return None
-
-
 def machine_info() -> dict[str, Any]:
   """CPU, cores, memory, software versions, devices and the load average now."""
-  cpu = _proc_field("/proc/cpuinfo", "model name") or platform.processor() or platform.machine()
-  mem_total = _proc_field("/proc/meminfo", "MemTotal")
+  cpu = runtime.cpu_model() or platform.processor() or platform.machine()
+  mem_total = runtime.proc_field("/proc/meminfo", "MemTotal")
   memory_gib = int(mem_total.split()[0]) / 2**20 if mem_total else None
-  try:
-    usable = len(os.sched_getaffinity(0))
-  except AttributeError:  # pragma: no cover
-    usable = os.cpu_count()
   return {
     "cpu": cpu,
     "cpu_count": os.cpu_count(),
-    "usable_cores": usable,
+    "usable_cores": runtime.usable_cores(),
     "memory_gib": None if memory_gib is None else round(memory_gib, 1),
     "platform": platform.platform(),
     "python": platform.python_version(),
@@ -176,7 +160,7 @@ def device_memory() -> tuple[int | None, str]:
   if stats.get("bytes_limit"):
     return int(stats["bytes_limit"]), f"{device.platform} memory_stats bytes_limit"
   if device.platform == "cpu":
-    available = _proc_field("/proc/meminfo", "MemAvailable:")
+    available = runtime.proc_field("/proc/meminfo", "MemAvailable:")
     return available and int(available.split()[0]) * 1024, "cpu: MemAvailable in /proc/meminfo"
   return None, f"{device.platform}: no memory_stats"
 

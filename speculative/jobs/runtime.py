@@ -71,3 +71,28 @@ def describe(settings: dict[str, Any] | None = None) -> str:
     f'XLA_FLAGS: {flags} ({source}); weights {s["param_dtype_in_memory"]} in memory; '
     f'{s["backend"]} x{s["devices"]}'
   )
+
+
+def proc_field(path: str, key: str) -> str | None:
+  """The value of the first `key: value` line of a /proc file; None where unreadable."""
+  try:
+    with open(path, encoding='utf-8') as f:
+      for line in f:
+        if line.startswith(key):
+          return line.split(':', 1)[1].strip()
+  except OSError:
+    pass
+  return None
+
+
+def cpu_model() -> str | None:
+  """The CPU's model name (/proc/cpuinfo); None where unreadable."""
+  return proc_field('/proc/cpuinfo', 'model name')
+
+
+def usable_cores() -> int | None:
+  """The cores this process may run on (its affinity), else the machine's."""
+  try:
+    return len(os.sched_getaffinity(0))
+  except AttributeError:  # pragma: no cover (not Linux)
+    return os.cpu_count()
