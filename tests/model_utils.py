@@ -1,5 +1,6 @@
 """Shared test helpers for tiny random models and exact sequence-distribution tests."""
 
+import functools
 import itertools
 
 import jax
@@ -108,6 +109,17 @@ EOS_COLUMN_NORM = 1.7
 EOS_ID = 1  # T5's EOS (speculative.data.tasks.EOS_ID)
 
 
+@functools.cache
+def _pair_init():
+  """The target's initial weights (T5.init_params at PAIR_SEED) as numpy arrays, made once per
+  process: many tests save the pair, and each module releases the compiled initializer."""
+  from speculative.models.t5 import T5
+
+  # The initializer does not depend on the activations' dtype: one init serves both dtypes.
+  init = T5(tiny_t5_config(2)).init_params(jax.random.PRNGKey(PAIR_SEED))
+  return jax.tree.map(np.array, init)
+
+
 def correlated_tiny_pair(dtype="float32"):
   """(target config, target params, draft config, draft params) of the correlated pair (above):
   `tiny_t5_config(2)` and `tiny_t5_config(1)` with `dtype` (the activations' T5Config dtype; the
@@ -115,11 +127,7 @@ def correlated_tiny_pair(dtype="float32"):
   import copy
   import dataclasses
 
-  from speculative.models.t5 import T5
-
-  # The initializer does not depend on the activations' dtype: one compile serves both dtypes.
-  init = T5(tiny_t5_config(2)).init_params(jax.random.PRNGKey(PAIR_SEED))
-  params = jax.tree.map(np.array, init)
+  params = copy.deepcopy(_pair_init())  # a fresh copy: scaled in place below, and by callers
   target = dataclasses.replace(tiny_t5_config(2), dtype=dtype)
   draft = dataclasses.replace(tiny_t5_config(1), dtype=dtype)
   layer_1 = params["decoder"]["layers_1"]

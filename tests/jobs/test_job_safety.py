@@ -406,9 +406,8 @@ def test_changed_settings_are_refused_before_loading(setup, tmp_path, monkeypatc
   assert first["examples"] == 3
   monkeypatch.setattr(checkpoints, "load_model", lambda *a: pytest.fail("loaded a model"))
   other_draft = tmp_path / "d2.msgpack"
-  checkpoints.save_params(
-    T5(tiny_t5_config(1)).init_params(jax.random.PRNGKey(9)), other_draft, dtype=None
-  )
+  # Other weights of the draft's shapes (the job refuses them by their hash, before loading any).
+  checkpoints.save_params(random_params(T5(tiny_t5_config(1)), 9), other_draft, dtype=None)
   other_input = tmp_path / "in2.tsv"
   other_input.write_text("Hello\tRef\nClick OK.\tRef\nBye\tRef\n")
   for change, field in [
