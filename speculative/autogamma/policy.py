@@ -31,10 +31,11 @@ The rule, in the order `choose` applies it:
      PROBE_EVERY-th consecutive plain batch is decoded at the best gamma >= 1 instead; its
      acceptance enters alpha like any other batch's. When not even alpha = 1 pays, the job never
      probes.
-  5. Refresh: where another gamma >= 1 could be faster within the margins (its prediction times
-     1 + its margin reaches the choice's score), every REFRESH_EVERY-th batch is decoded at the
-     best such runner-up, so that close gammas stay measured (the job adds every batch's timing to
-     its costs: speculative/infer/auto_gamma.py) until their margins tell them apart.
+  5. Refresh: where the choice is a gamma >= 1 and another gamma >= 1 could be faster within the
+     margins (its prediction times 1 + its margin reaches the choice's score), every
+     REFRESH_EVERY-th batch is decoded at the best such runner-up, so that close gammas stay
+     measured (the job adds every batch's timing to its costs: speculative/infer/auto_gamma.py)
+     until their margins tell them apart.
 
 The choice stays within the measured gammas, 0..`Costs.top`, and one past them where a measured
 gamma >= 1 predicts at least EXPLORE_FROM (its step extrapolated; decoding it measures it). While
@@ -140,9 +141,8 @@ def margin(costs: costs_lib.Costs, gamma: int) -> float:
   """What a gamma's prediction must beat plain decoding by: MARGIN where its step was measured
   over MIN_STEPS loop steps (or is extrapolated, or its evidence unknown), shrinking as one over
   the square root of the loop steps measured (a sum of n noisy step times is off by ~1/sqrt(n)
-  of one): the model's error, ~10-25% at batch 1 over a job's first 32 steps (docs/auto_gamma.md),
-  is mostly the noise of a few short batches' timings, which a job's further batches average
-  away."""
+  of one): over a job's first few short batches the steps measured here moved by 10-30% from one
+  batch to the next (docs/auto_gamma.md), noise that the job's further batches average away."""
   n = costs.measured_steps(gamma)
   if not n:
     return MARGIN
@@ -176,12 +176,14 @@ def choose(costs: costs_lib.Costs, state: PolicyState) -> Choice:
     and scores[state.gamma] >= (1.0 - HYSTERESIS) * scores[best]
   ):
     chosen, reason = state.gamma, (BEST if state.gamma == best else KEPT)
-  # A runner-up: a gamma >= 1 whose prediction, plus its margin, reaches the choice's score (its
-  # prediction less its margin): the noise of their timings could order them either way.
+  # A runner-up of a speculative choice: a gamma >= 1 whose prediction, plus its margin, reaches
+  # the choice's score (its prediction less its margin): the noise of their timings could order
+  # them either way. Plain decoding is left by the probe rule only: a job where drafts lose does
+  # not decode at a gamma that merely might break even (at batch 32 that cost 1-3% a job).
   rivals = [
     g
     for g in gammas[1:]
-    if g != chosen and speedups[g] * (1.0 + margin(costs, g)) >= scores[chosen]
+    if chosen and g != chosen and speedups[g] * (1.0 + margin(costs, g)) >= scores[chosen]
   ]
   if rivals and state.since_refresh + 1 >= REFRESH_EVERY:
     return Choice(_argmax(scores, rivals), REFRESH, alpha, speedups)

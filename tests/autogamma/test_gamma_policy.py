@@ -112,17 +112,17 @@ def test_gamma_0_probes_every_8th_plain_batch_and_returns_when_drafts_pay():
   returned_after = None
   for batch in range(70 * policy.PROBE_EVERY):
     choice = policy.choose(PAYS_ABOVE_06, state)
-    if choice.gamma and choice.reason != policy.PROBE:
+    if choice.gamma and choice.reason not in (policy.PROBE, policy.REFRESH):
       returned_after = batch
       break
     drafted = 40 if choice.gamma else 0
-    state = policy.observe(state, choice.gamma, drafted, 0.95 * drafted)
+    state = policy.observe(state, choice.gamma, drafted, 0.95 * drafted, choice.reason)
   assert returned_after is not None, state
   # It stays: many more batches at alpha 0.95, all speculative.
   for _ in range(50):
     choice = policy.choose(PAYS_ABOVE_06, state)
     assert choice.gamma >= 1
-    state = policy.observe(state, choice.gamma, 40, 0.95 * 40)
+    state = policy.observe(state, choice.gamma, 40, 0.95 * 40, choice.reason)
 
 
 def test_the_previous_gamma_is_kept_within_the_hysteresis():
@@ -214,10 +214,12 @@ def test_the_margin_over_plain_decoding_shrinks_with_the_steps_measured():
   assert policy.margin(PAYS_ABOVE_06, 1) == policy.MARGIN  # evidence unknown (the T5X adapter)
   assert policy.choose(_evidence(PAYS_ABOVE_06, n), state).gamma == 0
   assert policy.choose(_evidence(PAYS_ABOVE_06, 2 * n), state).gamma == 0
-  # With its margin, 1.0625 * 1.1, it could beat plain decoding: a runner-up that refreshes.
+  # With its margin, 1.0625 * 1.1, it might beat plain decoding, but plain decoding is left by the
+  # probe rule only (every PROBE_EVERY-th plain batch), not by a refresh.
   due = dataclasses.replace(state, since_refresh=policy.REFRESH_EVERY - 1)
-  choice = policy.choose(_evidence(PAYS_ABOVE_06, n), due)
-  assert (choice.gamma, choice.reason) == (1, policy.REFRESH)
+  assert policy.choose(_evidence(PAYS_ABOVE_06, n), due).gamma == 0
+  due = dataclasses.replace(due, plain_streak=policy.PROBE_EVERY - 1)
+  assert policy.choose(_evidence(PAYS_ABOVE_06, n), due).reason == policy.PROBE
   assert policy.choose(_evidence(PAYS_ABOVE_06, 4 * n), state).gamma == 1
   assert policy.best_gamma(_evidence(PAYS_ABOVE_06, 4 * n), 0.7) == 1
   assert policy.best_gamma(PAYS_ABOVE_06, 0.7) == 0
