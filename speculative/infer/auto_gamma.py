@@ -84,7 +84,7 @@ class AutoGamma:
     cache_path: where the loop times are cached: once measured, and at the job's end (`finish`).
     plain_beside: the job's baseline mode decodes the same batches (its times measure the plain
       loop: `observe_plain`).
-    on_frozen: called with the calibration when costs measured by this job are frozen.
+    on_frozen: called with the calibration when this job's measuring ends (`frozen`).
   """
 
   def __init__(
