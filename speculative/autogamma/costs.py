@@ -32,11 +32,9 @@ warning line and measured afresh.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import hashlib
 import json
 import logging
-import operator
 import os
 from typing import Any
 from typing import Iterable
@@ -260,8 +258,8 @@ class LoopTimes:
     machine's load, which drifts over a job, moves both alike; else the gamma's own."""
     plain = self.own[0]
     plain_fixed = plain.fixed() or 0.0
-    drafting = functools.reduce(operator.add, self.own[1:], BatchTiming())
-    pairs = functools.reduce(operator.add, self.paired[1:], BatchTiming())
+    drafting = sum(self.own[1:], BatchTiming())
+    pairs = sum(self.paired[1:], BatchTiming())
     share = drafting.fixed()
     if share is None:
       share = plain_fixed
