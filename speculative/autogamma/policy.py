@@ -22,15 +22,23 @@ The rule, in the order `choose` applies it:
      loops' steps measured on the job's own batches, interpolated between the measured gammas)
      over the expected tokens per step (Eq. 1), plus the fixed share per token of what a call
      pays once (`Costs.fixed_per_token`: the encoders, the draft's among them); gamma 0 is 1.
-  3. The best score: a gamma's prediction over 1 + its margin (`margin`: MARGIN over MIN_STEPS
-     measured loop steps, the error of predictions from a job's first batches, shrinking as one
-     over the square root of the steps measured), plain decoding's 1; the previous batch's gamma
-     is kept while it scores within HYSTERESIS of the best (a new gamma compiles a new loop).
+  3. The choice: plain decoding, or the gamma >= 1 of the largest prediction among those whose
+     score, its prediction over 1 + its margin (`margin`: MARGIN over MIN_STEPS measured loop
+     steps, the error of predictions from a job's first batches, shrinking as one over the square
+     root of the steps measured), beats plain decoding's 1. The margin guards the one decision
+     that can make a job slower than plain decoding; the width goes by the predictions (ranked by
+     their scores, the gamma measured first stayed ahead of longer, better-paying ones: at batch
+     1 a fifth of a 100-sentence job ran at gamma 1 where gamma 3 was 12% faster). Hysteresis:
+     the previous batch's gamma is kept while it scores within HYSTERESIS of the choice when the
+     choice switches between speculating and plain decoding, and while its prediction is within
+     HYSTERESIS of the choice's when the choice is a measured gamma the job has not decoded yet
+     (its loop would compile).
   4. Gamma 0 does not lock in (alpha only moves on batches that draft). The probe rule: when
-     gamma 0 is chosen but some gamma would pay at alpha = 1 (the measured costs' ceiling), every
-     PROBE_EVERY-th consecutive plain batch is decoded at the best gamma >= 1 instead; its
-     acceptance enters alpha like any other batch's. When not even alpha = 1 pays, the job never
-     probes.
+     gamma 0 is chosen but some measured gamma >= 1 would pay at alpha = 1 (the measured costs'
+     ceiling) by its margin, every PROBE_EVERY-th consecutive plain batch is decoded at the best
+     such gamma instead; its acceptance enters alpha like any other batch's. When not even
+     alpha = 1 pays, the job never probes (at batch 8 on the CPU kernels gamma 1's step is twice
+     the plain step: a perfect draft only breaks even, and each probe batch cost 15%).
   5. Refresh: where the choice is a gamma >= 1 and another gamma >= 1 could be faster within the
      margins (its prediction times 1 + its margin reaches the choice's score), every
      REFRESH_EVERY-th batch is decoded at the best such runner-up, so that close gammas stay
@@ -56,6 +64,7 @@ from __future__ import annotations
 
 import dataclasses
 from typing import Iterable
+from typing import Sequence
 
 from speculative import analysis
 from speculative.autogamma import costs as costs_lib
@@ -63,7 +72,7 @@ from speculative.autogamma import costs as costs_lib
 PRIOR_ALPHA = 0.7
 PRIOR_WEIGHT = 4.0  # pseudo-drafted tokens at PRIOR_ALPHA
 HALF_LIFE = 1024.0  # drafted tokens after which older batches count half
-HYSTERESIS = 0.05  # keep the previous gamma while within 5% of the best prediction
+HYSTERESIS = 0.05  # keep the previous gamma while within 5% of the choice (rule 3)
 PROBE_EVERY = 8  # the probe rule: every 8th consecutive plain batch drafts
 REFRESH_EVERY = 4  # every 4th batch decodes at the runner-up, where there is one (`choose`)
 MARGIN = 0.10  # a gamma measured over MIN_STEPS loop steps must predict 1 + MARGIN to speculate
@@ -88,6 +97,7 @@ class PolicyState:
     plain_streak: consecutive batches decoded at gamma 0 (reset by any batch that drafts).
     gamma: the previous batch's gamma but a REFRESH batch's (None before the first).
     since_refresh: batches since the last REFRESH batch (or the first).
+    decoded: the gammas the job has decoded batches at (their loops are compiled).
   """
 
   alpha_sum: float = 0.0
@@ -95,6 +105,7 @@ class PolicyState:
   plain_streak: int = 0
   gamma: int | None = None
   since_refresh: int = 0
+  decoded: frozenset[int] = frozenset()
 
   def alpha(self) -> float:
     """The acceptance estimate (rule 1)."""
@@ -131,10 +142,17 @@ def predicted_speedups(costs: costs_lib.Costs, alpha: float) -> dict[int, float]
 
 
 def best_gamma(costs: costs_lib.Costs, alpha: float) -> int:
-  """The gamma in 0..costs.top (the measured range) that Theorem 3.8 predicts fastest at `alpha`,
-  a gamma >= 1 having to beat plain decoding by its margin (0: plain decoding); the T5X adapter's
-  one choice per batch size."""
-  return _argmax(_scores(costs, predicted_speedups(costs, alpha)), range(costs.top + 1))
+  """The gamma in 0..costs.top (the measured range) chosen at `alpha` (rule 3, without the
+  hysteresis; 0: plain decoding); the T5X adapter's one choice per batch size."""
+  speedups = predicted_speedups(costs, alpha)
+  return _best(speedups, _scores(costs, speedups), range(costs.top + 1))
+
+
+def _best(speedups: dict[int, float], scores: dict[int, float], gammas: Sequence[int]) -> int:
+  """Rule 3: the gamma >= 1 in `gammas` of the largest prediction among those that beat plain
+  decoding by their margins (score above 1), else 0."""
+  paying = [g for g in gammas if g and scores[g] > 1.0]
+  return _argmax(speedups, paying) if paying else 0
 
 
 def margin(costs: costs_lib.Costs, gamma: int) -> float:
@@ -168,17 +186,21 @@ def choose(costs: costs_lib.Costs, state: PolicyState) -> Choice:
   explore = max(speedups[g] for g in range(1, costs.top + 1)) >= EXPLORE_FROM if costs.top else 0
   gammas = range(min(costs.top + explore, costs.gamma_max) + 1)
   scores = _scores(costs, speedups)
-  best = _argmax(scores, gammas)
+  best = _best(speedups, scores, gammas)
   chosen, reason = best, BEST
-  if (
-    state.gamma is not None
-    and state.gamma in gammas
-    and scores[state.gamma] >= (1.0 - HYSTERESIS) * scores[best]
-  ):
-    chosen, reason = state.gamma, (BEST if state.gamma == best else KEPT)
+  previous = state.gamma
+  if previous is not None and previous in gammas and previous != best:
+    if not (previous and best):  # speculating or not: the scores, margins in
+      keep = scores[previous] >= (1.0 - HYSTERESIS) * scores[best]
+    else:  # another width: kept only against a measured loop not compiled yet
+      compiles = best <= costs.top and best not in state.decoded
+      keep = compiles and scores[previous] > 1.0
+      keep = keep and speedups[previous] >= (1.0 - HYSTERESIS) * speedups[best]
+    if keep:
+      chosen, reason = previous, KEPT
   # A runner-up of a speculative choice: a gamma >= 1 whose prediction, plus its margin, reaches
   # the choice's score (its prediction less its margin): the noise of their timings could order
-  # them either way. Plain decoding is left by the probe rule only: a job where drafts lose does
+  # them either way; the refresh decodes the one of them predicted fastest. Plain decoding is left by the probe rule only: a job where drafts lose does
   # not decode at a gamma that merely might break even (at batch 32 that cost 1-3% a job).
   rivals = [
     g
@@ -186,13 +208,14 @@ def choose(costs: costs_lib.Costs, state: PolicyState) -> Choice:
     if chosen and g != chosen and speedups[g] * (1.0 + margin(costs, g)) >= scores[chosen]
   ]
   if rivals and state.since_refresh + 1 >= REFRESH_EVERY:
-    return Choice(_argmax(scores, rivals), REFRESH, alpha, speedups)
+    return Choice(_argmax(speedups, rivals), REFRESH, alpha, speedups)
   if chosen == 0:
-    at_one = predicted_speedups(costs, 1.0)
-    if len(gammas) < 2 or max(at_one[g] for g in gammas) <= 1.0:
+    at_one = _scores(costs, predicted_speedups(costs, 1.0))
+    probes = [g for g in range(1, costs.top + 1) if at_one[g] > 1.0]
+    if not probes:
       return Choice(0, NEVER_PAYS, alpha, speedups)
     if state.plain_streak + 1 >= PROBE_EVERY:
-      return Choice(_argmax(speedups, gammas[1:]), PROBE, alpha, speedups)
+      return Choice(_argmax(speedups, probes), PROBE, alpha, speedups)
   return Choice(chosen, reason, alpha, speedups)
 
 
@@ -222,9 +245,14 @@ def observe(
   refresh = reason == REFRESH
   since_refresh = 0 if refresh else state.since_refresh + 1
   anchor = state.gamma if refresh else gamma
+  decoded = state.decoded | {gamma}
   if gamma == 0:
     return dataclasses.replace(
-      state, plain_streak=state.plain_streak + 1, gamma=anchor, since_refresh=since_refresh
+      state,
+      plain_streak=state.plain_streak + 1,
+      gamma=anchor,
+      since_refresh=since_refresh,
+      decoded=decoded,
     )
   keep = 0.5 ** (drafted / HALF_LIFE)
   return PolicyState(
@@ -233,6 +261,7 @@ def observe(
     plain_streak=0,
     gamma=anchor,
     since_refresh=since_refresh,
+    decoded=decoded,
   )
 
 

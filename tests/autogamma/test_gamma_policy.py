@@ -133,6 +133,27 @@ def test_the_previous_gamma_is_kept_within_the_hysteresis():
   assert policy.choose(FIVE_AT_ALPHA_08, state).reason == policy.KEPT
   state = dataclasses.replace(state, gamma=2)  # 1.968 against 2.306: not kept
   assert policy.choose(FIVE_AT_ALPHA_08, state).gamma == 5
+  # Once gamma 5's loop is compiled (the job has decoded at it), 4 is not kept against it.
+  state = dataclasses.replace(state, gamma=4, decoded=frozenset({0, 4, 5}))
+  assert (policy.choose(FIVE_AT_ALPHA_08, state).gamma, state.gamma) == (5, 4)
+
+
+def test_the_width_goes_by_the_predictions_the_margin_by_plain_decoding():
+  """A verify growing 0.3 steps a token and a draft step 0.1: at alpha 0.8 gamma 1 predicts
+  1.286x, 2 1.356x, 3 1.342x. Gamma 1 measured over 16 MIN_STEPS (margin 2.5%) scores 1.254, above
+  gamma 2's 1.232 over MIN_STEPS (margin 10%), but both beat plain decoding by their margins:
+  the choice is gamma 2, the fastest prediction. At alpha 0.42 gamma 1 predicts 1.42 / 1.4 =
+  1.014x, under its margin: plain decoding."""
+  costs = _costs([1, 1.3, 1.6, 1.9], 0.1)
+  n = costs_lib.MIN_STEPS
+  costs = dataclasses.replace(costs, evidence=((0, 100 * n), (1, 16 * n), (2, n), (3, n)))
+  state = dataclasses.replace(_confident(0.8), gamma=1, decoded=frozenset({0, 1, 2, 3}))
+  speedups = policy.predicted_speedups(costs, 0.8)
+  assert [round(speedups[g], 3) for g in (1, 2, 3)] == [1.286, 1.356, 1.342]
+  assert speedups[1] / (1 + policy.margin(costs, 1)) > speedups[2] / (1 + policy.margin(costs, 2))
+  assert (policy.choose(costs, state).gamma, policy.best_gamma(costs, 0.8)) == (2, 2)
+  assert policy.predicted_speedups(costs, 0.42)[1] == pytest.approx(1.42 / 1.4)
+  assert policy.best_gamma(costs, 0.42) == 0
 
 
 def test_observe_decays_older_batches_by_half_every_half_life():
@@ -260,10 +281,11 @@ def test_while_measuring_where_only_plain_decoding_pays_it_stops_after_gamma_1()
 def test_while_measuring_it_looks_past_gamma_1_only_where_gamma_1_breaks_even():
   """Gamma 1 steps 1.9 plain steps: at alpha 0.8 it predicts 1.8 / 1.9 = 0.95x, and gamma 2, its
   step assumed flat, 2.44 / 1.9 = 1.28x. A job whose measured drafts all lose does not decode its
-  next batches at gamma 2 to find out: it freezes on plain decoding. Gamma 1 at 1.7 plain steps
+  next batches at gamma 2 to find out: it freezes on plain decoding, and never probes (a perfect
+  draft, 2 / 1.9 = 1.05x, does not beat plain decoding by the margin). Gamma 1 at 1.7 plain steps
   (1.06x) breaks even, so gamma 2 (1.44x) is measured."""
   state = _confident(0.8)
-  for gamma_1_step, want in [(1.9e-3, (0, policy.BEST)), (1.7e-3, (2, policy.CALIBRATE))]:
+  for gamma_1_step, want in [(1.9e-3, (0, policy.NEVER_PAYS)), (1.7e-3, (2, policy.CALIBRATE))]:
     costs = costs_lib.Costs(((0, 1e-3), (1, gamma_1_step)), 7)
     times = _measure(_measure(costs_lib.LoopTimes.empty(7), costs, 0), costs, 1)
     assert policy.predicted_speedups(times.costs(), state.alpha())[2] > 1 + policy.MARGIN
