@@ -156,11 +156,9 @@ def describe(config: t5_lib.T5Config) -> str:
 def _measure(s, pair, examples, log, gammas=(), temperatures=(0.0,), stock_t5x_decode=None):
   """(decode path, cost model, groups) of `pair` (target, its params, draft, its params) at batch
   1 on the path of `s.kernels`: the cost model up to T = max(gammas) + 1 (MAX_VERIFY without
-  gammas) and a group per temperature (the baseline only where `gammas` is empty). Both parts use one cache length, so the second
-  reuses the first's compiled target programs."""
-  pair_args = dict(zip(("target", "target_params", "draft", "draft_params"), pair))
-  drafters = methods_lib.build_drafters(["model"], warnings=[], **pair_args)
-  models = methods_lib.bench_models(*pair, drafters, s.kernels, [1])
+  gammas) and a group per temperature (the baseline only where `gammas` is empty). Both parts use
+  one cache length, so the second reuses the first's compiled target programs."""
+  models = methods_lib.bench_models(*pair, ["model"], s.kernels, [1], [])
   models = methods_lib.for_batch(models, 1, s.kernels)
   if not gammas:
     log(f"costs: random init, {models['decode_path']['line']}")
@@ -170,23 +168,11 @@ def _measure(s, pair, examples, log, gammas=(), temperatures=(0.0,), stock_t5x_d
   costs = costs_lib.measure_costs(
     s, models, examples, 1, max_gamma, timers, max_length=max_length, check_hoisting=False
   )
+  batch = sweep.Batch(s, 1, models, costs, timers, stock_t5x_decode, log)
+  only = None if gammas else frozenset()
   groups = [
-    sweep.run_group(
-      sweep.GroupSettings(
-        settings=s,
-        models=models,
-        costs=costs,
-        timers=timers,
-        batch_size=1,
-        temperature=float(temperature),
-        examples=examples,
-        gammas={"model": list(gammas)},
-        stock_t5x_decode=stock_t5x_decode,
-        log=log,
-        only=None if gammas else frozenset(),
-      )
-    )
-    for temperature in temperatures
+    sweep.run_group(batch, float(t), examples, {"model": list(gammas)}, only=only)
+    for t in temperatures
   ]
   return models["decode_path"], costs, groups
 
@@ -207,9 +193,7 @@ def measure_costs(s: PaperShapeSettings, examples, log: Callable[[str], None]) -
     ),
     itemsize,
   )
-  read = costs_lib.measure_read_rate(
-    s.read_rate_bytes, s.storage_dtype, repeats=s.cost_repeats, min_seconds=s.cost_min_seconds
-  )
+  read = costs_lib.measure_read_rate(s)
   c = costs["drafters"]["model"]["c"]
   v = analysis.verify_cost_fn({int(k): x for k, x in costs["v"].items()})
   del target_params, draft_params, pair, groups  # part 2 needs the memory
