@@ -394,9 +394,7 @@ def _speculative_row(
   )
   gamma = method.gamma
   v_fn = analysis.verify_cost_fn({int(k): v for k, v in costs["v"].items()})
-  verify_s = costs["target_extend_s"].get(str(gamma + 1))
-  if verify_s is None:
-    verify_s = v_fn(gamma + 1) * costs["target_step_s"]
+  verify_s = costs["target_extend_s"].get(str(gamma + 1), v_fn(gamma + 1) * costs["target_step_s"])
   draft = _draft_cost(method, costs, temperature, propose_cost)
   metrics = dict(rows[method.name])
   metrics.update(
