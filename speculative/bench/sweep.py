@@ -1,6 +1,7 @@
 """The sweep: every method of a (batch size, temperature) group timed, interleaved, on the same
 inputs; one row per method (walltime, counters, EXP vs EMP, the profile per loop step). Its timing
-settings (`TimingSettings`) are the benchmark's and the paper-shape benchmark's."""
+settings (`TimingSettings`) and the parts every group of a batch size shares (`Batch`) are the
+benchmark's and the paper-shape benchmark's."""
 
 from __future__ import annotations
 
