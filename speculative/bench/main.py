@@ -254,8 +254,12 @@ def whole_job(s, batches: dict[int, sweep.Batch], groups) -> dict[str, Any]:
 def benchmark(s: BenchmarkSettings) -> dict[str, Any]:
   """Runs the sweep; returns the report dict (also written to output_dir, unless None). The
   arguments are `BenchmarkSettings`' (documented there); they are checked before any work, and a
-  bad one is the user's to fix (one line at the command line). Then: inputs, models, the cost
-  model, the sweep, the report."""
+  bad one is the user's to fix (one line at the command line)."""
+  return _run(s)
+
+
+def _run(s: BenchmarkSettings) -> dict[str, Any]:
+  """`benchmark` after its checks: inputs, models, the cost model, the sweep, the report."""
   report_log = print if s.verbose else (lambda *_: None)
   plan = sweep.gamma_plan(s.gammas, dict(s.drafter_gammas or {}), s.drafters, s.batch_sizes)
   machine = machine_lib.machine_info()
