@@ -8,7 +8,8 @@ methods        our models (their weights) on each batch size's decode path, the 
 costs          the cost model t(T), c, v(T), the roofline, and the noise verdict of each estimate
                (timed with speculative.timing's timers, in interleaved rounds)
 sweep          timing every method of a (batch size, temperature) group; rows and profiles; the
-               timing settings (TimingSettings) the benchmark and paper_shape share
+               timing settings (TimingSettings) and a batch size's parts (Batch) the benchmark and
+               paper_shape share
 conclude       the gamma policy, the targets check and the explanations of missed targets
 markdown       the one page writer: cells, column-declared tables, sections, a page's record and files
 report         the results page (its sections), the included pages, results.json

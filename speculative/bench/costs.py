@@ -275,30 +275,26 @@ def measure_costs(
     for name, (d, p) in view["drafters"].items()
     if isinstance(d, drafters_lib.ModelDrafter)
   }
-  encoder_tokens = batching.batches(examples, batch_size, s.inputs_length)[0][1]
-  max_length = max_length or decode_state.buffer_length(1, s.max_new_tokens, max_gamma)
-  position = s.cost_position
-  args = dict(encoder_tokens=encoder_tokens, max_length=max_length)
+  args = dict(
+    encoder_tokens=batching.batches(examples, batch_size, s.inputs_length)[0][1],
+    max_length=max_length or decode_state.buffer_length(1, s.max_new_tokens, max_gamma),
+  )
+  extend = functools.partial(timing.extend_timer, position=s.cost_position, **args)
+  prefill = functools.partial(timing.prefill_timer, **args)
   extra = {
-    "target_prefill": timing.prefill_timer(target, target_params, **args),
-    "stock_1": timing.extend_timer(
-      stock_target, target_params, num_tokens=1, position=position, **args
-    ),
-    "stock_prefill": timing.prefill_timer(stock_target, target_params, **args),
+    "target_prefill": prefill(target, target_params),
+    "stock_1": extend(stock_target, target_params, num_tokens=1),
+    "stock_prefill": prefill(stock_target, target_params),
   }
   owners = timer_owners(draft_models)
   for name, (draft, draft_params) in draft_models.items():
     if owners[name] == name:
-      extra[f"draft[{name}]_2"] = timing.extend_timer(
-        draft, draft_params, num_tokens=2, position=position, **args
-      )
-      extra[f"draft[{name}]_prefill"] = timing.prefill_timer(draft, draft_params, **args)
+      extra[f"draft[{name}]_2"] = extend(draft, draft_params, num_tokens=2)
+      extra[f"draft[{name}]_prefill"] = prefill(draft, draft_params)
   costs = measure_extend_costs(
     target,
     target_params,
-    encoder_tokens,
-    max_length=max_length,
-    position=position,
+    position=s.cost_position,
     verify_lengths=range(2, max_gamma + 2),
     drafts=draft_models,
     repeats=s.cost_repeats,
@@ -307,6 +303,7 @@ def measure_costs(
     marginal_extra=[k for k in extra if not k.endswith("prefill")],
     max_calls={k: 64 for k in extra if k.endswith("prefill")},
     keep_timers=timers,
+    **args,
   )
   seconds = costs.pop("seconds")
   NoiseLog(costs["noise"]).add(STOCK_STEP, costs["rounds"]["stock_1"])
@@ -317,7 +314,7 @@ def measure_costs(
     # XLA's loop-invariant code motion may hoist the per-step cross-attention K/V projection of the
     # (loop-invariant) encoder output out of the loop, making the stock-equivalent loop do exactly
     # the per-step work of ours. Record the matmuls per step of both, as evidence.
-    matmuls = functools.partial(decode_step_matmuls, position=position, **args)
+    matmuls = functools.partial(decode_step_matmuls, position=s.cost_position, **args)
     costs["loop_matmuls"] = {
       "baseline": matmuls(target, target_params),
       "stock_equivalent": matmuls(stock_target, target_params),
@@ -363,18 +360,17 @@ def measure_propose(
   noise: NoiseLog,
   name: str,
   *,
+  s,
   encoder_tokens: np.ndarray,
   max_length: int,
-  position: int,
   sampling,
   sampling_params,
   target_step: timing.Timer,
-  repeats: int,
-  min_seconds: float,
 ) -> tuple[float, float]:
-  """(seconds per `drafter.propose(gamma)` call of any Drafter at `position`, c = propose / gamma /
-  target step, recorded in `noise` under `name`), interleaved with `target_step`."""
-  batch = encoder_tokens.shape[0]
+  """(seconds per `drafter.propose(gamma)` call of any Drafter at s.cost_position, c = propose /
+  gamma / target step, recorded in `noise` under `name`), interleaved with `target_step` (the
+  timing settings `s`: sweep.TimingSettings)."""
+  batch, position = encoder_tokens.shape[0], s.cost_position
   tokens = np.ones((batch, max_length), np.int32)
   tokens[:, : min(position, encoder_tokens.shape[1])] = encoder_tokens[:, :position]
   tokens[:, 0] = 0
@@ -391,7 +387,9 @@ def measure_propose(
     ),
     "target_1": target_step,
   }
-  rounds, seconds = timing.time_rounds(timers, repeats, min_seconds, marginal=list(timers))
+  rounds, seconds = timing.time_rounds(
+    timers, s.cost_repeats, s.cost_min_seconds, marginal=list(timers)
+  )
   c = noise.ratio(name, rounds, seconds, "propose", "target_1", scale=1.0 / gamma)
   return seconds["propose"], c
 
@@ -442,12 +440,10 @@ def _stack_timer(kernel_shapes: Sequence[tuple[int, int]], rows: int, seed: int)
   return _loop_timer((inputs, kernels), _matmuls)
 
 
-def measure_roofline(
-  target, *, batch_size: int, verify_lengths: Sequence[int], repeats: int, min_seconds: float
-) -> dict[str, Any]:
+def measure_roofline(s, target, batch_size: int, verify_lengths: Sequence[int]) -> dict[str, Any]:
   """Bytes per decode step of the `target` model (T5 API), stream bandwidth, the floor per step
-  and v(T) of the bare decoder matmul stack at `batch_size` (JSON-ready; 'noise' as in
-  measure_extend_costs)."""
+  and v(T) of the bare decoder matmul stack at `batch_size`, with the timing settings `s`
+  (JSON-ready; 'noise' as in measure_extend_costs)."""
   param_shapes, emb_dim = target.param_shapes(), target.config.emb_dim
   logits_via_embedding = target.config.logits_via_embedding
   kernels = decode_step_kernels(param_shapes, logits_via_embedding=logits_via_embedding)
@@ -456,7 +452,9 @@ def measure_roofline(
   lengths = sorted(set([1] + [int(t) for t in verify_lengths]))
   timers = {"matvec": _stack_timer([(emb_dim, max(1, num_bytes // 4 // emb_dim))], batch_size, 0)}
   timers.update({f"stack_{t}": _stack_timer(matrices, batch_size * t, t) for t in lengths})
-  rounds, seconds = timing.time_rounds(timers, repeats, min_seconds, marginal=list(timers))
+  rounds, seconds = timing.time_rounds(
+    timers, s.cost_repeats, s.cost_min_seconds, marginal=list(timers)
+  )
   noise = NoiseLog()
   noise.add("bare matvec", rounds["matvec"])
   out = {
@@ -475,15 +473,16 @@ def measure_roofline(
   return out
 
 
-def measure_read_rate(
-  num_bytes: int, dtype: str, *, repeats: int, min_seconds: float
-) -> dict[str, Any]:
+def measure_read_rate(s) -> dict[str, Any]:
   """The device's measured read rate: bytes / the marginal time of one full read of an array of
-  `num_bytes` in `dtype` made on the device (JSON-ready: bytes, read_s, read_rate_gb_s, noise)."""
-  itemsize = jnp.dtype(dtype).itemsize
-  array = jnp.ones((max(1, num_bytes // itemsize // 1024), 1024), dtype)
+  s.read_rate_bytes in s.storage_dtype made on the device (the paper-shape benchmark's settings;
+  JSON-ready: bytes, read_s, read_rate_gb_s, noise)."""
+  dtype, itemsize = s.storage_dtype, jnp.dtype(s.storage_dtype).itemsize
+  array = jnp.ones((max(1, s.read_rate_bytes // itemsize // 1024), 1024), dtype)
   timers = {"read": _loop_timer(array, _read)}
-  rounds, seconds = timing.time_rounds(timers, repeats, min_seconds, marginal=["read"])
+  rounds, seconds = timing.time_rounds(
+    timers, s.cost_repeats, s.cost_min_seconds, marginal=["read"]
+  )
   noise = NoiseLog()
   noise.add("read rate", rounds["read"])
   size = int(array.size * itemsize)

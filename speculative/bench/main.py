@@ -119,47 +119,25 @@ class BenchmarkSettings(sweep.TimingSettings):
         )
 
 
-def _models(s: BenchmarkSettings, warnings: list[str]) -> dict[str, Any]:
-  """The target, its stock-equivalent twin, the draft model and the drafters of `s` (same weights
-  for every method)."""
-  target, target_params, draft, draft_params, descriptions = methods_lib.build_pair(
-    (s.target_config, s.target_checkpoint),
-    (s.draft_config, s.draft_checkpoint),
-    allow_random_init=s.allow_random_init,
-    seed=s.seed,
-  )
-  if "random init" in descriptions["target"] or "random init" in descriptions.get("draft", ""):
-    warnings.append("RANDOM-INIT weights: α and speedups do not describe trained models.")
-  pair = dict(target=target, target_params=target_params, draft=draft, draft_params=draft_params)
-  built = methods_lib.build_drafters(s.drafters, warnings=warnings, **pair)
-  models = methods_lib.bench_models(*pair.values(), built, s.kernels, s.batch_sizes)
-  return dict(models, descriptions=descriptions)
-
-
-def _cost_models(s, models, examples, plan, step_timers, log) -> dict[str, Any]:
-  """{batch size: cost model} (`costs.measure_costs`, and costs.measure_roofline under 'roofline' if
-  s.roofline_section) for the gammas of `plan` ({batch size: {drafter: gammas}}); fills
-  step_timers[batch] with its timers."""
+def _batches(s, models, examples, plan, stock_t5x_decode, log) -> dict[int, sweep.Batch]:
+  """{batch size: its sweep.Batch}, each with its cost model (`costs.measure_costs`, and
+  costs.measure_roofline under 'roofline' if s.roofline_section) for the gammas of `plan`
+  ({batch size: {drafter: gammas}}) and the timers it was measured with."""
   out = {}
   for batch_size in sorted(plan):
     max_gamma = max(max(g, default=1) for g in plan[batch_size].values())
     view = methods_lib.for_batch(models, batch_size, s.kernels)
     log(f"cost model, batch {batch_size} ({view['decode_path']['line']}) ...")
-    timers = step_timers.setdefault(batch_size, {})
+    timers: dict[str, timing.Timer] = {}
     check_hoisting = s.stock_hlo_check and batch_size == min(plan)
     cm = costs_lib.measure_costs(
       s, view, examples, batch_size, max_gamma, timers, check_hoisting=check_hoisting
     )
     if s.roofline_section:
-      cm["roofline"] = costs_lib.measure_roofline(
-        models["target"],
-        batch_size=batch_size,
-        verify_lengths=range(2, max_gamma + 2),
-        repeats=s.cost_repeats,
-        min_seconds=s.cost_min_seconds,
-      )
+      lengths = range(2, max_gamma + 2)
+      cm["roofline"] = costs_lib.measure_roofline(s, models["target"], batch_size, lengths)
     cm["decode_path"] = view["decode_path"]
-    out[str(batch_size)] = cm
+    out[batch_size] = sweep.Batch(s, batch_size, view, cm, timers, stock_t5x_decode, log)
     # The progress line: the steps, each draft model's c (none for a table or a copy), v(T).
     parts = [
       f"target step {1e3 * cm['target_step_s']:.2f} ms",
@@ -177,14 +155,14 @@ def _cost_models(s, models, examples, plan, step_timers, log) -> dict[str, Any]:
   return out
 
 
-def _drift_warnings(s, costs: dict[str, Any], step_timers) -> list[str]:
+def _drift_warnings(s, batches: dict[int, sweep.Batch]) -> list[str]:
   """t(1) again after the sweep (the profile compares decode-time steps with the cost model
   measured before it); a warning per batch size where it drifted."""
   warnings = []
-  for batch_size, timers in step_timers.items():
-    cm = costs[str(batch_size)]
+  for batch_size, b in batches.items():
+    cm = b.costs
     cm["target_step_s_after"] = timing.time_rounds(
-      {"t": timers["target_1"]}, s.cost_repeats, s.cost_min_seconds, marginal=["t"]
+      {"t": b.timers["target_1"]}, s.cost_repeats, s.cost_min_seconds, marginal=["t"]
     )[1]["t"]
     drift = cm["target_step_s_after"] / cm["target_step_s"] - 1
     if abs(drift) > DRIFT_WARNING:
@@ -197,40 +175,15 @@ def _drift_warnings(s, costs: dict[str, Any], step_timers) -> list[str]:
   return warnings
 
 
-def _group(s, context, batch_size, view=None, costs=None, **group) -> dict[str, Any]:
-  """`sweep.run_group` at `batch_size`, by default on its decode path (`view`) and cost model.
-  `context`: (models, {batch size: cost model}, {batch size: timers}, stock T5X decode, log)."""
-  models, all_costs, step_timers, stock_t5x_decode, log = context
-  return sweep.run_group(
-    sweep.GroupSettings(
-      settings=s,
-      models=view if view is not None else methods_lib.for_batch(models, batch_size, s.kernels),
-      costs=costs if costs is not None else all_costs[str(batch_size)],
-      timers=step_timers[batch_size],
-      batch_size=batch_size,
-      stock_t5x_decode=stock_t5x_decode,
-      log=log,
-      **group,
-    )
-  )
-
-
-def _sweep(s, context, plan, examples, warnings) -> list[dict[str, Any]]:
+def _sweep(s, batches: dict[int, sweep.Batch], plan, examples, warnings) -> list[dict[str, Any]]:
   """A group for every (batch size, temperature); warns of greedy rows that differ from the
   baseline, and stops on one the audit calls a mismatch."""
-  log, groups = context[-1], []
+  groups = []
   for batch_size in sorted(plan):
     for temperature in s.temperatures:
-      log(f"group: batch {batch_size}, temperature {temperature}")
+      batches[batch_size].log(f"group: batch {batch_size}, temperature {temperature}")
       groups.append(
-        _group(
-          s,
-          context,
-          batch_size,
-          temperature=float(temperature),
-          examples=examples,
-          gammas=plan[batch_size],
-        )
+        sweep.run_group(batches[batch_size], float(temperature), examples, plan[batch_size])
       )
       for row in groups[-1]["speculative"]:
         if float(temperature) == 0 and row["identical_to_baseline"] < len(examples):
@@ -248,41 +201,33 @@ def _sweep(s, context, plan, examples, warnings) -> list[dict[str, Any]]:
   return groups
 
 
-def whole_job(s, context, groups) -> dict[str, Any]:
+def whole_job(s, batches: dict[int, sweep.Batch], groups) -> dict[str, Any]:
   """The whole-job row: the first `whole_job_examples` inputs of the split (longer ones truncated,
   not skipped, as a job does), decoded once at the sweep's best batch size (the greedy group whose
   baseline had the most tokens/s) by the baseline, the stock yardstick (stock T5X where it
   imports, else the stock-equivalent loop) and that group's fastest speculative method,
-  interleaved batch by batch. `context`: as `_group`'s."""
-  models, costs, _, stock_t5x_decode, log = context
+  interleaved batch by batch."""
   greedy = [g for g in groups if g["group"]["temperature"] == 0]
   if not greedy:
     raise ValueError("the whole-job row needs a greedy group (temperature 0) in the sweep")
   best = max(greedy, key=lambda g: g["baselines"][0]["tokens_per_s"])  # the baseline comes first
-  batch_size = best["group"]["batch_size"]
+  b = batches[best["group"]["batch_size"]]  # its groups' decode path, cost model and timers
   fastest = min(best["speculative"], key=lambda r: r["walltime_s"], default=None)
-  view = methods_lib.for_batch(models, batch_size, s.kernels)  # the path its groups ran
   examples, source, _ = pages.benchmark_inputs(
     s, num_examples=s.whole_job_examples, skip_truncated=False
   )
-  stock_name = methods_lib.STOCK_T5X if stock_t5x_decode else methods_lib.STOCK_EQUIVALENT
+  stock_name = methods_lib.STOCK_T5X if b.stock_t5x_decode else methods_lib.STOCK_EQUIVALENT
   only = {stock_name} | ({fastest["name"]} if fastest else set())
   gammas = {fastest["drafter"]: [fastest["gamma"]]} if fastest else {}
-  log(f"whole job: {len(examples)} inputs at batch {batch_size}: {sorted(only)}")
-  result = _group(
-    s,
-    context,
-    batch_size,
-    view=dict(view, drafters={k: v for k, v in view["drafters"].items() if k in gammas}),
+  b.log(f"whole job: {len(examples)} inputs at batch {b.batch_size}: {sorted(only)}")
+  b = dataclasses.replace(
+    b,
+    models=dict(b.models, drafters={k: v for k, v in b.models["drafters"].items() if k in gammas}),
     # A copy: run_group re-times a model-free drafter's propose call into its costs, and the
     # sweep's rows must keep the c they were computed with.
-    costs=copy.deepcopy(costs[str(batch_size)]),
-    temperature=0.0,
-    examples=examples,
-    gammas=gammas,
-    repeats=1,
-    only=frozenset(only),
+    costs=copy.deepcopy(b.costs),
   )
+  result = sweep.run_group(b, 0.0, examples, gammas, repeats=1, only=frozenset(only))
   keys = ("name", "walltime_s", "tokens_per_s", "ms_per_token", "generated_tokens", "compile_s")
   rows = [
     {
@@ -297,7 +242,7 @@ def whole_job(s, context, groups) -> dict[str, Any]:
     "inputs": source,
     "examples": len(examples),
     "truncated_inputs": sum(bool(getattr(e, "truncated", False)) for e in examples),
-    "batch_size": batch_size,
+    "batch_size": b.batch_size,
     "chosen": fastest["name"] if fastest else None,
     "rows": rows,
     "compiles": result["group"]["compiles"],
@@ -325,17 +270,23 @@ def _run(s: BenchmarkSettings) -> dict[str, Any]:
     s, num_examples=s.num_examples, skip_truncated=s.skip_truncated
   )
   log(f"inputs: {source}")
-  models = _models(s, warnings)
-  log(
-    f"target: {models['descriptions']['target']}; draft: {models['descriptions'].get('draft', '-')}"
+  # The target, its stock-equivalent twin, the draft model and the drafters (same weights for
+  # every method).
+  *pair, descriptions = methods_lib.build_pair(
+    (s.target_config, s.target_checkpoint),
+    (s.draft_config, s.draft_checkpoint),
+    allow_random_init=s.allow_random_init,
+    seed=s.seed,
   )
+  if "random init" in descriptions["target"] or "random init" in descriptions.get("draft", ""):
+    warnings.append("RANDOM-INIT weights: α and speedups do not describe trained models.")
+  models = methods_lib.bench_models(*pair, s.drafters, s.kernels, s.batch_sizes, warnings)
+  log(f"target: {descriptions['target']}; draft: {descriptions.get('draft', '-')}")
   stock_t5x_decode = methods_lib.stock_t5x_decoder(s, models["target_params"])
-  step_timers: dict[int, dict[str, timing.Timer]] = {}
-  costs = _cost_models(s, models, examples, plan, step_timers, log)
-  context = (models, costs, step_timers, stock_t5x_decode, log)
-  groups = _sweep(s, context, plan, examples, warnings)
-  warnings += _drift_warnings(s, costs, step_timers)
-  job = whole_job(s, context, groups) if s.whole_job_examples else None
+  batches = _batches(s, models, examples, plan, stock_t5x_decode, log)
+  groups = _sweep(s, batches, plan, examples, warnings)
+  warnings += _drift_warnings(s, batches)
+  job = whole_job(s, batches, groups) if s.whole_job_examples else None
   busy = machine_lib.busy_warning(machine)
   report = {
     "title": s.title,
@@ -343,11 +294,11 @@ def _run(s: BenchmarkSettings) -> dict[str, Any]:
     "generated_at": datetime.datetime.now().isoformat(timespec="seconds"),
     "elapsed_s": time.perf_counter() - t_start,
     "machine": machine,
-    "models": models["descriptions"],
+    "models": descriptions,
     "inputs": source,
     "warnings": warnings + ([busy] if busy else []),
     "config": _config_record(s, plan, models, task_label),
-    "costs": costs,
+    "costs": {str(b): batch.costs for b, batch in batches.items()},
     "groups": groups,
   }
   if job:

@@ -105,11 +105,14 @@ def build_pair(
 
 
 def bench_models(
-  target, target_params, draft, draft_params, drafters, kernels_setting, batch_sizes
+  target, target_params, draft, draft_params, names, kernels_setting, batch_sizes, warnings
 ):
   """{'target', 'target_params', 'stock_target', 'drafters'} (`drafters`: {name: (drafter,
-  params)}), and under 'packed' the weights of our CPU kernels' path, packed once where some batch
-  size's path is theirs (never off CPU: `kernels.policy`)."""
+  params)} of the drafter `names`, `build_drafters`), and under 'packed' the weights of our CPU
+  kernels' path, packed once where some batch size's path is theirs (never off CPU:
+  `kernels.policy`)."""
+  pair = dict(target=target, target_params=target_params, draft=draft, draft_params=draft_params)
+  drafters = build_drafters(names, warnings=warnings, **pair)
   models = {
     "target": target,
     "target_params": target_params,
@@ -301,13 +304,12 @@ def stock_t5x_decoder(s: Any, params: Any) -> Callable[..., Any] | None:
   )
 
 
-def make_methods(group: Any, sampling, sampling_params) -> list[Method]:
-  """The methods of one group (a sweep.GroupSettings): baseline, stock_equivalent, stock_t5x (if
-  group.stock_t5x_decode is given: called with temperature=..., it returns the decode callable)
-  and speculative for every drafter x its gammas."""
-  target, target_params = group.models["target"], group.models["target_params"]
+def make_methods(b: Any, temperature: float, gammas, sampling, sampling_params) -> list[Method]:
+  """The methods of one group at a sweep.Batch `b`: baseline, stock_equivalent, stock_t5x (if
+  b.stock_t5x_decode is given) and speculative for every drafter x its `gammas`."""
+  target, target_params = b.models["target"], b.models["target_params"]
   options = decode_options.DecodeOptions(
-    max_new_tokens=group.settings.max_new_tokens, sampling=sampling, eos_id=tasks.EOS_ID
+    max_new_tokens=b.settings.max_new_tokens, sampling=sampling, eos_id=tasks.EOS_ID
   )
 
   def decode(model, drafter=None, draft_params=None, **replaced):
@@ -322,13 +324,12 @@ def make_methods(group: Any, sampling, sampling_params) -> list[Method]:
 
   methods = [
     Method(BASELINE, BASELINE, decode(target)),
-    Method(STOCK_EQUIVALENT, STOCK_EQUIVALENT, decode(group.models["stock_target"])),
+    Method(STOCK_EQUIVALENT, STOCK_EQUIVALENT, decode(b.models["stock_target"])),
   ]
-  if group.stock_t5x_decode is not None:
-    stock_t5x = group.stock_t5x_decode(temperature=group.temperature)
-    methods.append(Method(STOCK_T5X, STOCK_T5X, stock_t5x))
-  for drafter_name, (drafter, draft_params) in group.models["drafters"].items():
-    for gamma in group.gammas.get(drafter_name, ()):
+  if b.stock_t5x_decode is not None:
+    methods.append(Method(STOCK_T5X, STOCK_T5X, b.stock_t5x_decode(temperature=temperature)))
+  for drafter_name, (drafter, draft_params) in b.models["drafters"].items():
+    for gamma in gammas.get(drafter_name, ()):
       methods.append(
         Method(
           f"{drafter_name}/gamma={gamma}",

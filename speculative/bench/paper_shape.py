@@ -156,11 +156,9 @@ def describe(config: t5_lib.T5Config) -> str:
 def _measure(s, pair, examples, log, gammas=(), temperatures=(0.0,), stock_t5x_decode=None):
   """(decode path, cost model, groups) of `pair` (target, its params, draft, its params) at batch
   1 on the path of `s.kernels`: the cost model up to T = max(gammas) + 1 (MAX_VERIFY without
-  gammas) and a group per temperature (the baseline only where `gammas` is empty). Both parts use one cache length, so the second
-  reuses the first's compiled target programs."""
-  pair_args = dict(zip(("target", "target_params", "draft", "draft_params"), pair))
-  drafters = methods_lib.build_drafters(["model"], warnings=[], **pair_args)
-  models = methods_lib.bench_models(*pair, drafters, s.kernels, [1])
+  gammas) and a group per temperature (the baseline only where `gammas` is empty). Both parts use
+  one cache length, so the second reuses the first's compiled target programs."""
+  models = methods_lib.bench_models(*pair, ["model"], s.kernels, [1], [])
   models = methods_lib.for_batch(models, 1, s.kernels)
   if not gammas:
     log(f"costs: random init, {models['decode_path']['line']}")
@@ -170,23 +168,11 @@ def _measure(s, pair, examples, log, gammas=(), temperatures=(0.0,), stock_t5x_d
   costs = costs_lib.measure_costs(
     s, models, examples, 1, max_gamma, timers, max_length=max_length, check_hoisting=False
   )
+  batch = sweep.Batch(s, 1, models, costs, timers, stock_t5x_decode, log)
+  only = None if gammas else frozenset()
   groups = [
-    sweep.run_group(
-      sweep.GroupSettings(
-        settings=s,
-        models=models,
-        costs=costs,
-        timers=timers,
-        batch_size=1,
-        temperature=float(temperature),
-        examples=examples,
-        gammas={"model": list(gammas)},
-        stock_t5x_decode=stock_t5x_decode,
-        log=log,
-        only=None if gammas else frozenset(),
-      )
-    )
-    for temperature in temperatures
+    sweep.run_group(batch, float(t), examples, {"model": list(gammas)}, only=only)
+    for t in temperatures
   ]
   return models["decode_path"], costs, groups
 
@@ -207,9 +193,7 @@ def measure_costs(s: PaperShapeSettings, examples, log: Callable[[str], None]) -
     ),
     itemsize,
   )
-  read = costs_lib.measure_read_rate(
-    s.read_rate_bytes, s.storage_dtype, repeats=s.cost_repeats, min_seconds=s.cost_min_seconds
-  )
+  read = costs_lib.measure_read_rate(s)
   c = costs["drafters"]["model"]["c"]
   v = analysis.verify_cost_fn({int(k): x for k, x in costs["v"].items()})
   del target_params, draft_params, pair, groups  # part 2 needs the memory
@@ -267,12 +251,8 @@ def real_walltime(s: PaperShapeSettings, examples, log: Callable[[str], None]) -
     lambda x: jnp.asarray(x, s.storage_dtype),
     _load(s.shipped_draft_config, s.shipped_draft_checkpoint),
   )
-  pair = (
-    t5_lib.T5(s.target_config),
-    target_params,
-    t5_lib.T5(s.shipped_draft_config),
-    draft_params,
-  )
+  target, draft = t5_lib.T5(s.target_config), t5_lib.T5(s.shipped_draft_config)
+  pair = (target, target_params, draft, draft_params)
   stock_t5x_decode = methods_lib.stock_t5x_decoder(s, target_params)
   _, costs, groups = _measure(s, pair, examples, log, s.gammas, s.temperatures, stock_t5x_decode)
   return {"grow_s": grow_s, "c": costs["drafters"]["model"]["c"], "v": costs["v"], "groups": groups}
@@ -295,10 +275,7 @@ def paper_shape(s: PaperShapeSettings) -> dict[str, Any]:
     "memory": dict(need_bytes=need.total, need=need.line(), limit_bytes=limit, source=source),
   }
   log(f"target {report['target']}; draft {report['draft']}")
-  log(
-    f"memory: needs {need.line()}; the device has "
-    + ("an unknown amount" if limit is None else f"{limit / 1e9:.1f} GB ({source})")
-  )
+  log(f"memory: {_memory(report['memory'])}")
   # The test split's TSV, tokenized with SentencePiece directly (seqio's vocabulary would import
   # TensorFlow: ~20 s on a small CPU); batch 1, so no padding beyond the sentence.
   examples, _ = pages.split_examples("test", s.inputs_length, s.num_examples)
@@ -323,6 +300,12 @@ def paper_shape(s: PaperShapeSettings) -> dict[str, Any]:
   return report
 
 
+def _memory(memory: dict[str, Any]) -> str:
+  limit = memory["limit_bytes"]
+  has = "an unknown amount" if limit is None else f"{limit / 1e9:.1f} GB ({memory['source']})"
+  return f"needs {memory['need']}; the device has {has}"
+
+
 def _ms(seconds: float) -> str:
   return markdown.fmt(seconds, 3, " ms", scale=1e3)
 
@@ -338,9 +321,7 @@ def _audit_cell(row: dict[str, Any]) -> str:
 
 def format_report(report: dict[str, Any]) -> str:
   """The Markdown the benchmark prints (bench/markdown.py's tables and sections)."""
-  m, costs, memory = report["machine"], report["costs"], report["memory"]
-  limit = memory["limit_bytes"]
-  read = costs["read_rate"]
+  m, costs, read = report["machine"], report["costs"], report["costs"]["read_rate"]
   cost_rows = [
     ["t(1): the target's 1-token step", _ms(costs["target_step_s"])],
     [
@@ -379,9 +360,7 @@ def format_report(report: dict[str, Any]) -> str:
     f"Device: {m['backend']} ({', '.join(m['devices'])}), jax {m['jax']}; weights in "
     f"{report['storage_dtype']}; decode path: {costs['decode_path']['line']}.\n"
     f"Target: {report['target']} (random init). Draft: {report['draft']} (random init).\n"
-    f"Memory: needs {memory['need']}; the device has "
-    + ("an unknown amount" if limit is None else f"{limit / 1e9:.1f} GB ({memory['source']})")
-    + ".",
+    f"Memory: {_memory(report['memory'])}.",
     "",
   ]
   costs_section = [markdown.table(["measure", "value"], cost_rows)]

@@ -1,6 +1,7 @@
 """The sweep: every method of a (batch size, temperature) group timed, interleaved, on the same
 inputs; one row per method (walltime, counters, EXP vs EMP, the profile per loop step). Its timing
-settings (`TimingSettings`) are the benchmark's and the paper-shape benchmark's."""
+settings (`TimingSettings`) and the parts every group of a batch size shares (`Batch`) are the
+benchmark's and the paper-shape benchmark's."""
 
 from __future__ import annotations
 
@@ -235,63 +236,65 @@ def time_methods(
 
 
 @dataclasses.dataclass(frozen=True)
-class GroupSettings:
-  """One (batch size, temperature) group of the sweep: `settings` (TimingSettings), the batch
-  size's models (`methods.for_batch`), cost model and timers (a drafter that is not a model has its
-  propose call timed against 'target_1'), {drafter: gammas}; `repeats` overrides the settings';
-  `only` keeps the named methods (the baseline always stays)."""
+class Batch:
+  """What every group of one batch size shares: `settings` (TimingSettings), the batch size's
+  models (`methods.for_batch`), cost model and timers (a drafter that is not a model has its
+  propose call timed against 'target_1'), stock T5X's decode (called with temperature=..., it
+  returns the decode callable; None: not timed) and the progress log."""
 
   settings: Any
+  batch_size: int
   models: Mapping[str, Any]
   costs: dict[str, Any]
   timers: Mapping[str, timing.Timer]
-  batch_size: int
-  temperature: float
-  examples: Sequence[Any]
-  gammas: Mapping[str, Sequence[int]]
   stock_t5x_decode: Callable | None
   log: Callable[[str], None]
-  repeats: int | None = None
-  only: frozenset[str] | None = None  # time only these methods (by name); None: all
 
 
-def run_group(g: GroupSettings) -> dict[str, Any]:
-  """Times every method of one (batch size, temperature) group; returns rows and summaries."""
-  s, costs = g.settings, g.costs
-  sampling, sampling_params = sampling_lib.make_sampling(g.temperature)
-  batches = batching.batches(g.examples, g.batch_size, s.inputs_length)
-  group = dict(batch_size=g.batch_size, temperature=g.temperature, examples=len(g.examples))
+def run_group(
+  b: Batch,
+  temperature: float,
+  examples: Sequence[Any],
+  gammas: Mapping[str, Sequence[int]],
+  repeats: int | None = None,
+  only: frozenset[str] | None = None,
+) -> dict[str, Any]:
+  """Times every method of one (batch size, temperature) group ({drafter: gammas}; `repeats`
+  overrides the settings'; `only` keeps the named methods, the baseline always stays); returns
+  rows and summaries."""
+  s, costs = b.settings, b.costs
+  sampling, sampling_params = sampling_lib.make_sampling(temperature)
+  batches = batching.batches(examples, b.batch_size, s.inputs_length)
+  group = dict(batch_size=b.batch_size, temperature=temperature, examples=len(examples))
   group["input_batches"] = len(batches)
-  methods = bench_methods.make_methods(g, sampling, sampling_params)
-  if g.only is not None:
-    unknown = set(g.only) - {m.name for m in methods}
+  methods = bench_methods.make_methods(b, temperature, gammas, sampling, sampling_params)
+  if only is not None:
+    unknown = set(only) - {m.name for m in methods}
     if unknown:
       raise ValueError(f"no such methods in the group: {sorted(unknown)}")
-    methods = [m for m in methods if m.kind == bench_methods.BASELINE or m.name in g.only]
+    methods = [m for m in methods if m.kind == bench_methods.BASELINE or m.name in only]
   with resources.PeakRss() as rss:
-    repeats = g.repeats or s.repeats
-    group["compiles"] = time_methods(methods, batches, repeats=repeats, seed=s.seed, log=g.log)
+    repeats = repeats or s.repeats
+    group["compiles"] = time_methods(methods, batches, repeats=repeats, seed=s.seed, log=b.log)
   group.update(peak_rss_mib=rss.mib, peak_rss_reset=rss.reset)
   rows = {m.name: method_row(m, batches, group) for m in methods}
-  target = (g.models["target"], g.models["target_params"])
-  baselines = _baseline_rows(methods, rows, batches, costs, g.temperature == 0, target)
+  target = (b.models["target"], b.models["target_params"])
+  baselines = _baseline_rows(methods, rows, batches, costs, temperature == 0, target)
   propose_cost = functools.partial(
     costs_lib.measure_propose,
+    s=s,
     encoder_tokens=batches[0][1],
     max_length=costs["max_length"],
-    position=s.cost_position,
     sampling=sampling,
     sampling_params=sampling_params,
-    target_step=g.timers["target_1"],
-    repeats=s.cost_repeats,
-    min_seconds=s.cost_min_seconds,
+    target_step=b.timers["target_1"],
   )
   speculative_rows = [
-    _speculative_row(m, rows, batches, costs, g.temperature, methods[0], propose_cost, target)
+    _speculative_row(m, rows, batches, costs, temperature, methods[0], propose_cost, target)
     for m in methods
     if m.kind == bench_methods.SPECULATIVE
   ]
-  g.log(_group_summary(group, baselines, speculative_rows))
+  b.log(_group_summary(group, baselines, speculative_rows))
   return {"group": group, "baselines": baselines, "speculative": speculative_rows}
 
 
@@ -392,9 +395,7 @@ def _speculative_row(
   )
   gamma = method.gamma
   v_fn = analysis.verify_cost_fn({int(k): v for k, v in costs["v"].items()})
-  verify_s = costs["target_extend_s"].get(str(gamma + 1))
-  if verify_s is None:
-    verify_s = v_fn(gamma + 1) * costs["target_step_s"]
+  verify_s = costs["target_extend_s"].get(str(gamma + 1), v_fn(gamma + 1) * costs["target_step_s"])
   draft = _draft_cost(method, costs, temperature, propose_cost)
   metrics = dict(rows[method.name])
   metrics.update(
