@@ -108,20 +108,18 @@ def measure_costs(pair: pages.Pair, encoder_row: np.ndarray, args, max_length: i
 def make_methods(pair: pages.Pair, args) -> list[methods_lib.Method]:
   """baseline, speculative L per L, spectr K L per (K, L); `drafter_obj` holds (K, L)."""
   drafter = pages.model_drafter(pair)
-  options = pages.decode_options(args.max_new_tokens, temperature=1.0)
-  methods = [methods_lib.Method('baseline', methods_lib.BASELINE, pages.decode_fn(pair, **options))]
+  decode = lambda *a, **options: pages.decode_fn(pair, args.max_new_tokens, 1.0, *a, **options)
+  methods = [methods_lib.Method('baseline', methods_lib.BASELINE, decode())]
   for length in args.ls:
-    speculative = pages.decode_fn(pair, drafter, gamma=length, **options)
+    speculative = decode(drafter, gamma=length)
     name = f'speculative L={length}'
     methods.append(methods_lib.Method(name, methods_lib.SPECULATIVE, speculative, gamma=length))
     for k in args.ks:
       # check_finite as spectr_decode's own default (the page called it directly before).
-      decode = pages.decode_fn(
-        pair, drafter, gamma=length, num_drafts=k, check_finite=True, **options
-      )
+      spectr = decode(drafter, gamma=length, num_drafts=k, check_finite=True)
       name = f'spectr K={k} L={length}'
       methods.append(
-        methods_lib.Method(name, SPECTR, decode, gamma=length, drafter_obj=(k, length))
+        methods_lib.Method(name, SPECTR, spectr, gamma=length, drafter_obj=(k, length))
       )
   return methods
 
@@ -135,9 +133,8 @@ def method_rows(methods, batches, measured: dict[str, dict[str, Any]]) -> list[d
     r = measured[m.name]
     k = m.drafter_obj[0] if m.kind == SPECTR else None
     total = lambda field: sweep.sum_rows(m, batches, field)
-    row = dict(method=m.name, kind=m.kind, K=k, L=m.gamma)
-    for key in ('walltime_s', 'generated_tokens', 'target_calls', 'ms_per_token'):
-      row[key] = r[key]
+    keys = ('walltime_s', 'generated_tokens', 'target_calls', 'ms_per_token')
+    row = dict(method=m.name, kind=m.kind, K=k, L=m.gamma, **{key: r[key] for key in keys})
     row['block_efficiency'] = r['generated_tokens'] / max(r['target_calls'], 1)
     row['compile_s'] = r['compile_s']
     if m.kind != methods_lib.BASELINE:
