@@ -109,15 +109,9 @@ def command_line(main: Callable[[Sequence[str]], Any], argv: Sequence[str]) -> N
 def build_drafters(pair: Pair, names: Sequence[str], **options: Any) -> dict[str, Any]:
   """{name: (drafter, params)} of the registry's drafters `names` on the pair (`options`, e.g.
   stop_below, go to the registry)."""
-  return methods_lib.build_drafters(
-    names,
-    target=pair.target,
-    target_params=pair.target_params,
-    draft=pair.draft,
-    draft_params=pair.draft_params,
-    warnings=[],
-    **options,
-  )
+  roles = ('target', 'target_params', 'draft', 'draft_params')
+  models = {role: getattr(pair, role) for role in roles}
+  return methods_lib.build_drafters(names, **models, warnings=[], **options)
 
 
 def model_drafter(pair: Pair, **options: Any) -> Any:
@@ -131,35 +125,17 @@ def decode_fn(
   """methods.decode_fn of the pair (`drafter` on the draft's params unless options name its
   draft_params): exact sampling at `temperature` (0: argmax; top-k off) up to EOS."""
   sampling, sampling_params = sampling_lib.make_sampling(temperature)
-  options.setdefault('draft_params', pair.draft_params)
-  return methods_lib.decode_fn(
-    pair.target,
-    pair.target_params,
-    drafter,
-    max_new_tokens=max_new_tokens,
-    sampling=sampling,
-    eos_id=tasks.EOS_ID,
-    sampling_params=sampling_params,
-    **options,
-  )
+  options = {'draft_params': pair.draft_params, **options, 'eos_id': tasks.EOS_ID}
+  options.update(max_new_tokens=max_new_tokens, sampling=sampling, sampling_params=sampling_params)
+  return methods_lib.decode_fn(pair.target, pair.target_params, drafter, **options)
 
 
-def extend_costs(
-  pair: Pair, encoder_tokens: Any, *, max_length: int, verify_lengths: Sequence[int], **kwargs: Any
-) -> dict[str, Any]:
+def extend_costs(pair: Pair, encoder_tokens: Any, **kwargs: Any) -> dict[str, Any]:
   """costs.measure_extend_costs of the pair (the draft named 'model') on `encoder_tokens` [B, S]
-  at COST_POSITION; `kwargs` (repeats, extra timers) go to it."""
-  return costs_lib.measure_extend_costs(
-    pair.target,
-    pair.target_params,
-    encoder_tokens,
-    max_length=max_length,
-    position=COST_POSITION,
-    verify_lengths=verify_lengths,
-    drafts={'model': (pair.draft, pair.draft_params)},
-    min_seconds=0.1,
-    **kwargs,
-  )
+  at COST_POSITION; `kwargs` (max_length, verify_lengths, repeats, extra timers) go to it."""
+  drafts = {'model': (pair.draft, pair.draft_params)}
+  kwargs.update(position=COST_POSITION, drafts=drafts, min_seconds=0.1)
+  return costs_lib.measure_extend_costs(pair.target, pair.target_params, encoder_tokens, **kwargs)
 
 
 def time_rows(

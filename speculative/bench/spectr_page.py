@@ -66,16 +66,11 @@ def measure_costs(pair: pages.Pair, encoder_row: np.ndarray, args, max_length: i
   rounds, so c_K = d(K) / t(1, 1) and v = t(K, L+1) / t(1, 1) are medians of per-round ratios;
   those too noisy to predict from are in 'too_noisy'."""
   costs = {'target_ms': {}, 'draft_ms': {}, 'c': {}, 'v': {}, 'too_noisy': {}}
-  t11 = []
+  t11, at = [], dict(max_length=max_length, position=pages.COST_POSITION)
   for k in args.ks:
     encoder = np.repeat(encoder_row[None], k, axis=0)  # [K, S]
     reference = timing.extend_timer(
-      pair.target,
-      pair.target_params,
-      encoder[:1],
-      num_tokens=1,
-      max_length=max_length,
-      position=pages.COST_POSITION,
+      pair.target, pair.target_params, encoder[:1], num_tokens=1, **at
     )
     cm = pages.extend_costs(
       pair,
