@@ -61,10 +61,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
   return args
 
 
-def measure_costs(pair: pages.Pair, encoder_row: np.ndarray, args, max_length: int) -> dict:
-  """t(K, L+1), d(K) and t(1, 1): per K, the K-row calls interleaved with t(1, 1) in timing
-  rounds, so c_K = d(K) / t(1, 1) and v = t(K, L+1) / t(1, 1) are medians of per-round ratios;
-  those too noisy to predict from are in 'too_noisy'."""
+def measure_costs(pair: pages.Pair, example, args) -> dict:
+  """t(K, L+1), d(K) and t(1, 1) on `example`'s cache: per K, the K-row calls interleaved with
+  t(1, 1) in timing rounds, so c_K = d(K) / t(1, 1) and v = t(K, L+1) / t(1, 1) are medians of
+  per-round ratios; those too noisy to predict from are in 'too_noisy'."""
+  encoder_row = batching.pad_batch([example], 1, args.inputs_length)[0]  # [S]
+  max_length = args.inputs_length + args.max_new_tokens + max(args.ls) + 1
   costs = {'target_ms': {}, 'draft_ms': {}, 'c': {}, 'v': {}, 'too_noisy': {}}
   t11, at = [], dict(max_length=max_length, position=pages.COST_POSITION)
   for k in args.ks:
@@ -263,13 +265,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
   methods = make_methods(pair, args)
   batches, measured = pages.time_rows(methods, examples, args, temperature=1.0)
   rows = method_rows(methods, batches, measured)
-  # Cost model on a realistic cache: the first input, position 16.
-  costs = measure_costs(
-    pair,
-    batching.pad_batch(examples[:1], 1, args.inputs_length)[0],  # [S]
-    args,
-    max_length=args.inputs_length + args.max_new_tokens + max(args.ls) + 1,
-  )
+  costs = measure_costs(pair, examples[0], args)  # a realistic cache: the first input
   print('costs measured', flush=True)
   for row in rows:
     if row['kind'] == SPECTR:
