@@ -86,8 +86,8 @@ def sampling_name(temperature: float) -> str:
 
 
 def decode_all(
-  pair: pages.Pair, drafter, params, examples, args, temperature: float, lenience=None
-):
+  pair: pages.Pair, drafter: Any, params: Any, examples, args, temperature: float, lenience=None
+) -> dict[str, Any]:
   """Speculative decoding of every example in batches of --batch_size at --gamma: the summed
   counters with alpha, acceptance, tokens per call, drafted per step (and, with a lenience, BLEU)."""
   options = dict(draft_params=params, lenience=lenience, gamma=args.gamma)
