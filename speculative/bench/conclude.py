@@ -39,6 +39,7 @@ def _choice(
   else:
     decision = MEASURED_FALLBACK if best_meas["measured_speedup"] < 1.0 else TOO_NOISY
   speculative = decision in ("speculative", TOO_NOISY)  # the decode would speculate
+  at_predicted = None if decision == TOO_NOISY else best["measured_speedup"]
   return {
     "batch_size": group["batch_size"],
     "temperature": group["temperature"],
@@ -50,9 +51,7 @@ def _choice(
     "predicted_best_gamma": best["gamma"],
     "predicted_speedup": best["predicted_speedup"] if predicted else None,
     "measured_speedup": best["measured_speedup"] if speculative else 1.0,
-    "measured_speedup_at_predicted_gamma": None
-    if decision == TOO_NOISY
-    else best["measured_speedup"],
+    "measured_speedup_at_predicted_gamma": at_predicted,
     "speedup_vs_stock": best["speedup_vs_stock"] if speculative else None,
   }
 
