@@ -23,25 +23,13 @@ TOO_NOISY = "too noisy to predict"  # the decision / cell text where a predictio
 MEASURED_FALLBACK = "plain decoding (measured)"
 
 
-def choose_gammas(
-  groups: Sequence[dict[str, Any]], fallback_threshold: float
-) -> list[dict[str, Any]]:
-  """The policy's choice (`_choice`) per (batch, temperature, drafter)."""
-  return [
-    _choice(g["group"], d, [r for r in g["speculative"] if r["drafter"] == d], fallback_threshold)
-    for g in groups
-    for d in dict.fromkeys(r["drafter"] for r in g["speculative"])
-  ]
-
-
 def _choice(
   group: dict[str, Any], drafter: str, rows: Sequence[dict[str, Any]], fallback_threshold: float
 ) -> dict[str, Any]:
-  """Among one drafter's rows of a group: the gamma with the best predicted speedup (refused
-  predictions are no candidates), or plain decoding if that is below `fallback_threshold`. With no
-  prediction: plain decoding if even the best measured gamma was slower than the baseline
-  (MEASURED_FALLBACK), else no policy (TOO_NOISY, reporting the best measured gamma's numbers, an
-  optimistic pick). The best measured gamma is reported either way."""
+  """One drafter's gamma in a group: the best predicted (refused predictions are no candidates),
+  or plain decoding below `fallback_threshold`; with no prediction, plain decoding if every
+  measured gamma was slower (MEASURED_FALLBACK), else TOO_NOISY (the best measured gamma's numbers,
+  an optimistic pick). The best measured gamma is reported either way."""
   best_meas = max(rows, key=lambda r: (r["measured_speedup"], -r["gamma"]))
   predicted = [r for r in rows if r.get("predicted_speedup") is not None]
   best = max(predicted, key=lambda r: (r["predicted_speedup"], -r["gamma"]), default=best_meas)
@@ -51,6 +39,7 @@ def _choice(
   else:
     decision = MEASURED_FALLBACK if best_meas["measured_speedup"] < 1.0 else TOO_NOISY
   speculative = decision in ("speculative", TOO_NOISY)  # the decode would speculate
+  at_predicted = None if decision == TOO_NOISY else best["measured_speedup"]
   return {
     "batch_size": group["batch_size"],
     "temperature": group["temperature"],
@@ -62,31 +51,9 @@ def _choice(
     "predicted_best_gamma": best["gamma"],
     "predicted_speedup": best["predicted_speedup"] if predicted else None,
     "measured_speedup": best["measured_speedup"] if speculative else 1.0,
-    "measured_speedup_at_predicted_gamma": None
-    if decision == TOO_NOISY
-    else best["measured_speedup"],
+    "measured_speedup_at_predicted_gamma": at_predicted,
     "speedup_vs_stock": best["speedup_vs_stock"] if speculative else None,
   }
-
-
-def check_targets(
-  groups: Sequence[dict[str, Any]], choices: Sequence[dict[str, Any]], primary_drafter: str
-) -> list[dict[str, Any]]:
-  """The targets for the primary drafter at the gamma with the best predicted speedup (for batch
-  > 1 the policy's decision, maybe plain decoding), each naming its batch, temperature, gamma."""
-  rows = {
-    (g["group"]["batch_size"], g["group"]["temperature"], r["drafter"], r["gamma"]): r
-    for g in groups
-    for r in g["speculative"]
-  }
-  return [
-    _target_entry(name, value, threshold, c, note)
-    for c in choices
-    if c["drafter"] == primary_drafter
-    for name, value, threshold, note in _choice_targets(
-      c, rows[(c["batch_size"], c["temperature"], c["drafter"], c["predicted_best_gamma"])]
-    )
-  ]
 
 
 def _choice_targets(c: dict[str, Any], r: dict[str, Any]) -> list[tuple[str, Any, float, str]]:
@@ -129,28 +96,35 @@ def _choice_targets(c: dict[str, Any], r: dict[str, Any]) -> list[tuple[str, Any
   return [(*target, note) for target in targets]
 
 
-def _target_entry(
-  name: str, value: Any, threshold: float, choice: dict[str, Any], note: str
-) -> dict[str, Any]:
-  """One checked target; `value` None is a prediction refused as too noisy (met: None)."""
-  known = value is not None
-  return {
-    "target": name,
-    "value": value,
-    "threshold": threshold,
-    "met": bool(value >= threshold) if known else None,
-    "shortfall": None if not known or value >= threshold else threshold - value,
-    "relative": value / threshold if known else None,
-    "note": note,
-    "batch_size": choice["batch_size"],
-    "temperature": choice["temperature"],
-    "drafter": choice["drafter"],
-    "gamma": choice["predicted_best_gamma"],
-  }
+def _targets(report: dict[str, Any]) -> list[dict[str, Any]]:
+  """The targets of the primary drafter's choices at their best predicted gamma (`value` None: a
+  prediction refused as too noisy, `met` None)."""
+  targets = []
+  for c in report["choices"]:
+    if c["drafter"] != report["config"]["drafters"][0]:
+      continue
+    gamma = c["predicted_best_gamma"]
+    row = rows_of(report, c, "speculative", drafter=c["drafter"], gamma=gamma)[-1]
+    for name, value, threshold, note in _choice_targets(c, row):
+      known = value is not None
+      targets.append(
+        {
+          "target": name,
+          "value": value,
+          "threshold": threshold,
+          "met": bool(value >= threshold) if known else None,
+          "shortfall": None if not known or value >= threshold else threshold - value,
+          "relative": value / threshold if known else None,
+          "note": note,
+          **{key: c[key] for key in ("batch_size", "temperature", "drafter")},
+          "gamma": gamma,
+        }
+      )
+  return targets
 
 
 def _analysis_notes(report: dict[str, Any]) -> list[str]:
-  """Plain-language explanation of every missed target, from the profile numbers (`_explain`)."""
+  """A plain-language explanation (`_explain`) of every missed target's configuration."""
   missed = [t for t in report["targets"] if t["met"] is False]
   if not missed:
     return []
@@ -169,20 +143,17 @@ def _analysis_notes(report: dict[str, Any]) -> list[str]:
       )
       + f" ({t['note']})."
     ]
-    row = _row(report, t, "speculative", gamma=t["gamma"], drafter=t["drafter"])
-    base = _row(report, t, "baselines", method=methods.BASELINE)
-    if row is not None and base is not None and "profile" in row and "profile" in base:
-      parts += _explain(row, base, report["costs"][str(row["batch_size"])])
+    rows = rows_of(report, t, "speculative", gamma=t["gamma"], drafter=t["drafter"])
+    bases = rows_of(report, t, "baselines", method=methods.BASELINE)
+    if rows and bases and "profile" in rows[0] and "profile" in bases[0]:
+      parts += _explain(rows[0], bases[0], report["costs"][str(rows[0]["batch_size"])])
     notes.append(" ".join(parts))
   return notes
 
 
 def _explain(row: dict[str, Any], base: dict[str, Any], cm: dict[str, Any]) -> list[str]:
-  """Sentences explaining one speculative row's shortfall from its profile and the cost model. The
-  measured/predicted ratio factors exactly into block efficiency / E[#tokens] (Eq. 1's i.i.d.
-  acceptance vs reality) x (draft + verify calls) / measured step (the loop's own work) x baseline
-  step / t(1) (the baseline loop's overhead) x the rest (prefill, paid once per decode, and the
-  draft's catch-up call costing more than the one-token step c t(1) EXP assumes)."""
+  """Why a speculative row fell short: EMP/EXP factored exactly into block efficiency / E[#tokens]
+  x modelled / measured step x baseline step / t(1) x the rest (prefill, the catch-up call)."""
   p, bp = row["profile"], base["profile"]
   if row.get("predicted_speedup") is None or p.get("overhead_s") is None:
     return [
@@ -191,14 +162,13 @@ def _explain(row: dict[str, Any], base: dict[str, Any], cm: dict[str, Any]) -> l
       f"({row.get('prediction_refused') or p.get('overhead_refused')}), so the shortfall "
       "cannot be split into its causes: regenerate on a quiet machine."
     ]
-  parts = []
   t1 = cm["target_step_s"]
   f_block = row["block_efficiency"] / row["expected_tokens"]
   f_step = (p["draft_s"] + p["verify_s"]) / p["step_s"] if p["step_s"] > 0 else math.nan
   f_base = bp["step_s"] / t1
   ratio = row["measured_over_predicted"]
   f_rest = ratio / (f_block * f_step * f_base) if f_block * f_step * f_base else math.nan
-  parts.append(
+  parts = [
     f"At γ={row['gamma']}: α={row['alpha_used']:.2f}, so Eq. 1 expects "
     f"{row['expected_tokens']:.2f} tokens per target call (measured "
     f"{row['block_efficiency']:.2f}); the model predicts {row['predicted_speedup']:.2f}X "
@@ -211,7 +181,7 @@ def _explain(row: dict[str, Any], base: dict[str, Any], cm: dict[str, Any]) -> l
     f"{f_step:.2f} (modelled / measured step) x {f_base:.2f} (baseline step / t(1)) x "
     f"{f_rest:.2f} (prefill and the rest; prefill is "
     f"{100 * p['prefill_fraction']:.0f}% of the speculative walltime)."
-  )
+  ]
   if row["v"] > 1.3:
     parts.append(
       f"The verify call is far from free on this CPU (v={row['v']:.2f}; the paper "
@@ -229,44 +199,43 @@ def _explain(row: dict[str, Any], base: dict[str, Any], cm: dict[str, Any]) -> l
   return parts
 
 
-def group_rows(report: dict[str, Any], batch_size: int, temperature: float, kind: str) -> list:
-  """The `kind` rows ('baselines' or 'speculative') of the (batch size, temperature) group."""
-  key = (batch_size, temperature)
+def rows_of(report: dict[str, Any], where: dict[str, Any], kind: str, **fields: Any) -> list:
+  """The `kind` rows ('baselines', 'speculative') with `fields` of the group of `where`'s batch size
+  and temperature."""
+  key = (where["batch_size"], where["temperature"])
   return [
     r
     for g in report["groups"]
     if (g["group"]["batch_size"], g["group"]["temperature"]) == key
     for r in g[kind]
+    if all(r[k] == v for k, v in fields.items())
   ]
 
 
-def _row(report: dict[str, Any], target: dict[str, Any], kind: str, **fields: Any):
-  """The first `kind` row of the target's group with the given fields, or None."""
-  rows = group_rows(report, target["batch_size"], target["temperature"], kind)
-  return next((r for r in rows if all(r[k] == v for k, v in fields.items())), None)
-
-
 def _jsonable(value: Any) -> Any:
+  """`value` with str keys, lists, Python numbers and None for NaN and infinities."""
+  if isinstance(value, np.ndarray):
+    value = value.tolist()
   if isinstance(value, dict):
     return {str(k): _jsonable(v) for k, v in value.items()}
   if isinstance(value, (list, tuple)):
     return [_jsonable(v) for v in value]
-  if isinstance(value, (np.integer,)):
+  if isinstance(value, np.integer):
     return int(value)
   if isinstance(value, (np.floating, float)):
-    value = float(value)
-    return None if math.isnan(value) or math.isinf(value) else value
-  if isinstance(value, np.ndarray):
-    return _jsonable(value.tolist())
+    return float(value) if math.isfinite(value) else None
   return value
 
 
 def conclude(report: dict[str, Any]) -> dict[str, Any]:
   """A JSON-ready copy with the gamma choices, the targets check and the explanations added."""
   report = _jsonable(report)
-  report["choices"] = choose_gammas(report["groups"], report["config"]["fallback_threshold"])
-  report["targets"] = check_targets(
-    report["groups"], report["choices"], report["config"]["drafters"][0]
-  )
+  threshold = report["config"]["fallback_threshold"]
+  report["choices"] = [
+    _choice(g["group"], d, [r for r in g["speculative"] if r["drafter"] == d], threshold)
+    for g in report["groups"]
+    for d in dict.fromkeys(r["drafter"] for r in g["speculative"])
+  ]
+  report["targets"] = _targets(report)
   report["analysis"] = _analysis_notes(report)
   return _jsonable(report)

@@ -87,13 +87,11 @@ def sampling_name(temperature: float) -> str:
 
 def decode_all(
   pair: pages.Pair, drafter: Any, params: Any, examples, args, temperature: float, lenience=None
-) -> tuple[dict[str, Any], list[list[int]]]:
-  """Speculative decoding of every example in batches of --batch_size at --gamma: (summed counters
-  with alpha, acceptance, tokens per call, drafted per step; each example's generated tokens)."""
-  options = pages.decode_options(args.max_new_tokens, temperature)
-  decode = methods_lib.decode_fn(
-    pair.target, pair.target_params, drafter, params, lenience=lenience, gamma=args.gamma, **options
-  )
+) -> dict[str, Any]:
+  """Speculative decoding of every example in batches of --batch_size at --gamma: the summed
+  counters with alpha, acceptance, tokens per call, drafted per step (and, with a lenience, BLEU)."""
+  options = dict(draft_params=params, lenience=lenience, gamma=args.gamma)
+  decode = pages.decode_fn(pair, args.max_new_tokens, temperature, drafter, **options)
   method = methods_lib.Method('alpha', methods_lib.SPECULATIVE, decode)
   batches = batching.batches(examples, args.batch_size, args.inputs_length)
   for index, (_, encoder_tokens) in enumerate(batches):
@@ -106,12 +104,17 @@ def decode_all(
   row = dict(alpha=totals['alpha_sum'] / drafted, acceptance=totals['accepted'] / drafted)
   row.update(tokens_per_call=totals['lengths'] / calls, drafted_per_step=totals['drafted'] / calls)
   row.update(generated=int(totals.pop('lengths')), **totals)
-  outputs = [
-    out['tokens'][r, : int(out['lengths'][r])].tolist()
-    for (chunk, _), out in zip(batches, method.outputs)
-    for r in range(len(chunk))
-  ]
-  return row, outputs
+  if lenience is not None:
+    vocabulary = vocabulary_lib.load()
+    predictions = [
+      vocabulary.decode(
+        [t for t in out['tokens'][r, : int(out['lengths'][r])].tolist() if t != tasks.EOS_ID]
+      )
+      for (chunk, _), out in zip(batches, method.outputs)
+      for r in range(len(chunk))
+    ]
+    row['bleu'] = metrics_lib.bleu([e.reference for e in examples], predictions)['bleu']
+  return row
 
 
 def alpha_part(pair: pages.Pair, examples, args) -> list[dict[str, Any]]:
@@ -126,7 +129,7 @@ def alpha_part(pair: pages.Pair, examples, args) -> list[dict[str, Any]]:
   rows = []
   for name, (drafter, params) in built.items():
     for temperature in (0.0, 1.0):
-      row, _ = decode_all(pair, drafter, params, examples, args, temperature)
+      row = decode_all(pair, drafter, params, examples, args, temperature)
       label = labels.get(name, name)
       rows.append(dict(drafter=name, drafter_label=label, temperature=temperature, **row))
       print(
@@ -140,16 +143,11 @@ def alpha_part(pair: pages.Pair, examples, args) -> list[dict[str, Any]]:
 def lenience_part(pair: pages.Pair, examples, args) -> dict[str, list[dict[str, Any]]]:
   """Table 5: the draft model drafter at every lenience, greedy and sampled, with BLEU."""
   print('== alpha vs lenience', flush=True)
-  out = {}
-  drafter, vocabulary = drafters_lib.ModelDrafter(pair.draft), vocabulary_lib.load()
+  out, drafter = {}, drafters_lib.ModelDrafter(pair.draft)
   for temperature in (0.0, 1.0):
     out[str(temperature)] = []
     for lenience in pages.values(args.lenience, float):
-      row, outputs = decode_all(
-        pair, drafter, pair.draft_params, examples, args, temperature, lenience
-      )
-      predictions = [vocabulary.decode([t for t in o if t != tasks.EOS_ID]) for o in outputs]
-      row['bleu'] = metrics_lib.bleu([e.reference for e in examples], predictions)['bleu']
+      row = decode_all(pair, drafter, pair.draft_params, examples, args, temperature, lenience)
       out[str(temperature)].append(dict(lenience=lenience, **row))
       print(
         f'  {sampling_name(temperature)} l={lenience:g}: alpha {row["alpha"]:.3f}, '
@@ -161,10 +159,12 @@ def lenience_part(pair: pages.Pair, examples, args) -> dict[str, list[dict[str, 
 
 def walltime_methods(pair: pages.Pair, costs: dict[str, Any], args) -> list[methods_lib.Method]:
   """The timed methods (`drafter_obj` holds each one's description)."""
-  options = pages.decode_options(args.max_new_tokens, args.walltime_temperature)
 
   def method(name, info, drafter=None, gamma=None, adaptive_verify=False):
-    decode = pages.decode_fn(pair, drafter, gamma=gamma, adaptive_verify=adaptive_verify, **options)
+    options = dict(gamma=gamma, adaptive_verify=adaptive_verify)
+    decode = pages.decode_fn(
+      pair, args.max_new_tokens, args.walltime_temperature, drafter, **options
+    )
     kind = methods_lib.BASELINE if drafter is None else methods_lib.SPECULATIVE
     return methods_lib.Method(name, kind, decode, gamma=gamma, drafter_obj=info)
 

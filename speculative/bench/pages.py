@@ -1,7 +1,7 @@
-"""What the benchmark's own pages (bench/drafters_page.py, bench/spectr_page.py) share: the
-options naming the pair and its inputs and their loading (the benchmark's inputs: a seqio task, a
-TSV file or examples given), decode functions, the cost model and the
-timing at batch 1, the command line; their Markdown is bench/markdown.py's."""
+"""What the benchmark's own pages (bench/drafters_page.py, bench/spectr_page.py) share: the pair's
+options and loading, their inputs (and the benchmark's: a seqio task, a TSV file or examples
+given), decode functions, the cost model and timing at batch 1, the command line; their Markdown
+is bench/markdown.py's."""
 
 from __future__ import annotations
 
@@ -106,54 +106,36 @@ def command_line(main: Callable[[Sequence[str]], Any], argv: Sequence[str]) -> N
   gin_utils.call_with_user_errors(lambda: main(argv), 'error: ', debug)
 
 
+def build_drafters(pair: Pair, names: Sequence[str], **options: Any) -> dict[str, Any]:
+  """{name: (drafter, params)} of the registry's drafters `names` on the pair (`options`, e.g.
+  stop_below, go to the registry)."""
+  roles = ('target', 'target_params', 'draft', 'draft_params')
+  models = {role: getattr(pair, role) for role in roles}
+  return methods_lib.build_drafters(names, **models, warnings=[], **options)
+
+
 def model_drafter(pair: Pair, **options: Any) -> Any:
-  """The registry's 'model' drafter (`options`, e.g. stop_below, go to the registry)."""
+  """The registry's 'model' drafter."""
   return build_drafters(pair, ['model'], **options)['model'][0]
 
 
-def build_drafters(pair: Pair, names: Sequence[str], **options: Any) -> dict[str, Any]:
-  """{name: (drafter, params)} of the registry's drafters `names` on the pair."""
-  return methods_lib.build_drafters(
-    names,
-    target=pair.target,
-    target_params=pair.target_params,
-    draft=pair.draft,
-    draft_params=pair.draft_params,
-    warnings=[],
-    **options,
-  )
-
-
-def decode_options(max_new_tokens: int, temperature: float) -> dict[str, Any]:
-  """The decode options of exact sampling at `temperature` (0: argmax; top-k off) up to EOS."""
+def decode_fn(
+  pair: Pair, max_new_tokens: int, temperature: float, drafter: Any = None, **options: Any
+) -> Callable[..., Any]:
+  """methods.decode_fn of the pair (`drafter` on the draft's params unless options name its
+  draft_params): exact sampling at `temperature` (0: argmax; top-k off) up to EOS."""
   sampling, sampling_params = sampling_lib.make_sampling(temperature)
-  options = dict(max_new_tokens=max_new_tokens, sampling=sampling, eos_id=tasks.EOS_ID)
-  return dict(options, sampling_params=sampling_params)
+  options = {'draft_params': pair.draft_params, **options, 'eos_id': tasks.EOS_ID}
+  options.update(max_new_tokens=max_new_tokens, sampling=sampling, sampling_params=sampling_params)
+  return methods_lib.decode_fn(pair.target, pair.target_params, drafter, **options)
 
 
-def decode_fn(pair: Pair, drafter: Any = None, **options: Any) -> Callable[..., Any]:
-  """methods.decode_fn of the pair (`drafter` on the pair's draft params)."""
-  return methods_lib.decode_fn(
-    pair.target, pair.target_params, drafter, pair.draft_params, **options
-  )
-
-
-def extend_costs(
-  pair: Pair, encoder_tokens: Any, *, max_length: int, verify_lengths: Sequence[int], **kwargs: Any
-) -> dict[str, Any]:
+def extend_costs(pair: Pair, encoder_tokens: Any, **kwargs: Any) -> dict[str, Any]:
   """costs.measure_extend_costs of the pair (the draft named 'model') on `encoder_tokens` [B, S]
-  at COST_POSITION; `kwargs` (repeats, extra timers) go to it."""
-  return costs_lib.measure_extend_costs(
-    pair.target,
-    pair.target_params,
-    encoder_tokens,
-    max_length=max_length,
-    position=COST_POSITION,
-    verify_lengths=verify_lengths,
-    drafts={'model': (pair.draft, pair.draft_params)},
-    min_seconds=0.1,
-    **kwargs,
-  )
+  at COST_POSITION; `kwargs` (max_length, verify_lengths, repeats, extra timers) go to it."""
+  drafts = {'model': (pair.draft, pair.draft_params)}
+  kwargs.update(position=COST_POSITION, drafts=drafts, min_seconds=0.1)
+  return costs_lib.measure_extend_costs(pair.target, pair.target_params, encoder_tokens, **kwargs)
 
 
 def time_rows(
@@ -170,44 +152,21 @@ def time_rows(
   return batches, {m.name: sweep.method_row(m, batches, group) for m in methods}
 
 
-@dataclasses.dataclass(frozen=True)
-class InputSource:
-  """Where benchmark inputs come from (as `BenchmarkSettings`' fields of the same names): a seqio
-  task and split, or a file (a prefix before each line), to at most `inputs_length` tokens."""
-
-  task: str | None = tasks.LIBREOFFICE_TASK
-  split: str = 'test'
-  input_file: str | None = None
-  input_prefix: str = ''
-  inputs_length: int = 64
-  examples: Sequence[infer_inputs.Example] | None = None
-
-
-def load_examples(
-  source: InputSource, *, num_examples: int, skip_truncated: bool
-) -> tuple[list[infer_inputs.Example], int]:
-  """(the first `num_examples` inputs of `source`, an InputSource or a BenchmarkSettings, the number
-  of those longer than its inputs_length skipped if `skip_truncated`)."""
-  if (source.task is None) == (source.input_file is None):
-    raise ValueError('give exactly one of task and input_file')
-  limit = None if skip_truncated else num_examples
-  if source.task is not None:
-    examples = infer_inputs.examples_from_task(
-      source.task, source.split, source.inputs_length, limit
-    )
+def _load_examples(task, split, path, prefix, inputs_length: int, num_examples: int, skip: bool):
+  """(the first `num_examples` inputs of a seqio task's split or of a file (`prefix` before each
+  line), how many of them longer than inputs_length were skipped if `skip`)."""
+  limit = None if skip else num_examples
+  if task is not None:
+    examples = infer_inputs.examples_from_task(task, split, inputs_length, limit)
   else:
-    vocabulary, length = vocabulary_lib.load(), source.inputs_length
-    examples = infer_inputs.examples_from_file(
-      source.input_file, vocabulary, length, source.input_prefix, limit
-    )
+    vocabulary = vocabulary_lib.load()
+    examples = infer_inputs.examples_from_file(path, vocabulary, inputs_length, prefix, limit)
   skipped = 0
-  if skip_truncated:
+  if skip:
     kept = [e for e in examples if not e.truncated][:num_examples]
     last = kept[-1].index if kept else -1
     skipped = sum(e.truncated for e in examples if e.index <= last)
     examples = kept
-  else:
-    examples = examples[:num_examples]
   if len(examples) < num_examples:
     logging.warning('only %d examples available (asked for %d)', len(examples), num_examples)
   if not examples:
@@ -218,30 +177,25 @@ def load_examples(
 def split_examples(
   split: str, inputs_length: int, num_examples: int
 ) -> tuple[list[infer_inputs.Example], int]:
-  """`load_examples` of a split of the LibreOffice En-De corpus read from its TSV file (no seqio
+  """`_load_examples` of a split of the LibreOffice En-De corpus read from its TSV file (no seqio
   pipeline: seqio's vocabulary would import TensorFlow), with the task's input prefix; those
   longer than inputs_length skipped."""
-  source = InputSource(
-    task=None,
-    split=split,
-    input_file=str(tasks.split_path(split)),
-    input_prefix=tasks.TRANSLATE_EN_DE_PREFIX,
-    inputs_length=inputs_length,
-  )
-  return load_examples(source, num_examples=num_examples, skip_truncated=True)
+  path, prefix = str(tasks.split_path(split)), tasks.TRANSLATE_EN_DE_PREFIX
+  return _load_examples(None, split, path, prefix, inputs_length, num_examples, True)
 
 
 def benchmark_inputs(
-  source: InputSource, *, num_examples: int, skip_truncated: bool
+  source: Any, *, num_examples: int, skip_truncated: bool
 ) -> tuple[list[infer_inputs.Example], str, str]:
-  """(examples, a description of their source, the task label of the tables): `source.examples`
-  if given, else those of its task or file (`load_examples`); every one must fit inputs_length.
-  `source` is an InputSource or a BenchmarkSettings."""
+  """(examples, a description of their source, the task label of the tables) of a
+  BenchmarkSettings: its `examples` if given, else those of its task or input file; every one
+  must fit its inputs_length."""
   task, input_file, inputs_length = source.task, source.input_file, source.inputs_length
   if source.examples is None:
-    examples, skipped = load_examples(
-      source, num_examples=num_examples, skip_truncated=skip_truncated
-    )
+    if (task is None) == (input_file is None):
+      raise ValueError('give exactly one of task and input_file')
+    fields = (task, source.split, input_file, source.input_prefix, inputs_length)
+    examples, skipped = _load_examples(*fields, num_examples, skip_truncated)
     described = (
       f'the first {len(examples)} examples of `{task}` / {source.split}'
       if task

@@ -8,6 +8,7 @@ from typing import Any
 import numpy as np
 
 from speculative import analysis
+from speculative.bench import conclude
 
 
 def make_plots(report: dict[str, Any], output_dir: str) -> dict[str, str]:
@@ -35,15 +36,22 @@ def _predicted_curves(ax, rows, cm: dict[str, Any], color, label: str) -> None:
   t_max = max(int(k) for k in cm["v"])
   alpha = float(np.mean([r["alpha_used"] for r in rows]))
   c = float(np.mean([r["c"] for r in rows]))
-  curve_gammas = np.arange(1, max(max(r["gamma"] for r in rows), t_max - 1) + 1)
-  predicted = [
-    float(analysis.walltime_improvement(alpha, int(k), c, v_fn(int(k) + 1))) for k in curve_gammas
-  ]
-  text = f"{label}: predicted (α={alpha:.2f}, c={c:.3f}, measured v)"
-  ax.plot(curve_gammas, predicted, "-", color=color, marker=".", label=text)
-  ideal = [float(analysis.walltime_improvement(alpha, int(k), c, 1.0)) for k in curve_gammas]
-  text = f"{label}: predicted with v=1 (free verify)"
-  ax.plot(curve_gammas, ideal, ":", color=color, alpha=0.6, label=text)
+  gammas = np.arange(1, max(max(r["gamma"] for r in rows), t_max - 1) + 1)
+  curves = (
+    ("-", dict(marker="."), v_fn, f"predicted (α={alpha:.2f}, c={c:.3f}, measured v)"),
+    (":", dict(alpha=0.6), lambda t: 1.0, "predicted with v=1 (free verify)"),
+  )
+  for style, kwargs, v, text in curves:
+    speedups = [
+      float(analysis.walltime_improvement(alpha, int(k), c, v(int(k) + 1))) for k in gammas
+    ]
+    ax.plot(gammas, speedups, style, color=color, label=f"{label}: {text}", **kwargs)
+
+
+def _save(plt, fig, path: str) -> None:
+  fig.tight_layout()
+  fig.savefig(path, dpi=110)
+  plt.close(fig)
 
 
 def _speedup_plot(plt, report: dict[str, Any], path: str) -> None:
@@ -57,27 +65,23 @@ def _speedup_plot(plt, report: dict[str, Any], path: str) -> None:
   )
   colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
   for ax, batch_size in zip(axes[0], batch_sizes):
-    cm = report["costs"][str(batch_size)]
-    color_index = 0
-    for g in groups:
-      if g["group"]["batch_size"] != batch_size:
-        continue
-      drafters = dict.fromkeys(r["drafter"] for r in g["speculative"])
-      for drafter in drafters:
-        rows = sorted(
-          (r for r in g["speculative"] if r["drafter"] == drafter), key=lambda r: r["gamma"]
-        )
-        color = colors[color_index % len(colors)]
-        color_index += 1
-        label = f"{drafter}, T={g['group']['temperature']:g}"
-        gammas, speedups = [r["gamma"] for r in rows], [r["measured_speedup"] for r in rows]
-        ax.plot(gammas, speedups, "o", color=color, ms=7, label=f"{label}: measured")
-        _predicted_curves(ax, rows, cm, color, label)
+    batch = [g for g in groups if g["group"]["batch_size"] == batch_size]
+    drafters = [
+      (g, d) for g in batch for d in dict.fromkeys(r["drafter"] for r in g["speculative"])
+    ]
+    for i, (g, drafter) in enumerate(drafters):
+      rows = sorted(
+        (r for r in g["speculative"] if r["drafter"] == drafter), key=lambda r: r["gamma"]
+      )
+      label = f"{drafter}, T={g['group']['temperature']:g}"
+      gammas, speedups = [r["gamma"] for r in rows], [r["measured_speedup"] for r in rows]
+      color = colors[i % len(colors)]
+      ax.plot(gammas, speedups, "o", color=color, ms=7, label=f"{label}: measured")
+      _predicted_curves(ax, rows, report["costs"][str(batch_size)], color, label)
     ax.axhline(1.0, color="gray", lw=0.8)
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlim(0.5, max(max(line.get_xdata()) for line in ax.get_lines()) + 0.5)
-    ax.set_title(f"batch {batch_size}")
-    ax.set_xlabel("γ (drafted tokens per step)")
+    ax.set(title=f"batch {batch_size}", xlabel="γ (drafted tokens per step)")
     ax.set_ylabel("walltime speedup over baseline")
     ax.grid(alpha=0.3)
     # Below the axes, so no measured point is hidden.
@@ -86,33 +90,24 @@ def _speedup_plot(plt, report: dict[str, Any], path: str) -> None:
     "Speedup vs γ: measured (points) and Theorem 3.8 with measured α, c, v(γ+1) (lines)",
     fontsize=10,
   )
-  fig.tight_layout()
-  fig.savefig(path, dpi=110)
-  plt.close(fig)
+  _save(plt, fig, path)
 
 
 def _alpha_plot(plt, report: dict[str, Any], path: str) -> None:
   """alpha per drafter and temperature (averaged over gammas at the smallest batch size)."""
   groups = report["groups"]
-  batch_sizes = sorted({g["group"]["batch_size"] for g in groups})
+  batch_size = min(g["group"]["batch_size"] for g in groups)
   drafters = list(dict.fromkeys(r["drafter"] for g in groups for r in g["speculative"]))
   temperatures = sorted({g["group"]["temperature"] for g in groups})
   width_in = min(10.0, max(6.5, 1.2 * len(drafters) * len(temperatures)))
   fig, ax = plt.subplots(figsize=(width_in, 4.2))
   width = 0.8 / max(len(temperatures), 1)
   for ti, temperature in enumerate(temperatures):
-    values, errors = [], []
-    for drafter in drafters:
-      alphas = [
-        r["alpha_used"]
-        for g in groups
-        for r in g["speculative"]
-        if r["drafter"] == drafter
-        and g["group"]["temperature"] == temperature
-        and g["group"]["batch_size"] == batch_sizes[0]
-      ]
-      values.append(float(np.mean(alphas)) if alphas else 0.0)
-      errors.append(float(np.std(alphas)) if alphas else 0.0)
+    where = dict(batch_size=batch_size, temperature=temperature)
+    rows = [conclude.rows_of(report, where, "speculative", drafter=d) for d in drafters]
+    alphas = [[r["alpha_used"] for r in drafter_rows] for drafter_rows in rows]
+    values = [float(np.mean(a)) if a else 0.0 for a in alphas]
+    errors = [float(np.std(a)) if a else 0.0 for a in alphas]
     x = np.arange(len(drafters)) + ti * width
     bars = ax.bar(x, values, width, yerr=errors, capsize=3, label=f"temperature {temperature:g}")
     for bar, value in zip(bars, values):
@@ -121,13 +116,10 @@ def _alpha_plot(plt, report: dict[str, Any], path: str) -> None:
       )
   ax.set_xticks(np.arange(len(drafters)) + width * (len(temperatures) - 1) / 2)
   ax.set_xticklabels(drafters)
-  ax.set_ylim(0, 1.1)
-  ax.set_ylabel("α = mean Σ_x min(p(x), q(x))")
+  ax.set(ylim=(0, 1.1), ylabel="α = mean Σ_x min(p(x), q(x))")
   ax.set_title(
-    f"α per drafter and temperature\n(batch {batch_sizes[0]}, mean ± sd over γ)", fontsize=10
+    f"α per drafter and temperature\n(batch {batch_size}, mean ± sd over γ)", fontsize=10
   )
   ax.legend(fontsize=8)
   ax.grid(axis="y", alpha=0.3)
-  fig.tight_layout()
-  fig.savefig(path, dpi=110)
-  plt.close(fig)
+  _save(plt, fig, path)

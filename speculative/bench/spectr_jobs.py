@@ -62,16 +62,14 @@ def read_loads(log_path: str | None) -> dict[str, str]:
   """{job name: 'start -> end'} 1-minute load averages from scripts/spectr_jobs.sh's log."""
   if not log_path:
     return {}
-  loads, start = {}, {}
-  load = re.compile(r'load average: ([\d.]+)')
+  loads = {}
   with open(log_path, encoding='utf-8') as f:
     for line in f:
-      begun = re.match(r'=== (\S+) ', line)
-      if begun and load.search(line):
-        current = begun.group(1)
-        start[current] = load.search(line).group(1)
-      elif line.startswith('rc=') and load.search(line):
-        loads[current] = f'{start[current]} -> {load.search(line).group(1)}'
+      load = re.search(r'load average: ([\d.]+)', line)
+      if load and (begun := re.match(r'=== (\S+) ', line)):
+        job, start = begun.group(1), load.group(1)
+      elif load and line.startswith('rc='):
+        loads[job] = f'{start} -> {load.group(1)}'
   return loads
 
 

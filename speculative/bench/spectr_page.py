@@ -61,21 +61,18 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
   return args
 
 
-def measure_costs(pair: pages.Pair, encoder_row: np.ndarray, args, max_length: int) -> dict:
-  """t(K, L+1), d(K) and t(1, 1): per K, the K-row calls interleaved with t(1, 1) in timing
-  rounds, so c_K = d(K) / t(1, 1) and v = t(K, L+1) / t(1, 1) are medians of per-round ratios;
-  those too noisy to predict from are in 'too_noisy'."""
+def measure_costs(pair: pages.Pair, example, args) -> dict:
+  """t(K, L+1), d(K) and t(1, 1) on `example`'s cache: per K, the K-row calls interleaved with
+  t(1, 1) in timing rounds, so c_K = d(K) / t(1, 1) and v = t(K, L+1) / t(1, 1) are medians of
+  per-round ratios; those too noisy to predict from are in 'too_noisy'."""
+  encoder_row = batching.pad_batch([example], 1, args.inputs_length)[0]  # [S]
+  max_length = args.inputs_length + args.max_new_tokens + max(args.ls) + 1
   costs = {'target_ms': {}, 'draft_ms': {}, 'c': {}, 'v': {}, 'too_noisy': {}}
-  t11 = []
+  t11, at = [], dict(max_length=max_length, position=pages.COST_POSITION)
   for k in args.ks:
     encoder = np.repeat(encoder_row[None], k, axis=0)  # [K, S]
     reference = timing.extend_timer(
-      pair.target,
-      pair.target_params,
-      encoder[:1],
-      num_tokens=1,
-      max_length=max_length,
-      position=pages.COST_POSITION,
+      pair.target, pair.target_params, encoder[:1], num_tokens=1, **at
     )
     cm = pages.extend_costs(
       pair,
@@ -108,20 +105,18 @@ def measure_costs(pair: pages.Pair, encoder_row: np.ndarray, args, max_length: i
 def make_methods(pair: pages.Pair, args) -> list[methods_lib.Method]:
   """baseline, speculative L per L, spectr K L per (K, L); `drafter_obj` holds (K, L)."""
   drafter = pages.model_drafter(pair)
-  options = pages.decode_options(args.max_new_tokens, temperature=1.0)
-  methods = [methods_lib.Method('baseline', methods_lib.BASELINE, pages.decode_fn(pair, **options))]
+  decode = lambda *a, **options: pages.decode_fn(pair, args.max_new_tokens, 1.0, *a, **options)
+  methods = [methods_lib.Method('baseline', methods_lib.BASELINE, decode())]
   for length in args.ls:
-    speculative = pages.decode_fn(pair, drafter, gamma=length, **options)
+    speculative = decode(drafter, gamma=length)
     name = f'speculative L={length}'
     methods.append(methods_lib.Method(name, methods_lib.SPECULATIVE, speculative, gamma=length))
     for k in args.ks:
       # check_finite as spectr_decode's own default (the page called it directly before).
-      decode = pages.decode_fn(
-        pair, drafter, gamma=length, num_drafts=k, check_finite=True, **options
-      )
+      spectr = decode(drafter, gamma=length, num_drafts=k, check_finite=True)
       name = f'spectr K={k} L={length}'
       methods.append(
-        methods_lib.Method(name, SPECTR, decode, gamma=length, drafter_obj=(k, length))
+        methods_lib.Method(name, SPECTR, spectr, gamma=length, drafter_obj=(k, length))
       )
   return methods
 
@@ -135,9 +130,8 @@ def method_rows(methods, batches, measured: dict[str, dict[str, Any]]) -> list[d
     r = measured[m.name]
     k = m.drafter_obj[0] if m.kind == SPECTR else None
     total = lambda field: sweep.sum_rows(m, batches, field)
-    row = dict(method=m.name, kind=m.kind, K=k, L=m.gamma)
-    for key in ('walltime_s', 'generated_tokens', 'target_calls', 'ms_per_token'):
-      row[key] = r[key]
+    keys = ('walltime_s', 'generated_tokens', 'target_calls', 'ms_per_token')
+    row = dict(method=m.name, kind=m.kind, K=k, L=m.gamma, **{key: r[key] for key in keys})
     row['block_efficiency'] = r['generated_tokens'] / max(r['target_calls'], 1)
     row['compile_s'] = r['compile_s']
     if m.kind != methods_lib.BASELINE:
@@ -271,13 +265,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
   methods = make_methods(pair, args)
   batches, measured = pages.time_rows(methods, examples, args, temperature=1.0)
   rows = method_rows(methods, batches, measured)
-  # Cost model on a realistic cache: the first input, position 16.
-  costs = measure_costs(
-    pair,
-    batching.pad_batch(examples[:1], 1, args.inputs_length)[0],  # [S]
-    args,
-    max_length=args.inputs_length + args.max_new_tokens + max(args.ls) + 1,
-  )
+  costs = measure_costs(pair, examples[0], args)  # a realistic cache: the first input
   print('costs measured', flush=True)
   for row in rows:
     if row['kind'] == SPECTR:
