@@ -35,10 +35,14 @@ The rule, in the order `choose` applies it:
      (its loop would compile).
   4. Gamma 0 does not lock in (alpha only moves on batches that draft). The probe rule: when
      gamma 0 is chosen but some measured gamma >= 1 would pay at alpha = 1 (the measured costs'
-     ceiling) by its margin, every PROBE_EVERY-th consecutive plain batch is decoded at the best
-     such gamma instead; its acceptance enters alpha like any other batch's. When not even
-     alpha = 1 pays, the job never probes (at batch 8 on the CPU kernels gamma 1's step is twice
-     the plain step: a perfect draft only breaks even, and each probe batch cost 15%).
+     ceiling) by its margin, or would pay at all while its step rests on fewer than THIN_STEPS
+     loop steps, every PROBE_EVERY-th consecutive plain batch is decoded at the best such gamma
+     instead; its acceptance (and its step) enter the estimates like any other batch's. When not
+     even alpha = 1 pays by the margin on a step measured over THIN_STEPS, the job never probes
+     (at batch 8 on the CPU kernels gamma 1's step is twice the plain step: a perfect draft only
+     breaks even, and each probe batch cost 15%). One batch is too little to rule drafting out:
+     at batch 1 a first gamma-1 batch of 33 steps measured 1.81 plain steps where the job's later
+     batches measured 1.49.
   5. Refresh: where the choice is a gamma >= 1 and another gamma >= 1 could be faster within the
      margins (its prediction times 1 + its margin reaches the choice's score), every
      REFRESH_EVERY-th batch is decoded at the best such runner-up, so that close gammas stay
@@ -77,6 +81,7 @@ PROBE_EVERY = 8  # the probe rule: every 8th consecutive plain batch drafts
 REFRESH_EVERY = 4  # every 4th batch decodes at the runner-up, where there is one (`choose`)
 MARGIN = 0.10  # a gamma measured over MIN_STEPS loop steps must predict 1 + MARGIN to speculate
 EXPLORE_FROM = 1.0  # look past the measured gammas only where one of them predicts this
+THIN_STEPS = 2 * costs_lib.MIN_STEPS  # fewer measured loop steps cannot rule a gamma out (rule 4)
 
 # Why a batch got its gamma (the report counts batches per reason).
 BEST = 'best'
@@ -167,6 +172,12 @@ def margin(costs: costs_lib.Costs, gamma: int) -> float:
   return MARGIN * (costs_lib.MIN_STEPS / max(n, costs_lib.MIN_STEPS)) ** 0.5
 
 
+def _thin(costs: costs_lib.Costs, gamma: int) -> bool:
+  """Whether `gamma`'s step was measured over fewer than THIN_STEPS loop steps (unknown: not)."""
+  n = costs.measured_steps(gamma)
+  return n is not None and n < THIN_STEPS
+
+
 def _scores(costs: costs_lib.Costs, speedups: dict[int, float]) -> dict[int, float]:
   """The scores the choice compares: each gamma's prediction over 1 + its margin; plain
   decoding's 1 (its time is the job's own, a gamma's a model's prediction)."""
@@ -210,8 +221,13 @@ def choose(costs: costs_lib.Costs, state: PolicyState) -> Choice:
   if rivals and state.since_refresh + 1 >= REFRESH_EVERY:
     return Choice(_argmax(speedups, rivals), REFRESH, alpha, speedups)
   if chosen == 0:
-    at_one = _scores(costs, predicted_speedups(costs, 1.0))
-    probes = [g for g in range(1, costs.top + 1) if at_one[g] > 1.0]
+    at_one = predicted_speedups(costs, 1.0)
+    scores_at_one = _scores(costs, at_one)
+    probes = [
+      g
+      for g in range(1, costs.top + 1)
+      if scores_at_one[g] > 1.0 or (at_one[g] > 1.0 and _thin(costs, g))
+    ]
     if not probes:
       return Choice(0, NEVER_PAYS, alpha, speedups)
     if state.plain_streak + 1 >= PROBE_EVERY:
