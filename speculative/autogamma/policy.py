@@ -57,7 +57,9 @@ so far and one past them, its step extrapolated (`Costs.step`: the slope of the 
 measured gammas, flat with one), and a chosen gamma not yet measured is decoded to measure it
 (CALIBRATE): first the plain loop (from the baseline mode's batches where the job has one, else its
 own first batches at gamma 0) and gamma 1, then wherever the rules point, one gamma further at a
-time, until they choose a measured gamma; the measuring then ends. The job looks one gamma past
+time, until they choose a measured gamma; the measuring then ends. Where they choose plain
+decoding while a gamma that a perfect draft would pay at is measured over fewer than THIN_STEPS
+loop steps, that gamma is decoded again first (rule 4's probe, without the wait). The job looks one gamma past
 the measured range only while some measured gamma >= 1 predicts at least plain decoding's speed
 (EXPLORE_FROM): where the drafts lose at every measured width, a longer draft is not decoded on the
 job's own batches just to confirm it (at batch 8 and 32 that measurement was most of what measuring
@@ -247,7 +249,13 @@ def choose_while_measuring(
     return Choice(0, CALIBRATE, alpha, {})
   if not (times.measured(0) and times.measured(1)):
     return Choice(1, CALIBRATE, alpha, {})
-  choice = choose(times.costs(), state)
+  costs = times.costs()
+  choice = choose(costs, state)
+  if choice.gamma == 0:  # not on one batch's word (rule 4): measure the thin gammas again now
+    at_one = predicted_speedups(costs, 1.0)
+    thin = [g for g in range(1, costs.top + 1) if _thin(costs, g) and at_one[g] > 1.0]
+    if thin:
+      return Choice(_argmax(choice.predicted, thin), CALIBRATE, choice.alpha, choice.predicted)
   if times.measured(choice.gamma):
     return choice
   return dataclasses.replace(choice, reason=CALIBRATE)
