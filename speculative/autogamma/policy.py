@@ -35,14 +35,14 @@ The rule, in the order `choose` applies it:
      (its loop would compile).
   4. Gamma 0 does not lock in (alpha only moves on batches that draft). The probe rule: when
      gamma 0 is chosen but some measured gamma >= 1 would pay at alpha = 1 (the measured costs'
-     ceiling) by its margin, or would pay at all while its step rests on fewer than THIN_STEPS
-     loop steps, every PROBE_EVERY-th consecutive plain batch is decoded at the best such gamma
-     instead; its acceptance (and its step) enter the estimates like any other batch's. When not
-     even alpha = 1 pays by the margin on a step measured over THIN_STEPS, the job never probes
-     (at batch 8 on the CPU kernels gamma 1's step is twice the plain step: a perfect draft only
-     breaks even, and each probe batch cost 15%). One batch is too little to rule drafting out:
-     at batch 1 a first gamma-1 batch of 33 steps measured 1.81 plain steps where the job's later
-     batches measured 1.49.
+     ceiling) by its margin, or would pay at all while its step rests on fewer than
+     THIN * MIN_STEPS loop steps, every PROBE_EVERY-th consecutive plain batch is decoded at the
+     best such gamma instead; its acceptance (and its step) enter the estimates like any other
+     batch's. When not even alpha = 1 pays by the margin on a step measured over THIN * MIN_STEPS,
+     the job never probes (at batch 8 on the CPU kernels gamma 1's step is twice the plain step: a
+     perfect draft only breaks even, and each probe batch cost 15%). One batch is too little to
+     rule drafting out: at batch 1 a first gamma-1 batch of 33 steps measured 1.81 plain steps
+     where the job's later batches measured 1.49.
   5. Refresh: where the choice is a gamma >= 1 and another gamma >= 1 could be faster within the
      margins (its prediction times 1 + its margin reaches the choice's score), every
      REFRESH_EVERY-th batch is decoded at the best such runner-up, so that close gammas stay
@@ -58,8 +58,9 @@ measured gammas, flat with one), and a chosen gamma not yet measured is decoded 
 (CALIBRATE): first the plain loop (from the baseline mode's batches where the job has one, else its
 own first batches at gamma 0) and gamma 1, then wherever the rules point, one gamma further at a
 time, until they choose a measured gamma; the measuring then ends. Where they choose plain
-decoding while a gamma that a perfect draft would pay at is measured over fewer than THIN_STEPS
-loop steps, that gamma is decoded again first (rule 4's probe, without the wait). The job looks one gamma past
+decoding while a gamma that a perfect draft would pay at is measured over fewer than
+THIN * MIN_STEPS loop steps, that gamma is decoded again first (rule 4's probe, without the
+wait). The job looks one gamma past
 the measured range only while some measured gamma >= 1 predicts at least plain decoding's speed
 (EXPLORE_FROM): where the drafts lose at every measured width, a longer draft is not decoded on the
 job's own batches just to confirm it (at batch 8 and 32 that measurement was most of what measuring
@@ -83,7 +84,7 @@ PROBE_EVERY = 8  # the probe rule: every 8th consecutive plain batch drafts
 REFRESH_EVERY = 4  # every 4th batch decodes at the runner-up, where there is one (`choose`)
 MARGIN = 0.10  # a gamma measured over MIN_STEPS loop steps must predict 1 + MARGIN to speculate
 EXPLORE_FROM = 1.0  # look past the measured gammas only where one of them predicts this
-THIN_STEPS = 2 * costs_lib.MIN_STEPS  # fewer measured loop steps cannot rule a gamma out (rule 4)
+THIN = 2  # a step measured over fewer than THIN * MIN_STEPS loop steps cannot rule a gamma out
 
 # Why a batch got its gamma (the report counts batches per reason).
 BEST = 'best'
@@ -175,9 +176,10 @@ def margin(costs: costs_lib.Costs, gamma: int) -> float:
 
 
 def _thin(costs: costs_lib.Costs, gamma: int) -> bool:
-  """Whether `gamma`'s step was measured over fewer than THIN_STEPS loop steps (unknown: not)."""
+  """Whether `gamma`'s step was measured over fewer than THIN * MIN_STEPS loop steps (rule 4;
+  unknown: not)."""
   n = costs.measured_steps(gamma)
-  return n is not None and n < THIN_STEPS
+  return n is not None and n < THIN * costs_lib.MIN_STEPS
 
 
 def _scores(costs: costs_lib.Costs, speedups: dict[int, float]) -> dict[int, float]:
@@ -213,8 +215,9 @@ def choose(costs: costs_lib.Costs, state: PolicyState) -> Choice:
       chosen, reason = previous, KEPT
   # A runner-up of a speculative choice: a gamma >= 1 whose prediction, plus its margin, reaches
   # the choice's score (its prediction less its margin): the noise of their timings could order
-  # them either way; the refresh decodes the one of them predicted fastest. Plain decoding is left by the probe rule only: a job where drafts lose does
-  # not decode at a gamma that merely might break even (at batch 32 that cost 1-3% a job).
+  # them either way; the refresh decodes the one of them predicted fastest. Plain decoding is left
+  # by the probe rule only: a job where drafts lose does not decode at a gamma that merely might
+  # break even (at batch 32 that cost 1-3% a job).
   rivals = [
     g
     for g in gammas[1:]

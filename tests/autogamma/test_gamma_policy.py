@@ -282,13 +282,13 @@ def test_while_measuring_it_looks_past_gamma_1_only_where_gamma_1_breaks_even():
   """Gamma 1 steps 1.9 plain steps: at alpha 0.8 it predicts 1.8 / 1.9 = 0.95x, and gamma 2, its
   step assumed flat, 2.44 / 1.9 = 1.28x. A job whose measured drafts all lose does not decode its
   next batches at gamma 2 to find out: it freezes on plain decoding, for good once gamma 1 is
-  measured over THIN_STEPS. Gamma 1 at 1.7 plain steps (1.06x) breaks even, so gamma 2 (1.44x) is
-  measured."""
+  measured over THIN * MIN_STEPS. Gamma 1 at 1.7 plain steps (1.06x) breaks even, so gamma 2
+  (1.44x) is measured."""
   state = _confident(0.8)
   for gamma_1_step, want in [(1.9e-3, (0, policy.NEVER_PAYS)), (1.7e-3, (2, policy.CALIBRATE))]:
     costs = costs_lib.Costs(((0, 1e-3), (1, gamma_1_step)), 7)
     times = _measure(costs_lib.LoopTimes.empty(7), costs, 0)
-    times = _measure(times, costs, 1, steps=policy.THIN_STEPS)
+    times = _measure(times, costs, 1, steps=policy.THIN * costs_lib.MIN_STEPS)
     assert policy.predicted_speedups(times.costs(), state.alpha())[2] > 1 + policy.MARGIN
     choice = policy.choose_while_measuring(times, state, True)
     assert (choice.gamma, choice.reason) == want
@@ -298,12 +298,12 @@ def test_one_batch_does_not_rule_drafting_out_two_do():
   """Gamma 1 at 1.9 plain steps: a perfect draft, 2 / 1.9 = 1.05x, does not beat plain decoding by
   the margin. Measured over MIN_STEPS loop steps (one batch) that is not final: every
   PROBE_EVERY-th plain batch probes gamma 1, which measures it again (while the costs are
-  measured, the next batch does). Over THIN_STEPS the job never probes."""
+  measured, the next batch does). Over THIN * MIN_STEPS the job never probes."""
   costs = costs_lib.Costs(((0, 1e-3), (1, 1.9e-3)), 7)
   state = dataclasses.replace(_confident(0.8), plain_streak=policy.PROBE_EVERY - 1)
   for steps, want in [
     (costs_lib.MIN_STEPS, (1, policy.PROBE)),
-    (policy.THIN_STEPS, (0, policy.NEVER_PAYS)),
+    (policy.THIN * costs_lib.MIN_STEPS, (0, policy.NEVER_PAYS)),
   ]:
     times = _measure(costs_lib.LoopTimes.empty(7), costs, 0, steps=100 * steps)
     times = _measure(times, costs, 1, steps=steps)
@@ -312,7 +312,7 @@ def test_one_batch_does_not_rule_drafting_out_two_do():
     assert (choice.gamma, choice.reason) == want
     assert policy.choose(times.costs(), dataclasses.replace(state, plain_streak=0)).gamma == 0
     measuring = policy.choose_while_measuring(times, policy.PolicyState(), True)
-    thin = steps < policy.THIN_STEPS
+    thin = steps < policy.THIN * costs_lib.MIN_STEPS
     assert (measuring.gamma, measuring.reason) == ((1, policy.CALIBRATE) if thin else want)
 
 
