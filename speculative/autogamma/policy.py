@@ -182,6 +182,16 @@ def _thin(costs: costs_lib.Costs, gamma: int) -> bool:
   return n is not None and n < THIN * costs_lib.MIN_STEPS
 
 
+def _probes(costs: costs_lib.Costs) -> list[int]:
+  """Rule 4's candidates: the measured gammas >= 1 a perfect draft (alpha = 1) would pay at by
+  their margins, or at all where their steps are thin (`_thin`)."""
+  at_one = predicted_speedups(costs, 1.0)
+  scores = _scores(costs, at_one)
+  return [
+    g for g in range(1, costs.top + 1) if scores[g] > 1.0 or (at_one[g] > 1.0 and _thin(costs, g))
+  ]
+
+
 def _scores(costs: costs_lib.Costs, speedups: dict[int, float]) -> dict[int, float]:
   """The scores the choice compares: each gamma's prediction over 1 + its margin; plain
   decoding's 1 (its time is the job's own, a gamma's a model's prediction)."""
@@ -226,13 +236,7 @@ def choose(costs: costs_lib.Costs, state: PolicyState) -> Choice:
   if rivals and state.since_refresh + 1 >= REFRESH_EVERY:
     return Choice(_argmax(speedups, rivals), REFRESH, alpha, speedups)
   if chosen == 0:
-    at_one = predicted_speedups(costs, 1.0)
-    scores_at_one = _scores(costs, at_one)
-    probes = [
-      g
-      for g in range(1, costs.top + 1)
-      if scores_at_one[g] > 1.0 or (at_one[g] > 1.0 and _thin(costs, g))
-    ]
+    probes = _probes(costs)
     if not probes:
       return Choice(0, NEVER_PAYS, alpha, speedups)
     if state.plain_streak + 1 >= PROBE_EVERY:
@@ -255,8 +259,7 @@ def choose_while_measuring(
   costs = times.costs()
   choice = choose(costs, state)
   if choice.gamma == 0:  # not on one batch's word (rule 4): measure the thin gammas again now
-    at_one = predicted_speedups(costs, 1.0)
-    thin = [g for g in range(1, costs.top + 1) if _thin(costs, g) and at_one[g] > 1.0]
+    thin = [g for g in _probes(costs) if _thin(costs, g)]
     if thin:
       return Choice(_argmax(choice.predicted, thin), CALIBRATE, choice.alpha, choice.predicted)
   if times.measured(choice.gamma):
