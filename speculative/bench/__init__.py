@@ -10,10 +10,10 @@ costs          the cost model t(T), c, v(T), the roofline, and the noise verdict
 sweep          timing every method of a (batch size, temperature) group; rows and profiles; the
                timing settings (TimingSettings) and a batch size's parts (Batch) the benchmark and
                paper_shape share
-conclude       the gamma policy, the targets check and the explanations of missed targets
+conclude       the gamma policy, the targets check, the explanations of missed targets, the summary
 markdown       the one page writer: cells, column-declared tables, sections, a page's record and files
-report         the results page (its sections), the included pages, results.json
-plots          speedup_vs_gamma.png and alpha.png
+report         the results page (its sections), the included pages, its plots (speedup_vs_gamma.png,
+               alpha.png), results.json
 decode_step    the T5 decoder step on the CPU kernels against XLA's dot (python -m ...decode_step)
 ceiling        a perfect draft's speedup on a job (python -m speculative.bench.ceiling)
 paper_shape    T5 1.1 XXL's shape on this device (python -m speculative.bench.paper_shape)

@@ -1,5 +1,5 @@
 """Conclusions from the measurements only (so a saved results.json can be re-concluded): the gamma
-policy, the targets check, and a plain-language explanation of every missed target."""
+policy, the targets check, a plain-language explanation of every missed target, and the summary."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from typing import Sequence
 
 import numpy as np
 
+from speculative.bench import markdown
 from speculative.bench import methods
 
 # Targets of the benchmark (docs/results.md, "Targets"); checked and reported, never asserted in tests.
@@ -26,10 +27,9 @@ MEASURED_FALLBACK = "plain decoding (measured)"
 def _choice(
   group: dict[str, Any], drafter: str, rows: Sequence[dict[str, Any]], fallback_threshold: float
 ) -> dict[str, Any]:
-  """One drafter's gamma in a group: the best predicted (refused predictions are no candidates),
-  or plain decoding below `fallback_threshold`; with no prediction, plain decoding if every
-  measured gamma was slower (MEASURED_FALLBACK), else TOO_NOISY (the best measured gamma's numbers,
-  an optimistic pick). The best measured gamma is reported either way."""
+  """One drafter's gamma in a group: the best predicted, or plain decoding below
+  `fallback_threshold`; with no prediction, MEASURED_FALLBACK if every measured gamma was slower,
+  else TOO_NOISY (the best measured gamma's numbers, an optimistic pick)."""
   best_meas = max(rows, key=lambda r: (r["measured_speedup"], -r["gamma"]))
   predicted = [r for r in rows if r.get("predicted_speedup") is not None]
   best = max(predicted, key=lambda r: (r["predicted_speedup"], -r["gamma"]), default=best_meas)
@@ -97,8 +97,8 @@ def _choice_targets(c: dict[str, Any], r: dict[str, Any]) -> list[tuple[str, Any
 
 
 def _targets(report: dict[str, Any]) -> list[dict[str, Any]]:
-  """The targets of the primary drafter's choices at their best predicted gamma (`value` None: a
-  prediction refused as too noisy, `met` None)."""
+  """The targets of the primary drafter's choices at their best predicted gamma (`met` None: the
+  prediction was refused as too noisy)."""
   targets = []
   for c in report["choices"]:
     if c["drafter"] != report["config"]["drafters"][0]:
@@ -124,7 +124,7 @@ def _targets(report: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def _analysis_notes(report: dict[str, Any]) -> list[str]:
-  """A plain-language explanation (`_explain`) of every missed target's configuration."""
+  """A plain-language explanation (`_explain`) of each missed target's configuration."""
   missed = [t for t in report["targets"] if t["met"] is False]
   if not missed:
     return []
@@ -200,8 +200,7 @@ def _explain(row: dict[str, Any], base: dict[str, Any], cm: dict[str, Any]) -> l
 
 
 def rows_of(report: dict[str, Any], where: dict[str, Any], kind: str, **fields: Any) -> list:
-  """The `kind` rows ('baselines', 'speculative') with `fields` of the group of `where`'s batch size
-  and temperature."""
+  """The `kind` rows ('baselines', 'speculative') with `fields` of `where`'s batch and temperature."""
   key = (where["batch_size"], where["temperature"])
   return [
     r
@@ -213,7 +212,6 @@ def rows_of(report: dict[str, Any], where: dict[str, Any], kind: str, **fields: 
 
 
 def _jsonable(value: Any) -> Any:
-  """`value` with str keys, lists, Python numbers and None for NaN and infinities."""
   if isinstance(value, np.ndarray):
     value = value.tolist()
   if isinstance(value, dict):
@@ -239,3 +237,21 @@ def conclude(report: dict[str, Any]) -> dict[str, Any]:
   report["targets"] = _targets(report)
   report["analysis"] = _analysis_notes(report)
   return _jsonable(report)
+
+
+def summary_lines(report: dict[str, Any]) -> list[str]:
+  """What the command line prints: each choice's best measured gamma and decision, the warnings."""
+  elapsed, groups = report.get("elapsed_s"), len(report["groups"])
+  lines = [
+    f"{report['title']}: {groups} group{'' if groups == 1 else 's'}"
+    + (f", {elapsed:.0f} s" if elapsed is not None else "")
+  ]
+  for choice in report.get("choices", []):
+    lines.append(
+      f"  batch {choice['batch_size']}, temperature {markdown.fmt(choice['temperature'], 1)}: "
+      f"{choice['drafter']} best measured gamma {markdown.fmt(choice['best_measured_gamma'])} "
+      f"({markdown.fmt(choice['best_measured_speedup'], suffix='x')}); policy: {choice['decision']}"
+    )
+  if report.get("warnings"):
+    lines.append(f"  {len(report['warnings'])} warning(s): see the page's Machine section")
+  return lines

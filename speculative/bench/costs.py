@@ -1,11 +1,5 @@
-"""The cost model, measured: t(T), c and v(T), the roofline, and the noise verdict of each estimate.
-
-  t(T) = seconds of one target `extend` call over T new tokens; c = draft single-token step / t(1);
-  v(T) = t(T) / t(1).
-
-Times are marginal per-call times of jitted loops on a realistic cache, in interleaved rounds
-(`speculative.timing.time_rounds`); a ratio is taken per round, summarized by its median and spread
-(interquartile range / median), and `judge` refuses a noisy one. docs/benchmark.md says more.
+"""The cost model, measured: t(T) (one target `extend` call over T new tokens), c = draft step /
+t(1), v(T) = t(T) / t(1), the roofline, and the noise verdict of each estimate (docs/benchmark.md).
 """
 
 from __future__ import annotations
@@ -37,8 +31,8 @@ CACHED_PER_INPUT = ("encoder_decoder_attention/key/", "encoder_decoder_attention
 
 @dataclasses.dataclass(frozen=True)
 class Estimate:
-  """The median `value` and `spread` (interquartile range / median) of the resolved (finite,
-  positive) values of `rounds` per-round values (nan and inf if none); `unresolved`: the others."""
+  """The median and spread (interquartile range / median) of the resolved (finite, positive) of
+  `rounds` per-round values (nan and inf if none); `unresolved`: the others."""
 
   value: float
   spread: float
@@ -47,7 +41,6 @@ class Estimate:
 
 
 def estimate(samples: Sequence[float]) -> Estimate:
-  """The Estimate of per-round values `samples`."""
   if not len(samples):  # pylint: disable=g-explicit-length-test
     raise ValueError("no samples to estimate from")
   x = np.asarray(samples, np.float64)
@@ -62,8 +55,7 @@ def estimate(samples: Sequence[float]) -> Estimate:
 def ratio_samples(
   numerator: Sequence[float], denominator: Sequence[float], scale: float = 1.0
 ) -> list[float]:
-  """Per-round ratios scale * numerator[r] / denominator[r] (nan where the denominator is not
-  positive), pairing the two times measured in the same round."""
+  """scale * numerator[r] / denominator[r] per round (nan where the denominator is not positive)."""
   if len(numerator) != len(denominator):
     raise ValueError(f"rounds differ: {len(numerator)} vs {len(denominator)}")
   return [scale * a / b if b > 0 else math.nan for a, b in zip(numerator, denominator)]
@@ -89,19 +81,16 @@ def judge(
 
 
 class NoiseLog:
-  """Estimates by name and the reasons of the refused ones, kept in `data` (the JSON-ready
-  `costs['noise']`: max_spread, min_rounds, estimates {name: Estimate}, refused {name: reason})."""
+  """Estimates by name and why the refused ones were, in `data` (the JSON-ready costs['noise'])."""
 
   def __init__(self, data: dict[str, Any] | None = None, max_spread: float = MAX_SPREAD):
-    self.data = data
-    if data is None:
-      self.data = dict(max_spread=max_spread, min_rounds=MIN_ROUNDS, estimates={}, refused={})
+    empty = dict(max_spread=max_spread, min_rounds=MIN_ROUNDS, estimates={}, refused={})
+    self.data = empty if data is None else data
 
   def add(
     self, name: str, samples: Sequence[float], minimum: float | None = None, fallback=math.nan
   ) -> float:
-    """Records the estimate of `samples` under `name`; returns its value, or `fallback` where no
-    round resolved it (the estimate is refused either way)."""
+    """Records (and judges) the estimate of `samples`; its value, or `fallback` if unresolved."""
     est = estimate(samples)
     self.data["estimates"][name] = dataclasses.asdict(est)
     reason = judge(est, name, minimum=minimum, max_spread=self.data["max_spread"])
@@ -110,15 +99,21 @@ class NoiseLog:
     return est.value if math.isfinite(est.value) else fallback
 
   def ratio(self, name, rounds, seconds, num: str, den: str, minimum=None, scale=1.0) -> float:
-    """`add` of the per-round ratios scale * rounds[num] / rounds[den] (`ratio_samples`), falling
-    back on the ratio of the `seconds` of the two timers."""
+    """`add` of the per-round ratios of timers `num` / `den` (fallback: their `seconds`' ratio)."""
     samples = ratio_samples(rounds[num], rounds[den], scale)
     return self.add(name, samples, minimum, fallback=scale * seconds[num] / seconds[den])
 
 
+def time_rounds(s, timers: Mapping[str, timing.Timer], **kwargs: Any):
+  """timing.time_rounds of jitted-loop `timers` with the timing settings `s` (every timer marginal
+  unless `marginal` is given)."""
+  kwargs.setdefault("marginal", list(timers))
+  return timing.time_rounds(timers, s.cost_repeats, s.cost_min_seconds, **kwargs)
+
+
 def refusal(noise: Mapping[str, Any] | None, names: Sequence[str]) -> str | None:
-  """The reasons (joined) why any of the estimates `names` in a `costs['noise']` dict is refused;
-  None if all are usable or the costs carry no noise record (measured before it existed)."""
+  """Why any of the estimates `names` of a costs['noise'] is refused (None: all usable, or no
+  noise record: measured before it existed)."""
   if not noise:
     return None
   return "; ".join(noise["refused"][n] for n in names if n in noise["refused"]) or None
@@ -133,7 +128,7 @@ def c_key(drafter: str, detail: str = "") -> str:
 
 
 def timer_owners(drafts: Mapping[str, tuple[Any, Any]]) -> dict[str, str]:
-  """{drafter: the first drafter of `drafts` ({name: (model, params)}) with the same params object}:
+  """{drafter: the first drafter of `drafts` ({name: (model, params)}) with the same params}:
   drafters sharing a model share its timers."""
   owners: dict[str, str] = {}
   for name, (_, params) in drafts.items():
@@ -157,16 +152,10 @@ def measure_extend_costs(
   max_calls: Mapping[str, int] | None = None,
   keep_timers: dict[str, timing.Timer] | None = None,
 ) -> dict[str, Any]:
-  """t(T) for T in {1} + verify_lengths and each draft model's step and c, interleaved, on the
-  cache of `encoder_tokens` [B, S] (length `max_length`) with new tokens written at `position`.
-
-  `drafts` is {name: (draft model, params)} (drafters sharing a params object share one timer,
-  `timer_owners`); `extra_timers` are interleaved too (those in `marginal_extra` are jitted loops;
-  `max_calls` caps their calibration); `keep_timers`, if given, receives every timer by name.
-  Returns a JSON-ready dict: batch_size, position, max_length, target_step_s, target_extend_s
-  {T: s}, v {T: ratio}, drafters {name: {kind: 'model', draft_step_s, c}}, seconds {timer: s},
-  rounds {timer: [per-round seconds]}, noise (NoiseLog's).
-  """
+  """t(T) for T in {1} + verify_lengths and each draft model's step and c ({name: (model, params)}:
+  one timer per params object), interleaved with `extra_timers` (jitted loops if in
+  `marginal_extra`), on the cache of `encoder_tokens` [B, S] at `position`; `keep_timers` receives
+  every timer. JSON-ready: target_step_s, target_extend_s, v, drafters, seconds, rounds, noise."""
   lengths = sorted(set([1] + [int(t) for t in verify_lengths]))
   args = dict(encoder_tokens=encoder_tokens, max_length=max_length, position=position)
   timers = {
@@ -186,12 +175,11 @@ def measure_extend_costs(
   )
   noise = NoiseLog()
   noise.add(TARGET_STEP, rounds["target_1"])
-  step = seconds["target_1"]
   costs: dict[str, Any] = {
     "batch_size": int(encoder_tokens.shape[0]),
     "position": position,
     "max_length": max_length,
-    "target_step_s": step,
+    "target_step_s": seconds["target_1"],
     "target_extend_s": {str(t): seconds[f"target_{t}"] for t in lengths},
     "v": {"1": 1.0},
     "drafters": {},
@@ -233,9 +221,7 @@ def loop_body_matmuls(compiled_hlo: str) -> int | None:
   return max(count(body, set()) for body in bodies) if bodies else None
 
 
-def decode_step_matmuls(
-  model, params, encoder_tokens: np.ndarray, *, max_length: int, position: int
-) -> int | None:
+def decode_step_matmuls(model, params, encoder_tokens, *, max_length: int, position: int):
   """Matmuls per iteration of the compiled single-token `repeat_extend` loop of `model`."""
   batch = encoder_tokens.shape[0]
   cache = timing.cache_at_position(
@@ -264,11 +250,10 @@ def measure_costs(
   max_length: int | None = None,
   check_hoisting: bool = True,
 ) -> dict[str, Any]:
-  """The cost model of `view` (`methods.for_batch`) at `batch_size` on the first batch of
-  `examples`, with the timing settings `s` (sweep.TimingSettings): `measure_extend_costs` up to
-  T = max_gamma + 1 on the loop's cache at max_gamma (or `max_length`), the prefills, the
-  stock-equivalent step, each draft model's 2-token (catch-up) call and, if `check_hoisting`, the
-  matmuls per compiled step of ours and the stock-equivalent loop. Fills `timers`."""
+  """The cost model of `view` (`methods.for_batch`) on the first input batch with the timing
+  settings `s`: `measure_extend_costs` up to T = max_gamma + 1, the prefills, the stock-equivalent
+  step, each draft model's 2-token (catch-up) call and, if `check_hoisting`, the matmuls per
+  compiled step of ours and the stock-equivalent loop. Fills `timers`."""
   target, target_params, stock_target = view["target"], view["target_params"], view["stock_target"]
   draft_models = {
     name: (d.model, p)
@@ -311,9 +296,8 @@ def measure_costs(
   costs["stock_equivalent_step_s"] = seconds["stock_1"]
   costs["stock_equivalent_prefill_s"] = seconds["stock_prefill"]
   if check_hoisting:
-    # XLA's loop-invariant code motion may hoist the per-step cross-attention K/V projection of the
-    # (loop-invariant) encoder output out of the loop, making the stock-equivalent loop do exactly
-    # the per-step work of ours. Record the matmuls per step of both, as evidence.
+    # Evidence of whether XLA hoisted the per-step cross-attention K/V projection of the
+    # (loop-invariant) encoder output out of the loop, leaving the two loops the same work.
     matmuls = functools.partial(decode_step_matmuls, position=s.cost_position, **args)
     costs["loop_matmuls"] = {
       "baseline": matmuls(target, target_params),
@@ -367,9 +351,8 @@ def measure_propose(
   sampling_params,
   target_step: timing.Timer,
 ) -> tuple[float, float]:
-  """(seconds per `drafter.propose(gamma)` call of any Drafter at s.cost_position, c = propose /
-  gamma / target step, recorded in `noise` under `name`), interleaved with `target_step` (the
-  timing settings `s`: sweep.TimingSettings)."""
+  """(seconds per `drafter.propose(gamma)` call of any Drafter at s.cost_position, c = that /
+  gamma / target step, recorded in `noise` as `name`), interleaved with `target_step`."""
   batch, position = encoder_tokens.shape[0], s.cost_position
   tokens = np.ones((batch, max_length), np.int32)
   tokens[:, : min(position, encoder_tokens.shape[1])] = encoder_tokens[:, :position]
@@ -387,9 +370,7 @@ def measure_propose(
     ),
     "target_1": target_step,
   }
-  rounds, seconds = timing.time_rounds(
-    timers, s.cost_repeats, s.cost_min_seconds, marginal=list(timers)
-  )
+  rounds, seconds = time_rounds(s, timers)
   c = noise.ratio(name, rounds, seconds, "propose", "target_1", scale=1.0 / gamma)
   return seconds["propose"], c
 
@@ -441,20 +422,19 @@ def _stack_timer(kernel_shapes: Sequence[tuple[int, int]], rows: int, seed: int)
 
 
 def measure_roofline(s, target, batch_size: int, verify_lengths: Sequence[int]) -> dict[str, Any]:
-  """Bytes per decode step of the `target` model (T5 API), stream bandwidth, the floor per step
-  and v(T) of the bare decoder matmul stack at `batch_size`, with the timing settings `s`
-  (JSON-ready; 'noise' as in measure_extend_costs)."""
-  param_shapes, emb_dim = target.param_shapes(), target.config.emb_dim
-  logits_via_embedding = target.config.logits_via_embedding
-  kernels = decode_step_kernels(param_shapes, logits_via_embedding=logits_via_embedding)
+  """Bytes per decode step of `target` (T5 API), stream bandwidth, the floor per step and v(T) of
+  the bare decoder matmul stack at `batch_size` (JSON-ready, with its 'noise')."""
+  config = target.config
+  kernels = decode_step_kernels(
+    target.param_shapes(), logits_via_embedding=config.logits_via_embedding
+  )
   num_bytes = weight_bytes(kernels)
   matrices = [s for s in kernels.values() if len(s) == 2]
   lengths = sorted(set([1] + [int(t) for t in verify_lengths]))
-  timers = {"matvec": _stack_timer([(emb_dim, max(1, num_bytes // 4 // emb_dim))], batch_size, 0)}
+  matvec = [(config.emb_dim, max(1, num_bytes // 4 // config.emb_dim))]
+  timers = {"matvec": _stack_timer(matvec, batch_size, 0)}
   timers.update({f"stack_{t}": _stack_timer(matrices, batch_size * t, t) for t in lengths})
-  rounds, seconds = timing.time_rounds(
-    timers, s.cost_repeats, s.cost_min_seconds, marginal=list(timers)
-  )
+  rounds, seconds = time_rounds(s, timers)
   noise = NoiseLog()
   noise.add("bare matvec", rounds["matvec"])
   out = {
@@ -469,20 +449,15 @@ def measure_roofline(s, target, batch_size: int, verify_lengths: Sequence[int]) 
     out["bare_v"][str(t)] = noise.ratio(
       f"bare v({t})", rounds, seconds, f"stack_{t}", "stack_1", 1.0
     )
-  out["noise"] = noise.data
-  return out
+  return dict(out, noise=noise.data)
 
 
 def measure_read_rate(s) -> dict[str, Any]:
-  """The device's measured read rate: bytes / the marginal time of one full read of an array of
-  s.read_rate_bytes in s.storage_dtype made on the device (the paper-shape benchmark's settings;
-  JSON-ready: bytes, read_s, read_rate_gb_s, noise)."""
+  """Bytes / the marginal time of one full read of an array of s.read_rate_bytes in
+  s.storage_dtype on the device (the paper-shape benchmark's; JSON-ready)."""
   dtype, itemsize = s.storage_dtype, jnp.dtype(s.storage_dtype).itemsize
   array = jnp.ones((max(1, s.read_rate_bytes // itemsize // 1024), 1024), dtype)
-  timers = {"read": _loop_timer(array, _read)}
-  rounds, seconds = timing.time_rounds(
-    timers, s.cost_repeats, s.cost_min_seconds, marginal=["read"]
-  )
+  rounds, seconds = time_rounds(s, {"read": _loop_timer(array, _read)})
   noise = NoiseLog()
   noise.add("read rate", rounds["read"])
   size = int(array.size * itemsize)

@@ -1,13 +1,8 @@
 """Walltime benchmark: speculative decoding vs autoregressive decoding, with the paper's formulas.
 
-  python -m speculative.benchmark --gin_file=configs/benchmark/embedded.gin  # docs/results.md
-  python -m speculative.benchmark --gin_file=configs/benchmark/embedded.gin --quick  # smoke run
-  python -m speculative.benchmark --render docs/results.json  # re-render, no timing
-
-The first regenerates the results page (docs/results.md, docs/results.json, docs/*.png; run it on a
-quiet machine); --quick times a few inputs, one gamma, one repeat (random-init weights if the
-embedded checkpoints are missing) into outputs/benchmark_quick/, never docs/. It prints progress
-lines, a summary and the path of the page it wrote. What it measures and how: docs/benchmark.md.
+`python -m speculative.benchmark --gin_file=configs/benchmark/embedded.gin` (add --quick for a smoke
+run into outputs/benchmark_quick/; --render docs/results.json re-renders without timing) writes the
+results page; its commands and what it measures: docs/benchmark.md.
 """
 
 from __future__ import annotations
@@ -45,26 +40,15 @@ DRIFT_WARNING = 0.15  # relative change of t(1) between before and after the swe
 
 @dataclasses.dataclass(frozen=True)
 class BenchmarkSettings(sweep.TimingSettings):
-  """Every argument of `benchmark`, same names and defaults, checked on construction.
+  """Every argument of `benchmark`, checked on construction (the timing fields: TimingSettings).
 
-  Attributes (the timing fields: sweep.TimingSettings):
-    target_config, target_checkpoint: the target (T5X checkpoint dir or .msgpack params file).
-    draft_config, draft_checkpoint: the draft model (needed by the 'model' drafter).
-    task/split or input_file(+input_prefix): the inputs; or `examples` directly (e.g. synthetic).
-    skip_truncated: skip inputs longer than inputs_length (every batch is padded to it).
-    batch_sizes (with temperatures): the groups; gammas: a list, or {batch size: list}.
-    drafters: drafter names (`drafters.registry.spec`); the first is the primary one
-      (targets, policy).
-    drafter_gammas: optional {drafter: gammas} overriding `gammas` for that drafter, again a list
-      or {batch size: list}; an empty list skips the drafter at that batch size.
-    fallback_threshold: the gamma policy falls back to plain decoding below this predicted speedup.
-    allow_random_init: time random weights when a checkpoint is missing (smoke runs only).
-    roofline_section: also measure the memory-bandwidth floor and the bare matmul stack's v(T)
-      (costs.measure_roofline) for the report's roofline section.
-    stock_hlo_check: count the matmuls per step in the compiled baseline and stock-equivalent
-      loops (costs.decode_step_matmuls; two extra compiles) for the report's stock-equivalent check.
-    whole_job_examples: 0 (off), or decode this many inputs of the split (all of it, if fewer)
-      at the best batch size as the "whole job" row (`whole_job`).
+  The inputs: task/split, input_file (+input_prefix) or `examples`; skip_truncated: skip inputs
+  longer than inputs_length. gammas: a list, or {batch size: list}; drafter_gammas overrides it per
+  drafter (an empty list skips the drafter there). The first of `drafters` is the primary one
+  (targets, policy). fallback_threshold: plain decoding below this predicted speedup.
+  allow_random_init: time random weights for a missing checkpoint (smoke runs). roofline_section,
+  stock_hlo_check: measure the roofline and count the compiled loops' matmuls for their sections.
+  whole_job_examples: 0 (off), or decode this many inputs at the best batch size (`whole_job`).
   """
 
   target_config: t5_lib.T5Config
@@ -120,9 +104,7 @@ class BenchmarkSettings(sweep.TimingSettings):
 
 
 def _batches(s, models, examples, plan, stock_t5x_decode, log) -> dict[int, sweep.Batch]:
-  """{batch size: its sweep.Batch}, each with its cost model (`costs.measure_costs`, and
-  costs.measure_roofline under 'roofline' if s.roofline_section) for the gammas of `plan`
-  ({batch size: {drafter: gammas}}) and the timers it was measured with."""
+  """{batch size: its sweep.Batch}, with its cost model (and roofline) for the gammas of `plan`."""
   out = {}
   for batch_size in sorted(plan):
     max_gamma = max(max(g, default=1) for g in plan[batch_size].values())
@@ -139,31 +121,24 @@ def _batches(s, models, examples, plan, stock_t5x_decode, log) -> dict[int, swee
     cm["decode_path"] = view["decode_path"]
     out[batch_size] = sweep.Batch(s, batch_size, view, cm, timers, stock_t5x_decode, log)
     # The progress line: the steps, each draft model's c (none for a table or a copy), v(T).
-    parts = [
-      f"target step {1e3 * cm['target_step_s']:.2f} ms",
-      f"stock-equivalent step {1e3 * cm['stock_equivalent_step_s']:.2f} ms",
-    ] + [
+    steps = [("target", cm["target_step_s"]), ("stock-equivalent", cm["stock_equivalent_step_s"])]
+    parts = [f"{name} step {1e3 * t:.2f} ms" for name, t in steps]
+    parts += [
       f"{n}: step {1e3 * d['draft_step_s']:.3f} ms c={d['c']:.3f}"
       for n, d in cm["drafters"].items()
     ]
-    log(
-      "  "
-      + ", ".join(parts)
-      + f"; v={', '.join(f'{k}:{v:.2f}' for k, v in cm['v'].items())}"
-      + "".join(f"\n  too noisy: {reason}" for reason in cm["noise"]["refused"].values())
-    )
+    v = ", ".join(f"{k}:{v:.2f}" for k, v in cm["v"].items())
+    noisy = "".join(f"\n  too noisy: {reason}" for reason in cm["noise"]["refused"].values())
+    log(f"  {', '.join(parts)}; v={v}{noisy}")
   return out
 
 
 def _drift_warnings(s, batches: dict[int, sweep.Batch]) -> list[str]:
-  """t(1) again after the sweep (the profile compares decode-time steps with the cost model
-  measured before it); a warning per batch size where it drifted."""
+  """t(1) again after the sweep; a warning per batch size where it drifted."""
   warnings = []
   for batch_size, b in batches.items():
     cm = b.costs
-    cm["target_step_s_after"] = timing.time_rounds(
-      {"t": b.timers["target_1"]}, s.cost_repeats, s.cost_min_seconds, marginal=["t"]
-    )[1]["t"]
+    cm["target_step_s_after"] = costs_lib.time_rounds(s, {"t": b.timers["target_1"]})[1]["t"]
     drift = cm["target_step_s_after"] / cm["target_step_s"] - 1
     if abs(drift) > DRIFT_WARNING:
       warnings.append(
@@ -177,7 +152,7 @@ def _drift_warnings(s, batches: dict[int, sweep.Batch]) -> list[str]:
 
 def _sweep(s, batches: dict[int, sweep.Batch], plan, examples, warnings) -> list[dict[str, Any]]:
   """A group for every (batch size, temperature); warns of greedy rows that differ from the
-  baseline, and stops on one the audit calls a mismatch."""
+  baseline, and stops on an audited mismatch."""
   groups = []
   for batch_size in sorted(plan):
     for temperature in s.temperatures:
@@ -202,11 +177,9 @@ def _sweep(s, batches: dict[int, sweep.Batch], plan, examples, warnings) -> list
 
 
 def whole_job(s, batches: dict[int, sweep.Batch], groups) -> dict[str, Any]:
-  """The whole-job row: the first `whole_job_examples` inputs of the split (longer ones truncated,
-  not skipped, as a job does), decoded once at the sweep's best batch size (the greedy group whose
-  baseline had the most tokens/s) by the baseline, the stock yardstick (stock T5X where it
-  imports, else the stock-equivalent loop) and that group's fastest speculative method,
-  interleaved batch by batch."""
+  """The whole-job row: the first `whole_job_examples` inputs of the split (truncated, not skipped)
+  decoded once at the best greedy baseline's batch size by the baseline, the stock yardstick and
+  that group's fastest speculative method, interleaved."""
   greedy = [g for g in groups if g["group"]["temperature"] == 0]
   if not greedy:
     raise ValueError("the whole-job row needs a greedy group (temperature 0) in the sweep")
@@ -252,14 +225,8 @@ def whole_job(s, batches: dict[int, sweep.Batch], groups) -> dict[str, Any]:
 
 @checks.settings_entry(BenchmarkSettings)
 def benchmark(s: BenchmarkSettings) -> dict[str, Any]:
-  """Runs the sweep; returns the report dict (also written to output_dir, unless None). The
-  arguments are `BenchmarkSettings`' (documented there); they are checked before any work, and a
-  bad one is the user's to fix (one line at the command line)."""
-  return _run(s)
-
-
-def _run(s: BenchmarkSettings) -> dict[str, Any]:
-  """`benchmark` after its checks: inputs, models, the cost model, the sweep, the report."""
+  """Inputs, models, the cost model, the sweep, the report: returned, and written to output_dir
+  (unless None). The arguments (`BenchmarkSettings`') are checked before any work."""
   report_log = print if s.verbose else (lambda *_: None)
   plan = sweep.gamma_plan(s.gammas, dict(s.drafter_gammas or {}), s.drafters, s.batch_sizes)
   machine = machine_lib.machine_info()
@@ -332,8 +299,7 @@ def _config_record(s: BenchmarkSettings, plan, models: dict[str, Any], task_labe
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-  """`speculative-benchmark`: the runners' command line (`gin_utils.runner_parser`) plus `--quick`
-  and `--render`; its errors are the runners' (one line, exit status 2)."""
+  """`speculative-benchmark`: the runners' command line plus `--quick` and `--render`."""
   from speculative.jobs import gin_utils  # pylint: disable=g-import-not-at-top
 
   parser = gin_utils.runner_parser("benchmark", __doc__.splitlines()[0])

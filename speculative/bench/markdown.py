@@ -41,14 +41,12 @@ def table(header: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
 
 
 def column(header: str, key: str | Callable[[Any], Any], *args: Any, **kwargs: Any) -> Column:
-  """The column showing fmt(record[key], *args, **kwargs) ('-' where the record has no `key`), or
-  fmt(key(record), ...) for a function `key`."""
+  """The column of fmt(record.get(key), *args, **kwargs), or of fmt(key(record), ...)."""
   get = key if callable(key) else lambda record: record.get(key)
   return header, lambda record: fmt(get(record), *args, **kwargs)
 
 
 def columns_table(columns: Sequence[Column], records: Iterable[Any]) -> str:
-  """The table with one row per record, its cells from the columns' functions."""
   return table([h for h, _ in columns], [[cell(r) for _, cell in columns] for r in records])
 
 
@@ -81,13 +79,13 @@ def machine_line(machine: dict[str, Any]) -> str:
 
 
 def write_json(path: str, data: Any, indent: int = 2) -> None:
-  """Writes `data` as JSON (a value JSON has no type for, as its str) to `path`, atomically."""
+  """Writes `data` as JSON (str of what JSON has no type for) to `path`, atomically."""
   text = json.dumps(data, indent=indent, ensure_ascii=False, default=str) + "\n"
   files.write_atomic(path, text)
 
 
 def write_page(output_dir: str, outputs: dict[str, str | dict[str, Any]], indent: int = 2) -> None:
-  """Writes each {file name: text, or a report as JSON (`write_json`)} into output_dir, atomically."""
+  """Writes each {file name: text, or data as JSON} into output_dir, atomically."""
   os.makedirs(output_dir, exist_ok=True)
   for name, content in outputs.items():
     path = os.path.join(output_dir, name)

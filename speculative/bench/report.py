@@ -1,5 +1,5 @@
-"""The results page (results.md, its sections in SECTIONS), the pages it includes, results.json,
-and re-rendering a saved results.json; its plots are bench/plots.py's."""
+"""The results page (results.md, its sections in SECTIONS), the pages it includes, its plots,
+results.json, and re-rendering a saved results.json."""
 
 from __future__ import annotations
 
@@ -10,9 +10,11 @@ from typing import Any
 from typing import Callable
 from typing import Sequence
 
+import numpy as np
+
+from speculative import analysis
 from speculative.bench import conclude
 from speculative.bench import markdown
-from speculative.bench import plots as plots_lib
 from speculative.jobs import checks
 from speculative.jobs import runtime
 
@@ -26,13 +28,11 @@ def _refusable(header: str, key: str, *args: Any, **kwargs: Any) -> markdown.Col
   return column(header, lambda r: TOO_NOISY if refused(r) else fmt(r[key], *args, **kwargs))
 
 
-def _rows(report: dict[str, Any], *kinds: str) -> list[dict[str, Any]]:
-  """The rows of the given kinds ('baselines', 'speculative'), group by group."""
+def _rows(report: dict[str, Any], *kinds: str) -> list[dict[str, Any]]:  # group by group
   return [r for g in report["groups"] for kind in kinds for r in g[kind]]
 
 
-def _by_batch(report: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
-  """(batch size, cost model) in batch order."""
+def _by_batch(report: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:  # (b, cost model)
   return sorted(report["costs"].items(), key=lambda kv: int(kv[0]))
 
 
@@ -208,8 +208,8 @@ def _speedup_section(report: dict[str, Any]) -> list[str]:
 def _tabled(
   title: str, columns: Sequence[markdown.Column], records: Callable, before=None, after=None
 ):
-  """The section of one table of `records(report)` (none: no section) between the texts `before`
-  and `after` (strings, or functions of the report)."""
+  """The section of the table of `records(report)` (if any) between `before` and `after` (texts,
+  or functions of the report)."""
 
   def write(report: dict[str, Any]) -> list[str]:
     found = records(report)
@@ -276,7 +276,6 @@ WHOLE_JOB_COLUMNS = [
 
 
 def _whole_job_text(report: dict[str, Any]) -> str:
-  """What the whole job ran (every input of the split at the best batch size)."""
   job = report["whole_job"]
   return (
     f"{job['inputs']} ({job['truncated_inputs']} inputs truncated to inputs_length, not "
@@ -393,7 +392,7 @@ _profile_section = _tabled(
 
 
 def _overhead_range(rows: Sequence[dict[str, Any]]) -> str:
-  """The loop overhead fractions of `rows` as 'a%' or 'a%..b%' ('-': none)."""
+  """The loop overhead fractions of `rows`: 'a%', 'a%..b%' or '-'."""
   fractions = [(r.get("profile") or {}).get("overhead_fraction") for r in rows]
   values = sorted(f for f in fractions if f is not None)
   if not values:
@@ -502,36 +501,131 @@ def related_sections(output_dir: str) -> str:
   return "".join(parts)
 
 
-def summary_lines(report: dict[str, Any]) -> list[str]:
-  """What the command line prints (the page is in the file): each choice's best measured gamma and
-  the policy's decision, and the warnings count."""
-  elapsed, groups = report.get("elapsed_s"), len(report["groups"])
-  lines = [
-    f"{report['title']}: {groups} group{'' if groups == 1 else 's'}"
-    + (f", {elapsed:.0f} s" if elapsed is not None else "")
-  ]
-  for choice in report.get("choices", []):
-    lines.append(
-      f"  batch {choice['batch_size']}, temperature {fmt(choice['temperature'], 1)}: "
-      f"{choice['drafter']} best measured gamma {fmt(choice['best_measured_gamma'])} "
-      f"({fmt(choice['best_measured_speedup'], suffix='x')}); policy: {choice['decision']}"
-    )
-  if report.get("warnings"):
-    lines.append(f"  {len(report['warnings'])} warning(s): see the page's Machine section")
-  return lines
+# The plots: {file name: caption}.
+PLOTS = {
+  "speedup_vs_gamma.png": "Walltime speedup over our baseline vs γ; lines: predicted "
+  "(Thm 3.8 with measured v(γ+1), dotted: v=1)",
+  "alpha.png": "α per drafter and temperature",
+}
+
+
+def make_plots(report: dict[str, Any], output_dir: str) -> dict[str, str]:
+  """Draws PLOTS into output_dir; returns them."""
+  import matplotlib  # pylint: disable=g-import-not-at-top
+
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+
+  for name, draw in zip(PLOTS, (_speedup_plot, _alpha_plot)):
+    fig = draw(plt, report)
+    fig.tight_layout()
+    fig.savefig(os.path.join(output_dir, name), dpi=110)
+    plt.close(fig)
+  return dict(PLOTS)
+
+
+def _predicted_curves(ax, rows, cm: dict[str, Any], color, label: str) -> None:
+  """Theorem 3.8 with the rows' mean alpha and c, with the measured v and with v = 1 (no curve
+  where a prediction was refused as too noisy)."""
+  if len(rows) < 2 or any(r.get("predicted_speedup") is None for r in rows):
+    return
+  v_fn = analysis.verify_cost_fn({int(k): v for k, v in cm["v"].items()})
+  t_max = max(int(k) for k in cm["v"])
+  alpha = float(np.mean([r["alpha_used"] for r in rows]))
+  c = float(np.mean([r["c"] for r in rows]))
+  gammas = np.arange(1, max(max(r["gamma"] for r in rows), t_max - 1) + 1)
+  curves = (
+    ("-", dict(marker="."), v_fn, f"predicted (α={alpha:.2f}, c={c:.3f}, measured v)"),
+    (":", dict(alpha=0.6), lambda t: 1.0, "predicted with v=1 (free verify)"),
+  )
+  for style, kwargs, v, text in curves:
+    speedups = [
+      float(analysis.walltime_improvement(alpha, int(k), c, v(int(k) + 1))) for k in gammas
+    ]
+    ax.plot(gammas, speedups, style, color=color, label=f"{label}: {text}", **kwargs)
+
+
+def _speedup_plot(plt, report: dict[str, Any]):
+  """Measured speedup vs gamma (points) and the predicted curves, one panel per batch size."""
+  from matplotlib.ticker import MaxNLocator  # pylint: disable=g-import-not-at-top
+
+  groups = report["groups"]
+  batch_sizes = sorted({g["group"]["batch_size"] for g in groups})
+  fig, axes = plt.subplots(
+    1, len(batch_sizes), figsize=(6.4 * len(batch_sizes), 6.0), squeeze=False
+  )
+  colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+  for ax, batch_size in zip(axes[0], batch_sizes):
+    batch = [g for g in groups if g["group"]["batch_size"] == batch_size]
+    drafters = [
+      (g, d) for g in batch for d in dict.fromkeys(r["drafter"] for r in g["speculative"])
+    ]
+    for i, (g, drafter) in enumerate(drafters):
+      rows = sorted(
+        (r for r in g["speculative"] if r["drafter"] == drafter), key=lambda r: r["gamma"]
+      )
+      label = f"{drafter}, T={g['group']['temperature']:g}"
+      gammas, speedups = [r["gamma"] for r in rows], [r["measured_speedup"] for r in rows]
+      color = colors[i % len(colors)]
+      ax.plot(gammas, speedups, "o", color=color, ms=7, label=f"{label}: measured")
+      _predicted_curves(ax, rows, report["costs"][str(batch_size)], color, label)
+    ax.axhline(1.0, color="gray", lw=0.8)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_xlim(0.5, max(max(line.get_xdata()) for line in ax.get_lines()) + 0.5)
+    ax.set(title=f"batch {batch_size}", xlabel="γ (drafted tokens per step)")
+    ax.set_ylabel("walltime speedup over baseline")
+    ax.grid(alpha=0.3)
+    # Below the axes, so no measured point is hidden.
+    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.13), ncol=1, frameon=False)
+  fig.suptitle(
+    "Speedup vs γ: measured (points) and Theorem 3.8 with measured α, c, v(γ+1) (lines)",
+    fontsize=10,
+  )
+  return fig
+
+
+def _alpha_plot(plt, report: dict[str, Any]):
+  """alpha per drafter and temperature (averaged over gammas at the smallest batch size)."""
+  groups = report["groups"]
+  batch_size = min(g["group"]["batch_size"] for g in groups)
+  drafters = list(dict.fromkeys(r["drafter"] for g in groups for r in g["speculative"]))
+  temperatures = sorted({g["group"]["temperature"] for g in groups})
+  width_in = min(10.0, max(6.5, 1.2 * len(drafters) * len(temperatures)))
+  fig, ax = plt.subplots(figsize=(width_in, 4.2))
+  width = 0.8 / max(len(temperatures), 1)
+  for ti, temperature in enumerate(temperatures):
+    where = dict(batch_size=batch_size, temperature=temperature)
+    rows = [conclude.rows_of(report, where, "speculative", drafter=d) for d in drafters]
+    alphas = [[r["alpha_used"] for r in drafter_rows] for drafter_rows in rows]
+    values = [float(np.mean(a)) if a else 0.0 for a in alphas]
+    errors = [float(np.std(a)) if a else 0.0 for a in alphas]
+    x = np.arange(len(drafters)) + ti * width
+    bars = ax.bar(x, values, width, yerr=errors, capsize=3, label=f"temperature {temperature:g}")
+    for bar, value in zip(bars, values):
+      ax.text(
+        bar.get_x() + bar.get_width() / 2, value + 0.02, f"{value:.2f}", ha="center", fontsize=9
+      )
+  ax.set_xticks(np.arange(len(drafters)) + width * (len(temperatures) - 1) / 2)
+  ax.set_xticklabels(drafters)
+  ax.set(ylim=(0, 1.1), ylabel="α = mean Σ_x min(p(x), q(x))")
+  ax.set_title(
+    f"α per drafter and temperature\n(batch {batch_size}, mean ± sd over γ)", fontsize=10
+  )
+  ax.legend(fontsize=8)
+  ax.grid(axis="y", alpha=0.3)
+  return fig
 
 
 def write_report(
   report: dict[str, Any], output_dir: str, *, plots: bool = True, log: Callable[[str], None] = print
 ) -> None:
-  """Writes results.json, results.md and (if `plots`) the plots to output_dir; logs
-  `summary_lines` and the paths written."""
+  """Writes results.json, results.md and the plots to output_dir; logs `conclude.summary_lines`."""
   os.makedirs(output_dir, exist_ok=True)
   if plots:
-    report["plots"] = plots_lib.make_plots(report, output_dir)
+    report["plots"] = make_plots(report, output_dir)
   page = format_report(report) + related_sections(output_dir) + "\n"
   markdown.write_page(output_dir, {"results.json": report, "results.md": page}, indent=1)
-  for line in summary_lines(report):
+  for line in conclude.summary_lines(report):
     log(line)
   log(
     f"wrote the results page {os.path.join(output_dir, 'results.md')}, and results.json"
@@ -541,8 +635,7 @@ def write_report(
 
 
 def render(results_json: str, output_dir: str | None = None) -> dict[str, Any]:
-  """Re-concludes and re-renders a saved results.json (no timing); a missing, unreadable or
-  non-JSON file is the user's to fix (`checks.user_errors`)."""
+  """Re-concludes and re-renders a saved results.json (no timing); a bad file is a user error."""
   with checks.user_errors():
     checks.check_readable("--render results file", results_json)
     with open(results_json, encoding="utf-8") as f:

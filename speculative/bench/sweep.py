@@ -1,7 +1,5 @@
 """The sweep: every method of a (batch size, temperature) group timed, interleaved, on the same
-inputs; one row per method (walltime, counters, EXP vs EMP, the profile per loop step). Its timing
-settings (`TimingSettings`) and the parts every group of a batch size shares (`Batch`) are the
-benchmark's and the paper-shape benchmark's."""
+inputs, into one row per method; its settings and a batch size's parts are paper_shape's too."""
 
 from __future__ import annotations
 
@@ -32,18 +30,10 @@ from speculative.jobs import resources
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class TimingSettings:
-  """The timing fields of the benchmark and the paper-shape benchmark, with their checks.
-
-  Attributes:
-    num_examples: how many inputs; inputs_length: the encoder length; max_new_tokens: decode cap.
-    temperatures: the groups' temperatures (0: greedy).
-    repeats: timed decodes per input batch and method; cost_repeats/cost_min_seconds: cost model
-      (timing rounds, at least costs.MIN_ROUNDS for a noise verdict; least seconds per timing).
-    cost_position: decoder position at which c and v(T) are measured.
-    stock_t5x: 'auto' (time stock T5X when importable), 'on' (require it), 'off'.
-    kernels: our models' decode path per batch size ('auto', 'on', 'off'; `kernels.policy`); the
-      stock-equivalent twin and stock T5X always run on XLA.
-  """
+  """The timing fields of the benchmark and the paper-shape benchmark: repeats (timed decodes per
+  input batch and method), cost_repeats (cost model rounds, >= costs.MIN_ROUNDS for a verdict),
+  cost_position (where c and v(T) are measured), stock_t5x ('auto', 'on', 'off') and kernels
+  (our models' decode path, `kernels.policy`; the stock methods always run on XLA)."""
 
   num_examples: int = 40
   inputs_length: int = 64
@@ -58,8 +48,7 @@ class TimingSettings:
   seed: int = 0
 
   def check_timing(self, batch_sizes: Sequence[int]) -> None:
-    """ValueError on a timing field out of range; 'on' kernels where some batch size cannot take
-    them (unavailable, or the job computes off CPU)."""
+    """ValueError on a field out of range, or 'on' kernels a batch size cannot take."""
     for name in ("repeats", "num_examples", "inputs_length", "max_new_tokens", "cost_repeats"):
       checks.check_int(name, getattr(self, name), 1)
     checks.check_int("cost_position", self.cost_position, 1, self.max_new_tokens - 1)
@@ -73,7 +62,6 @@ class TimingSettings:
 
   @property
   def use_t5x(self) -> bool:
-    """Time stock T5X itself ('on', or 'auto' where t5x is importable)."""
     return self.stock_t5x == "on" or (self.stock_t5x == "auto" and bench_methods.t5x_available())
 
 
@@ -109,17 +97,13 @@ def gamma_plan(
   unknown = sorted(set(drafter_gammas) - set(drafters))
   if unknown:
     raise ValueError(f"drafter_gammas names drafters not in drafters={list(drafters)}: {unknown}")
-  plan = {
-    int(b): {
-      name: (
-        gammas_for(drafter_gammas[name], int(b), allow_empty=True, what=f"drafter_gammas[{name!r}]")
-        if name in drafter_gammas
-        else gammas_for(gammas, int(b))
-      )
-      for name in drafters
-    }
-    for b in batch_sizes
-  }
+
+  def of(name: str, b: int) -> list[int]:
+    if name not in drafter_gammas:
+      return gammas_for(gammas, b)
+    return gammas_for(drafter_gammas[name], b, allow_empty=True, what=f"drafter_gammas[{name!r}]")
+
+  plan = {int(b): {name: of(name, int(b)) for name in drafters} for b in batch_sizes}
   for b, per in plan.items():
     if not per[drafters[0]]:
       raise ValueError(f"the primary drafter {drafters[0]!r} has no gammas at batch size {b}")
@@ -127,7 +111,7 @@ def gamma_plan(
 
 
 def sum_rows(method: bench_methods.Method, batches, key: str) -> float:
-  """Sum of a per-row counter over the real (non-padding) rows of every input batch."""
+  """A per-row counter summed over the real (non-padding) rows of every input batch."""
   outputs = zip(batches, method.outputs)
   return sum((float(np.sum(out[key][: len(c)])) for (c, _), out in outputs), 0.0)
 
@@ -193,9 +177,8 @@ def time_methods(
   log: Callable[[str], None],
 ) -> dict[str, Any]:
   """Fills each method's first_call_s, times and outputs: compiled on the first input batch, then
-  every batch decoded `repeats` times by every method, interleaved (the order rotating per batch
-  and repeat so every method takes every slot), garbage collection off. Returns the XLA compiles
-  counted in the first calls and in the timed calls (which should be none: one program per shape)."""
+  every batch decoded `repeats` times by every method, interleaved, garbage collection off. Returns
+  the XLA compiles of the first calls and of the timed calls (none expected)."""
   first = jnp.asarray(batches[0][1])
   with resources.CompileCounter() as first_calls:  # compile + one decode of the first batch
     for method in methods:
@@ -237,10 +220,8 @@ def time_methods(
 
 @dataclasses.dataclass(frozen=True)
 class Batch:
-  """What every group of one batch size shares: `settings` (TimingSettings), the batch size's
-  models (`methods.for_batch`), cost model and timers (a drafter that is not a model has its
-  propose call timed against 'target_1'), stock T5X's decode (called with temperature=..., it
-  returns the decode callable; None: not timed) and the progress log."""
+  """What every group of one batch size shares: TimingSettings, its models (`methods.for_batch`),
+  cost model and timers, stock T5X's decode factory (temperature -> decode; None: not timed), log."""
 
   settings: Any
   batch_size: int
@@ -259,9 +240,8 @@ def run_group(
   repeats: int | None = None,
   only: frozenset[str] | None = None,
 ) -> dict[str, Any]:
-  """Times every method of one (batch size, temperature) group ({drafter: gammas}; `repeats`
-  overrides the settings'; `only` keeps the named methods, the baseline always stays); returns
-  rows and summaries."""
+  """The rows of every method of one (batch size, temperature) group ({drafter: gammas}; `only`
+  keeps the named methods and the baseline)."""
   s, costs = b.settings, b.costs
   sampling, sampling_params = sampling_lib.make_sampling(temperature)
   batches = batching.batches(examples, b.batch_size, s.inputs_length)
@@ -299,9 +279,8 @@ def run_group(
 
 
 def _baseline_rows(methods, rows, batches, costs, greedy: bool, target) -> list[dict[str, Any]]:
-  """The rows of the non-speculative methods, with their speedups and profiles; a greedy stock
-  T5X row that differs from our baseline is audited (`audited`: stock T5X is another program
-  over the same weights, so its divergences are classified like speculative ones)."""
+  """The non-speculative rows with speedups and profiles; a greedy stock T5X row is `audited` too
+  (another program over the same weights)."""
   base_row = rows[bench_methods.BASELINE]
   stock = ("stock_equivalent_step_s", "stock_equivalent_prefill_s", costs_lib.STOCK_STEP)
   step_costs = {
@@ -327,7 +306,7 @@ def _baseline_rows(methods, rows, batches, costs, greedy: bool, target) -> list[
 
 
 def _draft_cost(method, costs: dict[str, Any], temperature: float, propose_cost) -> dict[str, Any]:
-  """c, the drafting time per step, the draft prefill and the noise key of c for a method."""
+  """c, the drafting time per step, the draft prefill and the noise key of c of a method."""
   gamma = method.gamma
   drafter_costs = costs["drafters"].get(method.drafter, {})
   if drafter_costs.get("kind") == "model":
@@ -360,8 +339,7 @@ def _draft_cost(method, costs: dict[str, Any], temperature: float, propose_cost)
 
 
 def audited(row, method, reference, batches, target, target_params) -> dict[str, Any]:
-  """Adds the divergence audit (speculative/decode/audit.py: first differing position, float32
-  top-2 gap, near-tie or mismatch) to a greedy row that is not identical to the baseline."""
+  """Adds the divergence audit (decode/audit.py) to a greedy row not identical to the baseline."""
   if row.get("identical_to_baseline") is None or row["identical_to_baseline"] >= sum(
     len(chunk) for chunk, _ in batches
   ):
@@ -387,8 +365,7 @@ def audited(row, method, reference, batches, target, target_params) -> dict[str,
 def _speculative_row(
   method, rows, batches, costs, temperature: float, reference, propose_cost, target
 ) -> dict[str, Any]:
-  """One speculative method's row: counters, EXP (unless the costs are too noisy), EMP, profile,
-  and the audit of a greedy row that differs from the baseline (`audited`)."""
+  """A speculative row: counters, EXP (unless too noisy), EMP, profile and `audited`."""
   base_row = rows[bench_methods.BASELINE]
   stock_name = (
     bench_methods.STOCK_T5X if bench_methods.STOCK_T5X in rows else bench_methods.STOCK_EQUIVALENT
@@ -453,10 +430,8 @@ def _speculative_row(
 def profile(
   row: dict[str, Any], prefill_s: float, parts: dict[str, float], refused: str | None = None
 ) -> dict[str, Any]:
-  """Time per loop step from the measured decode time, split into the measured parts + overhead
-  (None, with the reason in 'overhead_refused', when the parts' costs are too noisy, or when the
-  step is shorter than its parts: a negative overhead is impossible, so the parts and the decode
-  were timed under different loads)."""
+  """Time per loop step, split into the measured `parts` + overhead (None, with the reason in
+  'overhead_refused', when the parts are too noisy or sum to more than the step)."""
   steps = max(row["loop_steps"], 1)
   batches = max(len(row["walltime_per_batch_s"]), 1)
   step_s = (row["walltime_s"] - batches * prefill_s) / steps
@@ -478,18 +453,14 @@ def profile(
   return out
 
 
-def _speedup(value: float | None) -> str:
-  return "too noisy to predict" if value is None else f"{value:.2f}x"
-
-
 def _group_summary(group, baselines, speculative_rows) -> str:
+  speedup = lambda x: "too noisy to predict" if x is None else f"{x:.2f}x"  # noqa: E731
   lines = [f"batch {group['batch_size']} temperature {group['temperature']}:"]
-  for row in baselines:
+  for row in baselines + speculative_rows:
     lines.append(f"  {row['name']:>18}: {row['walltime_s']:.3f}s {row['tokens_per_s']:.1f} tok/s")
-  for row in speculative_rows:
-    lines.append(
-      f"  {row['name']:>18}: {row['walltime_s']:.3f}s {row['tokens_per_s']:.1f} tok/s "
-      f"alpha {row['alpha_used']:.3f} EXP {_speedup(row['predicted_speedup'])} "
-      f"EMP {_speedup(row['measured_speedup'])}"
-    )
+    if "alpha_used" in row:
+      lines[-1] += (
+        f" alpha {row['alpha_used']:.3f} EXP {speedup(row['predicted_speedup'])} "
+        f"EMP {speedup(row['measured_speedup'])}"
+      )
   return "\n".join(lines)
