@@ -340,9 +340,8 @@ def _draft_cost(method, costs: dict[str, Any], temperature: float, propose_cost)
 
 def audited(row, method, reference, batches, target, target_params) -> dict[str, Any]:
   """Adds the divergence audit (decode/audit.py) to a greedy row not identical to the baseline."""
-  if row.get("identical_to_baseline") is None or row["identical_to_baseline"] >= sum(
-    len(chunk) for chunk, _ in batches
-  ):
+  same = row.get("identical_to_baseline")
+  if same is None or same >= sum(len(chunk) for chunk, _ in batches):
     return row
   row["divergences"] = []
   for (chunk, encoder_tokens), out, ref in zip(batches, method.outputs, reference.outputs):
