@@ -227,6 +227,11 @@ def whole_job(s, batches: dict[int, sweep.Batch], groups) -> dict[str, Any]:
 def benchmark(s: BenchmarkSettings) -> dict[str, Any]:
   """Inputs, models, the cost model, the sweep, the report: returned, and written to output_dir
   (unless None). The arguments (`BenchmarkSettings`') are checked before any work."""
+  return _run(s)
+
+
+def _run(s: BenchmarkSettings) -> dict[str, Any]:
+  """`benchmark` after its checks (the command-line tests replace it: nothing computed)."""
   report_log = print if s.verbose else (lambda *_: None)
   plan = sweep.gamma_plan(s.gammas, dict(s.drafter_gammas or {}), s.drafters, s.batch_sizes)
   machine = machine_lib.machine_info()
