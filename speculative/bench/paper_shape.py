@@ -38,8 +38,8 @@ from speculative.bench import pages
 from speculative.bench import sweep
 from speculative.decode import state as decode_state
 from speculative.jobs import checks
+from speculative.models import grow
 from speculative.models import t5 as t5_lib
-from speculative.train import grow
 
 DEFAULT_GIN = "configs/benchmark/paper_shape.gin"
 PAPER_ALPHAS = (("greedy", 0.75), ("temperature 1", 0.62))  # the paper's Table 3, T5-XXL / small

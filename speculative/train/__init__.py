@@ -5,7 +5,7 @@ python -m speculative.train --gin_file=configs/train/small_target.gin
 run          `train` (the gin configurable) and `main`
 data         length buckets and batches of a TSV corpus
 checkpoints  the training state's checkpoints, their origin and forks
-grow         function-preserving growth of a T5 (python -m speculative.train.grow)
+grow         the command line of function-preserving growth (the rule: speculative/models/grow.py)
 """
 
 from speculative.train.run import export_params

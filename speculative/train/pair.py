@@ -50,11 +50,11 @@ from speculative.data import metrics
 from speculative.data import overlap
 from speculative.data import tasks
 from speculative.infer import inputs as infer_inputs
+from speculative.models import grow
 from speculative.models import t5 as t5_lib
 from speculative.train import data as train_data
 from speculative.train import distill_data
 from speculative.train import draft_agreement
-from speculative.train import grow
 from speculative.train import steps
 from speculative.train import transport
 

@@ -1,4 +1,4 @@
-"""Growth (speculative/train/grow.py): the grown model computes the small model's logits, and every new
+"""Growth (speculative/models/grow.py): the grown model computes the small model's logits, and every new
 weight gets a gradient on the first step (no zero-read/zero-write saddle)."""
 
 import functools
@@ -9,9 +9,9 @@ from model_utils import random_params
 import numpy as np
 import pytest
 
+from speculative.models import grow
 from speculative.models.t5 import T5
 from speculative.models.t5 import T5Config
-from speculative.train import grow
 
 # One layer per stack grown to two: every kind of growth (residual width, heads, MLP width, a new
 # layer) happens, and T5's initializer (which growth compiles for LARGE) stays small to compile.
