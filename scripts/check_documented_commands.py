@@ -343,6 +343,15 @@ COMMANDS = [
     ' --repeats 1 --batch_size 2',
   ),
   Command(
+    'paper_shape_jobs_small',
+    'docs/paper_shape.md',
+    'GIN=configs/benchmark/paper_shape_job_small.gin PYTHON=.venv/bin/python scripts/paper_shape_jobs.sh',
+    # The paper-shape job's small switch, one cell (the shipped target grown, 8 sentences).
+    'GIN=configs/benchmark/paper_shape_job_small.gin PYTHON=.venv/bin/python'
+    ' OUT=outputs/paper_shape_jobs_small scripts/paper_shape_jobs.sh auto:1',
+    expect='Identical outputs: 8 / 8',
+  ),
+  Command(
     'audit_bf16',
     'docs/exactness.md',
     '.venv/bin/speculative-infer --gin_file=configs/local/run.gin --gin_bindings="NUM_EXAMPLES = 500"'

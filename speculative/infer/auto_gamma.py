@@ -57,7 +57,7 @@ def start(settings, models, recorded: dict[str, Any] | None) -> costs_lib.Calibr
     encoder_length=s.inputs_length,
     max_length=decode_state.buffer_length(1, s.max_new_tokens, s.max_gamma),
     gamma_max=s.max_gamma,
-    target_config=checkpoints.config_dict(s.target_config),
+    target_config=checkpoints.config_dict(s.decode_target_config),
     draft_config=checkpoints.config_dict(s.draft_config) if models.draft is not None else None,
     loop=f"drafter {s.drafter}, {s.sampling()[0]}, lenience {'exact' if s.exact else 'on'}",
   )

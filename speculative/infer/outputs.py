@@ -56,6 +56,12 @@ def build_manifest(
     "task_feature_lengths": dict(s.task_feature_lengths),
     "target_config": checkpoints.config_dict(s.target_config),
     "target_checkpoint_sha256": checkpoints.verify_weights(s.target_checkpoint, s.target_config),
+    # A grown target (only where set: other manifests stay as they were).
+    **(
+      {"grow_target_to": checkpoints.config_dict(s.grow_target_to)}
+      if s.grow_target_to is not None
+      else {}
+    ),
     "draft_config": checkpoints.config_dict(s.draft_config) if draft else None,
     "draft_checkpoint_sha256": (
       checkpoints.verify_weights(s.draft_checkpoint, s.draft_config) if draft else None

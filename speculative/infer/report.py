@@ -81,8 +81,10 @@ def block_efficiency_interval(records: Sequence[dict], z: float = 1.96) -> list[
 def machine() -> str:
   import platform
 
+  device = jax.devices()[0]
+  accelerator = "" if device.platform == "cpu" else f"{device.device_kind} x{jax.device_count()}, "
   return (
-    f"{platform.machine()}, {os.cpu_count()} CPU cores, jax {jax.__version__} "
+    f"{accelerator}{platform.machine()}, {os.cpu_count()} CPU cores, jax {jax.__version__} "
     f"({jax.default_backend()}); {runtime.describe()}"
   )
 
@@ -128,6 +130,11 @@ def _header_lines(summary: dict[str, Any]) -> list[str]:
     "",
     f"Decode path: {summary.get('decode_path', 'XLA dot')}",
     "",
+    *(
+      [f"Target: {summary['grown_target']} (function-preserving growth)", ""]
+      if "grown_target" in summary
+      else []
+    ),
   ]
   if summary.get("settings"):
     lines += [settings_line(summary["settings"]), ""]

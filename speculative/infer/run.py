@@ -67,6 +67,7 @@ from speculative.jobs import checks
 from speculative.jobs import interrupts
 from speculative.jobs import lock
 from speculative.jobs import resources
+from speculative.models import grow
 from speculative.models import t5 as t5_lib
 
 __all__ = [
@@ -198,6 +199,12 @@ def load_models(settings: infer_settings.InferSettings) -> Models:
     )
     if settings.needs_draft_model:
       draft, draft_params = checkpoints.load_model(settings.draft_config, settings.draft_checkpoint)
+  if settings.grow_target_to is not None:  # on the device, one leaf at a time, in its dtype
+    large = settings.grow_target_to
+    target_params = grow.grow_params_in_memory(
+      target_params, settings.target_config, large, dtype=str(large.dtype)
+    )
+    target = t5_lib.T5(large)
   if settings.decode_path().kernels:  # packed once, here; both modes' steps then use the kernels
     target_params = t5_lib.pack_decode_params(target, target_params)
     if draft is not None:
@@ -438,6 +445,11 @@ def _summary(
     "machine": infer_report.machine(),
     "decode_path": s.decode_path().line,  # the manifest's name of the path, and why
   }
+  if s.grow_target_to is not None:
+    summary["grown_target"] = (
+      f"{t5_lib.describe(s.grow_target_to)}, {s.grow_target_to.dtype}; grown in memory from "
+      f"{s.target_checkpoint} ({t5_lib.describe(s.target_config)})"
+    )
   for run in runs:
     records = [run.records[i] for i in indices]
     summary[run.name] = infer_report.summarize(records, inputs.metric_fns, s.max_new_tokens)

@@ -18,6 +18,7 @@ from speculative.data import tasks
 from speculative.decode import options as decode_options
 from speculative.jobs import checks
 from speculative.jobs import runtime
+from speculative.models import grow
 from speculative.models import t5 as t5_lib
 
 MODES = ("baseline", "speculative")
@@ -69,6 +70,7 @@ class InferSettings:
   num_examples: int | None = None
   draft_config: t5_lib.T5Config | None = None
   draft_checkpoint: str | None = None
+  grow_target_to: t5_lib.T5Config | None = None
   modes: Sequence[str] = MODES
   method: str = "speculative"
   num_drafts: int = 1
@@ -128,6 +130,12 @@ class InferSettings:
     return self.batch_size * (self.num_drafts if self.spectr else 1)
 
   @property
+  def decode_target_config(self) -> t5_lib.T5Config:
+    """The target the job decodes with: `grow_target_to` where set (the checkpoint's model grown
+    to that shape in memory, `load_models`), else `target_config`."""
+    return self.target_config if self.grow_target_to is None else self.grow_target_to
+
+  @property
   def needs_draft_model(self) -> bool:
     return self.speculative and drafters_lib.needs_draft_model(self.drafter)
 
@@ -181,14 +189,21 @@ class InferSettings:
       "top_p": self.top_p,
       "seed": self.seed,
       "decode_path": self.decode_path().name,
-      "param_dtype": runtime.PARAM_DTYPE,
+      "param_dtype": self.param_dtype(),
       "dtype": self.compute_dtype(),
     }
+
+  def param_dtype(self) -> str:
+    """The weights' dtype in memory: runtime.PARAM_DTYPE, but a grown target's are stored in its
+    compute dtype (bfloat16 at T5 1.1 XXL's shape: 22 GB where float32 would read 44 GB a step)."""
+    if self.grow_target_to is None or str(self.grow_target_to.dtype) == runtime.PARAM_DTYPE:
+      return runtime.PARAM_DTYPE
+    return f"target {self.grow_target_to.dtype}, draft {runtime.PARAM_DTYPE}"
 
   def compute_dtype(self) -> str:
     """The models' activation dtype (their configs' `dtype`): 'float32', or 'target bfloat16,
     draft float32' where the two differ."""
-    target = str(self.target_config.dtype)
+    target = str(self.decode_target_config.dtype)
     draft = str(self.draft_config.dtype) if self.needs_draft_model else target
     return target if draft == target else f"target {target}, draft {draft}"
 
@@ -349,6 +364,15 @@ def _check_models(s: InferSettings) -> None:
   if not isinstance(s.target_config, t5_lib.T5Config):
     raise ValueError(f"target_config must be a t5.T5Config, got {type(s.target_config).__name__}")
   checks.check_readable("target_checkpoint", s.target_checkpoint)
+  if s.grow_target_to is not None:
+    if not isinstance(s.grow_target_to, t5_lib.T5Config):
+      raise ValueError(
+        f"grow_target_to must be None or a t5.T5Config, got {type(s.grow_target_to).__name__}"
+      )
+    try:
+      grow.check_growable(s.target_config, s.grow_target_to)
+    except ValueError as e:
+      raise ValueError(f"grow_target_to: {e} (from target_config)") from None
   if not s.needs_draft_model:
     return
   if s.draft_config is None or not s.draft_checkpoint:

@@ -64,6 +64,13 @@ def _draft_dtype(root, kwargs):
   return {"draft_config": dataclasses.replace(kwargs["draft_config"], dtype="bfloat16")}
 
 
+def _grown_target(root, kwargs):
+  target = kwargs["target_config"]
+  return {
+    "grow_target_to": dataclasses.replace(target, num_decoder_layers=target.num_decoder_layers + 1)
+  }
+
+
 def _other_kernels(root, kwargs):
   """The decode path the base settings do not take (the kernels where they run here)."""
   base = policy.choose("auto", kwargs["batch_size"])
@@ -82,6 +89,7 @@ OUTPUT_CHANGES = [
   ("target_config", _target_dtype, "target_config"),
   ("target_config's dtype", _target_dtype, "dtype"),
   ("draft_config", _draft_dtype, "draft_config"),
+  ("grow_target_to", _grown_target, "grow_target_to"),
   (
     "task_feature_lengths",
     {"task_feature_lengths": {"inputs": 24, "targets": 7}},

@@ -1,0 +1,95 @@
+"""A job whose target is grown in memory (`infer.grow_target_to`, the paper-shape job's switch:
+configs/benchmark/paper_shape_job.gin): the grown target decodes the checkpoint's function (the
+same greedy tokens as the job without growth, in float32), speculative decoding stays identical to
+it, the manifest and the report name the grown shape, and a shape it cannot grow to is refused in
+one line before any model loads."""
+
+import dataclasses
+import json
+
+import model_utils
+import pytest
+
+from speculative import infer
+from speculative.infer import settings as infer_settings
+from speculative.models import t5 as t5_lib
+
+SOURCES = [
+  "Click OK.",
+  "Open the file menu and choose Save.",
+  "Hello",
+  "Select a cell range.",
+  "Press Enter to perform the search.",
+  "Insert a new sheet.",
+]
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory):
+  root = tmp_path_factory.mktemp("grown")
+  kwargs = dict(
+    **model_utils.save_tiny_pair(root, SOURCES, record_config=False),
+    input_prefix="translate English to German: ",
+    task_feature_lengths={"inputs": 24, "targets": 10},
+    gamma=3,
+    batch_size=2,
+    progress=False,
+  )
+  return root, kwargs
+
+
+def _grown(config):
+  """Wider residual, one more head, a wider MLP and one more layer each side."""
+  return dataclasses.replace(
+    config,
+    emb_dim=2 * config.emb_dim,
+    num_heads=config.num_heads + 1,
+    mlp_dim=2 * config.mlp_dim,
+    num_encoder_layers=config.num_encoder_layers + 1,
+    num_decoder_layers=config.num_decoder_layers + 1,
+  )
+
+
+def _predictions(out, mode):
+  return [json.loads(line)["prediction"] for line in (out / f"predictions-{mode}.jsonl").open()]
+
+
+def test_a_grown_target_decodes_the_checkpoints_tokens(pair, tmp_path):
+  root, kwargs = pair
+  large = _grown(kwargs["target_config"])
+  plain = infer.infer(output_dir=str(tmp_path / "plain"), **kwargs)
+  grown = infer.infer(output_dir=str(tmp_path / "grown"), grow_target_to=large, **kwargs)
+  want = _predictions(tmp_path / "plain", "baseline")
+  assert _predictions(tmp_path / "grown", "baseline") == want
+  assert _predictions(tmp_path / "grown", "speculative") == want
+  assert grown["identical_outputs"] == plain["identical_outputs"] == len(SOURCES)
+  assert (
+    grown["speculative"]["accepted"] > 0
+  )  # the draft's tokens were accepted by the grown target
+  assert "grown_target" not in plain
+  assert grown["grown_target"].startswith(f"{t5_lib.describe(large)}, float32; grown in memory")
+  manifest = json.loads((tmp_path / "grown" / "manifest.json").read_text())
+  assert manifest["grow_target_to"]["num_decoder_layers"] == large.num_decoder_layers
+  assert "grow_target_to" not in json.loads((tmp_path / "plain" / "manifest.json").read_text())
+  report = (tmp_path / "grown" / "report.md").read_text()
+  assert "(function-preserving growth)" in report and "grown in memory from" in report
+
+
+@pytest.mark.parametrize(
+  "change,message",
+  [
+    (dict(num_heads=1), "grow_target_to: cannot grow: num_heads shrinks"),
+    (dict(head_dim=32), "grow_target_to: cannot grow: head_dim differs"),
+    (dict(vocab_size=300), "grow_target_to: cannot grow: vocab_size differs"),
+  ],
+)
+def test_a_shape_it_cannot_grow_to_is_refused_before_any_model_loads(
+  pair, tmp_path, change, message
+):
+  root, kwargs = pair
+  large = dataclasses.replace(_grown(kwargs["target_config"]), **change)
+  with pytest.raises(ValueError, match=message):
+    infer_settings.InferSettings(output_dir=str(tmp_path / "out"), grow_target_to=large, **kwargs)
+  with pytest.raises(ValueError, match="grow_target_to must be None or a t5.T5Config"):
+    infer_settings.InferSettings(output_dir=str(tmp_path / "out"), grow_target_to="xxl", **kwargs)
+  assert not (tmp_path / "out").exists()
