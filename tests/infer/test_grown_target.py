@@ -57,12 +57,12 @@ def _predictions(out, mode):
 def test_a_grown_target_decodes_the_checkpoints_tokens(pair, tmp_path):
   root, kwargs = pair
   large = _grown(kwargs["target_config"])
-  plain = infer.infer(output_dir=str(tmp_path / "plain"), **kwargs)
+  plain = infer.infer(output_dir=str(tmp_path / "plain"), **{**kwargs, "modes": ("baseline",)})
   grown = infer.infer(output_dir=str(tmp_path / "grown"), grow_target_to=large, **kwargs)
   want = _predictions(tmp_path / "plain", "baseline")
   assert _predictions(tmp_path / "grown", "baseline") == want
   assert _predictions(tmp_path / "grown", "speculative") == want
-  assert grown["identical_outputs"] == plain["identical_outputs"] == len(SOURCES)
+  assert grown["identical_outputs"] == len(SOURCES)
   assert (
     grown["speculative"]["accepted"] > 0
   )  # the draft's tokens were accepted by the grown target
