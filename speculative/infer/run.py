@@ -100,6 +100,10 @@ def infer(settings: infer_settings.InferSettings) -> dict[str, Any]:
   < 1 accepts more drafts and CHANGES the output (Appendix A.5; greedy outputs are then not
   required to match the baseline).
 
+  `grow_target_to` (None or a T5Config): the target checkpoint's model grown in memory to that
+  shape before decoding (function-preserving, speculative/models/grow.py; stored in the shape's
+  dtype): the paper-shape job's T5 1.1 XXL target (configs/benchmark/paper_shape_job.gin).
+
   `kernels` ('auto', 'on', 'off'): whether both models' decoder steps run on the CPU kernels
   (`speculative.kernels.policy`); chosen once for the job and recorded in its manifest. Where jax
   computes on a GPU or TPU, 'auto' is XLA's dot and 'on' is refused with the settings' checks.
