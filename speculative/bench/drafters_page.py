@@ -3,24 +3,13 @@ lenience (Table 5), and walltime of adaptive gamma vs the best fixed gamma (Sect
 
   python -m speculative.bench.drafters_page --output_dir=docs/drafters
 
-(repository root, quiet CPU: 30-45 minutes on 2 cores with the defaults, mostly compiling one
-decode loop per (drafter, gamma); docs/benchmark.md gives docs/drafters/'s options). Smoke run (one
-repeat; random weights for a missing checkpoint); `--skip alpha,lenience` times the walltime only:
-
-  python -m speculative.bench.drafters_page --quick --allow_random_init \\
-      --output_dir=/tmp/bench_drafters
-
-On the first --num_examples sentences that fit (greedy = temperature 0, sampling = 1, top-k off):
-  1. alpha (mean of sum_x min(p, q) over drafted positions), acceptance rate, tokens per target
-     call and drafted tokens per step of each registry drafter in --drafters, at --gamma and
-     --batch_size.
-  2. The same and BLEU of the draft model per lenience l in --lenience (l < 1 is APPROXIMATE).
-  3. Walltime at batch 1 (pages.time_rows): the baseline, the draft model at each gamma in
-     --gammas, and adaptive gamma up to --max_gamma: the confidence stop rule (each --stop_below)
-     with the static and the adaptive verify width, and the acceptance-predicted rule
-     (AdaptiveGammaDrafter, c and v(T) measured on the first sentence).
-
-Writes OUTPUT_DIR/drafters.json (every number, the command, the machine) and drafters.md.
+(30-45 minutes on 2 quiet cores with the defaults; docs/benchmark.md gives docs/drafters/'s
+options; `--quick --allow_random_init` is a smoke run, `--skip alpha,lenience` times the walltime
+only.) On the first --num_examples sentences that fit, greedy and sampled: alpha (mean of sum_x
+min(p, q) over drafted positions), acceptance and tokens per call of each drafter in --drafters;
+the same and BLEU per lenience; batch-1 walltime of the baseline, each fixed gamma, the confidence
+stop rule (static and adaptive verify width) and the acceptance-predicted rule. Writes
+OUTPUT_DIR/drafters.json and drafters.md.
 """
 
 from __future__ import annotations
@@ -52,9 +41,8 @@ SETUP_OPTIONS = 'split inputs_length max_new_tokens gamma batch_size repeats see
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
-  parser = argparse.ArgumentParser(
-    description=__doc__.split('\n\n')[0], formatter_class=argparse.RawDescriptionHelpFormatter
-  )
+  raw = argparse.RawDescriptionHelpFormatter
+  parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0], formatter_class=raw)
   quick = 'smoke run: 8 sentences, gammas 2,4, max_gamma 4, one threshold, 3 walltime sentences'
   pages.add_pair_args(parser, num_examples=100, output_dir='outputs/bench_drafters', quick=quick)
   parser.add_argument('--gamma', type=int, default=4, help='gamma of the alpha tables')
@@ -65,9 +53,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
   parser.add_argument('--walltime_examples', type=int, default=20)
   parser.add_argument('--gammas', default='1,2,3,4,5,6,7,8', help='fixed gammas (walltime)')
   parser.add_argument('--max_gamma', type=int, default=8, help='static maximum of adaptive gamma')
-  parser.add_argument(
-    '--stop_below', default='0.5,0.7,0.9', help='confidence thresholds of the adaptive stop rule'
-  )
+  stop_help = 'confidence thresholds of the adaptive stop rule'
+  parser.add_argument('--stop_below', default='0.5,0.7,0.9', help=stop_help)
   parser.add_argument('--walltime_temperature', type=float, default=0.0)
   parser.add_argument('--skip', default='', help=f'comma list of parts to skip: {",".join(PARTS)}')
   args = parser.parse_args(argv)
@@ -120,10 +107,9 @@ def decode_all(
 def alpha_part(pair: pages.Pair, examples, args) -> list[dict[str, Any]]:
   """Table 3: alpha, acceptance and tokens per call of every drafter, greedy and sampled."""
   print('== alpha per drafter', flush=True)
-  draft_name = pair.names['draft']
-  labels = {'model': draft_name, 'unigram': 'unigram (train split)'}
-  labels.update({'bigram': 'bigram (train split)', 'prompt_lookup': 'prompt lookup'})
-  labels['prompt_lookup+model'] = f'prompt lookup + {draft_name}'
+  labels = dict(model=pair.names['draft'], unigram='unigram (train split)')
+  labels.update(bigram='bigram (train split)', prompt_lookup='prompt lookup')
+  labels['prompt_lookup+model'] = f'prompt lookup + {pair.names["draft"]}'
   ngram_sizes = tuple(pages.values(args.ngram_sizes, int))
   built = pages.build_drafters(pair, pages.values(args.drafters, str), ngram_sizes=ngram_sizes)
   rows = []

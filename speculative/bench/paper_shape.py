@@ -3,12 +3,10 @@
   python -m speculative.bench.paper_shape --gin_file=configs/benchmark/paper_shape.gin
   python -m speculative.bench.paper_shape --gin_file=configs/benchmark/paper_shape_small.gin  # CPU
 
-Part 1 measures a random-init pair of the shapes at batch 1 (t(1), v(T), c, the loop overhead, the
-step's share of the device's read rate) and Theorem 3.8 at the paper's alphas; part 2, where
-`source_checkpoint` is given, decodes with that trained target grown to the shape and the shipped
-draft, every greedy divergence audited. A shape that does not fit the device's memory, a source it
-cannot be grown from and a draft with another vocabulary are refused in one line before any compute
-(exit status 2, nothing written). What it prints and how to read it: docs/paper_shape.md.
+Part 1 times a random-init pair of the shapes at batch 1 (costs, loop overhead, bandwidth share,
+Theorem 3.8 at the paper's alphas); part 2 decodes with a trained target grown to the shape and the
+shipped draft, every greedy divergence audited. Settings that cannot run are refused before any
+compute. How to read it: docs/paper_shape.md.
 """
 
 from __future__ import annotations
@@ -49,20 +47,9 @@ CACHES_HELD = 16  # decode caches of the target alive at once: one per cost time
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class PaperShapeSettings(sweep.TimingSettings):
-  """The benchmark's arguments (gin: `paper_shape.<name>`), checked on construction.
-
-  Attributes (the timing fields: `sweep.TimingSettings`, at batch 1; the inputs are the
-  LibreOffice En-De test split's sentences, the pair's vocabulary):
-    target_config, draft_config: the shapes measured (random init); the configs' dtype is the
-      compute dtype.
-    storage_dtype: the weights' dtype in memory ('bfloat16').
-    source_config, source_checkpoint: the trained smaller target grown to `target_config` for the
-      real walltime (None: costs only).
-    shipped_draft_config, shipped_draft_checkpoint: the draft of the real walltime.
-    gammas: the real walltime's speculative rows.
-    read_rate_bytes: size of the array whose read rate the bandwidth share divides by.
-    output_dir: where results.json goes (None: printed only).
-  """
+  """The benchmark's arguments (gin: `paper_shape.<name>`; timing: `sweep.TimingSettings`), checked
+  on construction. The configs' dtype is the compute dtype, storage_dtype the weights'; source_*
+  (None: costs only) is grown to target_config for the real walltime with the shipped draft."""
 
   target_config: t5_lib.T5Config
   draft_config: t5_lib.T5Config
@@ -154,10 +141,8 @@ def describe(config: t5_lib.T5Config) -> str:
 
 
 def _measure(s, pair, examples, log, gammas=(), temperatures=(0.0,), stock_t5x_decode=None):
-  """(decode path, cost model, groups) of `pair` (target, its params, draft, its params) at batch
-  1 on the path of `s.kernels`: the cost model up to T = max(gammas) + 1 (MAX_VERIFY without
-  gammas) and a group per temperature (the baseline only where `gammas` is empty). Both parts use
-  one cache length, so the second reuses the first's compiled target programs."""
+  """(decode path, cost model, groups) of `pair` at batch 1: costs up to T = max(gammas) + 1 and a
+  group per temperature (baseline only without gammas), at one cache length for both parts."""
   models = methods_lib.bench_models(*pair, ["model"], s.kernels, [1], [])
   models = methods_lib.for_batch(models, 1, s.kernels)
   if not gammas:
@@ -226,8 +211,7 @@ def measure_costs(s: PaperShapeSettings, examples, log: Callable[[str], None]) -
 
 
 def _load(config: t5_lib.T5Config, path: str) -> Any:
-  """Float32 host params of `path`, checked against `config`'s shapes; a file that fails to parse
-  is one line naming it."""
+  """Float32 host params of `path`, checked against `config`'s shapes."""
   with checks.user_errors(checkpoints.LOAD_ERRORS):
     params = checkpoints.load_params(path, dtype=np.float32)
     checkpoints.validate_params(params, t5_lib.T5(config).param_shapes(), name=path)
