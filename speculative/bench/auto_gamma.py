@@ -125,8 +125,7 @@ def table(jobs: dict[str, list[dict[str, Any]]]) -> list[dict[str, Any]]:
 
 
 def measuring_cost(jobs: dict[str, list[dict[str, Any]]]) -> dict[str, Any] | None:
-  """What measuring the costs cost, paired by round: the uncached 'auto' job's speculative decode
-  time over the cached one's, and both jobs' compile times (medians and per round)."""
+  """What measuring cost: uncached over cached decode time, and compile times, per round."""
   if not jobs.get(UNCACHED) or not jobs.get(AUTO):
     return None
   pairs = list(zip(jobs[UNCACHED], jobs[AUTO]))

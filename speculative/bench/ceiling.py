@@ -67,8 +67,7 @@ def parse_gammas(text: str) -> tuple[int, ...]:
 def parse_gamma_arguments(
   parser: argparse.ArgumentParser, argv: Sequence[str] | None, default: str, json_help: str
 ) -> tuple[argparse.Namespace, tuple[int, ...]]:
-  """Adds the job benchmarks' --gammas and --json_out and parses `argv`: (arguments, gammas); a bad
-  value is the parser's error."""
+  """Adds and parses the job benchmarks' --gammas and --json_out: (arguments, gammas)."""
   parser.add_argument(
     '--gammas', default=default, help='comma-separated gammas to measure (default %(default)s)'
   )

@@ -25,8 +25,7 @@ from speculative.models import t5 as t5_lib
 
 
 def timed_paths(model, params) -> dict:
-  """{path name: params}: XLA's dot on float32 weights and, on CPU only (elsewhere the reason is
-  printed), the kernels with float32 and bfloat16 weight storage."""
+  """{path: params}: XLA's dot, and on CPU only the kernels (float32, bfloat16 weights)."""
   variants = {'xla_f32': params}
   reason = kernels.policy.off_cpu()
   if reason is not None:

@@ -75,8 +75,7 @@ def sampling_name(temperature: float) -> str:
 def decode_all(
   pair: pages.Pair, drafter: Any, params: Any, examples, args, temperature: float, lenience=None
 ) -> dict[str, Any]:
-  """Speculative decoding of every example in batches of --batch_size at --gamma: the summed
-  counters with alpha, acceptance, tokens per call, drafted per step (and, with a lenience, BLEU)."""
+  """The summed counters, alpha and acceptance of every example decoded at --gamma."""
   options = dict(draft_params=params, lenience=lenience, gamma=args.gamma)
   decode = pages.decode_fn(pair, args.max_new_tokens, temperature, drafter, **options)
   method = methods_lib.Method('alpha', methods_lib.SPECULATIVE, decode)
@@ -177,9 +176,7 @@ def walltime_methods(pair: pages.Pair, costs: dict[str, Any], args) -> list[meth
 
 
 def walltime_part(pair: pages.Pair, examples, args) -> tuple[dict[str, Any], dict[str, Any]]:
-  """(costs, walltime): c and v(T), T = 1..max_gamma+1, at batch 1 on the first sentence (those
-  refused as too noisy in 'too_noisy'); every method's batch-1 walltime on the first
-  --walltime_examples sentences, with its speedups over the baseline and the best fixed gamma."""
+  """(costs at batch 1, every method's batch-1 walltime and speedups)."""
   print('== costs', flush=True)
   cm = pages.extend_costs(
     pair,
@@ -302,8 +299,7 @@ def _walltime_markdown(report: dict[str, Any]) -> list[str]:
 
 
 def markdown(report: dict[str, Any]) -> str:
-  """The page (docs/drafters/drafters.md): the tables of the parts that ran, in the layout of the
-  paper's Tables 3 and 5, then the command and machine line."""
+  """The page (docs/drafters/drafters.md): the tables of the parts that ran, then the command."""
   writers = dict(alpha=_alpha_markdown, lenience=_lenience_markdown, walltime=_walltime_markdown)
   lines = [line for part, write in writers.items() if part in report for line in write(report)]
   setup = report['setup']

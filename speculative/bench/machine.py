@@ -112,8 +112,7 @@ def cache_bytes(config: t5_lib.T5Config, batch: int, max_length: int, inputs_len
 def activation_bytes(
   config: t5_lib.T5Config, batch: int, inputs_length: int, decoder_length: int
 ) -> int:
-  """The largest float32 working set of one call (a layer, attention scores, logits) twice over,
-  plus one decoder layer's weights in float32 twice over (the audit's recompute)."""
+  """Twice the largest float32 working set of one call, plus a decoder layer's float32 copy."""
   rows = batch * max(inputs_length, decoder_length)
   widest = max(len(config.mlp_activations) * config.mlp_dim, 3 * config.num_heads * config.head_dim)
   layer = rows * (widest + 4 * config.emb_dim)
@@ -134,8 +133,7 @@ def estimate(
   caches: int,
   extra_bytes: int = 0,
 ) -> Need:
-  """The bytes of `models` (the first: the target) in `storage_dtype`, `caches` decode caches of
-  the target, its activations and `extra_bytes` more."""
+  """The bytes of `models` (the first: the target), `caches` target caches and activations."""
   itemsize = jnp.dtype(storage_dtype).itemsize
   target = models[0]
   return Need(

@@ -40,8 +40,7 @@ def num_params(params: Any) -> int:
 def check_checkpoint(
   config: t5_lib.T5Config, checkpoint: str | None, *, allow_random_init: bool, what: str
 ) -> bool:
-  """Whether the `what` model loads `checkpoint` (True: its weights checked) or random weights stand
-  in for a missing one (False, only with `allow_random_init`); else an error naming the file."""
+  """True: `checkpoint` loads (checked); False: random weights stand in (allow_random_init)."""
   if checkpoint and os.path.exists(checkpoint):
     checkpoints.check_weights(f"{what}_checkpoint", checkpoint, config)
     return True
@@ -79,8 +78,7 @@ def build_pair(
   allow_random_init: bool,
   seed: int,
 ) -> tuple[t5_lib.T5, Any, t5_lib.T5 | None, Any, dict[str, str]]:
-  """(target, target params, draft, draft params, descriptions) of (config, checkpoint) pairs (no
-  draft without a draft config); ValueError if the two vocabularies differ."""
+  """(target, its params, draft, its params, descriptions); ValueError if vocabularies differ."""
   target_model, target_params, target_desc = build_model(
     *target, allow_random_init=allow_random_init, seed=seed, what="target"
   )
@@ -100,8 +98,7 @@ def build_pair(
 def bench_models(
   target, target_params, draft, draft_params, names, kernels_setting, batch_sizes, warnings
 ):
-  """{'target', 'target_params', 'stock_target', 'drafters'} ({name: (drafter, params)}), and under
-  'packed' the same weights packed for our CPU kernels where some batch size's path is theirs."""
+  """The models and drafters, and under 'packed' their weights packed for our CPU kernels."""
   pair = dict(target=target, target_params=target_params, draft=draft, draft_params=draft_params)
   drafters = build_drafters(names, warnings=warnings, **pair)
   models = {
@@ -131,8 +128,7 @@ def bench_models(
 
 
 def for_batch(models: dict[str, Any], batch_size: int, setting: str) -> dict[str, Any]:
-  """`models` with the params of the path `kernels.policy` picks for this batch size, and that path
-  under 'decode_path' ({'name', 'line'})."""
+  """`models` on the path `kernels.policy` picks for this batch size ('decode_path')."""
   path = kernels.policy.choose(setting, batch_size)
   view = dict(models, decode_path={"name": path.name, "line": path.line})
   if path.kernels:
@@ -156,8 +152,7 @@ def build_drafters(
   warnings: list[str],
   **options: Any,
 ) -> dict[str, tuple[Any, Any]]:
-  """{name: (drafter, params)} of the registry's (or 'package.module:build') `names`; only the
-  first must build (others are skipped with a line in `warnings`); `options` go to the registry."""
+  """{name: (drafter, params)}; only the first must build (others: a line in `warnings`)."""
   built = {}
   for name in names:
     try:
@@ -187,8 +182,7 @@ def build_drafters(
 
 
 def decode_fn(target, target_params, drafter=None, draft_params=None, **options) -> Callable:
-  """fn(encoder_tokens [B, S], rng) of `modes.decode_fns`: the baseline without a drafter, else
-  speculative decoding (SpecTr given num_drafts)."""
+  """The baseline's decode fn without a drafter, else speculative (SpecTr given num_drafts)."""
   fns = modes.decode_fns(target, target_params, drafter, draft_params, **options)
   if drafter is None:
     return fns[modes.BASELINE]
@@ -242,8 +236,7 @@ _T5X_NETWORK_FIELDS = (
 def make_stock_t5x_decode(
   config: t5_lib.T5Config, params: Any, *, max_new_tokens: int, temperature: float
 ) -> Callable[[jax.Array, jax.Array], jax.Array]:
-  """Stock T5X decoding (`temperature_sample`, T5X's own network, the same parameter tree); topk=0
-  above temperature 0, since its default topk=1 is greedy at any temperature."""
+  """Stock T5X's `temperature_sample` (topk=0 above temperature 0: its default is greedy)."""
   from t5x import decoding as t5x_decoding  # pylint: disable=g-import-not-at-top
   from t5x import models as t5x_models  # pylint: disable=g-import-not-at-top
   from t5x.examples.t5 import network as t5x_network  # pylint: disable=g-import-not-at-top
@@ -280,8 +273,7 @@ def make_stock_t5x_decode(
 
 
 def stock_t5x_decoder(s: Any, params: Any) -> Callable[..., Any] | None:
-  """`make_stock_t5x_decode` of s.target_config and `params`, to be called with temperature=...;
-  None where the settings `s` do not time stock T5X."""
+  """`make_stock_t5x_decode` at a temperature=..., or None where `s` does not time it."""
   if not s.use_t5x:
     return None
   return functools.partial(
@@ -290,8 +282,7 @@ def stock_t5x_decoder(s: Any, params: Any) -> Callable[..., Any] | None:
 
 
 def make_methods(b: Any, temperature: float, gammas, sampling, sampling_params) -> list[Method]:
-  """A group's methods at a sweep.Batch `b`: baseline, stock_equivalent, stock_t5x (if given) and
-  speculative for every drafter x its `gammas`."""
+  """A group's methods: baseline, stock ones and speculative per drafter x its `gammas`."""
   target, target_params = b.models["target"], b.models["target_params"]
   options = decode_options.DecodeOptions(
     max_new_tokens=b.settings.max_new_tokens, sampling=sampling, eos_id=tasks.EOS_ID

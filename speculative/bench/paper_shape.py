@@ -47,9 +47,9 @@ CACHES_HELD = 16  # decode caches of the target alive at once: one per cost time
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class PaperShapeSettings(sweep.TimingSettings):
-  """The benchmark's arguments (gin: `paper_shape.<name>`; timing: `sweep.TimingSettings`), checked
-  on construction. The configs' dtype is the compute dtype, storage_dtype the weights'; source_*
-  (None: costs only) is grown to target_config for the real walltime with the shipped draft."""
+  """The benchmark's arguments (gin: `paper_shape.<name>`), checked on construction: the shapes
+  (random init; the configs' dtype computes, storage_dtype holds the weights), and source_* (None:
+  costs only) grown to target_config for the real walltime with the shipped draft."""
 
   target_config: t5_lib.T5Config
   draft_config: t5_lib.T5Config
@@ -103,13 +103,8 @@ class PaperShapeSettings(sweep.TimingSettings):
 
   def memory_need(self) -> machine_lib.Need:
     """The larger of the two parts' needs (they run one after the other)."""
-    shape = dict(
-      storage_dtype=self.storage_dtype,
-      batch=1,
-      inputs_length=self.inputs_length,
-      max_length=self.max_new_tokens + MAX_VERIFY + 2,
-      caches=CACHES_HELD,
-    )
+    shape = dict(storage_dtype=self.storage_dtype, batch=1, inputs_length=self.inputs_length)
+    shape.update(max_length=self.max_new_tokens + MAX_VERIFY + 2, caches=CACHES_HELD)
     costs = machine_lib.estimate(
       [self.target_config, self.draft_config], extra_bytes=self.read_rate_bytes, **shape
     )
@@ -141,8 +136,8 @@ def describe(config: t5_lib.T5Config) -> str:
 
 
 def _measure(s, pair, examples, log, gammas=(), temperatures=(0.0,), stock_t5x_decode=None):
-  """(decode path, cost model, groups) of `pair` at batch 1: costs up to T = max(gammas) + 1 and a
-  group per temperature (baseline only without gammas), at one cache length for both parts."""
+  """(decode path, cost model, groups) of `pair` at batch 1 (baseline only without gammas); both
+  parts use one cache length, so the second reuses the first's compiled target programs."""
   models = methods_lib.bench_models(*pair, ["model"], s.kernels, [1], [])
   models = methods_lib.for_batch(models, 1, s.kernels)
   if not gammas:
@@ -339,14 +334,14 @@ def format_report(report: dict[str, Any]) -> str:
     + [f"{entry['speedup'][str(g)]:.2f}x{'*' if noisy[g] else ''}" for g in gammas]
     for label, entry in costs["theorem_3_8"].items()
   ]
-  lines = ["# Paper-shape benchmark", ""]
-  lines += [
+  lines = markdown.section(
+    "Paper-shape benchmark",
     f"Device: {m['backend']} ({', '.join(m['devices'])}), jax {m['jax']}; weights in "
     f"{report['storage_dtype']}; decode path: {costs['decode_path']['line']}.\n"
     f"Target: {report['target']} (random init). Draft: {report['draft']} (random init).\n"
     f"Memory: {_memory(report['memory'])}.",
-    "",
-  ]
+    level=1,
+  )
   costs_section = [markdown.table(["measure", "value"], cost_rows)]
   if refused:
     costs_section.append(

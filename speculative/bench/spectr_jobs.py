@@ -36,8 +36,7 @@ def read_job(output_dir: str) -> dict[str, Any]:
 
 
 def paired_difference(spectr: dict[int, tuple], one: dict[int, tuple]) -> tuple[float, float]:
-  """(BE_spectr - BE_one, its standard error): the ratios linearized per example (delta method),
-  paired on the same inputs."""
+  """(BE_spectr - BE_one, its standard error): delta method, paired on the same inputs."""
   indices = sorted(spectr)
   n = len(indices)
 

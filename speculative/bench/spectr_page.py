@@ -53,8 +53,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 
 def measure_costs(pair: pages.Pair, example, args) -> dict:
-  """t(K, L+1), d(K) and t(1, 1) on `example`'s cache, each K's calls interleaved with t(1, 1):
-  c_K = d(K) / t(1, 1) and v = t(K, L+1) / t(1, 1) are medians of per-round ratios."""
+  """d(K), t(K, L+1) and t(1, 1) on `example`'s cache, c_K and v as per-round ratios."""
   encoder_row = batching.pad_batch([example], 1, args.inputs_length)[0]  # [S]
   max_length = args.inputs_length + args.max_new_tokens + max(args.ls) + 1
   costs = {'target_ms': {}, 'draft_ms': {}, 'c': {}, 'v': {}, 'too_noisy': {}}
@@ -112,8 +111,7 @@ def make_methods(pair: pages.Pair, args) -> list[methods_lib.Method]:
 
 
 def method_rows(methods, batches, measured: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
-  """Per method: walltime, tokens, calls, ms/token, block efficiency, acceptance, the speedups and
-  (SpecTr K=1) whether it matches speculative decoding."""
+  """Per method: walltime, tokens, block efficiency, acceptance, speedups, K=1 identity."""
   by_name = {m.name: m for m in methods}
   rows = []
   for m in methods:
@@ -188,8 +186,7 @@ _COLUMNS = [
 
 
 def format_report(report: dict[str, Any]) -> str:
-  """The page's Markdown: the methods table, the measured costs and step model, and K relative to
-  K=1 (with whether K=1 matched speculative decoding)."""
+  """The page's Markdown: the methods table, the costs and step model, K relative to K=1."""
   costs, rows = report['costs'], report['rows']
   lines = markdown.section(
     'SpecTr: K drafts per step (embedded pair, temperature 1, batch 1)',
@@ -242,8 +239,7 @@ def format_report(report: dict[str, Any]) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
-  """Times every method, measures the cost model on the first input; writes results.json and
-  results.md to --output_dir; returns the report."""
+  """Times every method and the costs; writes results.json and results.md; returns the report."""
   args = parse_args(argv)
   report = markdown.record(MODULE, argv)
   pair, examples, _ = pages.load_pair_and_examples(args)
