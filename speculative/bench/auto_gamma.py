@@ -93,24 +93,13 @@ def _job_row(metrics: dict[str, Any], load: float) -> dict[str, Any]:
 
 def table(jobs: dict[str, list[dict[str, Any]]]) -> list[dict[str, Any]]:
   """One row per setting: the median speedup over the rounds, its spread, identical outputs."""
-  best_fixed = max(
-    (
-      float(np.median([j['speedup'] for j in runs]))
-      for s, runs in jobs.items()
-      if s not in (AUTO, UNCACHED)
-    ),
-    default=None,
-  )
+  medians = {s: float(np.median([j['speedup'] for j in runs])) for s, runs in jobs.items()}
+  best_fixed = max((m for s, m in medians.items() if s not in (AUTO, UNCACHED)), default=None)
   rows = [{'gamma': '0 (plain)', 'median': 1.0, 'min': 1.0, 'max': 1.0, 'identical': '-'}]
   for setting, runs in jobs.items():
     speedups = [j['speedup'] for j in runs]
-    row = {
-      'gamma': setting,
-      'median': float(np.median(speedups)),
-      'min': min(speedups),
-      'max': max(speedups),
-      'identical': f'{min(j["identical"] for j in runs)}/{runs[0]["examples"]}',
-    }
+    row = dict(gamma=setting, median=medians[setting], min=min(speedups), max=max(speedups))
+    row['identical'] = f'{min(j["identical"] for j in runs)}/{runs[0]["examples"]}'
     if setting in (AUTO, UNCACHED):
       chosen: dict[str, int] = {}
       for j in runs:

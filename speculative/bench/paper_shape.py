@@ -166,43 +166,27 @@ def measure_costs(s: PaperShapeSettings, examples, log: Callable[[str], None]) -
   decode_path, costs, groups = _measure(s, pair, examples, log)
   baseline = groups[0]["baselines"][0]
   step = costs["target_step_s"]
-  itemsize = jnp.dtype(s.storage_dtype).itemsize
-  step_bytes = costs_lib.weight_bytes(
-    costs_lib.decode_step_kernels(
-      target.param_shapes(), logits_via_embedding=s.target_config.logits_via_embedding
-    ),
-    itemsize,
-  )
+  via_embedding = s.target_config.logits_via_embedding
+  kernels = costs_lib.decode_step_kernels(target.param_shapes(), logits_via_embedding=via_embedding)
+  step_bytes = costs_lib.weight_bytes(kernels, jnp.dtype(s.storage_dtype).itemsize)
   read = costs_lib.measure_read_rate(s)
-  c = costs["drafters"]["model"]["c"]
+  draft_costs, per_token = costs["drafters"]["model"], baseline["ms_per_token"]
+  c = draft_costs["c"]
   v = analysis.verify_cost_fn({int(k): x for k, x in costs["v"].items()})
   del target_params, draft_params, pair, groups  # part 2 needs the memory
   gc.collect()
-  return {
-    "decode_path": decode_path,
-    "target_step_s": step,
-    "v": costs["v"],
-    "c": c,
-    "draft_step_s": costs["drafters"]["model"]["draft_step_s"],
-    "noise_refused": costs["noise"]["refused"],
-    "baseline_ms_per_token": baseline["ms_per_token"],
-    "loop_overhead": baseline["ms_per_token"] / (1e3 * step),
-    "baseline_step_over_t1": baseline["profile"]["step_s"] / step,
-    "step_bytes": step_bytes,
-    "step_read_rate_gb_s": step_bytes / step / 1e9,
-    "read_rate": read,
-    "bandwidth_share": step_bytes / step / 1e9 / read["read_rate_gb_s"],
-    "theorem_3_8": {
-      label: {
-        "alpha": alpha,
-        "speedup": {
-          str(g): float(analysis.walltime_improvement(alpha, g, c, v))
-          for g in range(1, MAX_VERIFY + 1)
-        },
-      }
-      for label, alpha in PAPER_ALPHAS
-    },
+  out = dict(decode_path=decode_path, target_step_s=step, v=costs["v"], c=c)
+  out.update(draft_step_s=draft_costs["draft_step_s"], noise_refused=costs["noise"]["refused"])
+  out.update(baseline_ms_per_token=per_token, loop_overhead=per_token / (1e3 * step))
+  out.update(baseline_step_over_t1=baseline["profile"]["step_s"] / step, step_bytes=step_bytes)
+  out.update(step_read_rate_gb_s=step_bytes / step / 1e9, read_rate=read)
+  out["bandwidth_share"] = out["step_read_rate_gb_s"] / read["read_rate_gb_s"]
+  gammas = range(1, MAX_VERIFY + 1)
+  speedups = lambda alpha: {  # noqa: E731
+    str(g): float(analysis.walltime_improvement(alpha, g, c, v)) for g in gammas
   }
+  theorem = {label: dict(alpha=alpha, speedup=speedups(alpha)) for label, alpha in PAPER_ALPHAS}
+  return dict(out, theorem_3_8=theorem)
 
 
 def _load(config: t5_lib.T5Config, path: str) -> Any:
@@ -255,8 +239,6 @@ def paper_shape(s: PaperShapeSettings) -> dict[str, Any]:
   }
   log(f"target {report['target']}; draft {report['draft']}")
   log(f"memory: {_memory(report['memory'])}")
-  # The test split's TSV, tokenized with SentencePiece directly (seqio's vocabulary would import
-  # TensorFlow: ~20 s on a small CPU); batch 1, so no padding beyond the sentence.
   examples, _ = pages.split_examples("test", s.inputs_length, s.num_examples)
   report["costs"] = measure_costs(s, examples, log)
   if s.real_walltime:
@@ -370,14 +352,12 @@ def _real_lines(report: dict[str, Any]) -> list[str]:
     for row in group["baselines"] + group["speculative"]:
       cells = [f"{row['temperature']:g}", row["name"], f"{row['ms_per_token']:.3f}"]
       cells.append(f"{base['ms_per_token'] / row['ms_per_token']:.2f}x")
-      cells += ["-", "-", "-"]
       if row["method"] == methods_lib.SPECULATIVE:
         predicted = row.get("predicted_speedup")
-        cells[-3:] = [
-          f"{row['speedup_vs_stock']:.2f}x",
-          f"{row['alpha_used']:.3f}",
-          "too noisy" if predicted is None else f"{predicted:.2f}x",
-        ]
+        cells += [f"{row['speedup_vs_stock']:.2f}x", f"{row['alpha_used']:.3f}"]
+        cells.append("too noisy" if predicted is None else f"{predicted:.2f}x")
+      else:
+        cells += ["-", "-", "-"]
       rows.append(cells + [_audit_cell(row)])
       divergences += [
         f"- {row['name']}, example {d['example']}, position {d['position']}: gap "

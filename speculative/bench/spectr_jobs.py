@@ -89,10 +89,7 @@ def table(jobs: Sequence[dict[str, Any]], c: float, loads: dict[str, str]) -> st
       + [ci(s), ci(one), f'{diff:+.3f} ({diff / se if se else 0:+.1f})']
       + [f"{s['alpha']:.3f} / {s['alpha_one_draft']:.3f}"]
       + [f'{ms(base):.1f} / {ms(one):.1f} / {ms(s):.1f}']
-      + [
-        f"{s['speedup_per_token_vs_baseline']:.2f}x",
-        f"{s['speedup_per_token_vs_speculative']:.2f}x",
-      ]
+      + [f'{s[f"speedup_per_token_vs_{vs}"]:.2f}x' for vs in ('baseline', 'speculative')]
       + [
         f"{s['block_efficiency'] / (1 + m['gamma'] * c):.2f}x vs baseline, "
         f"{s['block_efficiency'] / one['block_efficiency']:.2f}x vs one draft"
