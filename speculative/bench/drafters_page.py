@@ -75,7 +75,7 @@ def sampling_name(temperature: float) -> str:
 def decode_all(
   pair: pages.Pair, drafter: Any, params: Any, examples, args, temperature: float, lenience=None
 ) -> dict[str, Any]:
-  """The summed counters, alpha and acceptance of every example decoded at --gamma."""
+  """Summed counters, alpha, acceptance (and BLEU with a lenience) at --gamma, --batch_size."""
   options = dict(draft_params=params, lenience=lenience, gamma=args.gamma)
   decode = pages.decode_fn(pair, args.max_new_tokens, temperature, drafter, **options)
   method = methods_lib.Method('alpha', methods_lib.SPECULATIVE, decode)

@@ -98,7 +98,7 @@ def build_pair(
 def bench_models(
   target, target_params, draft, draft_params, names, kernels_setting, batch_sizes, warnings
 ):
-  """The models and drafters, and under 'packed' their weights packed for our CPU kernels."""
+  """Models and drafters; 'packed': their weights packed where some batch size uses our kernels."""
   pair = dict(target=target, target_params=target_params, draft=draft, draft_params=draft_params)
   drafters = build_drafters(names, warnings=warnings, **pair)
   models = {
