@@ -3,11 +3,9 @@
   .venv/bin/python -m speculative.bench.auto_gamma --gin_file=configs/local/run.gin \
       [--gammas=1,2,3,4,5,6,7] [--rounds=4] [--json_out=FILE] [--gin_bindings=...]
 
-Each round runs the run file's job (`speculative.infer`, both modes) once per setting, in a rotating
-order, each a fresh process: GAMMA = g per fixed g; 'auto' (GAMMA_MAX = the largest g) on costs an
-unreported 'auto' job cached first; 'auto uncached' on an empty cache. Prints the median speedup
-per setting over the rounds, its spread, identical outputs, the gammas 'auto' chose, and what
-measuring the costs cost (docs/auto_gamma.md); `--gin_bindings` apply to every job.
+Each round runs the job once per setting in a rotating order, each a fresh process: GAMMA = g per
+fixed g; 'auto' on costs cached by an unreported first job; 'auto uncached'. Prints each setting's
+median speedup, spread and identical outputs, the gammas 'auto' chose and what measuring cost.
 """
 
 from __future__ import annotations
@@ -77,45 +75,31 @@ def measure(gin_files, bindings, gammas: Sequence[int], rounds: int, log=print) 
 
 
 def _job_row(metrics: dict[str, Any], load: float) -> dict[str, Any]:
-  row = {
-    'speedup': metrics['speedup'],
-    'identical': metrics['identical_outputs'],
-    'examples': metrics['examples'],
-    'baseline_decode_s': metrics['baseline']['decode_s'],
-    'speculative_decode_s': metrics['speculative']['decode_s'],
-    'speculative_compile_s': metrics['speculative']['compile_s'],
-    'load_average': load,
-  }
-  policy = metrics.get('gamma_policy')
-  if policy:
+  """A job's speedup, identical outputs, decode and compile times; 'auto''s chosen gammas and costs."""
+  spec = metrics['speculative']
+  row = dict(speedup=metrics['speedup'], identical=metrics['identical_outputs'])
+  row.update(examples=metrics['examples'], baseline_decode_s=metrics['baseline']['decode_s'])
+  row.update(speculative_decode_s=spec['decode_s'], speculative_compile_s=spec['compile_s'])
+  row['load_average'] = load
+  if policy := metrics.get('gamma_policy'):
+    calibration = policy['calibration']
     row['per_gamma'] = {g: v['batches'] for g, v in policy['per_gamma'].items()}
-    row['calibration_source'] = policy['calibration']['source']
-    row['measuring_batches'] = policy['calibration']['measuring_batches']
-    row['predicted_speedup'] = policy['predicted_speedup']
-    row['calibration_s'] = policy['calibration']['calibration_s']
+    row.update(calibration_source=calibration['source'])
+    row.update(measuring_batches=calibration['measuring_batches'])
+    row.update(predicted_speedup=policy['predicted_speedup'])
+    row.update(calibration_s=calibration['calibration_s'])
   return row
 
 
 def table(jobs: dict[str, list[dict[str, Any]]]) -> list[dict[str, Any]]:
   """One row per setting: the median speedup over the rounds, its spread, identical outputs."""
-  best_fixed = max(
-    (
-      float(np.median([j['speedup'] for j in runs]))
-      for s, runs in jobs.items()
-      if s not in (AUTO, UNCACHED)
-    ),
-    default=None,
-  )
+  medians = {s: float(np.median([j['speedup'] for j in runs])) for s, runs in jobs.items()}
+  best_fixed = max((m for s, m in medians.items() if s not in (AUTO, UNCACHED)), default=None)
   rows = [{'gamma': '0 (plain)', 'median': 1.0, 'min': 1.0, 'max': 1.0, 'identical': '-'}]
   for setting, runs in jobs.items():
     speedups = [j['speedup'] for j in runs]
-    row = {
-      'gamma': setting,
-      'median': float(np.median(speedups)),
-      'min': min(speedups),
-      'max': max(speedups),
-      'identical': f'{min(j["identical"] for j in runs)}/{runs[0]["examples"]}',
-    }
+    row = dict(gamma=setting, median=medians[setting], min=min(speedups), max=max(speedups))
+    row['identical'] = f'{min(j["identical"] for j in runs)}/{runs[0]["examples"]}'
     if setting in (AUTO, UNCACHED):
       chosen: dict[str, int] = {}
       for j in runs:
@@ -130,8 +114,7 @@ def table(jobs: dict[str, list[dict[str, Any]]]) -> list[dict[str, Any]]:
 
 
 def measuring_cost(jobs: dict[str, list[dict[str, Any]]]) -> dict[str, Any] | None:
-  """What measuring the costs cost, paired by round: the uncached 'auto' job's speculative decode
-  time over the cached one's, and both jobs' compile times (medians and per round)."""
+  """What measuring cost: uncached over cached decode time, and compile times, per round."""
   if not jobs.get(UNCACHED) or not jobs.get(AUTO):
     return None
   pairs = list(zip(jobs[UNCACHED], jobs[AUTO]))

@@ -3,15 +3,11 @@
   .venv/bin/python -m speculative.bench.ceiling --gin_file=configs/local/run.gin \
       [--gammas=3,5,7] [--json_out=FILE] [--gin_bindings=...]
 
-The job's run file, read and checked as `speculative.infer` reads it (greedy only; its output
-directory untouched), its models on its decode path, its inputs in its batches, each batch decoded
-by every method in turn (the first call at a padded length compiles, untimed): `baseline`; `draft
-g`, the job's drafter at gamma g; `oracle+draft g`, `OracleDrafter` around it (the target's own
-greedy continuation, all g accepted, at the drafter's cost); `oracle g`, `OracleDrafter` alone (the
-ceiling of any draft at gamma g: verifies, the loop and the encoder); `encoder`, the prefill alone
-(`speculative.timing.prefill`). Every output must equal the baseline's token for token. Prints one
-table and the machine with its load; --json_out also writes it (atomically). docs/training.md, "The
-ceiling, measured", has a run.
+The greedy job of the run file, on its models, decode path and batches, each batch decoded by:
+`baseline`; `draft g`, the job's drafter at gamma g; `oracle+draft g`, `OracleDrafter` (the
+target's own continuation, all accepted) at the drafter's cost; `oracle g`, the oracle alone (the
+ceiling of any draft); `encoder`, the prefill alone. Every output must equal the baseline's.
+docs/training.md, "The ceiling, measured", has a run.
 """
 
 from __future__ import annotations
@@ -47,8 +43,7 @@ DEFAULT_GAMMAS = (3, 5, 7)
 
 @dataclasses.dataclass
 class Tally:
-  """One method's totals over the job: warm decode seconds, generated tokens, target calls, and
-  each example's generated length (in the job's batch order)."""
+  """One method's totals over the job (warm decode seconds) and each example's generated length."""
 
   seconds: float = 0.0
   tokens: int = 0
@@ -72,9 +67,7 @@ def parse_gammas(text: str) -> tuple[int, ...]:
 def parse_gamma_arguments(
   parser: argparse.ArgumentParser, argv: Sequence[str] | None, default: str, json_help: str
 ) -> tuple[argparse.Namespace, tuple[int, ...]]:
-  """Adds the --gammas and --json_out flags of the job benchmarks (this one and auto_gamma) and
-  parses `argv`: (the arguments, --gammas as `parse_gammas` reads them); a bad value is the
-  parser's error (one line, exit status 2)."""
+  """Adds and parses the job benchmarks' --gammas and --json_out: (arguments, gammas)."""
   parser.add_argument(
     '--gammas', default=default, help='comma-separated gammas to measure (default %(default)s)'
   )
@@ -182,17 +175,12 @@ def table(tallies: dict[str, Tally]) -> list[dict[str, Any]]:
   rows = []
   for name, t in tallies.items():
     decodes, calls = name != ENCODER, t.target_calls
-    rows.append(
-      {
-        'method': name,
-        'seconds': round(t.seconds, 3),
-        'tokens': t.tokens if decodes else None,
-        'target_calls': calls if decodes else None,
-        'block_efficiency': round(t.tokens / calls, 3) if calls else None,
-        'speedup': round(base / t.seconds, 3) if decodes and t.seconds else None,
-        'share_of_baseline': round(t.seconds / base, 3) if not decodes and base else None,
-      }
-    )
+    row = dict(method=name, seconds=round(t.seconds, 3), tokens=t.tokens if decodes else None)
+    row['target_calls'] = calls if decodes else None
+    row['block_efficiency'] = round(t.tokens / calls, 3) if calls else None
+    row['speedup'] = round(base / t.seconds, 3) if decodes and t.seconds else None
+    row['share_of_baseline'] = round(t.seconds / base, 3) if not decodes and base else None
+    rows.append(row)
   return rows
 
 
@@ -237,13 +225,8 @@ def run(settings: infer_settings.InferSettings, gammas: Sequence[int], json_out:
   rows = table(tallies)
   print(format_table(rows))
   print(f'{machine["cpu"]}, {machine["usable_cores"]} cores; {load}')
-  result = {
-    'rows': rows,
-    'machine': machine,
-    'num_examples': len(inputs.examples),
-    'batch_size': settings.batch_size,
-    'gammas': list(gammas),
-  }
+  result = dict(rows=rows, machine=machine, num_examples=len(inputs.examples))
+  result.update(batch_size=settings.batch_size, gammas=list(gammas))
   if json_out is not None:
     markdown.write_json(json_out, result)
   return result

@@ -2,12 +2,9 @@
 
   .venv/bin/python -m speculative.bench.decode_step [--shape shipped|random140m] [--rows 1,2,4,8]
 
-`T5.extend` over T tokens, 10 chained steps per timed call, a cache of 128 positions, on three
-paths (XLA's dot on float32 weights, the kernels with float32 and with bfloat16 weight storage),
-each (path, T) jitted once, timed in interleaved rounds and printed as `kernels.bench`'s table with
-the load average. Shapes: the shipped target, or a random-init 139.7M one whose decode-step weights
-are several times the last-level cache. Off CPU the kernel columns are skipped (the reason
-printed) and XLA's dot is timed alone.
+`T5.extend` over T tokens, 10 chained steps per call, on XLA's dot (float32) and the kernels
+(float32 and bfloat16 weights; off CPU skipped), in interleaved rounds, as `kernels.bench`'s table.
+Shapes: the shipped target, or a random-init 139.7M one several times the last-level cache.
 """
 
 from __future__ import annotations
@@ -28,9 +25,7 @@ from speculative.models import t5 as t5_lib
 
 
 def timed_paths(model, params) -> dict:
-  """{path name: params} of the timed paths: XLA's dot on float32 weights, and, where the job
-  computes on CPU, the kernels with float32 and with bfloat16 weight storage (elsewhere their
-  handlers do not exist: skipped, and the reason printed)."""
+  """{path: params}: XLA's dot, and on CPU only the kernels (float32, bfloat16 weights)."""
   variants = {'xla_f32': params}
   reason = kernels.policy.off_cpu()
   if reason is not None:
@@ -87,11 +82,7 @@ def run_model(shape: str, rows, rounds: int, peak_gflops: float, steps: int = 10
     f'({step_params * 4 / 1e6:.0f} MB f32); batch 1, {steps} chained steps per call, {rounds} '
     f'interleaved rounds, median; load average {before} -> {kernel_bench.load_average()}; {kernels.status()}'
   )
-  bytes_ = {
-    'xla_f32': step_params * 4,
-    'kernels_f32': step_params * 4,
-    'kernels_bf16': step_params * 2,
-  }
+  bytes_ = {name: step_params * (2 if name.endswith('bf16') else 4) for name in variants}
   kernel_bench.print_table(med, list(variants), rows, bytes_, step_params, peak_gflops)
   if 'kernels_f32' in variants:
     ratio = med[('kernels_f32', 1)] / med[('xla_f32', 1)]

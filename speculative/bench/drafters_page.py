@@ -3,24 +3,13 @@ lenience (Table 5), and walltime of adaptive gamma vs the best fixed gamma (Sect
 
   python -m speculative.bench.drafters_page --output_dir=docs/drafters
 
-(repository root, quiet CPU: 30-45 minutes on 2 cores with the defaults, mostly compiling one
-decode loop per (drafter, gamma); docs/benchmark.md gives docs/drafters/'s options). Smoke run (one
-repeat; random weights for a missing checkpoint); `--skip alpha,lenience` times the walltime only:
-
-  python -m speculative.bench.drafters_page --quick --allow_random_init \\
-      --output_dir=/tmp/bench_drafters
-
-On the first --num_examples sentences that fit (greedy = temperature 0, sampling = 1, top-k off):
-  1. alpha (mean of sum_x min(p, q) over drafted positions), acceptance rate, tokens per target
-     call and drafted tokens per step of each registry drafter in --drafters, at --gamma and
-     --batch_size.
-  2. The same and BLEU of the draft model per lenience l in --lenience (l < 1 is APPROXIMATE).
-  3. Walltime at batch 1 (pages.time_rows): the baseline, the draft model at each gamma in
-     --gammas, and adaptive gamma up to --max_gamma: the confidence stop rule (each --stop_below)
-     with the static and the adaptive verify width, and the acceptance-predicted rule
-     (AdaptiveGammaDrafter, c and v(T) measured on the first sentence).
-
-Writes OUTPUT_DIR/drafters.json (every number, the command, the machine) and drafters.md.
+(30-45 minutes on 2 quiet cores with the defaults; docs/benchmark.md gives docs/drafters/'s
+options; `--quick --allow_random_init` is a smoke run, `--skip alpha,lenience` times the walltime
+only.) On the first --num_examples sentences that fit, greedy and sampled: alpha (mean of sum_x
+min(p, q) over drafted positions), acceptance and tokens per call of each drafter in --drafters;
+the same and BLEU per lenience; batch-1 walltime of the baseline, each fixed gamma, the confidence
+stop rule (static and adaptive verify width) and the acceptance-predicted rule. Writes
+OUTPUT_DIR/drafters.json and drafters.md.
 """
 
 from __future__ import annotations
@@ -52,9 +41,8 @@ SETUP_OPTIONS = 'split inputs_length max_new_tokens gamma batch_size repeats see
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
-  parser = argparse.ArgumentParser(
-    description=__doc__.split('\n\n')[0], formatter_class=argparse.RawDescriptionHelpFormatter
-  )
+  raw = argparse.RawDescriptionHelpFormatter
+  parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0], formatter_class=raw)
   quick = 'smoke run: 8 sentences, gammas 2,4, max_gamma 4, one threshold, 3 walltime sentences'
   pages.add_pair_args(parser, num_examples=100, output_dir='outputs/bench_drafters', quick=quick)
   parser.add_argument('--gamma', type=int, default=4, help='gamma of the alpha tables')
@@ -65,9 +53,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
   parser.add_argument('--walltime_examples', type=int, default=20)
   parser.add_argument('--gammas', default='1,2,3,4,5,6,7,8', help='fixed gammas (walltime)')
   parser.add_argument('--max_gamma', type=int, default=8, help='static maximum of adaptive gamma')
-  parser.add_argument(
-    '--stop_below', default='0.5,0.7,0.9', help='confidence thresholds of the adaptive stop rule'
-  )
+  stop_help = 'confidence thresholds of the adaptive stop rule'
+  parser.add_argument('--stop_below', default='0.5,0.7,0.9', help=stop_help)
   parser.add_argument('--walltime_temperature', type=float, default=0.0)
   parser.add_argument('--skip', default='', help=f'comma list of parts to skip: {",".join(PARTS)}')
   args = parser.parse_args(argv)
@@ -88,8 +75,7 @@ def sampling_name(temperature: float) -> str:
 def decode_all(
   pair: pages.Pair, drafter: Any, params: Any, examples, args, temperature: float, lenience=None
 ) -> dict[str, Any]:
-  """Speculative decoding of every example in batches of --batch_size at --gamma: the summed
-  counters with alpha, acceptance, tokens per call, drafted per step (and, with a lenience, BLEU)."""
+  """Summed counters, alpha, acceptance (and BLEU with a lenience) at --gamma, --batch_size."""
   options = dict(draft_params=params, lenience=lenience, gamma=args.gamma)
   decode = pages.decode_fn(pair, args.max_new_tokens, temperature, drafter, **options)
   method = methods_lib.Method('alpha', methods_lib.SPECULATIVE, decode)
@@ -120,10 +106,9 @@ def decode_all(
 def alpha_part(pair: pages.Pair, examples, args) -> list[dict[str, Any]]:
   """Table 3: alpha, acceptance and tokens per call of every drafter, greedy and sampled."""
   print('== alpha per drafter', flush=True)
-  draft_name = pair.names['draft']
-  labels = {'model': draft_name, 'unigram': 'unigram (train split)'}
-  labels.update({'bigram': 'bigram (train split)', 'prompt_lookup': 'prompt lookup'})
-  labels['prompt_lookup+model'] = f'prompt lookup + {draft_name}'
+  labels = dict(model=pair.names['draft'], unigram='unigram (train split)')
+  labels.update(bigram='bigram (train split)', prompt_lookup='prompt lookup')
+  labels['prompt_lookup+model'] = f'prompt lookup + {pair.names["draft"]}'
   ngram_sizes = tuple(pages.values(args.ngram_sizes, int))
   built = pages.build_drafters(pair, pages.values(args.drafters, str), ngram_sizes=ngram_sizes)
   rows = []
@@ -191,9 +176,7 @@ def walltime_methods(pair: pages.Pair, costs: dict[str, Any], args) -> list[meth
 
 
 def walltime_part(pair: pages.Pair, examples, args) -> tuple[dict[str, Any], dict[str, Any]]:
-  """(costs, walltime): c and v(T), T = 1..max_gamma+1, at batch 1 on the first sentence (those
-  refused as too noisy in 'too_noisy'); every method's batch-1 walltime on the first
-  --walltime_examples sentences, with its speedups over the baseline and the best fixed gamma."""
+  """(costs at batch 1, every method's batch-1 walltime and speedups)."""
   print('== costs', flush=True)
   cm = pages.extend_costs(
     pair,
@@ -316,8 +299,7 @@ def _walltime_markdown(report: dict[str, Any]) -> list[str]:
 
 
 def markdown(report: dict[str, Any]) -> str:
-  """The page (docs/drafters/drafters.md): the tables of the parts that ran, in the layout of the
-  paper's Tables 3 and 5, then the command and machine line."""
+  """The page (docs/drafters/drafters.md): the tables of the parts that ran, then the command."""
   writers = dict(alpha=_alpha_markdown, lenience=_lenience_markdown, walltime=_walltime_markdown)
   lines = [line for part, write in writers.items() if part in report for line in write(report)]
   setup = report['setup']

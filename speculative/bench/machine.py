@@ -1,8 +1,5 @@
-"""The machine a benchmark runs on: its description (reported with every results page), its load,
-and whether a model shape fits its memory (`estimate`, `check_fits`: weights in their storage
-dtype, the decode caches held at once, the largest float32 working set of one call twice over, and
-a margin; against the device's allocator limit, or on CPU the host's MemAvailable).
-"""
+"""The machine a benchmark runs on: its description (on every results page), its load, and whether
+a model shape fits its memory (`estimate`, `check_fits`)."""
 
 from __future__ import annotations
 
@@ -53,8 +50,7 @@ def busy_warning(machine: dict[str, Any]) -> str | None:
 
 
 def load_line(machine: dict[str, Any]) -> str:
-  """The load average at the start and (recorded now, `busy_warning`) at the end, and the warning
-  where the machine was busy: the last line the job benchmarks (ceiling, auto_gamma) print."""
+  """The load average at the start and at the end (now), with `busy_warning`'s warning."""
   warning = busy_warning(machine)
   return (
     f"load average {machine['load_average_start'][0]:.2f} at the start, "
@@ -116,9 +112,7 @@ def cache_bytes(config: t5_lib.T5Config, batch: int, max_length: int, inputs_len
 def activation_bytes(
   config: t5_lib.T5Config, batch: int, inputs_length: int, decoder_length: int
 ) -> int:
-  """The largest float32 working set of one call over `batch` rows (a layer, attention scores, the
-  logits of a verify or of the audit's forward) twice over, plus one decoder layer's weights in
-  float32 twice over (the audit's float32 recompute, `decode.audit._logits_at`)."""
+  """Twice the largest float32 working set of one call, plus a decoder layer's float32 copy."""
   rows = batch * max(inputs_length, decoder_length)
   widest = max(len(config.mlp_activations) * config.mlp_dim, 3 * config.num_heads * config.head_dim)
   layer = rows * (widest + 4 * config.emb_dim)
@@ -139,8 +133,7 @@ def estimate(
   caches: int,
   extra_bytes: int = 0,
 ) -> Need:
-  """The bytes of `models` held at once in `storage_dtype` (the first is the target: its
-  activations), `caches` decode caches of the target, and `extra_bytes` more (activations)."""
+  """The bytes of `models` (the first: the target), `caches` target caches and activations."""
   itemsize = jnp.dtype(storage_dtype).itemsize
   target = models[0]
   return Need(
@@ -166,8 +159,7 @@ def device_memory() -> tuple[int | None, str]:
 
 
 def check_fits(what: str, need: Need, available: tuple[int | None, str], hint: str) -> None:
-  """Raises ValueError (one line) where `need` is above the device's memory; does nothing where
-  the device does not say how much it has."""
+  """ValueError (one line) where `need` is above the device's known memory."""
   limit, source = available
   if limit is not None and need.total > limit:
     raise ValueError(

@@ -1,9 +1,5 @@
-"""What the benchmark compares: its models (a checkpoint's weights, or random-init for a smoke run:
-`build_pair`) on each batch size's decode path (`bench_models` packs the weights once for our CPU
-kernels, `for_batch` picks the path `kernels.policy` picks, as `speculative.infer` does per job; the
-stock-equivalent twin and stock T5X keep XLA's), the drafters (by their names in
-`speculative.drafters.registry`, or 'package.module:build') and the decoding methods of a group.
-"""
+"""What the benchmark compares: its models on each batch size's decode path (packed once for our
+CPU kernels where `kernels.policy` picks them), the drafters and the decoding methods of a group."""
 
 from __future__ import annotations
 
@@ -44,9 +40,7 @@ def num_params(params: Any) -> int:
 def check_checkpoint(
   config: t5_lib.T5Config, checkpoint: str | None, *, allow_random_init: bool, what: str
 ) -> bool:
-  """Whether the `what` model ('target', 'draft') loads `checkpoint` (True: its weights checked,
-  `checkpoints.check_weights`) or random weights stand in for a missing one (False, only with
-  `allow_random_init`); an error naming the file otherwise. Cheap to repeat (the hash is cached)."""
+  """True: `checkpoint` loads (checked); False: random weights stand in (allow_random_init)."""
   if checkpoint and os.path.exists(checkpoint):
     checkpoints.check_weights(f"{what}_checkpoint", checkpoint, config)
     return True
@@ -61,8 +55,7 @@ def check_checkpoint(
 def build_model(
   config: t5_lib.T5Config, checkpoint: str | None, *, allow_random_init: bool, seed: int, what: str
 ) -> tuple[t5_lib.T5, Any, str]:
-  """(model, f32 params, description). A missing checkpoint is an error unless allow_random_init
-  (`check_checkpoint`); a file that fails to parse, one line naming it."""
+  """(model, f32 params, description) of `checkpoint`, or random-init (`check_checkpoint`)."""
   if check_checkpoint(config, checkpoint, allow_random_init=allow_random_init, what=what):
     with checks.user_errors(checkpoints.LOAD_ERRORS):
       model, params = checkpoints.load_model(config, checkpoint)
@@ -85,9 +78,7 @@ def build_pair(
   allow_random_init: bool,
   seed: int,
 ) -> tuple[t5_lib.T5, Any, t5_lib.T5 | None, Any, dict[str, str]]:
-  """(target, target params, draft, draft params, descriptions) from (config, checkpoint) pairs
-  (`build_model`; the draft is None without a draft config, and takes seed + 1); ValueError if
-  the two vocabularies differ."""
+  """(target, its params, draft, its params, descriptions); ValueError if vocabularies differ."""
   target_model, target_params, target_desc = build_model(
     *target, allow_random_init=allow_random_init, seed=seed, what="target"
   )
@@ -107,10 +98,7 @@ def build_pair(
 def bench_models(
   target, target_params, draft, draft_params, names, kernels_setting, batch_sizes, warnings
 ):
-  """{'target', 'target_params', 'stock_target', 'drafters'} (`drafters`: {name: (drafter,
-  params)} of the drafter `names`, `build_drafters`), and under 'packed' the weights of our CPU
-  kernels' path, packed once where some batch size's path is theirs (never off CPU:
-  `kernels.policy`)."""
+  """Models and drafters; 'packed': their weights packed where some batch size uses our kernels."""
   pair = dict(target=target, target_params=target_params, draft=draft, draft_params=draft_params)
   drafters = build_drafters(names, warnings=warnings, **pair)
   models = {
@@ -140,8 +128,7 @@ def bench_models(
 
 
 def for_batch(models: dict[str, Any], batch_size: int, setting: str) -> dict[str, Any]:
-  """`models` with our target's and drafters' params on the path `kernels.policy` picks for this
-  batch size, and that path under 'decode_path' ({'name', 'line'})."""
+  """`models` on the path `kernels.policy` picks for this batch size ('decode_path')."""
   path = kernels.policy.choose(setting, batch_size)
   view = dict(models, decode_path={"name": path.name, "line": path.line})
   if path.kernels:
@@ -165,10 +152,7 @@ def build_drafters(
   warnings: list[str],
   **options: Any,
 ) -> dict[str, tuple[Any, Any]]:
-  """{name: (drafter, params)} for the drafter `names` (registry names or 'package.module:build';
-  the first, primary one must build; a secondary one that cannot is skipped with a warning
-  appended to `warnings`). `options` go to the registry as they are (e.g. ngram_sizes,
-  stop_below)."""
+  """{name: (drafter, params)}; only the first must build (others: a line in `warnings`)."""
   built = {}
   for name in names:
     try:
@@ -198,9 +182,7 @@ def build_drafters(
 
 
 def decode_fn(target, target_params, drafter=None, draft_params=None, **options) -> Callable:
-  """fn(encoder_tokens [B, S], rng) -> DecodeResult of `modes.decode_fns`: the target's baseline
-  without a drafter, else speculative decoding, SpecTr given num_drafts; `options` are
-  decode_fns' (DecodeOptions fields or options=, sampling_params, ...)."""
+  """The baseline's decode fn without a drafter, else speculative (SpecTr given num_drafts)."""
   fns = modes.decode_fns(target, target_params, drafter, draft_params, **options)
   if drafter is None:
     return fns[modes.BASELINE]
@@ -209,8 +191,7 @@ def decode_fn(target, target_params, drafter=None, draft_params=None, **options)
 
 @dataclasses.dataclass
 class Method:
-  """One decoding method of a group (`decode`: encoder_tokens [B, S], rng -> its result) and its
-  measurements."""
+  """A decoding method of a group (`decode`: encoder_tokens, rng -> result) and its measurements."""
 
   name: str
   kind: str
@@ -255,10 +236,7 @@ _T5X_NETWORK_FIELDS = (
 def make_stock_t5x_decode(
   config: t5_lib.T5Config, params: Any, *, max_new_tokens: int, temperature: float
 ) -> Callable[[jax.Array, jax.Array], jax.Array]:
-  """Stock T5X decoding: `EncoderDecoderModel(decode_fn=t5x.decoding.temperature_sample)` with
-  T5X's own network on the same parameter tree. `temperature_sample` defaults to topk=1 (greedy
-  even at temperature 1): sampling from the model's distribution needs topk=0, passed for
-  temperature > 0."""
+  """Stock T5X's `temperature_sample` (topk=0 above temperature 0: its default is greedy)."""
   from t5x import decoding as t5x_decoding  # pylint: disable=g-import-not-at-top
   from t5x import models as t5x_models  # pylint: disable=g-import-not-at-top
   from t5x.examples.t5 import network as t5x_network  # pylint: disable=g-import-not-at-top
@@ -295,8 +273,7 @@ def make_stock_t5x_decode(
 
 
 def stock_t5x_decoder(s: Any, params: Any) -> Callable[..., Any] | None:
-  """`make_stock_t5x_decode` of s.target_config and `params` at s.max_new_tokens, to be called
-  with temperature=...; None where s (a benchmark's settings) does not time stock T5X."""
+  """`make_stock_t5x_decode` at a temperature=..., or None where `s` does not time it."""
   if not s.use_t5x:
     return None
   return functools.partial(
@@ -305,8 +282,7 @@ def stock_t5x_decoder(s: Any, params: Any) -> Callable[..., Any] | None:
 
 
 def make_methods(b: Any, temperature: float, gammas, sampling, sampling_params) -> list[Method]:
-  """The methods of one group at a sweep.Batch `b`: baseline, stock_equivalent, stock_t5x (if
-  b.stock_t5x_decode is given) and speculative for every drafter x its `gammas`."""
+  """A group's methods: baseline, stock ones and speculative per drafter x its `gammas`."""
   target, target_params = b.models["target"], b.models["target_params"]
   options = decode_options.DecodeOptions(
     max_new_tokens=b.settings.max_new_tokens, sampling=sampling, eos_id=tasks.EOS_ID
@@ -328,16 +304,8 @@ def make_methods(b: Any, temperature: float, gammas, sampling, sampling_params) 
   ]
   if b.stock_t5x_decode is not None:
     methods.append(Method(STOCK_T5X, STOCK_T5X, b.stock_t5x_decode(temperature=temperature)))
-  for drafter_name, (drafter, draft_params) in b.models["drafters"].items():
-    for gamma in gammas.get(drafter_name, ()):
-      methods.append(
-        Method(
-          f"{drafter_name}/gamma={gamma}",
-          SPECULATIVE,
-          decode(target, drafter, draft_params, gamma=gamma),
-          drafter=drafter_name,
-          gamma=gamma,
-          drafter_obj=(drafter, draft_params),
-        )
-      )
+  for name, built in b.models["drafters"].items():
+    for gamma in gammas.get(name, ()):
+      fn = decode(target, *built, gamma=gamma)
+      methods.append(Method(f"{name}/gamma={gamma}", SPECULATIVE, fn, name, gamma, built))
   return methods

@@ -1,7 +1,6 @@
-"""What the benchmark's own pages (bench/drafters_page.py, bench/spectr_page.py) share: the pair's
-options and loading, their inputs (and the benchmark's: a seqio task, a TSV file or examples
-given), decode functions, the cost model and timing at batch 1, the command line; their Markdown
-is bench/markdown.py's."""
+"""What the benchmark's own pages (drafters_page, spectr_page) share: the pair's options and
+loading, their inputs (and the benchmark's), decode functions, batch-1 costs and timing, the command
+line; their Markdown is bench/markdown.py's."""
 
 from __future__ import annotations
 
@@ -26,15 +25,14 @@ from speculative.jobs import gin_utils
 from speculative.models import t5 as t5_lib
 
 COST_POSITION = 16  # decoder position of the timed cost-model calls (mid-sentence)
+ROLES = ('target', 'draft')
 
 
 def add_pair_args(
   parser: argparse.ArgumentParser, *, num_examples: int, output_dir: str, quick: str
 ) -> None:
-  """The options of every page: the models (gin file, macro, weights), the inputs (the first
-  --num_examples sentences of a LibreOffice En-De split that fit --inputs_length), the decode
-  length, timing repeats, seed, output folder and --quick (help: `quick`)."""
-  for role in ('target', 'draft'):
+  """Every page's options: the models, inputs, decode length, repeats, seed, output, --quick."""
+  for role in ROLES:
     parser.add_argument(f'--{role}_gin', default=f'configs/models/embedded_{role}.gin')
     parser.add_argument(f'--{role}_macro', default=f'EMBEDDED_{role.upper()}')
     parser.add_argument(f'--{role}_checkpoint', default=f'models/embedded/{role}.msgpack')
@@ -69,29 +67,28 @@ class Pair:
 def load_pair(args: argparse.Namespace) -> Pair:
   """The pair the options name (a missing checkpoint is an error unless --allow_random_init)."""
   option = lambda role, name: getattr(args, f'{role}_{name}')
-  roles = {
-    # Relative weights paths missing here are the repository's, as the runners' are.
-    role: (
+  # Relative weights paths missing here are the repository's, as the runners' are.
+  target, draft = (
+    (
       gin_utils.load_macro(option(role, 'gin'), option(role, 'macro'), t5_lib.T5Config),
       checks.resolve_input_path(option(role, 'checkpoint')),
     )
-    for role in ('target', 'draft')
-  }
-  target, target_params, draft, draft_params, descriptions = methods_lib.build_pair(
-    roles['target'], roles['draft'], allow_random_init=args.allow_random_init, seed=args.seed
+    for role in ROLES
+  )
+  *models, descriptions = methods_lib.build_pair(
+    target, draft, allow_random_init=args.allow_random_init, seed=args.seed
   )
   names = {
     role: f'{option(role, "macro").lower()} ({methods_lib.num_params(params) / 1e6:.1f}M)'
-    for role, params in (('target', target_params), ('draft', draft_params))
+    for role, params in zip(ROLES, models[1::2])
   }
-  return Pair(target, target_params, draft, draft_params, descriptions, names)
+  return Pair(*models, descriptions, names)
 
 
 def load_pair_and_examples(
   args: argparse.Namespace,
 ) -> tuple[Pair, list[infer_inputs.Example], int]:
-  """(pair, the first --num_examples sentences of --split that fit, how many were skipped); a bad
-  gin file or macro, a missing checkpoint or no inputs is a user error (`command_line`)."""
+  """(pair, the split's first sentences that fit, how many skipped); bad options: user errors."""
   with checks.user_errors():
     pair = load_pair(args)
     examples, skipped = split_examples(args.split, args.inputs_length, args.num_examples)
@@ -99,19 +96,18 @@ def load_pair_and_examples(
 
 
 def command_line(main: Callable[[Sequence[str]], Any], argv: Sequence[str]) -> None:
-  """Runs a page's `main(argv)`, start-up logs silenced; a user error prints one `error:` line and
-  exits with status 2, unless --debug (or SPECULATIVE_DEBUG) lets its traceback through."""
+  """Runs a page's `main(argv)`: a user error is one `error:` line unless --debug."""
   gin_utils.quiet_native_logs()
   debug = '--debug' in argv or bool(os.environ.get(gin_utils.DEBUG_ENV))
   gin_utils.call_with_user_errors(lambda: main(argv), 'error: ', debug)
 
 
 def build_drafters(pair: Pair, names: Sequence[str], **options: Any) -> dict[str, Any]:
-  """{name: (drafter, params)} of the registry's drafters `names` on the pair (`options`, e.g.
-  stop_below, go to the registry)."""
-  roles = ('target', 'target_params', 'draft', 'draft_params')
-  models = {role: getattr(pair, role) for role in roles}
-  return methods_lib.build_drafters(names, **models, warnings=[], **options)
+  """{name: (drafter, params)} of the registry's drafters `names` on the pair."""
+  models = {role: getattr(pair, role) for role in ('target', 'target_params', 'draft')}
+  return methods_lib.build_drafters(
+    names, **models, draft_params=pair.draft_params, warnings=[], **options
+  )
 
 
 def model_drafter(pair: Pair, **options: Any) -> Any:
@@ -122,8 +118,7 @@ def model_drafter(pair: Pair, **options: Any) -> Any:
 def decode_fn(
   pair: Pair, max_new_tokens: int, temperature: float, drafter: Any = None, **options: Any
 ) -> Callable[..., Any]:
-  """methods.decode_fn of the pair (`drafter` on the draft's params unless options name its
-  draft_params): exact sampling at `temperature` (0: argmax; top-k off) up to EOS."""
+  """methods.decode_fn of the pair: exact sampling at `temperature` (0: argmax) up to EOS."""
   sampling, sampling_params = sampling_lib.make_sampling(temperature)
   options = {'draft_params': pair.draft_params, **options, 'eos_id': tasks.EOS_ID}
   options.update(max_new_tokens=max_new_tokens, sampling=sampling, sampling_params=sampling_params)
@@ -131,8 +126,7 @@ def decode_fn(
 
 
 def extend_costs(pair: Pair, encoder_tokens: Any, **kwargs: Any) -> dict[str, Any]:
-  """costs.measure_extend_costs of the pair (the draft named 'model') on `encoder_tokens` [B, S]
-  at COST_POSITION; `kwargs` (max_length, verify_lengths, repeats, extra timers) go to it."""
+  """costs.measure_extend_costs of the pair (draft: 'model') at COST_POSITION."""
   drafts = {'model': (pair.draft, pair.draft_params)}
   kwargs.update(position=COST_POSITION, drafts=drafts, min_seconds=0.1)
   return costs_lib.measure_extend_costs(pair.target, pair.target_params, encoder_tokens, **kwargs)
@@ -144,8 +138,7 @@ def time_rows(
   args: argparse.Namespace,
   temperature: float,
 ) -> tuple[list[Any], dict[str, dict[str, Any]]]:
-  """Times `methods` at batch 1 as the benchmark's sweep does; returns the input batches and
-  {method name: sweep.method_row}."""
+  """Times `methods` at batch 1 as the sweep does: (batches, {name: sweep.method_row})."""
   batches = batching.batches(examples, 1, args.inputs_length)
   sweep.time_methods(methods, batches, repeats=args.repeats, seed=args.seed, log=print)
   group = dict(batch_size=1, temperature=temperature, examples=len(examples))
@@ -153,8 +146,7 @@ def time_rows(
 
 
 def _load_examples(task, split, path, prefix, inputs_length: int, num_examples: int, skip: bool):
-  """(the first `num_examples` inputs of a seqio task's split or of a file (`prefix` before each
-  line), how many of them longer than inputs_length were skipped if `skip`)."""
+  """(the first inputs of a task's split or of a file, how many too long were skipped)."""
   limit = None if skip else num_examples
   if task is not None:
     examples = infer_inputs.examples_from_task(task, split, inputs_length, limit)
@@ -177,9 +169,7 @@ def _load_examples(task, split, path, prefix, inputs_length: int, num_examples: 
 def split_examples(
   split: str, inputs_length: int, num_examples: int
 ) -> tuple[list[infer_inputs.Example], int]:
-  """`_load_examples` of a split of the LibreOffice En-De corpus read from its TSV file (no seqio
-  pipeline: seqio's vocabulary would import TensorFlow), with the task's input prefix; those
-  longer than inputs_length skipped."""
+  """`_load_examples` of a LibreOffice En-De split's TSV file (no TensorFlow), long ones skipped."""
   path, prefix = str(tasks.split_path(split)), tasks.TRANSLATE_EN_DE_PREFIX
   return _load_examples(None, split, path, prefix, inputs_length, num_examples, True)
 
@@ -187,9 +177,7 @@ def split_examples(
 def benchmark_inputs(
   source: Any, *, num_examples: int, skip_truncated: bool
 ) -> tuple[list[infer_inputs.Example], str, str]:
-  """(examples, a description of their source, the task label of the tables) of a
-  BenchmarkSettings: its `examples` if given, else those of its task or input file; every one
-  must fit its inputs_length."""
+  """(examples, their source described, the task label) of a BenchmarkSettings."""
   task, input_file, inputs_length = source.task, source.input_file, source.inputs_length
   if source.examples is None:
     if (task is None) == (input_file is None):

@@ -3,12 +3,10 @@
   python -m speculative.bench.paper_shape --gin_file=configs/benchmark/paper_shape.gin
   python -m speculative.bench.paper_shape --gin_file=configs/benchmark/paper_shape_small.gin  # CPU
 
-Part 1 measures a random-init pair of the shapes at batch 1 (t(1), v(T), c, the loop overhead, the
-step's share of the device's read rate) and Theorem 3.8 at the paper's alphas; part 2, where
-`source_checkpoint` is given, decodes with that trained target grown to the shape and the shipped
-draft, every greedy divergence audited. A shape that does not fit the device's memory, a source it
-cannot be grown from and a draft with another vocabulary are refused in one line before any compute
-(exit status 2, nothing written). What it prints and how to read it: docs/paper_shape.md.
+Part 1 times a random-init pair of the shapes at batch 1 (costs, loop overhead, bandwidth share,
+Theorem 3.8 at the paper's alphas); part 2 decodes with a trained target grown to the shape and the
+shipped draft, every greedy divergence audited. Settings that cannot run are refused before any
+compute. How to read it: docs/paper_shape.md.
 """
 
 from __future__ import annotations
@@ -49,20 +47,9 @@ CACHES_HELD = 16  # decode caches of the target alive at once: one per cost time
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class PaperShapeSettings(sweep.TimingSettings):
-  """The benchmark's arguments (gin: `paper_shape.<name>`), checked on construction.
-
-  Attributes (the timing fields: `sweep.TimingSettings`, at batch 1; the inputs are the
-  LibreOffice En-De test split's sentences, the pair's vocabulary):
-    target_config, draft_config: the shapes measured (random init); the configs' dtype is the
-      compute dtype.
-    storage_dtype: the weights' dtype in memory ('bfloat16').
-    source_config, source_checkpoint: the trained smaller target grown to `target_config` for the
-      real walltime (None: costs only).
-    shipped_draft_config, shipped_draft_checkpoint: the draft of the real walltime.
-    gammas: the real walltime's speculative rows.
-    read_rate_bytes: size of the array whose read rate the bandwidth share divides by.
-    output_dir: where results.json goes (None: printed only).
-  """
+  """The benchmark's arguments (gin: `paper_shape.<name>`), checked on construction: the shapes
+  (random init; the configs' dtype computes, storage_dtype holds the weights), and source_* (None:
+  costs only) grown to target_config for the real walltime with the shipped draft."""
 
   target_config: t5_lib.T5Config
   draft_config: t5_lib.T5Config
@@ -116,13 +103,8 @@ class PaperShapeSettings(sweep.TimingSettings):
 
   def memory_need(self) -> machine_lib.Need:
     """The larger of the two parts' needs (they run one after the other)."""
-    shape = dict(
-      storage_dtype=self.storage_dtype,
-      batch=1,
-      inputs_length=self.inputs_length,
-      max_length=self.max_new_tokens + MAX_VERIFY + 2,
-      caches=CACHES_HELD,
-    )
+    shape = dict(storage_dtype=self.storage_dtype, batch=1, inputs_length=self.inputs_length)
+    shape.update(max_length=self.max_new_tokens + MAX_VERIFY + 2, caches=CACHES_HELD)
     costs = machine_lib.estimate(
       [self.target_config, self.draft_config], extra_bytes=self.read_rate_bytes, **shape
     )
@@ -154,10 +136,8 @@ def describe(config: t5_lib.T5Config) -> str:
 
 
 def _measure(s, pair, examples, log, gammas=(), temperatures=(0.0,), stock_t5x_decode=None):
-  """(decode path, cost model, groups) of `pair` (target, its params, draft, its params) at batch
-  1 on the path of `s.kernels`: the cost model up to T = max(gammas) + 1 (MAX_VERIFY without
-  gammas) and a group per temperature (the baseline only where `gammas` is empty). Both parts use
-  one cache length, so the second reuses the first's compiled target programs."""
+  """(decode path, cost model, groups) of `pair` at batch 1 (baseline only without gammas); both
+  parts use one cache length, so the second reuses the first's compiled target programs."""
   models = methods_lib.bench_models(*pair, ["model"], s.kernels, [1], [])
   models = methods_lib.for_batch(models, 1, s.kernels)
   if not gammas:
@@ -186,48 +166,31 @@ def measure_costs(s: PaperShapeSettings, examples, log: Callable[[str], None]) -
   decode_path, costs, groups = _measure(s, pair, examples, log)
   baseline = groups[0]["baselines"][0]
   step = costs["target_step_s"]
-  itemsize = jnp.dtype(s.storage_dtype).itemsize
-  step_bytes = costs_lib.weight_bytes(
-    costs_lib.decode_step_kernels(
-      target.param_shapes(), logits_via_embedding=s.target_config.logits_via_embedding
-    ),
-    itemsize,
-  )
+  via_embedding = s.target_config.logits_via_embedding
+  kernels = costs_lib.decode_step_kernels(target.param_shapes(), logits_via_embedding=via_embedding)
+  step_bytes = costs_lib.weight_bytes(kernels, jnp.dtype(s.storage_dtype).itemsize)
   read = costs_lib.measure_read_rate(s)
-  c = costs["drafters"]["model"]["c"]
+  draft_costs, per_token = costs["drafters"]["model"], baseline["ms_per_token"]
+  c = draft_costs["c"]
   v = analysis.verify_cost_fn({int(k): x for k, x in costs["v"].items()})
   del target_params, draft_params, pair, groups  # part 2 needs the memory
   gc.collect()
-  return {
-    "decode_path": decode_path,
-    "target_step_s": step,
-    "v": costs["v"],
-    "c": c,
-    "draft_step_s": costs["drafters"]["model"]["draft_step_s"],
-    "noise_refused": costs["noise"]["refused"],
-    "baseline_ms_per_token": baseline["ms_per_token"],
-    "loop_overhead": baseline["ms_per_token"] / (1e3 * step),
-    "baseline_step_over_t1": baseline["profile"]["step_s"] / step,
-    "step_bytes": step_bytes,
-    "step_read_rate_gb_s": step_bytes / step / 1e9,
-    "read_rate": read,
-    "bandwidth_share": step_bytes / step / 1e9 / read["read_rate_gb_s"],
-    "theorem_3_8": {
-      label: {
-        "alpha": alpha,
-        "speedup": {
-          str(g): float(analysis.walltime_improvement(alpha, g, c, v))
-          for g in range(1, MAX_VERIFY + 1)
-        },
-      }
-      for label, alpha in PAPER_ALPHAS
-    },
+  out = dict(decode_path=decode_path, target_step_s=step, v=costs["v"], c=c)
+  out.update(draft_step_s=draft_costs["draft_step_s"], noise_refused=costs["noise"]["refused"])
+  out.update(baseline_ms_per_token=per_token, loop_overhead=per_token / (1e3 * step))
+  out.update(baseline_step_over_t1=baseline["profile"]["step_s"] / step, step_bytes=step_bytes)
+  out.update(step_read_rate_gb_s=step_bytes / step / 1e9, read_rate=read)
+  out["bandwidth_share"] = out["step_read_rate_gb_s"] / read["read_rate_gb_s"]
+  gammas = range(1, MAX_VERIFY + 1)
+  speedups = lambda alpha: {  # noqa: E731
+    str(g): float(analysis.walltime_improvement(alpha, g, c, v)) for g in gammas
   }
+  theorem = {label: dict(alpha=alpha, speedup=speedups(alpha)) for label, alpha in PAPER_ALPHAS}
+  return dict(out, theorem_3_8=theorem)
 
 
 def _load(config: t5_lib.T5Config, path: str) -> Any:
-  """Float32 host params of `path`, checked against `config`'s shapes; a file that fails to parse
-  is one line naming it."""
+  """Float32 host params of `path`, checked against `config`'s shapes."""
   with checks.user_errors(checkpoints.LOAD_ERRORS):
     params = checkpoints.load_params(path, dtype=np.float32)
     checkpoints.validate_params(params, t5_lib.T5(config).param_shapes(), name=path)
@@ -276,8 +239,6 @@ def paper_shape(s: PaperShapeSettings) -> dict[str, Any]:
   }
   log(f"target {report['target']}; draft {report['draft']}")
   log(f"memory: {_memory(report['memory'])}")
-  # The test split's TSV, tokenized with SentencePiece directly (seqio's vocabulary would import
-  # TensorFlow: ~20 s on a small CPU); batch 1, so no padding beyond the sentence.
   examples, _ = pages.split_examples("test", s.inputs_length, s.num_examples)
   report["costs"] = measure_costs(s, examples, log)
   if s.real_walltime:
@@ -355,14 +316,14 @@ def format_report(report: dict[str, Any]) -> str:
     + [f"{entry['speedup'][str(g)]:.2f}x{'*' if noisy[g] else ''}" for g in gammas]
     for label, entry in costs["theorem_3_8"].items()
   ]
-  lines = ["# Paper-shape benchmark", ""]
-  lines += [
+  lines = markdown.section(
+    "Paper-shape benchmark",
     f"Device: {m['backend']} ({', '.join(m['devices'])}), jax {m['jax']}; weights in "
     f"{report['storage_dtype']}; decode path: {costs['decode_path']['line']}.\n"
     f"Target: {report['target']} (random init). Draft: {report['draft']} (random init).\n"
     f"Memory: {_memory(report['memory'])}.",
-    "",
-  ]
+    level=1,
+  )
   costs_section = [markdown.table(["measure", "value"], cost_rows)]
   if refused:
     costs_section.append(
@@ -391,14 +352,12 @@ def _real_lines(report: dict[str, Any]) -> list[str]:
     for row in group["baselines"] + group["speculative"]:
       cells = [f"{row['temperature']:g}", row["name"], f"{row['ms_per_token']:.3f}"]
       cells.append(f"{base['ms_per_token'] / row['ms_per_token']:.2f}x")
-      cells += ["-", "-", "-"]
       if row["method"] == methods_lib.SPECULATIVE:
         predicted = row.get("predicted_speedup")
-        cells[-3:] = [
-          f"{row['speedup_vs_stock']:.2f}x",
-          f"{row['alpha_used']:.3f}",
-          "too noisy" if predicted is None else f"{predicted:.2f}x",
-        ]
+        cells += [f"{row['speedup_vs_stock']:.2f}x", f"{row['alpha_used']:.3f}"]
+        cells.append("too noisy" if predicted is None else f"{predicted:.2f}x")
+      else:
+        cells += ["-", "-", "-"]
       rows.append(cells + [_audit_cell(row)])
       divergences += [
         f"- {row['name']}, example {d['example']}, position {d['position']}: gap "

@@ -2,12 +2,9 @@
 
   python -m speculative.bench.spectr_jobs outputs/numbers/* [--log LOG] [--c 0.061]
 
-From each job's metrics, manifest and predictions (and --log: scripts/spectr_jobs.sh's load
-averages): block efficiency of SpecTr and of one-draft speculative decoding (same examples and
-seeds) with 95% intervals and their paired difference (z), acceptance with K drafts and one, ms
-per token against the baseline and one draft, and the speedup on a device where the K x (L+1)
-verify costs one target step and a K-row draft step one draft step: BE / (1 + L c), c = draft step
-/ target step (--c: docs/spectr/results.json costs.c['1'], from bench/spectr_page.py).
+From each job's metrics, manifest and predictions: block efficiency of SpecTr and of one draft
+with 95% intervals and their paired difference, acceptance, ms per token, and the speedup on a
+device where a K-row step costs a one-row one: BE / (1 + L c) (--c: docs/spectr/results.json).
 """
 
 from __future__ import annotations
@@ -26,7 +23,7 @@ from speculative.bench import markdown
 def read_job(output_dir: str) -> dict[str, Any]:
   """A job's metrics, manifest and (tokens, target calls) per example of both speculative modes."""
 
-  def read(name: str) -> list[Any]:  # a JSON file, or a JSONL file's lines
+  def read(name: str) -> Any:  # a JSON file, or a JSONL file's lines
     with open(os.path.join(output_dir, name), encoding='utf-8') as f:
       return [json.loads(line) for line in f] if name.endswith('.jsonl') else json.load(f)
 
@@ -39,8 +36,7 @@ def read_job(output_dir: str) -> dict[str, Any]:
 
 
 def paired_difference(spectr: dict[int, tuple], one: dict[int, tuple]) -> tuple[float, float]:
-  """(BE_spectr - BE_one, its standard error): two ratio estimators linearized per example (delta
-  method), the variance from the per-example differences (paired: the same inputs)."""
+  """(BE_spectr - BE_one, its standard error): delta method, paired on the same inputs."""
   indices = sorted(spectr)
   n = len(indices)
 
@@ -93,10 +89,7 @@ def table(jobs: Sequence[dict[str, Any]], c: float, loads: dict[str, str]) -> st
       + [ci(s), ci(one), f'{diff:+.3f} ({diff / se if se else 0:+.1f})']
       + [f"{s['alpha']:.3f} / {s['alpha_one_draft']:.3f}"]
       + [f'{ms(base):.1f} / {ms(one):.1f} / {ms(s):.1f}']
-      + [
-        f"{s['speedup_per_token_vs_baseline']:.2f}x",
-        f"{s['speedup_per_token_vs_speculative']:.2f}x",
-      ]
+      + [f'{s[f"speedup_per_token_vs_{vs}"]:.2f}x' for vs in ('baseline', 'speculative')]
       + [
         f"{s['block_efficiency'] / (1 + m['gamma'] * c):.2f}x vs baseline, "
         f"{s['block_efficiency'] / one['block_efficiency']:.2f}x vs one draft"

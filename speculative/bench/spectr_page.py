@@ -2,17 +2,10 @@
 
   python -m speculative.bench.spectr_page --num_examples 12 --repeats 2 --output_dir docs/spectr
 
-(repository root, quiet machine: 5.5 minutes on the 2-core CPU with these options, which made
-docs/spectr/; 20-30 with the defaults). Smoke run (random-init weights for a missing checkpoint;
-timings mean nothing): `python -m speculative.bench.spectr_page --quick`.
-
-On bench/pages.py's pair and inputs, batch 1, exact sampling at temperature 1, the same inputs and
-per-input seeds: `baseline`, `speculative L` (gamma = L) and `spectr K L` (K in --ks, L in --ls;
-K = 1 must emit speculative L's tokens: checked), timed as pages.time_rows, compared per generated
-token (samples differ). Cost model (bench/costs.py): t(R, T) = one target `extend` over R rows of
-T tokens, d(R) = one draft step over R rows; a SpecTr step costs about L d(K) + t(K, L+1), so the
-predicted speedup is BE x t(1, 1) / (L d(K) + t(K, L+1)). Writes results.json and results.md, with
-SpecTr's Table 4 (LM1B, 97M target, 6M draft) beside ours where the paper reports it.
+(5.5 minutes on 2 quiet cores, which made docs/spectr/; `--quick` is a smoke run.) At batch 1 on
+the same inputs and seeds, `baseline`, `speculative L` and `spectr K L` (K = 1 must emit speculative
+L's tokens: checked), compared per generated token; a SpecTr step costs about L d(K) + t(K, L+1)
+(bench/costs.py), hence the predicted speedup. SpecTr's Table 4 (LM1B) is beside ours.
 """
 
 from __future__ import annotations
@@ -42,10 +35,8 @@ SPECTR_TABLE4 = {(1, 4): 2.21, (8, 4): 2.99, (1, 8): 2.33, (8, 8): 3.27}
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
   parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
-  quick = (
-    'smoke run: 4 inputs, 16 new tokens, K 1 2, L 4, random init if a checkpoint is missing, '
-    'output in outputs/bench_spectr_quick'
-  )
+  quick = 'smoke run: 4 inputs, 16 new tokens, K 1 2, L 4, random init if a checkpoint is missing, '
+  quick += 'output in outputs/bench_spectr_quick'
   pages.add_pair_args(parser, num_examples=20, output_dir='outputs/bench_spectr', quick=quick)
   parser.add_argument('--ks', type=int, nargs='+', default=[1, 2, 4, 8])
   parser.add_argument('--ls', type=int, nargs='+', default=[4, 8])
@@ -62,9 +53,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 
 def measure_costs(pair: pages.Pair, example, args) -> dict:
-  """t(K, L+1), d(K) and t(1, 1) on `example`'s cache: per K, the K-row calls interleaved with
-  t(1, 1) in timing rounds, so c_K = d(K) / t(1, 1) and v = t(K, L+1) / t(1, 1) are medians of
-  per-round ratios; those too noisy to predict from are in 'too_noisy'."""
+  """d(K), t(K, L+1) and t(1, 1) on `example`'s cache, c_K and v as per-round ratios."""
   encoder_row = batching.pad_batch([example], 1, args.inputs_length)[0]  # [S]
   max_length = args.inputs_length + args.max_new_tokens + max(args.ls) + 1
   costs = {'target_ms': {}, 'draft_ms': {}, 'c': {}, 'v': {}, 'too_noisy': {}}
@@ -122,8 +111,7 @@ def make_methods(pair: pages.Pair, args) -> list[methods_lib.Method]:
 
 
 def method_rows(methods, batches, measured: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
-  """Per method: walltime, tokens, calls, ms/token, block efficiency, acceptance, the speedups and
-  (SpecTr K=1) whether it matches speculative decoding."""
+  """Per method: walltime, tokens, block efficiency, acceptance, speedups, K=1 identity."""
   by_name = {m.name: m for m in methods}
   rows = []
   for m in methods:
@@ -198,8 +186,7 @@ _COLUMNS = [
 
 
 def format_report(report: dict[str, Any]) -> str:
-  """The page's Markdown: the methods table, the measured costs and step model, and K relative to
-  K=1 (with whether K=1 matched speculative decoding)."""
+  """The page's Markdown: the methods table, the costs and step model, K relative to K=1."""
   costs, rows = report['costs'], report['rows']
   lines = markdown.section(
     'SpecTr: K drafts per step (embedded pair, temperature 1, batch 1)',
@@ -252,8 +239,7 @@ def format_report(report: dict[str, Any]) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
-  """Times every method, measures the cost model on the first input; writes results.json and
-  results.md to --output_dir; returns the report."""
+  """Times every method and the costs; writes results.json and results.md; returns the report."""
   args = parse_args(argv)
   report = markdown.record(MODULE, argv)
   pair, examples, _ = pages.load_pair_and_examples(args)
