@@ -144,6 +144,29 @@ def correlated_tiny_pair(dtype="float32"):
   return target, params, draft, draft_params
 
 
+# The translation job's inputs of the job tests (tests/infer/), decoded by the correlated tiny pair.
+JOB_SOURCES = [
+  "Click OK.",
+  "Open the file menu and choose Save.",
+  "Hello",
+  "Select a cell range.",
+  "Press Enter to perform the search.",
+  "Choose Format - Cells.",
+]
+
+
+def tiny_job(root, sources=JOB_SOURCES, **settings):
+  """`infer.infer`'s keyword arguments for a job of `sources` on the correlated tiny pair saved
+  under `root` (`save_tiny_pair`): 24 input tokens, 12 new, no progress bar, then `settings`."""
+  return dict(
+    **save_tiny_pair(root, sources, record_config=False),
+    input_prefix="translate English to German: ",
+    task_feature_lengths={"inputs": 24, "targets": 12},
+    progress=False,
+    **settings,
+  )
+
+
 def save_tiny_pair(root, sources, *, record_config, dtype="float32"):
   """The correlated tiny pair (`correlated_tiny_pair`: target 2 decoder layers, draft 1) as
   root/{t,d}.msgpack and `sources` as root/in.tsv (reference "Ref i"); returns the infer keyword

@@ -2,7 +2,7 @@
 
 main           benchmark() and its arguments (BenchmarkSettings, checked before any work): inputs,
                models, the cost model, the sweep, the whole job, the report
-machine        the machine: its description, load average, and whether a model shape fits its memory
+machine        the machine: its description and load average (whether a shape fits: models/memory.py)
 methods        our models (their weights) on each batch size's decode path, the drafters and the
                methods compared
 costs          the cost model t(T), c, v(T), the roofline, and the noise verdict of each estimate

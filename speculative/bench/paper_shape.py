@@ -37,6 +37,7 @@ from speculative.bench import sweep
 from speculative.decode import state as decode_state
 from speculative.jobs import checks
 from speculative.models import grow
+from speculative.models import memory
 from speculative.models import t5 as t5_lib
 
 DEFAULT_GIN = "configs/benchmark/paper_shape.gin"
@@ -71,9 +72,7 @@ class PaperShapeSettings(sweep.TimingSettings):
     self._check_vocabulary("draft_config")
     if self.real_walltime:
       self._check_real_walltime()
-    machine_lib.check_fits(
-      "target_config's shape", self.memory_need(), machine_lib.device_memory(), FIT_HINT
-    )
+    memory.check_fits("target_config's shape", self.memory_need(), memory.device_memory(), FIT_HINT)
 
   @property
   def real_walltime(self) -> bool:
@@ -101,19 +100,19 @@ class PaperShapeSettings(sweep.TimingSettings):
       "shipped_draft_checkpoint", self.shipped_draft_checkpoint, self.shipped_draft_config
     )
 
-  def memory_need(self) -> machine_lib.Need:
+  def memory_need(self) -> memory.Need:
     """The larger of the two parts' needs (they run one after the other)."""
     shape = dict(storage_dtype=self.storage_dtype, batch=1, inputs_length=self.inputs_length)
     shape.update(max_length=self.max_new_tokens + MAX_VERIFY + 2, caches=CACHES_HELD)
-    costs = machine_lib.estimate(
+    costs = memory.estimate(
       [self.target_config, self.draft_config], extra_bytes=self.read_rate_bytes, **shape
     )
     if not self.real_walltime:
       return costs
     itemsize = jnp.dtype(self.storage_dtype).itemsize
-    growth = 2 * itemsize * machine_lib.largest_leaf(self.target_config)  # a leaf being grown
-    source = 4 * machine_lib.num_params(self.source_config)  # float32, on the host (CPU: the same)
-    real = machine_lib.estimate(
+    growth = 2 * itemsize * memory.largest_leaf(self.target_config)  # a leaf being grown
+    source = 4 * memory.num_params(self.source_config)  # float32, on the host (CPU: the same)
+    real = memory.estimate(
       [self.target_config, self.shipped_draft_config], extra_bytes=growth + source, **shape
     )
     return max(costs, real, key=lambda need: need.total)
@@ -123,16 +122,6 @@ FIT_HINT = (
   "use a smaller target_config (configs/benchmark/paper_shape_small.gin runs the same on CPU) or a "
   "device with more memory"
 )
-
-
-def describe(config: t5_lib.T5Config) -> str:
-  n = machine_lib.num_params(config)
-  size = f"{n / 1e9:.2f}B" if n >= 1e9 else f"{n / 1e6:.1f}M"
-  return (
-    f"d {config.emb_dim}, {config.num_heads} heads of {config.head_dim}, "
-    f"{config.num_encoder_layers}+{config.num_decoder_layers} layers, MLP {config.mlp_dim}, "
-    f"vocabulary {config.vocab_size}: {size} params"
-  )
 
 
 def _measure(s, pair, examples, log, gammas=(), temperatures=(0.0,), stock_t5x_decode=None):
@@ -228,13 +217,13 @@ def paper_shape(s: PaperShapeSettings) -> dict[str, Any]:
   log = lambda msg: print(f"[{time.perf_counter() - t0:6.1f}s] {msg}", flush=True)  # noqa: E731
   machine = machine_lib.machine_info()
   need = s.memory_need()
-  limit, source = machine_lib.device_memory()
+  limit, source = memory.device_memory()
   report: dict[str, Any] = {
     "command": " ".join(["python -m speculative.bench.paper_shape", *sys.argv[1:]]),
     "machine": machine,
     "storage_dtype": s.storage_dtype,
-    "target": describe(s.target_config),
-    "draft": describe(s.draft_config),
+    "target": memory.describe(s.target_config),
+    "draft": memory.describe(s.draft_config),
     "memory": dict(need_bytes=need.total, need=need.line(), limit_bytes=limit, source=source),
   }
   log(f"target {report['target']}; draft {report['draft']}")
@@ -242,8 +231,10 @@ def paper_shape(s: PaperShapeSettings) -> dict[str, Any]:
   examples, _ = pages.split_examples("test", s.inputs_length, s.num_examples)
   report["costs"] = measure_costs(s, examples, log)
   if s.real_walltime:
-    report["source"] = f"{s.source_checkpoint} ({describe(s.source_config)})"
-    report["shipped_draft"] = f"{s.shipped_draft_checkpoint} ({describe(s.shipped_draft_config)})"
+    report["source"] = f"{s.source_checkpoint} ({memory.describe(s.source_config)})"
+    report["shipped_draft"] = (
+      f"{s.shipped_draft_checkpoint} ({memory.describe(s.shipped_draft_config)})"
+    )
     report["real"] = real_walltime(s, examples, log)
   report["elapsed_s"] = time.perf_counter() - t0
   print(format_report(report))

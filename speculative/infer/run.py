@@ -58,6 +58,7 @@ from speculative.checkpoints import files
 from speculative.decode import audit
 from speculative.decode import batching
 from speculative.decode import modes
+from speculative.decode import state as decode_state
 from speculative.infer import auto_gamma
 from speculative.infer import inputs as infer_inputs
 from speculative.infer import outputs
@@ -68,6 +69,7 @@ from speculative.jobs import interrupts
 from speculative.jobs import lock
 from speculative.jobs import resources
 from speculative.models import grow
+from speculative.models import memory
 from speculative.models import t5 as t5_lib
 
 __all__ = [
@@ -196,6 +198,15 @@ def load_models(settings: infer_settings.InferSettings) -> Models:
   CPU kernels' packed weights where `settings.decode_path().kernels`); shared with
   `speculative.bench.ceiling`, which measures on the job's own models."""
   draft = drafter = draft_params = None
+  if settings.grow_target_to is not None:
+    with checks.user_errors():  # a grown shape that does not fit: one line, before anything loads
+      memory.check_fits(
+        "grow_target_to's shape",
+        _grown_need(settings),
+        memory.device_memory(),
+        "bind a smaller shape (configs/benchmark/paper_shape_job_small.gin) or use a device with "
+        "more memory",
+      )
   # A file that passed the settings' checks but fails to parse: one line naming it, no traceback.
   with checks.user_errors(checkpoints.LOAD_ERRORS):
     target, target_params = checkpoints.load_model(
@@ -223,6 +234,25 @@ def load_models(settings: infer_settings.InferSettings) -> Models:
       stop_below=settings.draft_stop_below,
     )
   return Models(target, target_params, drafter, draft_params, draft, draft_model_params)
+
+
+def _grown_need(settings: infer_settings.InferSettings) -> memory.Need:
+  """What a job with a grown target holds at once: the grown target in its dtype, one decode cache
+  of it, its activations, and, while it grows, the checkpoint's model and the draft in float32
+  and a leaf being grown."""
+  s, large = settings, settings.grow_target_to
+  itemsize = jnp.dtype(large.dtype).itemsize
+  models = [s.target_config] + ([s.draft_config] if s.needs_draft_model else [])
+  return memory.estimate(
+    [large],
+    storage_dtype=str(large.dtype),
+    batch=s.decode_rows,
+    inputs_length=s.inputs_length,
+    max_length=decode_state.buffer_length(1, s.max_new_tokens, s.max_gamma),
+    caches=1,
+    extra_bytes=2 * itemsize * memory.largest_leaf(large)
+    + 4 * sum(memory.num_params(c) for c in models),
+  )
 
 
 def _decode_fns(
@@ -451,8 +481,8 @@ def _summary(
   }
   if s.grow_target_to is not None:
     summary["grown_target"] = (
-      f"{t5_lib.describe(s.grow_target_to)}, {s.grow_target_to.dtype}; grown in memory from "
-      f"{s.target_checkpoint} ({t5_lib.describe(s.target_config)})"
+      f"{memory.describe(s.grow_target_to)}, {s.grow_target_to.dtype}; grown in memory from "
+      f"{s.target_checkpoint} ({memory.describe(s.target_config)})"
     )
   for run in runs:
     records = [run.records[i] for i in indices]

@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import math
 from typing import Any
 from typing import Sequence
 
@@ -456,15 +455,3 @@ def shift_right(targets: Array, start_token_id: int = 0) -> Array:
   """Decoder inputs from targets [B, T]: start token first, last target dropped (T5X style)."""
   start = jnp.full(targets.shape[:-1] + (1,), start_token_id, targets.dtype)
   return jnp.concatenate([start, targets[..., :-1]], axis=-1)
-
-
-def describe(config: T5Config) -> str:
-  """One line of a T5 shape: 'd 4096, 64 heads of 64, 24+24 layers, MLP 10240, vocabulary 8000:
-  10.94B params' (shapes only: nothing is computed)."""
-  n = sum(math.prod(shape) for shape in T5(config).param_shapes().values())
-  size = f'{n / 1e9:.2f}B' if n >= 1e9 else f'{n / 1e6:.1f}M'
-  return (
-    f'd {config.emb_dim}, {config.num_heads} heads of {config.head_dim}, '
-    f'{config.num_encoder_layers}+{config.num_decoder_layers} layers, MLP {config.mlp_dim}, '
-    f'vocabulary {config.vocab_size}: {size} params'
-  )

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from speculative.bench import machine
 from speculative.bench import paper_shape
+from speculative.models import memory
 
 SMALL = "configs/benchmark/paper_shape_small.gin"
 
@@ -28,7 +28,7 @@ def _run(capsys, tmp_path, *bindings, gin_file=SMALL):
 
 
 def test_a_shape_that_does_not_fit_is_refused_in_one_line(capsys, tmp_path, monkeypatch):
-  monkeypatch.setattr(machine, "device_memory", lambda: (int(50e6), "a 50 MB test device"))
+  monkeypatch.setattr(memory, "device_memory", lambda: (int(50e6), "a 50 MB test device"))
   code, err, out = _run(capsys, tmp_path)
   assert code == 2 and len(err) == 1, err
   assert "target_config's shape does not fit this device: it needs ~0.1 GB" in err[0]
@@ -38,7 +38,7 @@ def test_a_shape_that_does_not_fit_is_refused_in_one_line(capsys, tmp_path, monk
 
 @pytest.mark.slow  # traces T5 1.1 XXL's init for its shapes (~15 s on a quiet 2-core CPU)
 def test_the_paper_shape_is_refused_on_a_16_gb_device(capsys, tmp_path, monkeypatch):
-  monkeypatch.setattr(machine, "device_memory", lambda: (int(16e9), "a 16 GB test device"))
+  monkeypatch.setattr(memory, "device_memory", lambda: (int(16e9), "a 16 GB test device"))
   code, err, out = _run(capsys, tmp_path, gin_file="configs/benchmark/paper_shape.gin")
   assert code == 2 and len(err) == 1, err
   # T5 1.1 XXL's widths and depths with the pair's 8k vocabulary (10.94B params) and T5 1.1 small's

@@ -12,29 +12,15 @@ import pytest
 
 from speculative import infer
 from speculative.infer import settings as infer_settings
-from speculative.models import t5 as t5_lib
+from speculative.models import memory
 
-SOURCES = [
-  "Click OK.",
-  "Open the file menu and choose Save.",
-  "Hello",
-  "Select a cell range.",
-  "Press Enter to perform the search.",
-  "Insert a new sheet.",
-]
+SOURCES = model_utils.JOB_SOURCES
 
 
 @pytest.fixture(scope="module")
 def pair(tmp_path_factory):
   root = tmp_path_factory.mktemp("grown")
-  kwargs = dict(
-    **model_utils.save_tiny_pair(root, SOURCES, record_config=False),
-    input_prefix="translate English to German: ",
-    task_feature_lengths={"inputs": 24, "targets": 10},
-    gamma=3,
-    batch_size=2,
-    progress=False,
-  )
+  kwargs = model_utils.tiny_job(root, gamma=3, batch_size=2)
   return root, kwargs
 
 
@@ -67,7 +53,7 @@ def test_a_grown_target_decodes_the_checkpoints_tokens(pair, tmp_path):
     grown["speculative"]["accepted"] > 0
   )  # the draft's tokens were accepted by the grown target
   assert "grown_target" not in plain
-  assert grown["grown_target"].startswith(f"{t5_lib.describe(large)}, float32; grown in memory")
+  assert grown["grown_target"].startswith(f"{memory.describe(large)}, float32; grown in memory")
   manifest = json.loads((tmp_path / "grown" / "manifest.json").read_text())
   assert manifest["grow_target_to"]["num_decoder_layers"] == large.num_decoder_layers
   assert "grow_target_to" not in json.loads((tmp_path / "plain" / "manifest.json").read_text())
@@ -92,4 +78,19 @@ def test_a_shape_it_cannot_grow_to_is_refused_before_any_model_loads(
     infer_settings.InferSettings(output_dir=str(tmp_path / "out"), grow_target_to=large, **kwargs)
   with pytest.raises(ValueError, match="grow_target_to must be None or a t5.T5Config"):
     infer_settings.InferSettings(output_dir=str(tmp_path / "out"), grow_target_to="xxl", **kwargs)
+  assert not (tmp_path / "out").exists()
+
+
+def test_a_grown_shape_that_does_not_fit_is_refused_before_any_model_loads(
+  pair, tmp_path, monkeypatch
+):
+  """On a device too small for the grown target (its weights, cache, activations, and the
+  checkpoint's model while it grows): one line naming the shape and both sizes; nothing written."""
+  root, kwargs = pair
+  large = _grown(kwargs["target_config"])
+  monkeypatch.setattr(memory, "device_memory", lambda: (1_000_000, "a 1 MB test device"))
+  with pytest.raises(Exception, match="grow_target_to's shape does not fit this device") as info:
+    infer.infer(output_dir=str(tmp_path / "out"), grow_target_to=large, **kwargs)
+  assert "the device has 0.0 GB (a 1 MB test device)" in str(info.value)
+  assert len(str(info.value).splitlines()) == 1
   assert not (tmp_path / "out").exists()

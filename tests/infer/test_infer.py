@@ -23,27 +23,13 @@ from speculative.infer import report as infer_report
 from speculative.infer import settings as infer_settings
 
 REPO = Path(__file__).resolve().parents[2]
-SOURCES = [
-  "Click OK.",
-  "Open the file menu and choose Save.",
-  "Hello",
-  "Select a cell range.",
-  "Press Enter to perform the search.",
-  "Choose Format - Cells.",
-]
+SOURCES = model_utils.JOB_SOURCES
 
 
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory):
   root = tmp_path_factory.mktemp("infer")
-  kwargs = dict(
-    **save_tiny_pair(root, SOURCES, record_config=False),
-    input_prefix="translate English to German: ",
-    task_feature_lengths={"inputs": 24, "targets": 12},
-    batch_size=2,
-    gamma=3,
-    progress=False,
-  )
+  kwargs = model_utils.tiny_job(root, batch_size=2, gamma=3)
   return root, kwargs
 
 

@@ -22,30 +22,15 @@ from speculative.infer import settings as infer_settings
 from speculative.models import t5 as t5_lib
 from speculative.spectr import sequence as spectr_sequence
 
-SOURCES = [
-  "Click OK.",
-  "Open the file menu and choose Save.",
-  "Hello",
-  "Select a cell range.",
-  "Press Enter to perform the search.",
-  "Choose Format - Cells.",
-]
+SOURCES = model_utils.JOB_SOURCES
 L = 3
 
 
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory):
   root = tmp_path_factory.mktemp("spectr_job")
-  kwargs = dict(
-    **save_tiny_pair(root, SOURCES, record_config=False),
-    input_prefix="translate English to German: ",
-    task_feature_lengths={"inputs": 24, "targets": 12},
-    batch_size=2,
-    gamma=L,
-    temperature=1.0,
-    seed=3,
-    method="spectr",
-    progress=False,
+  kwargs = model_utils.tiny_job(
+    root, batch_size=2, gamma=L, temperature=1.0, seed=3, method="spectr"
   )
   return root, kwargs
 
