@@ -48,9 +48,20 @@ CACHES_HELD = 16  # decode caches of the target alive at once: one per cost time
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class PaperShapeSettings(sweep.TimingSettings):
-  """The benchmark's arguments (gin: `paper_shape.<name>`), checked on construction: the shapes
-  (random init; the configs' dtype computes, storage_dtype holds the weights), and source_* (None:
-  costs only) grown to target_config for the real walltime with the shipped draft."""
+  """The benchmark's arguments (gin: `paper_shape.<name>`), checked on construction.
+
+  Attributes (the timing fields: `sweep.TimingSettings`, at batch 1; the inputs are the
+  LibreOffice En-De test split's sentences, the pair's vocabulary):
+    target_config, draft_config: the shapes measured (random init); the configs' dtype is the
+      compute dtype.
+    storage_dtype: the weights' dtype in memory ('bfloat16').
+    source_config, source_checkpoint: the trained smaller target grown to `target_config` for the
+      real walltime (None: costs only).
+    shipped_draft_config, shipped_draft_checkpoint: the draft of the real walltime.
+    gammas: the real walltime's speculative rows.
+    read_rate_bytes: size of the array whose read rate the bandwidth share divides by.
+    output_dir: where results.json goes (None: printed only).
+  """
 
   target_config: t5_lib.T5Config
   draft_config: t5_lib.T5Config

@@ -619,7 +619,8 @@ def _alpha_plot(plt, report: dict[str, Any]):
 def write_report(
   report: dict[str, Any], output_dir: str, *, plots: bool = True, log: Callable[[str], None] = print
 ) -> None:
-  """Writes results.json, results.md and the plots to output_dir; logs `conclude.summary_lines`."""
+  """Writes results.json, results.md and (if `plots`) the plots to output_dir; logs
+  `conclude.summary_lines`."""
   os.makedirs(output_dir, exist_ok=True)
   if plots:
     report["plots"] = make_plots(report, output_dir)

@@ -30,10 +30,18 @@ from speculative.jobs import resources
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class TimingSettings:
-  """The timing fields of the benchmark and the paper-shape benchmark: repeats (timed decodes per
-  input batch and method), cost_repeats (cost model rounds, >= costs.MIN_ROUNDS for a verdict),
-  cost_position (where c and v(T) are measured), stock_t5x ('auto', 'on', 'off') and kernels
-  (our models' decode path, `kernels.policy`; the stock methods always run on XLA)."""
+  """The timing fields of the benchmark and the paper-shape benchmark, with their checks.
+
+  Attributes:
+    num_examples: how many inputs; inputs_length: the encoder length; max_new_tokens: decode cap.
+    temperatures: the groups' temperatures (0: greedy).
+    repeats: timed decodes per input batch and method; cost_repeats/cost_min_seconds: cost model
+      (timing rounds, at least costs.MIN_ROUNDS for a noise verdict; least seconds per timing).
+    cost_position: decoder position at which c and v(T) are measured.
+    stock_t5x: 'auto' (time stock T5X when importable), 'on' (require it), 'off'.
+    kernels: our models' decode path per batch size ('auto', 'on', 'off'; `kernels.policy`); the
+      stock-equivalent twin and stock T5X always run on XLA.
+  """
 
   num_examples: int = 40
   inputs_length: int = 64
