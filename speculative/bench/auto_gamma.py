@@ -77,17 +77,22 @@ def measure(gin_files, bindings, gammas: Sequence[int], rounds: int, log=print) 
 def _job_row(metrics: dict[str, Any], load: float) -> dict[str, Any]:
   """A job's speedup, identical outputs, decode and compile times; 'auto''s chosen gammas and costs."""
   spec = metrics['speculative']
-  row = dict(speedup=metrics['speedup'], identical=metrics['identical_outputs'])
-  row.update(examples=metrics['examples'], baseline_decode_s=metrics['baseline']['decode_s'])
-  row.update(speculative_decode_s=spec['decode_s'], speculative_compile_s=spec['compile_s'])
-  row['load_average'] = load
+  row = {
+    'speedup': metrics['speedup'],
+    'identical': metrics['identical_outputs'],
+    'examples': metrics['examples'],
+    'baseline_decode_s': metrics['baseline']['decode_s'],
+    'speculative_decode_s': spec['decode_s'],
+    'speculative_compile_s': spec['compile_s'],
+    'load_average': load,
+  }
   if policy := metrics.get('gamma_policy'):
     calibration = policy['calibration']
     row['per_gamma'] = {g: v['batches'] for g, v in policy['per_gamma'].items()}
-    row.update(calibration_source=calibration['source'])
-    row.update(measuring_batches=calibration['measuring_batches'])
-    row.update(predicted_speedup=policy['predicted_speedup'])
-    row.update(calibration_s=calibration['calibration_s'])
+    row['calibration_source'] = calibration['source']
+    row['measuring_batches'] = calibration['measuring_batches']
+    row['predicted_speedup'] = policy['predicted_speedup']
+    row['calibration_s'] = calibration['calibration_s']
   return row
 
 

@@ -175,12 +175,17 @@ def table(tallies: dict[str, Tally]) -> list[dict[str, Any]]:
   rows = []
   for name, t in tallies.items():
     decodes, calls = name != ENCODER, t.target_calls
-    row = dict(method=name, seconds=round(t.seconds, 3), tokens=t.tokens if decodes else None)
-    row['target_calls'] = calls if decodes else None
-    row['block_efficiency'] = round(t.tokens / calls, 3) if calls else None
-    row['speedup'] = round(base / t.seconds, 3) if decodes and t.seconds else None
-    row['share_of_baseline'] = round(t.seconds / base, 3) if not decodes and base else None
-    rows.append(row)
+    rows.append(
+      {
+        'method': name,
+        'seconds': round(t.seconds, 3),
+        'tokens': t.tokens if decodes else None,
+        'target_calls': calls if decodes else None,
+        'block_efficiency': round(t.tokens / calls, 3) if calls else None,
+        'speedup': round(base / t.seconds, 3) if decodes and t.seconds else None,
+        'share_of_baseline': round(t.seconds / base, 3) if not decodes and base else None,
+      }
+    )
   return rows
 
 
@@ -225,8 +230,13 @@ def run(settings: infer_settings.InferSettings, gammas: Sequence[int], json_out:
   rows = table(tallies)
   print(format_table(rows))
   print(f'{machine["cpu"]}, {machine["usable_cores"]} cores; {load}')
-  result = dict(rows=rows, machine=machine, num_examples=len(inputs.examples))
-  result.update(batch_size=settings.batch_size, gammas=list(gammas))
+  result = {
+    'rows': rows,
+    'machine': machine,
+    'num_examples': len(inputs.examples),
+    'batch_size': settings.batch_size,
+    'gammas': list(gammas),
+  }
   if json_out is not None:
     markdown.write_json(json_out, result)
   return result

@@ -113,8 +113,13 @@ class PaperShapeSettings(sweep.TimingSettings):
 
   def memory_need(self) -> memory.Need:
     """The larger of the two parts' needs (they run one after the other)."""
-    shape = dict(storage_dtype=self.storage_dtype, batch=1, inputs_length=self.inputs_length)
-    shape.update(max_length=self.max_new_tokens + MAX_VERIFY + 2, caches=CACHES_HELD)
+    shape = dict(
+      storage_dtype=self.storage_dtype,
+      batch=1,
+      inputs_length=self.inputs_length,
+      max_length=self.max_new_tokens + MAX_VERIFY + 2,
+      caches=CACHES_HELD,
+    )
     costs = memory.estimate(
       [self.target_config, self.draft_config], extra_bytes=self.read_rate_bytes, **shape
     )
@@ -175,12 +180,21 @@ def measure_costs(s: PaperShapeSettings, examples, log: Callable[[str], None]) -
   v = analysis.verify_cost_fn({int(k): x for k, x in costs["v"].items()})
   del target_params, draft_params, pair, groups  # part 2 needs the memory
   gc.collect()
-  out = dict(decode_path=decode_path, target_step_s=step, v=costs["v"], c=c)
-  out.update(draft_step_s=draft_costs["draft_step_s"], noise_refused=costs["noise"]["refused"])
-  out.update(baseline_ms_per_token=per_token, loop_overhead=per_token / (1e3 * step))
-  out.update(baseline_step_over_t1=baseline["profile"]["step_s"] / step, step_bytes=step_bytes)
-  out.update(step_read_rate_gb_s=step_bytes / step / 1e9, read_rate=read)
-  out["bandwidth_share"] = out["step_read_rate_gb_s"] / read["read_rate_gb_s"]
+  out = {
+    "decode_path": decode_path,
+    "target_step_s": step,
+    "v": costs["v"],
+    "c": c,
+    "draft_step_s": draft_costs["draft_step_s"],
+    "noise_refused": costs["noise"]["refused"],
+    "baseline_ms_per_token": per_token,
+    "loop_overhead": per_token / (1e3 * step),
+    "baseline_step_over_t1": baseline["profile"]["step_s"] / step,
+    "step_bytes": step_bytes,
+    "step_read_rate_gb_s": step_bytes / step / 1e9,
+    "read_rate": read,
+    "bandwidth_share": step_bytes / step / 1e9 / read["read_rate_gb_s"],
+  }
   gammas = range(1, MAX_VERIFY + 1)
   speedups = lambda alpha: {  # noqa: E731
     str(g): float(analysis.walltime_improvement(alpha, g, c, v)) for g in gammas
