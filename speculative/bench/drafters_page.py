@@ -3,13 +3,24 @@ lenience (Table 5), and walltime of adaptive gamma vs the best fixed gamma (Sect
 
   python -m speculative.bench.drafters_page --output_dir=docs/drafters
 
-(30-45 minutes on 2 quiet cores with the defaults; docs/benchmark.md gives docs/drafters/'s
-options; `--quick --allow_random_init` is a smoke run, `--skip alpha,lenience` times the walltime
-only.) On the first --num_examples sentences that fit, greedy and sampled: alpha (mean of sum_x
-min(p, q) over drafted positions), acceptance and tokens per call of each drafter in --drafters;
-the same and BLEU per lenience; batch-1 walltime of the baseline, each fixed gamma, the confidence
-stop rule (static and adaptive verify width) and the acceptance-predicted rule. Writes
-OUTPUT_DIR/drafters.json and drafters.md.
+(repository root, quiet CPU: 30-45 minutes on 2 cores with the defaults, mostly compiling one
+decode loop per (drafter, gamma); docs/benchmark.md gives docs/drafters/'s options). Smoke run (one
+repeat; random weights for a missing checkpoint); `--skip alpha,lenience` times the walltime only:
+
+  python -m speculative.bench.drafters_page --quick --allow_random_init \\
+      --output_dir=/tmp/bench_drafters
+
+On the first --num_examples sentences that fit (greedy = temperature 0, sampling = 1, top-k off):
+  1. alpha (mean of sum_x min(p, q) over drafted positions), acceptance rate, tokens per target
+     call and drafted tokens per step of each registry drafter in --drafters, at --gamma and
+     --batch_size.
+  2. The same and BLEU of the draft model per lenience l in --lenience (l < 1 is APPROXIMATE).
+  3. Walltime at batch 1 (pages.time_rows): the baseline, the draft model at each gamma in
+     --gammas, and adaptive gamma up to --max_gamma: the confidence stop rule (each --stop_below)
+     with the static and the adaptive verify width, and the acceptance-predicted rule
+     (AdaptiveGammaDrafter, c and v(T) measured on the first sentence).
+
+Writes OUTPUT_DIR/drafters.json (every number, the command, the machine) and drafters.md.
 """
 
 from __future__ import annotations

@@ -40,15 +40,26 @@ DRIFT_WARNING = 0.15  # relative change of t(1) between before and after the swe
 
 @dataclasses.dataclass(frozen=True)
 class BenchmarkSettings(sweep.TimingSettings):
-  """Every argument of `benchmark`, checked on construction (the timing fields: TimingSettings).
+  """Every argument of `benchmark`, same names and defaults, checked on construction.
 
-  The inputs: task/split, input_file (+input_prefix) or `examples`; skip_truncated: skip inputs
-  longer than inputs_length. gammas: a list, or {batch size: list}; drafter_gammas overrides it per
-  drafter (an empty list skips the drafter there). The first of `drafters` is the primary one
-  (targets, policy). fallback_threshold: plain decoding below this predicted speedup.
-  allow_random_init: time random weights for a missing checkpoint (smoke runs). roofline_section,
-  stock_hlo_check: measure the roofline and count the compiled loops' matmuls for their sections.
-  whole_job_examples: 0 (off), or decode this many inputs at the best batch size (`whole_job`).
+  Attributes (the timing fields: sweep.TimingSettings):
+    target_config, target_checkpoint: the target (T5X checkpoint dir or .msgpack params file).
+    draft_config, draft_checkpoint: the draft model (needed by the 'model' drafter).
+    task/split or input_file(+input_prefix): the inputs; or `examples` directly (e.g. synthetic).
+    skip_truncated: skip inputs longer than inputs_length (every batch is padded to it).
+    batch_sizes (with temperatures): the groups; gammas: a list, or {batch size: list}.
+    drafters: drafter names (`drafters.registry.spec`); the first is the primary one
+      (targets, policy).
+    drafter_gammas: optional {drafter: gammas} overriding `gammas` for that drafter, again a list
+      or {batch size: list}; an empty list skips the drafter at that batch size.
+    fallback_threshold: the gamma policy falls back to plain decoding below this predicted speedup.
+    allow_random_init: time random weights when a checkpoint is missing (smoke runs only).
+    roofline_section: also measure the memory-bandwidth floor and the bare matmul stack's v(T)
+      (costs.measure_roofline) for the report's roofline section.
+    stock_hlo_check: count the matmuls per step in the compiled baseline and stock-equivalent
+      loops (costs.decode_step_matmuls; two extra compiles) for the report's stock-equivalent check.
+    whole_job_examples: 0 (off), or decode this many inputs of the split (all of it, if fewer)
+      at the best batch size as the "whole job" row (`whole_job`).
   """
 
   target_config: t5_lib.T5Config
