@@ -155,13 +155,17 @@ JOB_SOURCES = [
 ]
 
 
+JOB_MAX_NEW_TOKENS = 12
+
+
 def tiny_job(root, sources=JOB_SOURCES, **settings):
   """`infer.infer`'s keyword arguments for a job of `sources` on the correlated tiny pair saved
-  under `root` (`save_tiny_pair`): 24 input tokens, 12 new, no progress bar, then `settings`."""
+  under `root` (`save_tiny_pair`): 24 input tokens, JOB_MAX_NEW_TOKENS new, no progress bar, then
+  `settings`."""
   return dict(
     **save_tiny_pair(root, sources, record_config=False),
     input_prefix="translate English to German: ",
-    task_feature_lengths={"inputs": 24, "targets": 12},
+    task_feature_lengths={"inputs": 24, "targets": JOB_MAX_NEW_TOKENS},
     progress=False,
     **settings,
   )

@@ -36,7 +36,7 @@ SOURCES = [
   "Type the name of the file.",
   "Save the document.",
 ]
-MAX_NEW = 12
+MAX_NEW = model_utils.JOB_MAX_NEW_TOKENS
 
 
 def _costs(verify_ratios, draft_ratio, t1=1e-3):
@@ -58,14 +58,7 @@ PROBES_ONLY = _costs([1, 1.75, 2.5, 3.25], 0.1)
 @pytest.fixture(scope="module")
 def pair(tmp_path_factory):
   root = tmp_path_factory.mktemp("auto")
-  kwargs = dict(
-    **model_utils.save_tiny_pair(root, SOURCES, record_config=False),
-    input_prefix="translate English to German: ",
-    task_feature_lengths={"inputs": 24, "targets": MAX_NEW},
-    gamma="auto",
-    gamma_max=3,
-    progress=False,
-  )
+  kwargs = model_utils.tiny_job(root, SOURCES, gamma="auto", gamma_max=3)
   return root, kwargs
 
 
