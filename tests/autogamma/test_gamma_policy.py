@@ -193,8 +193,9 @@ def test_while_measuring_it_visits_gamma_1_then_where_the_measured_steps_point(p
   """FIVE_AT_ALPHA_08's steps grow by 0.12 of a plain step per gamma. Once the plain loop and gamma 1
   are measured, gamma 2 (its step assumed flat from gamma 1) predicts best, so it is measured; then
   each further gamma (the slope of the last two) up to 5, whose successor predicts less at alpha
-  0.8 (2.297 against 2.306): choosing the measured gamma 5 freezes the costs. Without a baseline
-  mode beside it, the job's own first batches measure the plain loop."""
+  0.8 (2.297 against 2.306), but within the margins: gamma 6, the runner-up, is measured too;
+  choosing the measured gamma 5 then freezes the costs. Without a baseline mode beside it, the
+  job's own first batches measure the plain loop."""
   state = _confident(0.8)
   times = costs_lib.LoopTimes.empty(7)
   visited = []
@@ -207,15 +208,44 @@ def test_while_measuring_it_visits_gamma_1_then_where_the_measured_steps_point(p
     if plain_beside:
       times = _measure(times, FIVE_AT_ALPHA_08, 0)  # the baseline's batch
   first = [] if plain_beside else [(0, policy.CALIBRATE)]
-  assert visited == first + [(g, policy.CALIBRATE) for g in range(1, 6)] + [(5, policy.BEST)]
+  assert visited == first + [(g, policy.CALIBRATE) for g in range(1, 7)] + [(5, policy.BEST)]
   assert dict(times.costs().loop_steps) == pytest.approx(
-    {g: FIVE_AT_ALPHA_08.step(g) for g in range(6)}
+    {g: FIVE_AT_ALPHA_08.step(g) for g in range(7)}
   )
-  # Measured up to 5: at alpha 0.95 gamma 6 (one past them, its step the slope of the last two)
-  # predicts best, so the job goes on to decode, and measure, gamma 6; never 7, two past them.
-  assert policy.choose(times.costs(), _confident(0.95)).gamma == 6
-  assert FIVE_AT_ALPHA_08.step(6) == pytest.approx(times.costs().step(6))
-  assert policy.choose(FIVE_AT_ALPHA_08, _confident(0.999)).gamma == 7  # measured: 7 is best
+  # Measured up to 6: at alpha 0.999 gamma 7 (one past them, its step the slope of the last two)
+  # predicts best, so the job goes on to decode, and measure, gamma 7.
+  assert policy.choose(times.costs(), _confident(0.999)).gamma == 7
+  assert FIVE_AT_ALPHA_08.step(7) == pytest.approx(times.costs().step(7))
+
+
+def test_while_measuring_the_measured_choice_s_next_gamma_is_measured_where_it_is_the_runner_up():
+  """Steps 1.2, 1.4, 1.6 plain steps at gammas 1-3: at alpha 0.6 gamma 2 predicts best (1.400x),
+  and gamma 3 (its step extrapolated, the slope of gammas 1 and 2) 1.360x, within the margins
+  (1.360 * 1.1 >= 1.400 / 1.1): it is decoded to measure it before the measuring ends (the batch-1
+  job's gamma 3 otherwise stayed unmeasured). Measured, gamma 2 stays best and the measuring ends;
+  likewise at once where the next gamma is measured already, or the choice is gamma_max."""
+  state = _confident(0.6)
+  costs = costs_lib.Costs(((0, 1e-3), (1, 1.2e-3), (2, 1.4e-3), (3, 1.6e-3)), 3)
+  times = costs_lib.LoopTimes.empty(3)
+  for g in range(3):
+    times = _measure(times, costs, g)
+  speedups = policy.predicted_speedups(times.costs(), 0.6)
+  assert [round(speedups[g], 3) for g in range(4)] == [1.0, 1.333, 1.4, 1.36]
+  choice = policy.choose_while_measuring(times, state, True)
+  assert (choice.gamma, choice.reason) == (3, policy.CALIBRATE)
+  times = _measure(times, costs, 3)
+  choice = policy.choose_while_measuring(times, state, True)
+  assert (choice.gamma, choice.reason) == (2, policy.BEST)
+  capped = costs_lib.LoopTimes.empty(2)
+  for g in range(3):
+    capped = _measure(capped, costs, g)
+  assert policy.choose_while_measuring(capped, state, True).reason == policy.BEST
+  apart = costs_lib.Costs(((0, 1e-3), (1, 1e-3), (2, 2e-3)), 7)
+  times = costs_lib.LoopTimes.empty(7)
+  for g in range(3):
+    times = _measure(times, apart, g)
+  choice = policy.choose_while_measuring(times, _confident(0.8), True)
+  assert (choice.gamma, choice.reason) == (1, policy.BEST)
 
 
 def _evidence(costs, steps):
