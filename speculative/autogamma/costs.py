@@ -12,11 +12,12 @@ then f(gamma) + c(gamma) / E(gamma) (E: Theorem 3.8's expected tokens per step),
 on short batches (where the fixed share dominates) predicts long ones too, and the draft's encoder
 is charged to speculation.
 
-Where the job's baseline mode decodes the same batches (the run files' jobs), a gamma's step and
-fixed share are taken relative to the baseline's on the same batches, measured seconds apart, so
-that the load of a shared machine, which drifts over a job, moves both sides of the ratio alike
-(`LoopTimes.costs`). A gamma counts as measured once its batches have run MIN_STEPS loop steps
-(`LoopTimes`). Between measured gammas a step is interpolated linearly in gamma; beyond the largest
+Where the job's baseline mode decodes the same batches (the run files' jobs), a gamma's step is
+the plain step plus the difference between its calls and the baseline's on the same batches,
+measured seconds apart, over its loop steps, and its fixed share the plain loop's times the ratio
+of their stepless calls: what a call pays once cancels in the difference, however it depends on
+the batch (`LoopTimes.costs`). A gamma counts as measured once its batches have run MIN_STEPS
+loop steps (`LoopTimes`). Between measured gammas a step is interpolated linearly in gamma; beyond the largest
 measured one it is extrapolated, to decide whether to measure the next (`Costs.step`).
 `speculative.infer`'s 'auto' mode (speculative/infer/auto_gamma.py) decides which gammas to measure
 (policy.`choose_while_measuring`), then ends the stepless calls, adds every later batch's timing
@@ -46,7 +47,7 @@ from speculative.checkpoints import files
 from speculative.jobs import runtime
 
 MIN_STEPS = 32  # loop steps a gamma's batches run before its step counts as measured
-CACHE_VERSION = 6
+CACHE_VERSION = 7
 CACHE_STEPS = 1024  # loop steps per gamma the cache keeps (`LoopTimes.capped`)
 
 
@@ -253,9 +254,20 @@ class LoopTimes:
     the same job); where the baseline timed the same batches, it is the plain loop's share times
     the pooled ratio of the two loops' stepless calls on those batches. Batches without a stepless
     call (decoded after the measuring) count with that share. Where the baseline timed the same
-    batches, a gamma's step is the plain loop's (over all of the baseline's batches) times the
-    ratio of the two loops' steps on those batches, each pair measured seconds apart: the
-    machine's load, which drifts over a job, moves both alike; else the gamma's own."""
+    batches, a gamma's step is the plain loop's step (over all of the baseline's batches) times
+    those batches' tokens plus the difference between the two loops' calls on them, each pair
+    measured seconds apart, over the gamma's loop steps; else the gamma's own.
+
+    The difference: a batch's calls pay what a call pays once (the encoders, the prefill) F plus
+    their steps, the baseline's F + t c(0) over its t tokens, the gamma loop's F + d + s c(gamma)
+    over its s steps (d: the draft's encoder and set-up, `share` less the plain loop's fixed share
+    per token, times t). So c(gamma) = (c(0) t + (its call - the baseline's) - d) / s, whatever
+    the batch's F. F grows with the input's length, not with the tokens generated, so a share per
+    token charges short batches too little of it: on one batch-1 job at gamma 3, the ratio of the
+    two loops' steps (which divides F's error by s and by t, unalike) made the step of its shorter
+    half of sentences 19% slower than that of its longer half, the difference 1%; the job measures
+    its larger gammas last, on its shortest batches. The machine's load, which drifts over a job,
+    enters only the difference (10-20% of the call at batch 1 on the CPU kernels)."""
     plain = self.own[0]
     plain_fixed = plain.fixed() or 0.0
     drafting = sum(self.own[1:], BatchTiming())
@@ -273,7 +285,9 @@ class LoopTimes:
       own, pair = self.own[g], self.paired[g]
       step = own.step(share)
       if pair.steps:
-        step = plain_step * step / pair.step(plain_fixed)
+        extra = (share - plain_fixed) * own.tokens  # d: the draft's encoder and set-up
+        paired = plain_step * pair.tokens + own.seconds - pair.seconds - extra
+        step = max(paired, 0.01 * own.seconds) / own.steps
       steps.append((g, step))
       fixed.append((g, share))
       evidence.append((g, int(own.steps)))

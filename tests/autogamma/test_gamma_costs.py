@@ -94,17 +94,24 @@ def _timing(step, n, fixed=0.0, tokens=None, timed=True):
 
 
 def test_a_gammas_step_is_paired_with_the_baselines_on_the_same_batches():
-  """Gamma 2's batches ran while the machine was twice as slow, the baseline's decodes of them
-  too: the pair's ratio (1.5) times the plain step measured over all of the baseline's batches."""
-  n = costs_lib.MIN_STEPS
+  """A call pays F once per batch, by the input's length, not per token: 60 ms on a long batch of
+  128 tokens, 50 ms on a short one of 64; a plain step costs 2 ms, gamma 1's 3 ms (80 steps, on the
+  long batch), gamma 2's 3.5 ms (32 steps, on the short one, as a job measures its larger gammas
+  last, on its shortest batches). The steps come out exact: the plain step times the batch's
+  tokens plus the two calls' difference, over the gamma's steps; F cancels in the difference,
+  where a share per token (110 ms over 192 tokens) would charge the short batch too little of it."""
   times = costs_lib.LoopTimes.empty(3)
-  times = times.add_plain(1, _timing(4e-3, n)).add(1, _timing(5e-3, n))
-  times = times.add_plain(2, _timing(8e-3, n)).add(2, _timing(12e-3, n))  # loaded: 2x
-  plain = (4e-3 + 8e-3) / 2
+  for gamma, f, tokens, steps, step in [(1, 0.06, 128, 80, 3e-3), (2, 0.05, 64, 32, 3.5e-3)]:
+    times = times.add_plain(
+      gamma, costs_lib.BatchTiming(f + tokens * 2e-3, tokens, f, tokens, tokens)
+    )
+    times = times.add(gamma, costs_lib.BatchTiming(f + steps * step, steps, f, tokens, tokens))
   costs = times.costs()
-  assert dict(costs.loop_steps) == pytest.approx({0: plain, 1: plain * 1.25, 2: plain * 1.5})
-  assert costs.evidence == ((0, 2 * n), (1, n), (2, n))
+  assert dict(costs.loop_steps) == pytest.approx({0: 2e-3, 1: 3e-3, 2: 3.5e-3})
+  assert dict(costs.fixed) == pytest.approx({g: 0.11 / 192 for g in range(3)})
+  assert costs.evidence == ((0, 192), (1, 80), (2, 32))
   # Without a baseline beside it (the job's own plain batches): each gamma's own.
+  n = costs_lib.MIN_STEPS
   alone = costs_lib.LoopTimes.empty(3).add(0, _timing(4e-3, n, 0.01, n))
   alone = alone.add(2, _timing(12e-3, n, 0.06, 2 * n))
   assert dict(alone.costs().loop_steps) == pytest.approx({0: 4e-3, 2: 12e-3})

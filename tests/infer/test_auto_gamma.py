@@ -74,8 +74,9 @@ def inject(monkeypatch):
       records = list(records)
       gamma = int(records[0].get("gamma", 0))
       steps = max(int(r["target_calls"]) for r in records)
+      tokens = max(int(r["num_tokens"]) for r in records)
       timed.append(gamma)
-      return costs_lib.BatchTiming(steps * costs.step(gamma), steps)
+      return costs_lib.BatchTiming(steps * costs.step(gamma), steps, tokens=tokens)
 
     monkeypatch.setattr(costs_lib, "batch_timing", batch_timing)
     monkeypatch.setattr(costs_lib, "MIN_STEPS", 4)  # the tiny jobs' batches run 4-12 steps
