@@ -47,6 +47,7 @@ from speculative.checkpoints import files
 from speculative.jobs import runtime
 
 MIN_STEPS = 32  # loop steps a gamma's batches run before its step counts as measured
+STEPLESS_TOKENS = 64  # tokens the stepless calls of the plain loop, and of the others, cover
 CACHE_VERSION = 7
 CACHE_STEPS = 1024  # loop steps per gamma the cache keeps (`LoopTimes.capped`)
 

@@ -11,11 +11,12 @@ because the cache is copied into and out of the conditional: more than a per-ste
 back.) Each gamma the job visits compiles once per input length, like the fixed gammas.
 
 The costs: without a cache entry the job measures them on its own first batches, timed as every
-batch is, plus one stepless call of the same compiled program per batch (`max_steps = 0`: what a
-call pays once, timed apart as calibration, not decode time; no extra program): the plain loop on
-the baseline mode's batches (or its own first batches at gamma 0 where the job has no baseline
-mode), and each gamma the policy visits while measuring; once the policy chooses a measured gamma
-the stepless calls stop and the costs are cached. Every later batch still adds its timing (and the
+batch is: the plain loop on the baseline mode's batches (or its own first batches at gamma 0 where
+the job has no baseline mode), and each gamma the policy visits while measuring; the first of
+these batches are also timed with one stepless call of the same compiled program (`max_steps = 0`:
+what a call pays once, timed apart as calibration, not decode time; no extra program), until they
+cover costs.STEPLESS_TOKENS tokens (`AutoGamma.stepless`). Once the policy chooses a measured
+gamma the costs are cached. Every later batch still adds its timing (and the
 baseline's beside it) to the loop times the costs come from, so the costs of the gammas the job
 decodes at, the runner-up's among them (policy.REFRESH), sharpen over the job; at its end the job
 writes them back to the cache, where the next job with the same key starts from them (and adds
@@ -118,6 +119,17 @@ class AutoGamma:
   def measuring(self) -> bool:
     return self.calibration.costs is None
 
+  def stepless(self, gamma: int) -> bool:
+    """Whether a measuring batch decoded at `gamma` is also timed without its loop steps (and the
+    baseline's decode of it, where `plain_beside`): until the stepless calls of the plain loop
+    (gamma 0) or of the speculative loops (gammas >= 1, pooled: they run the same encoders) have
+    covered costs.STEPLESS_TOKENS generated tokens. Their fixed shares are all the costs take from
+    the stepless calls (`costs.LoopTimes.costs`), so more of them only add calibration time."""
+    if not self.measuring:
+      return False
+    own = self.times.own[:1] if gamma == 0 else self.times.own[1:]
+    return sum(t.stepless_tokens for t in own) < costs_lib.STEPLESS_TOKENS
+
   def choose(self) -> policy.Choice:
     """The next batch's choice; while measuring, the first choice of a measured gamma ends the
     measuring (and writes the loop times to the cache file, unless replaying: the interrupted run
@@ -143,8 +155,7 @@ class AutoGamma:
     """The batch decoded at `choice.gamma` produced `records` (one per row)."""
     self.state = policy.observe_records(self.state, choice.gamma, records, choice.reason)
     timing = costs_lib.batch_timing(records)
-    if self.measuring:  # (only a measuring batch's calls were also timed stepless)
-      self.calibration_s += timing.stepless
+    self.calibration_s += timing.stepless  # (0 unless timed stepless: `stepless`)
     self.times = self.times.add(choice.gamma, timing)
     self.batches.append(
       BatchChoice(
@@ -161,8 +172,7 @@ class AutoGamma:
     (`plain_beside`), as the job and its replay both observe it."""
     if self.plain_beside and records:
       timing = costs_lib.batch_timing(records)
-      if self.measuring:
-        self.calibration_s += timing.stepless
+      self.calibration_s += timing.stepless
       self.times = self.times.add_plain(gamma, timing)
 
   def replay(

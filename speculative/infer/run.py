@@ -309,8 +309,8 @@ def _print_calibration(settings: infer_settings.InferSettings, calibration) -> N
   head = f"gamma auto (0..{calibration.fields['gamma_max']}): "
   if calibration.costs is None:
     print(
-      head + "measuring the loops' steps on this job's first batches (and each call without its "
-      "steps); "
+      head + "measuring the loops' steps on this job's first batches (and the first ones' calls "
+      "without their steps); "
       f"cached in {settings.calibration_path} once chosen"
     )
     return
@@ -367,21 +367,21 @@ def _decode_all(
       )
       rng = jax.random.fold_in(jax.random.PRNGKey(settings.seed), batch_examples[0].index)
       # 'auto' chooses the batch's gamma first (from the batches before it); while that choice
-      # still measures the costs, the batch's calls are also timed without their loop steps
-      # (`_decode_batch`'s stepless call): the auto mode's, and the baseline's beside it.
+      # still measures the costs, its first batches' calls are also timed without their loop
+      # steps (`_decode_batch`'s stepless call; `AutoGamma.stepless`): the auto mode's, and the
+      # baseline's beside it.
       choice = None
       if auto_run is not None and not all(e.index in auto_run.records for e in batch_examples):
         choice = auto_run.decode.choose()
-      measuring = choice is not None and auto_run.decode.measuring
       for run in runs:
         if all(e.index in run.records for e in batch_examples):
           continue
         decode, variant, stepless = run.decode, (), False
         if run is auto_run:
           decode, variant = run.decode.decode_fn(choice.gamma), (choice.gamma,)
-          stepless = measuring
-        elif run is plain:
-          stepless = measuring and auto_run.decode.plain_beside
+          stepless = run.decode.stepless(choice.gamma)
+        elif run is plain and choice is not None:
+          stepless = auto_run.decode.plain_beside and auto_run.decode.stepless(choice.gamma)
         records = _decode_batch(
           run, decode, variant, batch_examples, encoder_tokens, rng, inputs.vocabulary, stepless
         )

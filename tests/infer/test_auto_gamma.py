@@ -4,6 +4,7 @@ plain decoding only where nothing pays (no draft call), greedy identity with dra
 batch 1 and 8, the costs measured on the job's batches, cached and recorded, a resumed sampled job
 byte-identical (while measuring and from a cached start), and the settings it refuses."""
 
+import dataclasses
 import json
 import os
 from pathlib import Path
@@ -19,6 +20,7 @@ from speculative.autogamma import costs as costs_lib
 from speculative.autogamma import policy
 from speculative.decode import batching
 from speculative.decode import state as decode_state
+from speculative.infer import auto_gamma
 from speculative.infer import inputs as infer_inputs
 from speculative.infer import outputs as infer_outputs
 from speculative.infer import settings as infer_settings
@@ -303,3 +305,28 @@ def test_the_timings_file_gives_a_resumed_job_the_measured_batch_timings_back(tm
   for run in infer_outputs.resume_runs(str(tmp_path), infer_settings.MODES):
     assert run.records == rows
     assert costs_lib.batch_timing(run.records.values()) == costs_lib.batch_timing(rows.values())
+
+
+def test_only_the_first_measuring_batches_are_timed_stepless():
+  """While measuring, a batch's calls are also timed without their steps until the stepless calls
+  of the plain loop, and of the speculative loops pooled, cover STEPLESS_TOKENS tokens; after the
+  measuring, never."""
+  fields = {"gamma_max": 3}
+  measuring = costs_lib.Calibration(None, None, "k", fields, "measured")
+  auto = auto_gamma.AutoGamma(measuring, lambda g: None, cache_path="unused", plain_beside=True)
+  half = costs_lib.STEPLESS_TOKENS // 2
+  timed = costs_lib.BatchTiming(1.0, 40, 0.1, half, half)
+  assert auto.stepless(0) and auto.stepless(1)
+  auto.times = auto.times.add_plain(1, timed).add(1, timed)
+  assert auto.stepless(0) and auto.stepless(2)  # half of the tokens each
+  auto.times = auto.times.add(2, timed)  # gammas 1 and 2 pooled: enough
+  assert auto.stepless(0) and not auto.stepless(1) and not auto.stepless(3)
+  auto.times = auto.times.add_plain(2, timed)
+  assert not auto.stepless(0)
+  untimed = costs_lib.BatchTiming(1.0, 40, 0.0, half, 0)
+  fresh = auto_gamma.AutoGamma(measuring, lambda g: None, cache_path="unused", plain_beside=True)
+  fresh.times = fresh.times.add_plain(1, untimed).add(1, untimed)  # decoded, not timed stepless
+  assert fresh.stepless(1)
+  frozen = dataclasses.replace(measuring, costs=costs_lib.Costs(((0, 1e-3),), 3), source="cache")
+  cached = auto_gamma.AutoGamma(frozen, lambda g: None, cache_path="unused", plain_beside=True)
+  assert not cached.stepless(0) and not cached.stepless(1)
