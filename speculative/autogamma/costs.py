@@ -17,14 +17,15 @@ the plain step plus the difference between its calls and the baseline's on the s
 measured seconds apart, over its loop steps, and its fixed share the plain loop's times the ratio
 of their stepless calls: what a call pays once cancels in the difference, however it depends on
 the batch (`LoopTimes.costs`). A gamma counts as measured once its batches have run MIN_STEPS
-loop steps (`LoopTimes`). Between measured gammas a step is interpolated linearly in gamma; beyond the largest
-measured one it is extrapolated, to decide whether to measure the next (`Costs.step`).
-`speculative.infer`'s 'auto' mode (speculative/infer/auto_gamma.py) decides which gammas to measure
-(policy.`choose_while_measuring`), then ends the stepless calls, adds every later batch's timing
-to the loop times (its fixed share from the measured batches) and writes the loop times to a JSON
-file (default `~/.cache/speculative/calibration.json`, or under $XDG_CACHE_HOME), once measured and
-at the job's end, one entry per `key`: the device (backend, device kind, CPU model, usable cores),
-the jax version, the decode path, the batch size, the shapes, both models' configs and the loop
+loop steps (`LoopTimes`). Between measured gammas a step is interpolated linearly in gamma;
+beyond the largest measured one it is extrapolated, to decide whether to measure the next
+(`Costs.step`). `speculative.infer`'s 'auto' mode (speculative/infer/auto_gamma.py) decides which
+gammas to measure (policy.`choose_while_measuring`), times the first measuring batches stepless
+until they cover STEPLESS_TOKENS tokens, adds every later batch's timing to the loop times (its
+fixed share from the stepless calls) and writes the loop times to a JSON file (default
+`~/.cache/speculative/calibration.json`, or under $XDG_CACHE_HOME), once measured and at the
+job's end, one entry per `key`: the device (backend, device kind, CPU model, usable cores), the
+jax version, the decode path, the batch size, the shapes, both models' configs and the loop
 (drafter, sampling strategy). A second job with the same key starts from them, makes no stepless
 call and adds its own batches. A file that cannot be read as such a cache is ignored with one
 warning line and measured afresh.

@@ -326,7 +326,7 @@ def _gamma_policy_lines(summary: dict[str, Any]) -> list[str]:
   cal = policy["calibration"]
   source = {
     "measured": f"measured on this job's first {_batches(cal['measuring_batches'])} (their own "
-    "decodes, timed, and the same calls without their loop steps: "
+    "decodes, timed, and the first ones' calls without their loop steps: "
     f"{cal.get('calibration_s', 0.0):.2f} s of calibration, not decode time), with every later "
     "batch's times added; cached for the next job",
     "cache": "from the calibration cache (0 s of calibration), with this job's batches' times added "
@@ -348,8 +348,10 @@ def _gamma_policy_lines(summary: dict[str, Any]) -> list[str]:
     steps = ", ".join(f"{v:.2f}" for v in cal["step_ms"])
     fixed = ", ".join(f"gamma {g} {v:.2f} ms" for g, v in cal["fixed_ms_per_token"].items())
     lines.append(
-      f"Costs {source}: the compiled loops' steps (a batch's walltime less its stepless call's, "
-      f"over its loop steps) {measured}; so a step at gamma 0..{policy['gamma_max']}: {steps} ms. "
+      f"Costs {source}: the compiled loops' steps (a batch's walltime less what a call pays "
+      "once, over its loop steps; a gamma's, where the baseline decoded the same batches: the "
+      "plain step times their tokens plus the two calls' difference, over its steps) "
+      f"{measured}; so a step at gamma 0..{policy['gamma_max']}: {steps} ms. "
       "What a call pays once (the stepless call: encoders, prefill), per generated token: "
       f"{fixed or 'not timed'}."
     )
