@@ -285,11 +285,12 @@ class LoopTimes:
       if not self.measured(g):
         continue
       own, pair = self.own[g], self.paired[g]
-      step = own.step(share)
       if pair.steps:
         extra = (share - plain_fixed) * own.tokens  # d: the draft's encoder and set-up
         paired = plain_step * pair.tokens + own.seconds - pair.seconds - extra
-        step = max(paired, 0.01 * own.seconds) / own.steps
+        step = max(paired, 0.01 * own.seconds) / own.steps  # (as `BatchTiming.step`'s floor)
+      else:
+        step = own.step(share)
       steps.append((g, step))
       fixed.append((g, share))
       evidence.append((g, int(own.steps)))

@@ -199,6 +199,18 @@ def _scores(costs: costs_lib.Costs, speedups: dict[int, float]) -> dict[int, flo
   return {g: 1.0 if g == 0 else v / (1.0 + margin(costs, g)) for g, v in speedups.items()}
 
 
+def _rival(
+  costs: costs_lib.Costs,
+  speedups: dict[int, float],
+  scores: dict[int, float],
+  gamma: int,
+  chosen: int,
+) -> bool:
+  """Rule 5's runner-up test: `gamma`'s prediction plus its margin reaches `chosen`'s score (its
+  prediction less its margin), so the noise of their timings could order them either way."""
+  return speedups[gamma] * (1.0 + margin(costs, gamma)) >= scores[chosen]
+
+
 def _argmax(speedups: dict[int, float], gammas: Iterable[int]) -> int:
   """The gamma of the largest prediction among `gammas` (ties: the smaller gamma)."""
   return max(gammas, key=lambda g: (speedups[g], -g))
@@ -230,9 +242,7 @@ def choose(costs: costs_lib.Costs, state: PolicyState) -> Choice:
   # by the probe rule only: a job where drafts lose does not decode at a gamma that merely might
   # break even (at batch 32 that cost 1-3% a job).
   rivals = [
-    g
-    for g in gammas[1:]
-    if chosen and g != chosen and speedups[g] * (1.0 + margin(costs, g)) >= scores[chosen]
+    g for g in gammas[1:] if chosen and g != chosen and _rival(costs, speedups, scores, g, chosen)
   ]
   if rivals and state.since_refresh + 1 >= REFRESH_EVERY:
     return Choice(_argmax(speedups, rivals), REFRESH, alpha, speedups)
@@ -274,8 +284,7 @@ def choose_while_measuring(
     choice.gamma
     and after <= costs.gamma_max
     and not times.measured(after)
-    and choice.predicted[after] * (1.0 + margin(costs, after))
-    >= _scores(costs, choice.predicted)[choice.gamma]
+    and _rival(costs, choice.predicted, _scores(costs, choice.predicted), after, choice.gamma)
   ):
     return Choice(after, CALIBRATE, choice.alpha, choice.predicted)
   return choice
