@@ -39,15 +39,26 @@ The rule, in the order `choose` applies it:
      THIN * MIN_STEPS loop steps, every PROBE_EVERY-th consecutive plain batch is decoded at the
      best such gamma instead; its acceptance (and its step) enter the estimates like any other
      batch's. When not even alpha = 1 pays by the margin on a step measured over THIN * MIN_STEPS,
-     the job never probes (at batch 8 on the CPU kernels gamma 1's step is twice the plain step: a
-     perfect draft only breaks even, and each probe batch cost 15%). One batch is too little to
-     rule drafting out: at batch 1 a first gamma-1 batch of 33 steps measured 1.81 plain steps
-     where the job's later batches measured 1.49.
+     the job probes only every RECHECK_EVERY-th consecutive plain batch, and only where a perfect
+     draft would pay at all (at batch 8 on the CPU kernels gamma 1's step is twice the plain step:
+     a perfect draft only breaks even, and each probe batch cost 15%); where not even that pays it
+     never probes. One batch is too little to rule drafting out: at batch 1 a first gamma-1 batch
+     of 33 steps measured 1.81 plain steps where the job's later batches measured 1.49. Twelve
+     are not final either: on a loaded machine (load average 3.5) an uncached batch-1 job
+     measured gamma 1 at 1.82 plain steps over 12 batches, where the fixed jobs of the same round
+     ran gamma 1 at 1.10x, and decoded its other 88 batches plain; the cache keeps a job's costs
+     for the next jobs, which add only the gammas they decode, so without the recheck that
+     measurement would hold for every later job.
   5. Refresh: where the choice is a gamma >= 1 and another gamma >= 1 could be faster within the
-     margins (its prediction times 1 + its margin reaches the choice's score), every
-     REFRESH_EVERY-th batch is decoded at the best such runner-up, so that close gammas stay
-     measured (the job adds every batch's timing to its costs: speculative/infer/auto_gamma.py)
-     until their margins tell them apart.
+     margins (its prediction times 1 + its margin reaches the choice's score), or is the choice's
+     neighbour (gamma +- 1) within the measured range with a thin step (`_thin`), every REFRESH_EVERY-th batch is
+     decoded at the least measured such runner-up (the fewest loop steps; ties: the best
+     prediction), so that close gammas stay measured (the job adds every batch's timing to its
+     costs: speculative/infer/auto_gamma.py) until their margins tell them apart. A thin
+     neighbour is a runner-up whatever it predicts: a few short batches' noise cannot rule it out
+     (at batch 1, gamma 3's step measured on two batches of the job's measuring 2.36 plain steps,
+     gamma 2's 1.50, and every later job, starting from the cached costs, chose 2 without decoding
+     3 again; the fixed jobs of the same rounds measured the two within 1%).
 
 The choice stays within the measured gammas, 0..`Costs.top`, and one past them where a measured
 gamma >= 1 predicts at least EXPLORE_FROM (its step extrapolated; decoding it measures it). While
@@ -82,6 +93,7 @@ PRIOR_WEIGHT = 4.0  # pseudo-drafted tokens at PRIOR_ALPHA
 HALF_LIFE = 1024.0  # drafted tokens after which older batches count half
 HYSTERESIS = 0.05  # keep the previous gamma while within 5% of the choice (rule 3)
 PROBE_EVERY = 8  # the probe rule: every 8th consecutive plain batch drafts
+RECHECK_EVERY = 64  # ... every 64th, where a perfect draft pays, but not by the margin (rule 4)
 REFRESH_EVERY = 4  # every 4th batch decodes at the runner-up, where there is one (`choose`)
 MARGIN = 0.10  # a gamma measured over MIN_STEPS loop steps must predict 1 + MARGIN to speculate
 EXPLORE_FROM = 1.0  # look past the measured gammas only where one of them predicts this
@@ -216,6 +228,13 @@ def _argmax(speedups: dict[int, float], gammas: Iterable[int]) -> int:
   return max(gammas, key=lambda g: (speedups[g], -g))
 
 
+def _least_measured(costs: costs_lib.Costs, speedups: dict[int, float], gammas: list[int]) -> int:
+  """The gamma among `gammas` whose step rests on the fewest loop steps (not measured: none;
+  unknown evidence: all alike), ties by the largest prediction: the refresh sharpens the least
+  certain comparison (rule 5)."""
+  return min(gammas, key=lambda g: (costs.measured_steps(g) or 0, -speedups[g], g))
+
+
 def choose(costs: costs_lib.Costs, state: PolicyState) -> Choice:
   """The gamma of the next batch (the module docstring's rules 1-5), in 0..top: the measured
   range, and one gamma past it where a measured gamma >= 1 predicts at least EXPLORE_FROM."""
@@ -238,20 +257,33 @@ def choose(costs: costs_lib.Costs, state: PolicyState) -> Choice:
       chosen, reason = previous, KEPT
   # A runner-up of a speculative choice: a gamma >= 1 whose prediction, plus its margin, reaches
   # the choice's score (its prediction less its margin): the noise of their timings could order
-  # them either way; the refresh decodes the one of them predicted fastest. Plain decoding is left
-  # by the probe rule only: a job where drafts lose does not decode at a gamma that merely might
-  # break even (at batch 32 that cost 1-3% a job).
+  # them either way; or the choice's measured neighbour whose step is thin. The refresh decodes
+  # the least measured of them. Plain decoding is left by the probe rule only: a job where drafts
+  # lose does not decode at a gamma that merely might break even (at batch 32 that cost 1-3% a
+  # job).
   rivals = [
-    g for g in gammas[1:] if chosen and g != chosen and _rival(costs, speedups, scores, g, chosen)
+    g
+    for g in gammas[1:]
+    if chosen
+    and g != chosen
+    and (
+      _rival(costs, speedups, scores, g, chosen)
+      or (abs(g - chosen) == 1 and g <= costs.top and _thin(costs, g))
+    )
   ]
   if rivals and state.since_refresh + 1 >= REFRESH_EVERY:
-    return Choice(_argmax(speedups, rivals), REFRESH, alpha, speedups)
+    return Choice(_least_measured(costs, speedups, rivals), REFRESH, alpha, speedups)
   if chosen == 0:
-    probes = _probes(costs)
+    probes, every = _probes(costs), PROBE_EVERY
+    if not probes:  # the recheck: drafts pay at alpha = 1, not by the margin (rule 4)
+      at_one = predicted_speedups(costs, 1.0)
+      probes, every = [g for g in range(1, costs.top + 1) if at_one[g] > 1.0], RECHECK_EVERY
     if not probes:
       return Choice(0, NEVER_PAYS, alpha, speedups)
-    if state.plain_streak + 1 >= PROBE_EVERY:
+    if state.plain_streak + 1 >= every:
       return Choice(_argmax(speedups, probes), PROBE, alpha, speedups)
+    if every == RECHECK_EVERY:
+      return Choice(0, NEVER_PAYS, alpha, speedups)
   return Choice(chosen, reason, alpha, speedups)
 
 

@@ -59,11 +59,11 @@ def test_what_a_call_pays_once_enters_per_generated_token():
 
 def test_where_only_plain_decoding_pays_it_always_chooses_0_and_never_probes():
   state = policy.PolicyState()
-  for _ in range(3 * policy.PROBE_EVERY):
+  for _ in range(2 * policy.RECHECK_EVERY):
     choice = policy.choose(ONLY_PLAIN_PAYS, state)
     assert (choice.gamma, choice.reason) == (0, policy.NEVER_PAYS)
     state = policy.observe(state, choice.gamma, 0, 0.0)
-  assert state.plain_streak == 3 * policy.PROBE_EVERY
+  assert state.plain_streak == 2 * policy.RECHECK_EVERY
 
 
 def test_where_gamma_5_pays_at_alpha_08_it_chooses_5():
@@ -296,6 +296,34 @@ def test_every_refresh_every_th_batch_decodes_at_the_runner_up_within_the_margin
     state = policy.observe(state, choice.gamma, 100, 80.0, choice.reason)
 
 
+def test_a_thin_neighbour_of_the_choice_is_refreshed_first_whatever_it_predicts():
+  """FIVE_AT_ALPHA_08 with gamma 6's step measured 30% high over fewer than THIN * MIN_STEPS loop
+  steps: it predicts 1.9x to gamma 5's 2.306 (under gamma 5's score even with its margin), yet the
+  refresh decodes it, before gamma 4 (a runner-up within the margins, measured over more steps);
+  once 6 is measured over THIN * MIN_STEPS steps it is judged by its prediction again, and the
+  refresh goes back to the runner-up 4."""
+  n = costs_lib.MIN_STEPS
+  steps = tuple((g, s * 1.3 if g == 6 else s) for g, s in FIVE_AT_ALPHA_08.loop_steps)
+  many = tuple((g, 64 * n) for g, _ in steps)
+  costs = dataclasses.replace(
+    FIVE_AT_ALPHA_08, loop_steps=steps, evidence=tuple((g, n if g == 6 else m) for g, m in many)
+  )
+  due = dataclasses.replace(_confident(0.8), gamma=5, since_refresh=policy.REFRESH_EVERY - 1)
+  speedups = policy.predicted_speedups(costs, 0.8)
+  assert speedups[6] * (1 + policy.margin(costs, 6)) < speedups[5] / (1 + policy.margin(costs, 5))
+  assert policy.choose(costs, dataclasses.replace(due, since_refresh=0)).gamma == 5
+  assert (policy.choose(costs, due).gamma, policy.choose(costs, due).reason) == (6, policy.REFRESH)
+  thick = dataclasses.replace(
+    costs, evidence=tuple((g, policy.THIN * n if g == 6 else m) for g, m in many)
+  )
+  assert (policy.choose(thick, due).gamma, policy.choose(thick, due).reason) == (4, policy.REFRESH)
+  # Two runners-up within the margins: the refresh decodes the one measured over fewer steps.
+  fewer = dataclasses.replace(
+    FIVE_AT_ALPHA_08, evidence=tuple((g, 2 * n if g == 3 else m) for g, m in many)
+  )
+  assert policy.choose(fewer, due).gamma == 3
+
+
 def test_while_measuring_where_only_plain_decoding_pays_it_stops_after_gamma_1():
   times = costs_lib.LoopTimes.empty(7)
   times = _measure(_measure(times, ONLY_PLAIN_PAYS, 0), ONLY_PLAIN_PAYS, 1)
@@ -311,8 +339,8 @@ def test_while_measuring_where_only_plain_decoding_pays_it_stops_after_gamma_1()
 def test_while_measuring_it_looks_past_gamma_1_only_where_gamma_1_breaks_even():
   """Gamma 1 steps 1.9 plain steps: at alpha 0.8 it predicts 1.8 / 1.9 = 0.95x, and gamma 2, its
   step assumed flat, 2.44 / 1.9 = 1.28x. A job whose measured drafts all lose does not decode its
-  next batches at gamma 2 to find out: it freezes on plain decoding, for good once gamma 1 is
-  measured over THIN * MIN_STEPS. Gamma 1 at 1.7 plain steps (1.06x) breaks even, so gamma 2
+  next batches at gamma 2 to find out: it freezes on plain decoding (once gamma 1 is measured
+  over THIN * MIN_STEPS, probing it only every RECHECK_EVERY-th batch). Gamma 1 at 1.7 plain steps (1.06x) breaks even, so gamma 2
   (1.44x) is measured."""
   state = _confident(0.8)
   for gamma_1_step, want in [(1.9e-3, (0, policy.NEVER_PAYS)), (1.7e-3, (2, policy.CALIBRATE))]:
@@ -328,7 +356,7 @@ def test_one_batch_does_not_rule_drafting_out_two_do():
   """Gamma 1 at 1.9 plain steps: a perfect draft, 2 / 1.9 = 1.05x, does not beat plain decoding by
   the margin. Measured over MIN_STEPS loop steps (one batch) that is not final: every
   PROBE_EVERY-th plain batch probes gamma 1, which measures it again (while the costs are
-  measured, the next batch does). Over THIN * MIN_STEPS the job never probes."""
+  measured, the next batch does). Over THIN * MIN_STEPS only every RECHECK_EVERY-th does."""
   costs = costs_lib.Costs(((0, 1e-3), (1, 1.9e-3)), 7)
   state = dataclasses.replace(_confident(0.8), plain_streak=policy.PROBE_EVERY - 1)
   for steps, want in [
@@ -344,6 +372,14 @@ def test_one_batch_does_not_rule_drafting_out_two_do():
     measuring = policy.choose_while_measuring(times, policy.PolicyState(), True)
     thin = steps < policy.THIN * costs_lib.MIN_STEPS
     assert (measuring.gamma, measuring.reason) == ((1, policy.CALIBRATE) if thin else want)
+    recheck = dataclasses.replace(state, plain_streak=policy.RECHECK_EVERY - 1)
+    assert policy.choose(times.costs(), recheck).gamma == 1
+    if not thin:
+      streak = [
+        policy.choose(times.costs(), dataclasses.replace(state, plain_streak=k)).gamma
+        for k in range(policy.RECHECK_EVERY)
+      ]
+      assert streak == [0] * (policy.RECHECK_EVERY - 1) + [1]
 
 
 def test_a_gamma_counts_as_measured_after_min_steps():
