@@ -35,7 +35,7 @@ The rule, in the order `choose` applies it:
      (its loop would compile).
   4. Gamma 0 does not lock in (alpha only moves on batches that draft). The probe rule: when
      gamma 0 is chosen but some measured gamma >= 1 would pay at alpha = 1 (the measured costs'
-     ceiling) by its margin, or would pay at all while its step rests on fewer than
+     ceiling) by its margin, or within its margin while its step rests on fewer than
      THIN * MIN_STEPS loop steps, every PROBE_EVERY-th consecutive plain batch is decoded at the
      best such gamma instead; its acceptance (and its step) enter the estimates like any other
      batch's. When not even alpha = 1 pays by the margin on a step measured over THIN * MIN_STEPS,
@@ -43,7 +43,9 @@ The rule, in the order `choose` applies it:
      draft would pay at all (at batch 8 on the CPU kernels gamma 1's step is twice the plain step:
      a perfect draft only breaks even, and each probe batch cost 15%); where not even that pays it
      never probes. One batch is too little to rule drafting out: at batch 1 a first gamma-1 batch
-     of 33 steps measured 1.81 plain steps where the job's later batches measured 1.49. Twelve
+     of 33 steps measured 1.81 plain steps where the job's later batches measured 1.49, and two
+     batches of 33 steps 1.96, where a perfect draft breaks even (that job, had it not measured
+     again, would decode its other 98 batches plain). Twelve
      are not final either: on a loaded machine (load average 3.5) an uncached batch-1 job
      measured gamma 1 at 1.82 plain steps over 12 batches, where the fixed jobs of the same round
      ran gamma 1 at 1.10x, and decoded its other 88 batches plain; the cache keeps a job's costs
@@ -51,32 +53,30 @@ The rule, in the order `choose` applies it:
      measurement would hold for every later job.
   5. Refresh: where the choice is a gamma >= 1 and another gamma >= 1 could be faster within the
      margins (its prediction times 1 + its margin reaches the choice's score), or is the choice's
-     neighbour (gamma +- 1) within the measured range with a thin step (`_thin`), every REFRESH_EVERY-th batch is
-     decoded at the least measured such runner-up (the fewest loop steps; ties: the best
-     prediction), so that close gammas stay measured (the job adds every batch's timing to its
-     costs: speculative/infer/auto_gamma.py) until their margins tell them apart. A thin
-     neighbour is a runner-up whatever it predicts: a few short batches' noise cannot rule it out
-     (at batch 1, gamma 3's step measured on two batches of the job's measuring 2.36 plain steps,
-     gamma 2's 1.50, and every later job, starting from the cached costs, chose 2 without decoding
-     3 again; the fixed jobs of the same rounds measured the two within 1%).
+     neighbour (gamma +- 1) within the measured range with a thin step (`_thin`), every
+     REFRESH_EVERY-th batch is decoded at the least measured such runner-up (the fewest loop
+     steps; ties: the best prediction), so that close gammas stay measured (the job adds every
+     batch's timing to its costs: speculative/infer/auto_gamma.py) until their margins tell them
+     apart. A thin neighbour is a runner-up whatever it predicts: a few short batches' noise
+     cannot rule it out (at batch 1 a filling job measured gamma 3's step over 56 loop steps at
+     2.36 plain steps, gamma 2's at 1.50, and no job starting from the cached costs decoded 3
+     again, where the fixed jobs of the same rounds ran 3 at 1.243x and 2 at 1.203x).
 
 The choice stays within the measured gammas, 0..`Costs.top`, and one past them where a measured
 gamma >= 1 predicts at least EXPLORE_FROM (its step extrapolated; decoding it measures it). While
-the costs are being measured
-(`choose_while_measuring`, a job without cached costs), the same rules run on the gammas measured
-so far and one past them, its step extrapolated (`Costs.step`: the slope of the two largest
-measured gammas, flat with one), and a chosen gamma not yet measured is decoded to measure it
-(CALIBRATE): first the plain loop (from the baseline mode's batches where the job has one, else its
-own first batches at gamma 0) and gamma 1, then wherever the rules point, one gamma further at a
-time, until they choose a measured gamma whose next gamma is measured too or is not its runner-up
-within the margins (rule 5's test); the measuring then ends. Where they choose plain
-decoding while a gamma that a perfect draft would pay at is measured over fewer than
-THIN * MIN_STEPS loop steps, that gamma is decoded again first (rule 4's probe, without the
-wait). The job looks one gamma past
-the measured range only while some measured gamma >= 1 predicts at least plain decoding's speed
-(EXPLORE_FROM): where the drafts lose at every measured width, a longer draft is not decoded on the
-job's own batches just to confirm it (at batch 8 and 32 that measurement was most of what measuring
-cost).
+the costs are being measured (`choose_while_measuring`, a job without cached costs), the same rules
+run on the gammas measured so far and one past them, its step extrapolated (`Costs.step`: the slope
+of the two largest measured gammas, flat with one), and a chosen gamma not yet measured is decoded
+to measure it (CALIBRATE): first the plain loop (from the baseline mode's batches where the job has
+one, else its own first batches at gamma 0) and gamma 1, then wherever the rules point, one gamma
+further at a time, until they choose a measured gamma whose next gamma is measured too or is not
+its runner-up within the margins (rule 5's test); the measuring then ends. Where they choose plain
+decoding while a gamma that a perfect draft would pay at within its margin is measured over fewer
+than THIN * MIN_STEPS loop steps, that gamma is decoded again first (rule 4's probe, without the
+wait). The job looks one gamma past the measured range only while some measured gamma >= 1
+predicts at least plain decoding's speed (EXPLORE_FROM): where the drafts lose at every measured
+width, a longer draft is not decoded on the job's own batches just to confirm it (at batch 8 and 32
+that measurement was most of what measuring cost).
 """
 
 from __future__ import annotations
@@ -197,11 +197,13 @@ def _thin(costs: costs_lib.Costs, gamma: int) -> bool:
 
 def _probes(costs: costs_lib.Costs) -> list[int]:
   """Rule 4's candidates: the measured gammas >= 1 a perfect draft (alpha = 1) would pay at by
-  their margins, or at all where their steps are thin (`_thin`)."""
+  their margins, or, where their steps are thin (`_thin`), within them."""
   at_one = predicted_speedups(costs, 1.0)
   scores = _scores(costs, at_one)
   return [
-    g for g in range(1, costs.top + 1) if scores[g] > 1.0 or (at_one[g] > 1.0 and _thin(costs, g))
+    g
+    for g in range(1, costs.top + 1)
+    if scores[g] > 1.0 or (at_one[g] * (1.0 + margin(costs, g)) > 1.0 and _thin(costs, g))
   ]
 
 

@@ -340,8 +340,8 @@ def test_while_measuring_it_looks_past_gamma_1_only_where_gamma_1_breaks_even():
   """Gamma 1 steps 1.9 plain steps: at alpha 0.8 it predicts 1.8 / 1.9 = 0.95x, and gamma 2, its
   step assumed flat, 2.44 / 1.9 = 1.28x. A job whose measured drafts all lose does not decode its
   next batches at gamma 2 to find out: it freezes on plain decoding (once gamma 1 is measured
-  over THIN * MIN_STEPS, probing it only every RECHECK_EVERY-th batch). Gamma 1 at 1.7 plain steps (1.06x) breaks even, so gamma 2
-  (1.44x) is measured."""
+  over THIN * MIN_STEPS, probing it only every RECHECK_EVERY-th batch). Gamma 1 at 1.7 plain
+  steps (1.06x) breaks even, so gamma 2 (1.44x) is measured."""
   state = _confident(0.8)
   for gamma_1_step, want in [(1.9e-3, (0, policy.NEVER_PAYS)), (1.7e-3, (2, policy.CALIBRATE))]:
     costs = costs_lib.Costs(((0, 1e-3), (1, gamma_1_step)), 7)
@@ -380,6 +380,32 @@ def test_one_batch_does_not_rule_drafting_out_two_do():
         for k in range(policy.RECHECK_EVERY)
       ]
       assert streak == [0] * (policy.RECHECK_EVERY - 1) + [1]
+
+
+def test_a_thin_step_where_a_perfect_draft_breaks_even_is_measured_again():
+  """Gamma 1 at 2.05 plain steps: a perfect draft, 2 / 2.05 = 0.976x, pays within the margin of a
+  step measured over MIN_STEPS loop steps (x 1.1) but not of one over THIN * MIN_STEPS (x 1.071).
+  Thin, it is measured again (the next batch while measuring, every PROBE_EVERY-th plain batch
+  after); then plain for good. At 2.3 plain steps (0.87x, x 1.1 = 0.96x) even a thin step rules
+  drafting out."""
+  state = dataclasses.replace(_confident(0.8), plain_streak=policy.PROBE_EVERY - 1)
+  for step, steps, want in [
+    (2.05e-3, costs_lib.MIN_STEPS, (1, policy.PROBE)),
+    (2.05e-3, policy.THIN * costs_lib.MIN_STEPS, (0, policy.NEVER_PAYS)),
+    (2.3e-3, costs_lib.MIN_STEPS, (0, policy.NEVER_PAYS)),
+  ]:
+    costs = costs_lib.Costs(((0, 1e-3), (1, step)), 7)
+    times = _measure(costs_lib.LoopTimes.empty(7), costs, 0, steps=100 * steps)
+    times = _measure(times, costs, 1, steps=steps)
+    assert policy.predicted_speedups(times.costs(), 1.0)[1] < 1.0
+    choice = policy.choose(times.costs(), state)
+    assert (choice.gamma, choice.reason) == want
+    recheck = dataclasses.replace(state, plain_streak=policy.RECHECK_EVERY - 1)
+    assert policy.choose(times.costs(), recheck).gamma == want[0]
+    measuring = policy.choose_while_measuring(times, policy.PolicyState(), True)
+    assert (measuring.gamma, measuring.reason) == (
+      (1, policy.CALIBRATE) if want[0] else (0, policy.NEVER_PAYS)
+    )
 
 
 def test_a_gamma_counts_as_measured_after_min_steps():
