@@ -2,7 +2,6 @@
 
 main           benchmark() and its arguments (BenchmarkSettings, checked before any work): inputs,
                models, the cost model, the sweep, the whole job, the report
-machine        the machine: its description and load average (whether a shape fits: models/memory.py)
 methods        our models (their weights) on each batch size's decode path, the drafters and the
                methods compared
 costs          the cost model t(T), c, v(T), the roofline, and the noise verdict of each estimate
@@ -11,7 +10,8 @@ sweep          timing every method of a (batch size, temperature) group; rows an
                timing settings (TimingSettings) and a batch size's parts (Batch) the benchmark and
                paper_shape share
 conclude       the gamma policy, the targets check, the explanations of missed targets, the summary
-markdown       the one page writer: cells, column-declared tables, sections, a page's record and files
+markdown       the one page writer: cells, column-declared tables, sections, a page's record and files;
+               the machine: its description and load average (whether a shape fits: models/memory.py)
 report         the results page (its sections), the included pages, its plots (speedup_vs_gamma.png,
                alpha.png), results.json
 decode_step    the T5 decoder step on the CPU kernels against XLA's dot (python -m ...decode_step)

@@ -22,7 +22,6 @@ from typing import Sequence
 import numpy as np
 
 from speculative.bench import ceiling
-from speculative.bench import machine as machine_lib
 from speculative.bench import markdown
 
 AUTO = 'auto'
@@ -186,7 +185,7 @@ def main(argv: Sequence[str] | None = None) -> None:
   for path in args.gin_file:
     if not os.path.exists(path):
       parser.error(f'--gin_file {path} does not exist')
-  machine = machine_lib.machine_info()
+  machine = markdown.machine_info()
   print(
     f'{machine["cpu"]}, {machine["usable_cores"]} cores; load average '
     f'{machine["load_average_start"][0]:.2f}; jobs: {args.gin_file} {args.gin_bindings}'
@@ -196,7 +195,7 @@ def main(argv: Sequence[str] | None = None) -> None:
   except RuntimeError as e:
     print(f'{parser.prog}: error: {e}', file=sys.stderr)
     sys.exit(1)
-  load = machine_lib.load_line(machine)
+  load = markdown.load_line(machine)
   rows = table(jobs)
   cost = measuring_cost(jobs)
   print(format_table(rows, cost))

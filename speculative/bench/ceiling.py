@@ -26,7 +26,6 @@ import numpy as np
 
 from speculative import drafters
 from speculative import timing
-from speculative.bench import machine as machine_lib
 from speculative.bench import markdown
 from speculative.bench import methods as methods_lib
 from speculative.decode import batching
@@ -219,14 +218,14 @@ def run(settings: infer_settings.InferSettings, gammas: Sequence[int], json_out:
     if json_out is not None:
       checks.probe_writable(os.path.dirname(os.path.abspath(json_out)))
     inputs = infer_inputs.load_inputs(settings)
-  machine = machine_lib.machine_info()
+  machine = markdown.machine_info()
   models = infer_run.load_models(settings)
   print(
     f'{len(inputs.examples)} inputs at batch {settings.batch_size}, gammas {list(gammas)}, '
     f'decode path: {settings.decode_path().line}; load average {os.getloadavg()[0]:.2f}'
   )
   tallies = measure(settings, inputs.examples, models, gammas)
-  load = machine_lib.load_line(machine)
+  load = markdown.load_line(machine)
   rows = table(tallies)
   print(format_table(rows))
   print(f'{machine["cpu"]}, {machine["usable_cores"]} cores; {load}')

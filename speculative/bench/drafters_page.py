@@ -34,7 +34,6 @@ import jax
 import jax.numpy as jnp
 
 from speculative import drafters as drafters_lib
-from speculative.bench import machine as machine_lib
 from speculative.bench import markdown as markdown_lib
 from speculative.bench import methods as methods_lib
 from speculative.bench import pages
@@ -339,8 +338,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     report['lenience'] = lenience_part(pair, examples, args)
   if 'walltime' not in skip:
     report['costs'], report['walltime'] = walltime_part(pair, examples, args)
-  busy = machine_lib.busy_warning(report['setup']['machine'])
-  report['setup']['warnings'] = [busy] if busy else []
+  report['setup']['warnings'] = markdown_lib.busy_warnings(report['setup']['machine'])
   text = markdown(report)
   markdown_lib.write_page(args.output_dir, {'drafters.json': report, 'drafters.md': text})
   print()

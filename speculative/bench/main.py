@@ -22,7 +22,7 @@ from speculative import kernels
 from speculative import timing
 from speculative.bench import conclude as conclude_lib
 from speculative.bench import costs as costs_lib
-from speculative.bench import machine as machine_lib
+from speculative.bench import markdown
 from speculative.bench import methods as methods_lib
 from speculative.bench import pages
 from speculative.bench import report as report_lib
@@ -245,7 +245,7 @@ def _run(s: BenchmarkSettings) -> dict[str, Any]:
   """`benchmark` after its checks (the command-line tests replace it: nothing computed)."""
   report_log = print if s.verbose else (lambda *_: None)
   plan = sweep.gamma_plan(s.gammas, dict(s.drafter_gammas or {}), s.drafters, s.batch_sizes)
-  machine = machine_lib.machine_info()
+  machine = markdown.machine_info()
   warnings: list[str] = []
   t_start = time.perf_counter()
   log = lambda msg: report_log(f"[{time.perf_counter() - t_start:6.0f}s] {msg}")  # noqa: E731
@@ -270,7 +270,6 @@ def _run(s: BenchmarkSettings) -> dict[str, Any]:
   groups = _sweep(s, batches, plan, examples, warnings)
   warnings += _drift_warnings(s, batches)
   job = whole_job(s, batches, groups) if s.whole_job_examples else None
-  busy = machine_lib.busy_warning(machine)
   report = {
     "title": s.title,
     "command": s.command,
@@ -279,7 +278,7 @@ def _run(s: BenchmarkSettings) -> dict[str, Any]:
     "machine": machine,
     "models": descriptions,
     "inputs": source,
-    "warnings": warnings + ([busy] if busy else []),
+    "warnings": warnings + markdown.busy_warnings(machine),
     "config": _config_record(s, plan, models, task_label),
     "costs": {str(b): batch.costs for b, batch in batches.items()},
     "groups": groups,

@@ -1,5 +1,7 @@
 """The one writer of the benchmark's pages and of the tables and JSON its commands print and write:
-cells, column-declared tables, sections, the record of how a page was made, a page's files."""
+cells, column-declared tables, sections, the record of how a page was made, a page's files; and the
+machine a benchmark runs on: its description (on every page) and its load (whether a model shape
+fits its memory: speculative/models/memory.py)."""
 
 from __future__ import annotations
 
@@ -7,16 +9,18 @@ import datetime
 import json
 import math
 import os
+import platform
 import sys
 from typing import Any
 from typing import Callable
 from typing import Iterable
 from typing import Sequence
 
+import jax
 import numpy as np
 
-from speculative.bench import machine as machine_lib
 from speculative.checkpoints import files
+from speculative.jobs import runtime
 
 # A table column: its header and the function that turns a record (a row of a report) into a cell.
 Column = tuple[str, Callable[[Any], Any]]
@@ -55,13 +59,53 @@ def section(title: str, *paragraphs: str, level: int = 2) -> list[str]:
   return [f"{'#' * level} {title}", ""] + [line for p in paragraphs for line in (p, "")]
 
 
+def machine_info() -> dict[str, Any]:
+  """CPU, cores, memory, software versions, devices and the load average now."""
+  cpu = runtime.cpu_model() or platform.processor() or platform.machine()
+  mem_total = runtime.proc_field("/proc/meminfo", "MemTotal")
+  memory_gib = int(mem_total.split()[0]) / 2**20 if mem_total else None
+  return {
+    "cpu": cpu,
+    "cpu_count": os.cpu_count(),
+    "usable_cores": runtime.usable_cores(),
+    "memory_gib": None if memory_gib is None else round(memory_gib, 1),
+    "platform": platform.platform(),
+    "python": platform.python_version(),
+    "jax": jax.__version__,
+    "backend": jax.default_backend(),
+    "devices": [str(d) for d in jax.devices()],
+    "load_average_start": list(os.getloadavg()),
+    "runtime": runtime.settings_in_force(),
+  }
+
+
+def busy_warnings(machine: dict[str, Any]) -> list[str]:
+  """Records the load average at the end; a warning if the machine was busier than its cores."""
+  end = machine["load_average_end"] = list(os.getloadavg())
+  if max(machine["load_average_start"][0], end[0]) > machine["usable_cores"]:
+    return [
+      f"The machine was busy (load average above {machine['usable_cores']} cores): "
+      "timings are noisy; regenerate on a quiet machine."
+    ]
+  return []
+
+
+def load_line(machine: dict[str, Any]) -> str:
+  """The load average at the start and at the end (now), with `busy_warnings`' warning."""
+  warnings = "".join(f". {warning}" for warning in busy_warnings(machine))
+  return (
+    f"load average {machine['load_average_start'][0]:.2f} at the start, "
+    f"{machine['load_average_end'][0]:.2f} at the end{warnings}"
+  )
+
+
 def record(module: str, argv: Sequence[str] | None) -> dict[str, Any]:
   """How a page was made: its command (as `python -m module ...`), when, and the machine."""
   arguments = list(sys.argv[1:] if argv is None else argv)
   return dict(
     command=" ".join(["python", "-m", module, *arguments]),
     generated_at=datetime.datetime.now().isoformat(timespec="seconds"),
-    machine=machine_lib.machine_info(),
+    machine=machine_info(),
   )
 
 

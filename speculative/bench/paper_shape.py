@@ -29,7 +29,6 @@ import numpy as np
 from speculative import analysis
 from speculative import checkpoints
 from speculative.bench import costs as costs_lib
-from speculative.bench import machine as machine_lib
 from speculative.bench import markdown
 from speculative.bench import methods as methods_lib
 from speculative.bench import pages
@@ -240,7 +239,7 @@ def paper_shape(s: PaperShapeSettings) -> dict[str, Any]:
   """The benchmark (arguments: `PaperShapeSettings`' fields, checked before any compute)."""
   t0 = time.perf_counter()
   log = lambda msg: print(f"[{time.perf_counter() - t0:6.1f}s] {msg}", flush=True)  # noqa: E731
-  machine = machine_lib.machine_info()
+  machine = markdown.machine_info()
   need = s.memory_need()
   limit, source = memory.device_memory()
   report: dict[str, Any] = {

@@ -19,7 +19,6 @@ import numpy as np
 
 from speculative import timing
 from speculative.bench import costs as bench_noise
-from speculative.bench import machine as machine_lib
 from speculative.bench import markdown
 from speculative.bench import methods as methods_lib
 from speculative.bench import pages
@@ -256,8 +255,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
   for row in rows:
     if row['kind'] == SPECTR:
       _add_prediction(row, costs)
-  busy = machine_lib.busy_warning(report['machine'])
-  report.update(warnings=[busy] if busy else [], target=pair.descriptions['target'])
+  report.update(warnings=markdown.busy_warnings(report['machine']))
+  report.update(target=pair.descriptions['target'])
   report.update(draft=pair.descriptions['draft'], num_inputs=len(examples))
   report.update({k: getattr(args, k) for k in ('inputs_length', 'max_new_tokens')})
   report.update(temperature=1.0, repeats=args.repeats, rows=rows, costs=costs)
