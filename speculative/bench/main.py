@@ -10,7 +10,6 @@ from __future__ import annotations
 import copy
 import dataclasses
 import datetime
-import importlib
 import logging
 import sys
 import time
@@ -32,6 +31,7 @@ from speculative.infer import inputs as infer_inputs
 from speculative.jobs import checks
 from speculative.jobs import runtime
 from speculative.models import t5 as t5_lib
+from speculative.t5x_adapter import stock as t5x_stock
 
 DEFAULT_GIN = "configs/benchmark/embedded.gin"  # the results page's run file (--help's default)
 DEFAULT_QUICK_GIN = "configs/benchmark/quick.gin"
@@ -342,10 +342,7 @@ def main(argv: Sequence[str] | None = None) -> None:
       f"--gin_file is required (e.g. --gin_file={DEFAULT_GIN}) or --render RESULTS_JSON; "
       "--help lists the knobs of a run file"
     )
-  if methods_lib.t5x_available():
-    # t5x registers gin configurables when imported; that must happen before the config is
-    # parsed (and locked), not later inside make_stock_t5x_decode.
-    importlib.import_module("t5x.models")
+  t5x_stock.register_gin_configurables()  # before the config is parsed (and locked)
   gin_utils.run_parsed(
     parser,
     args,

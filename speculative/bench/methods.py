@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import importlib
-import importlib.util
 import logging
 import os
 from typing import Any
@@ -14,7 +12,6 @@ from typing import Callable
 from typing import Sequence
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from speculative import checkpoints
@@ -25,6 +22,7 @@ from speculative.decode import modes
 from speculative.decode import options as decode_options
 from speculative.jobs import checks
 from speculative.models import t5 as t5_lib
+from speculative.t5x_adapter import stock as t5x_stock
 
 BASELINE = "baseline"
 STOCK_EQUIVALENT = "stock_equivalent"
@@ -222,62 +220,12 @@ def decode_outputs(kind: str, result: Any) -> dict[str, np.ndarray]:
   return {"tokens": np.asarray(result.tokens), "lengths": np.asarray(result.lengths), **metrics}
 
 
-def t5x_available() -> bool:
-  return importlib.util.find_spec("t5x") is not None
-
-
-# The fields of our T5Config that T5X's `network.T5Config` takes as they are (same names).
-_T5X_NETWORK_FIELDS = (
-  "vocab_size emb_dim num_heads num_encoder_layers num_decoder_layers head_dim mlp_dim "
-  "logits_via_embedding"
-).split()
-
-
-def make_stock_t5x_decode(
-  config: t5_lib.T5Config, params: Any, *, max_new_tokens: int, temperature: float
-) -> Callable[[jax.Array, jax.Array], jax.Array]:
-  """Stock T5X's `temperature_sample` (topk=0 above temperature 0: its default is greedy)."""
-  from t5x import decoding as t5x_decoding  # pylint: disable=g-import-not-at-top
-  from t5x import models as t5x_models  # pylint: disable=g-import-not-at-top
-  from t5x.examples.t5 import network as t5x_network  # pylint: disable=g-import-not-at-top
-
-  net_config = t5x_network.T5Config(
-    **{name: getattr(config, name) for name in _T5X_NETWORK_FIELDS},
-    dtype=jnp.dtype(config.dtype),
-    mlp_activations=tuple(config.mlp_activations),
-    dropout_rate=0.0,
-    float32_attention_logits=getattr(config, "float32_attention_logits", False),
-  )
-  vocabulary = tasks.get_vocabulary()
-  model = t5x_models.EncoderDecoderModel(
-    module=t5x_network.Transformer(config=net_config),
-    input_vocabulary=vocabulary,
-    output_vocabulary=vocabulary,
-    optimizer_def=None,
-    decode_fn=t5x_decoding.temperature_sample,
-  )
-  decoder_params = {"temperature": float(temperature), "topk": 0 if temperature > 0 else 1}
-
-  @jax.jit
-  def predict(params, encoder_tokens, rng):
-    batch = {
-      "encoder_input_tokens": encoder_tokens,
-      "decoder_input_tokens": jnp.zeros((encoder_tokens.shape[0], max_new_tokens), jnp.int32),
-    }
-    decodes, _ = model.predict_batch_with_aux(
-      params, batch, rng=rng, decoder_params=dict(decoder_params)
-    )
-    return decodes  # [B, max_new_tokens]
-
-  return lambda encoder_tokens, rng: predict(params, encoder_tokens, rng)
-
-
 def stock_t5x_decoder(s: Any, params: Any) -> Callable[..., Any] | None:
-  """`make_stock_t5x_decode` at a temperature=..., or None where `s` does not time it."""
+  """`t5x_stock.make_stock_t5x_decode` at a temperature=..., or None where `s` does not time it."""
   if not s.use_t5x:
     return None
   return functools.partial(
-    make_stock_t5x_decode, s.target_config, params, max_new_tokens=s.max_new_tokens
+    t5x_stock.make_stock_t5x_decode, s.target_config, params, max_new_tokens=s.max_new_tokens
   )
 
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import dataclasses
 import gc
-import importlib
 import logging
 import os
 import sys
@@ -38,6 +37,7 @@ from speculative.jobs import checks
 from speculative.models import grow
 from speculative.models import memory
 from speculative.models import t5 as t5_lib
+from speculative.t5x_adapter import stock as t5x_stock
 
 DEFAULT_GIN = "configs/benchmark/paper_shape.gin"
 PAPER_ALPHAS = (("greedy", 0.75), ("temperature 1", 0.62))  # the paper's Table 3, T5-XXL / small
@@ -402,8 +402,7 @@ def main(argv: Sequence[str] | None = None) -> None:
   """`python -m speculative.bench.paper_shape`: the runners' command line (gin_utils)."""
   from speculative.jobs import gin_utils  # pylint: disable=g-import-not-at-top
 
-  if methods_lib.t5x_available():
-    importlib.import_module("t5x.models")  # t5x's gin configurables, before the config is parsed
+  t5x_stock.register_gin_configurables()  # before the config is parsed
   logging.getLogger("absl").setLevel(logging.WARNING)
   gin_utils.run_gin_main(
     paper_shape,

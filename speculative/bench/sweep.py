@@ -26,6 +26,7 @@ from speculative.decode import audit
 from speculative.decode import batching
 from speculative.jobs import checks
 from speculative.jobs import resources
+from speculative.t5x_adapter import stock as t5x_stock
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -63,14 +64,14 @@ class TimingSettings:
     if not self.temperatures or any(float(t) < 0 for t in self.temperatures):
       raise ValueError(f"temperatures must be >= 0; got {self.temperatures!r}")
     checks.check_choice("stock_t5x", self.stock_t5x, ("auto", "on", "off"))
-    if self.stock_t5x == "on" and not bench_methods.t5x_available():
+    if self.stock_t5x == "on" and not t5x_stock.t5x_available():
       raise ValueError("stock_t5x='on' but t5x is not importable (pip install t5x, or use 'auto')")
     for batch_size in batch_sizes:
       kernels.policy.choose(self.kernels, int(batch_size))
 
   @property
   def use_t5x(self) -> bool:
-    return self.stock_t5x == "on" or (self.stock_t5x == "auto" and bench_methods.t5x_available())
+    return self.stock_t5x == "on" or (self.stock_t5x == "auto" and t5x_stock.t5x_available())
 
 
 def gammas_for(

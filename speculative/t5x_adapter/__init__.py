@@ -11,7 +11,8 @@ and these work without t5x:
   resolve_decoder_params, draft_config, to_t5_config, T5_1_1_SIZES   (options)
 
 `speculative.t5x_adapter.exactness` is the model's optional exactness check (`check_exactness=True`;
-t5x-free). `speculative.t5x_adapter.tasks` registers the project's seqio tasks (import it from gin). The gin run
+t5x-free). `speculative.t5x_adapter.stock` is stock T5X's own decode, which the benchmark times
+(`make_stock_t5x_decode`; t5x is imported when it is called). `speculative.t5x_adapter.tasks` registers the project's seqio tasks (import it from gin). The gin run
 files live in `configs/t5x/`; the rest of the `speculative` package never imports t5x.
 """
 

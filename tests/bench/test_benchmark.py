@@ -27,7 +27,6 @@ from speculative import drafters as drafters_lib
 from speculative.bench import conclude
 from speculative.bench import costs
 from speculative.bench import main as bench_main
-from speculative.bench import methods
 from speculative.bench import report as report_lib
 from speculative.bench import sweep
 from speculative.data.tasks import EOS_ID
@@ -35,6 +34,7 @@ from speculative.decode import batching
 from speculative.infer.inputs import Example
 from speculative.models.t5 import T5
 from speculative.models.t5 import T5Config
+from speculative.t5x_adapter import stock as t5x_stock
 
 REPO = Path(__file__).resolve().parents[2]
 VOCAB = 64
@@ -405,7 +405,7 @@ def test_bad_options_raise_before_any_work(tmp_path):
     benchmark.benchmark(stock_t5x="maybe", allow_random_init=True, **kwargs)
   with pytest.raises(ValueError, match="kernels must be one of"):
     benchmark.benchmark(kernels="fast", allow_random_init=True, **kwargs)
-  if not methods.t5x_available():
+  if not t5x_stock.t5x_available():
     with pytest.raises(ValueError, match="t5x is not importable"):
       benchmark.benchmark(stock_t5x="on", allow_random_init=True, **kwargs)
   with pytest.raises(FileNotFoundError, match="target checkpoint does not exist"):

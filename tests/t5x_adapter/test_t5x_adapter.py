@@ -416,6 +416,23 @@ def test_adapter_greedy_equals_stock_t5x_temperature_sample(t5x_tiny, tiny_draft
   assert int(aux['target_calls'][0]) > 64 / 5
 
 
+def test_stock_decode_is_t5x_temperature_sample(t5x_tiny):
+  """The benchmark's `stock_t5x` method (`stock.make_stock_t5x_decode`, from our config) decodes
+  the fixture's greedy tokens, as stock T5X wrote them."""
+  from speculative.t5x_adapter import stock
+
+  fixture = t5x_tiny['fixture']
+  decode = stock.make_stock_t5x_decode(
+    options.to_t5_config(fixture['T5Config']),
+    t5x_tiny['params'],
+    max_new_tokens=fixture['decoder_len'],
+    temperature=0.0,
+  )
+  decodes = decode(_batch(fixture)['encoder_input_tokens'], jax.random.PRNGKey(0))
+  expected = np.asarray(fixture['results']['greedy_t0']['tokens'])
+  np.testing.assert_array_equal(np.asarray(decodes)[0], expected)
+
+
 def test_adapter_check_exactness(t5x_tiny, tiny_draft_checkpoint, monkeypatch):
   """check_exactness=True: verdict 0 for exact greedy decodes (under jit, as T5X calls it), -1 for
   sampled ones, and an ExactnessError from a deliberately inexact speculative decode."""
