@@ -21,6 +21,7 @@ from speculative.data import tasks
 from speculative.decode import modes
 from speculative.decode import options as decode_options
 from speculative.jobs import checks
+from speculative.models import memory
 from speculative.models import t5 as t5_lib
 from speculative.t5x_adapter import stock as t5x_stock
 
@@ -28,11 +29,6 @@ BASELINE = "baseline"
 STOCK_EQUIVALENT = "stock_equivalent"
 STOCK_T5X = "stock_t5x"
 SPECULATIVE = "speculative"
-
-
-def num_params(params: Any) -> int:
-  """The number of parameters of a parameter tree."""
-  return int(sum(np.prod(x.shape) for x in jax.tree_util.tree_leaves(params)))
 
 
 def check_checkpoint(
@@ -66,7 +62,7 @@ def build_model(
     model = t5_lib.T5(config)
     params = jax.jit(model.init_params)(jax.random.PRNGKey(seed))
     source = f"random init (seed {seed})"
-  return model, params, f"{source}, {num_params(params) / 1e6:.1f}M params"
+  return model, params, f"{source}, {memory.num_params(config) / 1e6:.1f}M params"
 
 
 def build_pair(

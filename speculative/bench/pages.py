@@ -17,11 +17,11 @@ from speculative.bench import costs as costs_lib
 from speculative.bench import methods as methods_lib
 from speculative.bench import sweep
 from speculative.data import tasks
-from speculative.data import vocabulary as vocabulary_lib
 from speculative.decode import batching
 from speculative.infer import inputs as infer_inputs
 from speculative.jobs import checks
 from speculative.jobs import gin_utils
+from speculative.models import memory
 from speculative.models import t5 as t5_lib
 
 COST_POSITION = 16  # decoder position of the timed cost-model calls (mid-sentence)
@@ -79,8 +79,8 @@ def load_pair(args: argparse.Namespace) -> Pair:
     target, draft, allow_random_init=args.allow_random_init, seed=args.seed
   )
   names = {
-    role: f'{option(role, "macro").lower()} ({methods_lib.num_params(params) / 1e6:.1f}M)'
-    for role, params in zip(ROLES, models[1::2])
+    role: f'{option(role, "macro").lower()} ({memory.num_params(model.config) / 1e6:.1f}M)'
+    for role, model in zip(ROLES, models[0::2])
   }
   return Pair(*models, descriptions, names)
 
@@ -148,11 +148,7 @@ def time_rows(
 def _load_examples(task, split, path, prefix, inputs_length: int, num_examples: int, skip: bool):
   """(the first inputs of a task's split or of a file, how many too long were skipped)."""
   limit = None if skip else num_examples
-  if task is not None:
-    examples = infer_inputs.examples_from_task(task, split, inputs_length, limit)
-  else:
-    vocabulary = vocabulary_lib.load()
-    examples = infer_inputs.examples_from_file(path, vocabulary, inputs_length, prefix, limit)
+  examples = infer_inputs.load_examples(task, split, path, prefix, inputs_length, limit)
   skipped = 0
   if skip:
     kept = [e for e in examples if not e.truncated][:num_examples]

@@ -53,25 +53,29 @@ def load_inputs(settings: infer_settings.InferSettings) -> JobInputs:
   from speculative.data import metrics
 
   s = settings
+  examples = load_examples(
+    s.mixture_or_task_name,
+    s.split,
+    s.input_file,
+    s.input_prefix,
+    s.inputs_length,
+    s.num_examples,
+    s.vocabulary_path,
+  )
   if s.mixture_or_task_name is not None:
-    gin_utils.import_tensorflow()  # seqio's, with its start-up lines filtered
-    import seqio
+    import seqio  # imported (with TensorFlow) and the tasks registered by `examples_from_task`
 
-    tasks.register_tasks()
     task = seqio.get_mixture_or_task(s.mixture_or_task_name)
     inputs = JobInputs(
-      examples=examples_from_task(s.mixture_or_task_name, s.split, s.inputs_length, s.num_examples),
+      examples=examples,
       vocabulary=task.output_features["targets"].vocabulary,
       metric_fns=list(getattr(task, "metric_fns", ())),
       source={"task": s.mixture_or_task_name, "split": s.split},
     )
   else:
-    vocabulary = vocabulary_lib.load(s.vocabulary_path)  # SentencePiece alone: no TensorFlow
     inputs = JobInputs(
-      examples=examples_from_file(
-        s.input_file, vocabulary, s.inputs_length, s.input_prefix, s.num_examples
-      ),
-      vocabulary=vocabulary,
+      examples=examples,
+      vocabulary=vocabulary_lib.load(s.vocabulary_path),  # the instance that tokenized them
       metric_fns=[metrics.translation_metrics],
       source={
         "input_file": s.input_file,
@@ -95,6 +99,25 @@ def load_inputs(settings: infer_settings.InferSettings) -> JobInputs:
   if warning:
     logging.warning(warning)
   return inputs
+
+
+def load_examples(
+  task: str | None,
+  split: str,
+  input_file: str | None,
+  input_prefix: str,
+  inputs_length: int,
+  num_examples: int | None = None,
+  vocabulary_path: str | None = None,
+) -> list[Example]:
+  """The first `num_examples` (None: all) inputs of a seqio task's split (`examples_from_task`) or,
+  without a task, of `input_file` (`examples_from_file`, each line after `input_prefix`, tokenized
+  with the SentencePiece model at `vocabulary_path`, default the shipped 8k one), truncated to
+  `inputs_length`: the job's (`load_inputs`) and the benchmark's."""
+  if task is not None:
+    return examples_from_task(task, split, inputs_length, num_examples)
+  vocabulary = vocabulary_lib.load(vocabulary_path)  # SentencePiece alone: no TensorFlow
+  return examples_from_file(input_file, vocabulary, inputs_length, input_prefix, num_examples)
 
 
 # A target with more than this many embedding rows per piece of the vocabulary was most likely
