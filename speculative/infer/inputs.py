@@ -75,7 +75,7 @@ def load_inputs(settings: infer_settings.InferSettings) -> JobInputs:
   else:
     inputs = JobInputs(
       examples=examples,
-      vocabulary=vocabulary_lib.load(s.vocabulary_path),  # the instance that tokenized them
+      vocabulary=vocabulary_lib.load(s.vocabulary_path),  # the model that tokenized them
       metric_fns=[metrics.translation_metrics],
       source={
         "input_file": s.input_file,
