@@ -33,23 +33,22 @@ The rule, in the order `choose` applies it:
      choice switches between speculating and plain decoding, and while its prediction is within
      HYSTERESIS of the choice's when the choice is a measured gamma the job has not decoded yet
      (its loop would compile).
-  4. Gamma 0 does not lock in (alpha only moves on batches that draft). The probe rule: when
-     gamma 0 is chosen but some measured gamma >= 1 would pay at alpha = 1 (the measured costs'
-     ceiling) by its margin, or within its margin while its step rests on fewer than
-     THIN * MIN_STEPS loop steps, every PROBE_EVERY-th consecutive plain batch is decoded at the
-     best such gamma instead; its acceptance (and its step) enter the estimates like any other
-     batch's. When not even alpha = 1 pays by the margin on a step measured over THIN * MIN_STEPS,
-     the job probes only every RECHECK_EVERY-th consecutive plain batch, and only where a perfect
-     draft would pay at all (at batch 8 on the CPU kernels gamma 1's step is twice the plain step:
-     a perfect draft only breaks even, and each probe batch cost 15%); where not even that pays it
-     never probes. One batch is too little to rule drafting out: at batch 1 a first gamma-1 batch
-     of 33 steps measured 1.81 plain steps where the job's later batches measured 1.49, and two
-     batches of 33 steps 1.96, where a perfect draft breaks even (that job, had it not measured
-     again, would decode its other 98 batches plain). Twelve
-     are not final either: on a loaded machine (load average 3.5) an uncached batch-1 job
-     measured gamma 1 at 1.82 plain steps over 12 batches, where the fixed jobs of the same round
-     ran gamma 1 at 1.10x, and decoded its other 88 batches plain; the cache keeps a job's costs
-     for the next jobs, which add only the gammas they decode, so without the recheck that
+  4. Gamma 0 does not lock in (alpha only moves on batches that draft). The probe rule: when gamma 0
+     is chosen but some measured gamma >= 1 would pay at alpha = 1 (the measured costs' ceiling) by
+     its margin, or within its margin while its step rests on fewer than THIN * MIN_STEPS loop
+     steps, every PROBE_EVERY-th consecutive plain batch is decoded at the best such gamma instead;
+     its acceptance (and its step) enter the estimates like any other batch's. When not even
+     alpha = 1 pays by the margin on a step measured over THIN * MIN_STEPS, the job probes only
+     every RECHECK_EVERY-th consecutive plain batch, and only where a perfect draft would pay at all
+     (at batch 8 on the CPU kernels gamma 1's step is twice the plain step: a perfect draft only
+     breaks even, and each probe batch cost 15%); where not even that pays it never probes. One
+     batch is too little to rule drafting out: at batch 1 a first gamma-1 batch of 33 steps measured
+     1.81 plain steps where the job's later batches measured 1.49, and two (33 steps in all) 1.96,
+     where a perfect draft breaks even (judged on them, that job decoded its other 98 batches
+     plain). Twelve are not final either: on a loaded machine (load average 3.5) an uncached batch-1
+     job measured gamma 1 at 1.82 plain steps over 12 batches, where the fixed jobs of the same
+     round ran gamma 1 at 1.10x, and decoded its other 88 batches plain; the cache keeps a job's
+     costs for the next jobs, which add only the gammas they decode, so without the recheck that
      measurement would hold for every later job.
   5. Refresh: where the choice is a gamma >= 1 and another gamma >= 1 could be faster within the
      margins (its prediction times 1 + its margin reaches the choice's score), or is the choice's
