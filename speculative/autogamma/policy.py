@@ -206,6 +206,13 @@ def _probes(costs: costs_lib.Costs) -> list[int]:
   ]
 
 
+def _rechecks(costs: costs_lib.Costs) -> list[int]:
+  """Rule 4's recheck, where no gamma is a probe: the measured gammas >= 1 a perfect draft would
+  pay at, though not by their margins."""
+  at_one = predicted_speedups(costs, 1.0)
+  return [g for g in range(1, costs.top + 1) if at_one[g] > 1.0]
+
+
 def _scores(costs: costs_lib.Costs, speedups: dict[int, float]) -> dict[int, float]:
   """The scores the choice compares: each gamma's prediction over 1 + its margin; plain
   decoding's 1 (its time is the job's own, a gamma's a model's prediction)."""
@@ -275,15 +282,13 @@ def choose(costs: costs_lib.Costs, state: PolicyState) -> Choice:
   if rivals and state.since_refresh + 1 >= REFRESH_EVERY:
     return Choice(_least_measured(costs, speedups, rivals), REFRESH, alpha, speedups)
   if chosen == 0:
-    probes, every = _probes(costs), PROBE_EVERY
-    if not probes:  # the recheck: drafts pay at alpha = 1, not by the margin (rule 4)
-      at_one = predicted_speedups(costs, 1.0)
-      probes, every = [g for g in range(1, costs.top + 1) if at_one[g] > 1.0], RECHECK_EVERY
-    if not probes:
-      return Choice(0, NEVER_PAYS, alpha, speedups)
-    if state.plain_streak + 1 >= every:
+    probes = _probes(costs)
+    if probes and state.plain_streak + 1 >= PROBE_EVERY:
       return Choice(_argmax(speedups, probes), PROBE, alpha, speedups)
-    if every == RECHECK_EVERY:
+    if not probes:  # the recheck: drafts pay at alpha = 1, not by the margin (rule 4)
+      rechecks = _rechecks(costs)
+      if rechecks and state.plain_streak + 1 >= RECHECK_EVERY:
+        return Choice(_argmax(speedups, rechecks), PROBE, alpha, speedups)
       return Choice(0, NEVER_PAYS, alpha, speedups)
   return Choice(chosen, reason, alpha, speedups)
 
