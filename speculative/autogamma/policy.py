@@ -36,24 +36,20 @@ The rule, in the order `choose` applies it:
   4. Gamma 0 does not lock in (alpha only moves on batches that draft). The probe rule: when gamma 0
      is chosen but some measured gamma >= 1 would pay at alpha = 1 (the measured costs' ceiling) by
      its margin, or within its margin while its step rests on fewer than THIN * MIN_STEPS loop
-     steps, or reaches plain decoding within its margin at the estimated alpha (`_near`: the noise
-     of its step could hide a gain, as rule 5's runner-up), every PROBE_EVERY-th consecutive plain
-     batch is decoded at the best such gamma instead; its acceptance (and its step) enter the
-     estimates like any other batch's. (A summarization job at batch 1 measured gamma 1 at 0.998x
-     and gamma 2 at 0.964x over ten short batches each, where the fixed jobs of gammas 1 to 3 run at
-     1.1-1.16x, and decoded 179 of its 200 batches plain.) Where no gamma is such a candidate (not
-     even alpha = 1 pays by the margin on a step measured over THIN * MIN_STEPS, and none is near at
-     the estimated alpha), the job probes only every RECHECK_EVERY-th consecutive plain batch, and
-     only where a perfect draft would pay at all (at batch 8 on the CPU kernels gamma 1's step is
-     twice the plain step: a perfect draft only breaks even, and each probe batch cost 15%); where
-     not even that pays it never probes. One batch is too little to rule drafting out: at batch 1 a
-     first gamma-1 batch of 33 steps measured 1.81 plain steps where the job's later batches
-     measured 1.49, and two (33 steps in all) 1.96, where a perfect draft breaks even (judged on
-     them, that job decoded its other 98 batches plain). Twelve are not final either: on a loaded
-     machine (load average 3.5) an uncached batch-1 job measured gamma 1 at 1.82 plain steps over 12
-     batches, where the fixed jobs of the same round ran gamma 1 at 1.10x, and decoded its other 88
-     batches plain; the cache keeps a job's costs for the next jobs, which add only the gammas they
-     decode, so without the recheck that measurement would hold for every later job.
+     steps, every PROBE_EVERY-th consecutive plain batch is decoded at the best such gamma instead;
+     its acceptance (and its step) enter the estimates like any other batch's. When not even
+     alpha = 1 pays by the margin on a step measured over THIN * MIN_STEPS, the job probes only
+     every RECHECK_EVERY-th consecutive plain batch, and only where a perfect draft would pay at all
+     (at batch 8 on the CPU kernels gamma 1's step is twice the plain step: a perfect draft only
+     breaks even, and each probe batch cost 15%); where not even that pays it never probes. One
+     batch is too little to rule drafting out: at batch 1 a first gamma-1 batch of 33 steps measured
+     1.81 plain steps where the job's later batches measured 1.49, and two (33 steps in all) 1.96,
+     where a perfect draft breaks even (judged on them, that job decoded its other 98 batches
+     plain). Twelve are not final either: on a loaded machine (load average 3.5) an uncached batch-1
+     job measured gamma 1 at 1.82 plain steps over 12 batches, where the fixed jobs of the same
+     round ran gamma 1 at 1.10x, and decoded its other 88 batches plain; the cache keeps a job's
+     costs for the next jobs, which add only the gammas they decode, so without the recheck that
+     measurement would hold for every later job.
   5. Refresh: where the choice is a gamma >= 1 and another gamma >= 1 could be faster within the
      margins (its prediction times 1 + its margin reaches the choice's score), or is the choice's
      neighbour (gamma +- 1) within the measured range with a thin step (`_thin`), every
@@ -210,12 +206,6 @@ def _probes(costs: costs_lib.Costs) -> list[int]:
   ]
 
 
-def _near(costs: costs_lib.Costs, speedups: dict[int, float]) -> list[int]:
-  """Rule 4's candidates at the estimated alpha: the measured gammas >= 1 whose prediction,
-  plus its margin, reaches plain decoding's 1 (`_rival` against plain decoding)."""
-  return [g for g in range(1, costs.top + 1) if speedups[g] * (1.0 + margin(costs, g)) >= 1.0]
-
-
 def _rechecks(costs: costs_lib.Costs) -> list[int]:
   """Rule 4's recheck, where no gamma is a probe: the measured gammas >= 1 a perfect draft would
   pay at, though not by their margins."""
@@ -276,9 +266,9 @@ def choose(costs: costs_lib.Costs, state: PolicyState) -> Choice:
   # A runner-up of a speculative choice: a gamma >= 1 whose prediction, plus its margin, reaches
   # the choice's score (its prediction less its margin): the noise of their timings could order
   # them either way; or the choice's measured neighbour whose step is thin. The refresh decodes
-  # the least measured of them. Plain decoding is left by the probe rule only, at its slower
-  # cadence: a job where drafts lose does not decode every REFRESH_EVERY-th batch at a gamma that
-  # merely might break even (at batch 32 that cost 1-3% a job).
+  # the least measured of them. Plain decoding is left by the probe rule only: a job where drafts
+  # lose does not decode at a gamma that merely might break even (at batch 32 that cost 1-3% a
+  # job).
   rivals = [
     g
     for g in gammas[1:]
@@ -292,7 +282,7 @@ def choose(costs: costs_lib.Costs, state: PolicyState) -> Choice:
   if rivals and state.since_refresh + 1 >= REFRESH_EVERY:
     return Choice(_least_measured(costs, speedups, rivals), REFRESH, alpha, speedups)
   if chosen == 0:
-    probes = sorted(set(_probes(costs)) | set(_near(costs, speedups)))
+    probes = _probes(costs)
     if probes and state.plain_streak + 1 >= PROBE_EVERY:
       return Choice(_argmax(speedups, probes), PROBE, alpha, speedups)
     if not probes:  # the recheck: drafts pay at alpha = 1, not by the margin (rule 4)
