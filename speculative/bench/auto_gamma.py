@@ -1,10 +1,11 @@
 """GAMMA = 'auto' against every fixed gamma, on a job: one process per job, interleaved rounds.
 
   .venv/bin/python -m speculative.bench.auto_gamma --gin_file=configs/local/run.gin \
-      [--gammas=1,2,3,4,5,6,7] [--rounds=4] [--json_out=FILE] [--gin_bindings=...]
+      [--gammas=1,2,3,4,5,6,7] [--gamma_max=N] [--rounds=4] [--json_out=FILE] [--gin_bindings=...]
 
 Each round runs the job once per setting in a rotating order, each a fresh process: GAMMA = g per
-fixed g; 'auto' on costs cached by an unreported first job; 'auto uncached'. Prints each setting's
+fixed g; 'auto' on costs cached by an unreported first job; 'auto uncached' (both with GAMMA_MAX =
+--gamma_max, by default the largest fixed gamma; 7 is the jobs' own default). Prints each setting's
 median speedup, spread and identical outputs, the gammas 'auto' chose and what measuring cost.
 """
 
@@ -52,20 +53,23 @@ def run_job(
     return json.load(f)
 
 
-def measure(gin_files, bindings, gammas: Sequence[int], rounds: int, log=print) -> dict[str, Any]:
+def measure(
+  gin_files, bindings, gammas: Sequence[int], rounds: int, gamma_max=None, log=print
+) -> dict[str, Any]:
   """The jobs, `rounds` rounds of every setting in a rotating order (module docstring)."""
+  gamma_max = gamma_max or max(gammas)
   settings: list[Any] = [*gammas, AUTO, UNCACHED]
   jobs: dict[str, list[dict[str, Any]]] = {str(s): [] for s in settings}
   with tempfile.TemporaryDirectory(prefix='auto-gamma-bench-') as tmp:
     cache = os.path.join(tmp, 'calibration.json')
-    run_job(gin_files, bindings, AUTO, max(gammas), os.path.join(tmp, 'fill'), cache)
+    run_job(gin_files, bindings, AUTO, gamma_max, os.path.join(tmp, 'fill'), cache)
     for r in range(rounds):
       shift = r % len(settings)
       for setting in settings[shift:] + settings[:shift]:
         load = os.getloadavg()[0]
         out = os.path.join(tmp, f'job-{setting}'.replace(' ', '-'))
         own_cache = os.path.join(tmp, f'empty-{r}.json') if setting == UNCACHED else cache
-        metrics = run_job(gin_files, bindings, setting, max(gammas), out, own_cache)
+        metrics = run_job(gin_files, bindings, setting, gamma_max, out, own_cache)
         jobs[str(setting)].append(_job_row(metrics, load))
         log(
           f'round {r + 1}/{rounds} GAMMA = {setting!r}: {metrics["speedup"]:.3f}x (load {load:.2f})'
@@ -177,21 +181,28 @@ def main(argv: Sequence[str] | None = None) -> None:
   parser.add_argument('--gin_file', action='append', required=True, help='the job run file')
   parser.add_argument('--gin_bindings', action='append', default=[], help='for every job')
   parser.add_argument('--rounds', type=int, default=4, help='rounds, >= 1 (%(default)s)')
+  parser.add_argument('--gamma_max', type=int, help="'auto''s GAMMA_MAX (the largest of --gammas)")
   json_help = 'also write the jobs and table as JSON'
   args, gammas = ceiling.parse_gamma_arguments(parser, argv, '1,2,3,4,5,6,7', json_help)
   gammas = sorted(set(gammas))
   if args.rounds < 1:
     parser.error(f'--rounds must be >= 1, got {args.rounds}')
+  gamma_max = args.gamma_max or gammas[-1]
+  if not gammas[-1] <= gamma_max <= 32:
+    parser.error(
+      f'--gamma_max must be in [{gammas[-1]}, 32] (the largest of --gammas), got {gamma_max}'
+    )
   for path in args.gin_file:
     if not os.path.exists(path):
       parser.error(f'--gin_file {path} does not exist')
   machine = markdown.machine_info()
   print(
     f'{machine["cpu"]}, {machine["usable_cores"]} cores; load average '
-    f'{machine["load_average_start"][0]:.2f}; jobs: {args.gin_file} {args.gin_bindings}'
+    f'{machine["load_average_start"][0]:.2f}; jobs: {args.gin_file} {args.gin_bindings}; '
+    f"'auto' with GAMMA_MAX = {gamma_max}"
   )
   try:
-    jobs = measure(args.gin_file, args.gin_bindings, gammas, args.rounds)
+    jobs = measure(args.gin_file, args.gin_bindings, gammas, args.rounds, gamma_max)
   except RuntimeError as e:
     print(f'{parser.prog}: error: {e}', file=sys.stderr)
     sys.exit(1)
@@ -201,7 +212,8 @@ def main(argv: Sequence[str] | None = None) -> None:
   print(format_table(rows, cost))
   print(load)
   if args.json_out:
-    table_json = {'machine': machine, 'jobs': jobs, 'table': rows, 'measuring_cost': cost}
+    table_json = {'machine': machine, 'gamma_max': gamma_max, 'jobs': jobs, 'table': rows}
+    table_json['measuring_cost'] = cost
     markdown.write_json(args.json_out, table_json)
 
 

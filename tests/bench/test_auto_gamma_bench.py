@@ -57,3 +57,21 @@ def test_rounds_rotate_and_the_table_compares_auto_with_the_best_fixed_gamma(mon
   text = bench.format_table(bench.table(jobs), cost)
   assert 'auto uncached: 1.000x of plain decoding, 0.833 x the best fixed gamma' in text
   assert 'stepless calls (calibration, not decode time) 2.0%, 2.0%, 2.0% of its decode' in text
+
+
+def test_gamma_max_reaches_the_auto_jobs_only_and_is_refused_below_the_fixed_gammas(
+  monkeypatch, capsys
+):
+  seen = []
+
+  def run_job(gin_files, bindings, gamma, gamma_max, out, cache):
+    seen.append((gamma, gamma_max))
+    return _metrics(gamma, 1.0)
+
+  monkeypatch.setattr(bench, 'run_job', run_job)
+  bench.measure(['run.gin'], [], [1], rounds=1, gamma_max=7, log=lambda *_: None)
+  assert {g for g, m in seen if m == 7} == {1, bench.AUTO, bench.UNCACHED}  # fixed jobs ignore it
+  with pytest.raises(SystemExit) as exit_info:
+    bench.main(['--gin_file=configs/local/run.gin', '--gammas=1,2', '--gamma_max=1'])
+  assert exit_info.value.code == 2
+  assert '--gamma_max must be in [2, 32]' in capsys.readouterr().err
