@@ -83,10 +83,18 @@ def machine() -> str:
 
   device = jax.devices()[0]
   accelerator = "" if device.platform == "cpu" else f"{device.device_kind} x{jax.device_count()}, "
+  cpu = runtime.cpu_model()
   return (
-    f"{accelerator}{platform.machine()}, {os.cpu_count()} CPU cores, jax {jax.__version__} "
+    f"{accelerator}{f'{cpu}, ' if cpu else ''}{platform.machine()}, "
+    f"{runtime.usable_cores()} usable of {os.cpu_count()} CPU cores, jax {jax.__version__} "
     f"({jax.default_backend()}); {runtime.describe()}"
   )
+
+
+def load_average() -> list[float]:
+  """The 1-, 5- and 15-minute load averages: above the usable cores, other work shared the CPU and
+  the job's timings are noisy (recorded when its decoding starts and ends, metrics.json)."""
+  return [round(x, 2) for x in os.getloadavg()]
 
 
 def format_report(summary: dict[str, Any]) -> str:
@@ -126,7 +134,7 @@ def _header_lines(summary: dict[str, Any]) -> list[str]:
       else ""
     )
     + f"temperature {summary['temperature']}; "
-    f"machine: {summary['machine']}",
+    f"machine: {summary['machine']}" + _load_text(summary.get("load_average")),
     "",
     f"Decode path: {summary.get('decode_path', 'XLA dot')}",
     "",
@@ -282,13 +290,21 @@ def _sample_lines(summary: dict[str, Any]) -> list[str]:
   return lines
 
 
+def _load_text(load: dict[str, list[float]] | None) -> str:
+  if not load:
+    return ""
+  return (
+    f" (load average {load['start'][0]:.2f} when decoding started, {load['end'][0]:.2f} at its end)"
+  )
+
+
 def _comparison_lines(summary: dict[str, Any]) -> list[str]:
   """Baseline vs speculative: the speedup, identical outputs, the divergence audit and what to
   expect under sampling or lenience."""
   lines = [
     "",
     f"Walltime speedup (baseline / speculative decode time, warm, same process): "
-    f"**{summary['speedup']:.2f}x**",
+    f"**{summary['speedup']:.2f}x**" + _load_text(summary.get("load_average")),
     f"Identical outputs: {summary['identical_outputs']} / {summary['examples']}",
   ]
   if summary.get("audit", {}).get("diverged"):

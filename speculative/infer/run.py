@@ -175,6 +175,7 @@ def _run(settings: infer_settings.InferSettings, claim: _Claim) -> dict[str, Any
       fns[modes.SPECULATIVE] = _auto_gamma(settings, models, claim, recorded)
     for run in runs:
       run.decode = fns[run.name]
+    load_start = infer_report.load_average()
     _decode_all(settings, inputs, runs, claim)
   except KeyboardInterrupt as e:  # SIGINT/SIGTERM: the batch in flight is discarded
     done = sum(all(x.index in run.records for run in runs) for x in inputs.examples)
@@ -183,6 +184,7 @@ def _run(settings: infer_settings.InferSettings, claim: _Claim) -> dict[str, Any
       f"interrupted after {done} of {len(inputs.examples)} examples; the same command resumes",
     ) from None
   summary = _summary(settings, inputs, runs, models)
+  summary["load_average"] = {"start": load_start, "end": infer_report.load_average()}
   claim()  # every example was done already: the manifest of a grown or identical job
   files.write_atomic(
     os.path.join(settings.output_dir, "metrics.json"), json.dumps(summary, indent=2) + "\n"
