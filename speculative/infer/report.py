@@ -93,7 +93,7 @@ def machine() -> str:
 
 def load_average() -> list[float]:
   """The 1-, 5- and 15-minute load averages: above the usable cores, other work shared the CPU and
-  the job's timings are noisy (recorded when its decoding starts and ends, metrics.json)."""
+  the job's timings are noisy (recorded when the process starts and ends decoding, metrics.json)."""
   return [round(x, 2) for x in os.getloadavg()]
 
 
@@ -294,7 +294,8 @@ def _load_text(load: dict[str, list[float]] | None) -> str:
   if not load:
     return ""
   return (
-    f" (load average {load['start'][0]:.2f} when decoding started, {load['end'][0]:.2f} at its end)"
+    f" (load average {load['start'][0]:.2f} when this process started decoding, "
+    f"{load['end'][0]:.2f} at its end)"
   )
 
 

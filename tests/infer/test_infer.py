@@ -70,13 +70,13 @@ def test_predictions_metrics_and_greedy_identity(setup, monkeypatch):
   else:
     assert summary["peak_rss_mib"] is None
   assert json.loads((out / "metrics.json").read_text())["examples"] == len(SOURCES)
-  # The load average when decoding started and ended (1, 5 and 15 minutes) beside the speedup.
+  # The load average when the job's decoding started and ended (1, 5, 15 minutes), by the speedup.
   load = json.loads((out / "metrics.json").read_text())["load_average"]
   assert [len(load["start"]), len(load["end"])] == [3, 3]
   speedup_line = next(
     line for line in (out / "report.md").read_text().splitlines() if "Walltime speedup" in line
   )
-  assert f"(load average {load['start'][0]:.2f} when decoding started," in speedup_line
+  assert f"(load average {load['start'][0]:.2f} when this process started decoding," in speedup_line
   assert "XLA compiles: baseline" in (out / "report.md").read_text()
   assert not [p for p in os.listdir(out) if ".tmp-" in p]
   # The report's header names every setting that can change an output, as the manifest has it.
