@@ -212,8 +212,13 @@ def main(argv: Sequence[str] | None = None) -> None:
   print(format_table(rows, cost))
   print(load)
   if args.json_out:
-    table_json = {'machine': machine, 'gamma_max': gamma_max, 'jobs': jobs, 'table': rows}
-    table_json['measuring_cost'] = cost
+    table_json = {
+      'machine': machine,
+      'gamma_max': gamma_max,
+      'jobs': jobs,
+      'table': rows,
+      'measuring_cost': cost,
+    }
     markdown.write_json(args.json_out, table_json)
 
 
