@@ -61,8 +61,6 @@ BENCH_SMALL = (
   ' --gin_bindings="benchmark.max_new_tokens = 4" --gin_bindings="benchmark.cost_position = 2"'
   ' --gin_bindings="benchmark.repeats = 1" --gin_bindings="benchmark.cost_repeats = 3"'
   ' --gin_bindings="benchmark.cost_min_seconds = 0.01" --gin_bindings="benchmark.plots = False"'
-  ' --gin_bindings="benchmark.roofline_section = False"'
-  ' --gin_bindings="benchmark.stock_hlo_check = False"'
 )
 TINY_CKPT = '{clone}/tests/fixtures/t5x_tiny/ckpt/checkpoint_0'
 
@@ -317,15 +315,6 @@ COMMANDS = [
     + BENCH_SMALL
     + ' --gin_bindings="benchmark.whole_job_examples = 2"',
     expect='wrote the results page outputs/benchmark_whole_job/results.md',
-  ),
-  Command(
-    'benchmark_roofline',
-    'docs/benchmark.md',
-    'python -m speculative.benchmark --gin_file=configs/benchmark/roofline.gin',
-    '.venv/bin/python -m speculative.benchmark --gin_file=configs/benchmark/roofline.gin'
-    + BENCH_SMALL
-    + ' --gin_bindings="benchmark.roofline_section = True"',
-    expect='wrote the results page outputs/benchmark_roofline/results.md',
   ),
   Command(
     'spectr_page',

@@ -4,12 +4,12 @@ main           benchmark() and its arguments (BenchmarkSettings, checked before 
                models, the cost model, the sweep, the whole job, the report
 methods        our models (their weights) on each batch size's decode path, the drafters and the
                methods compared
-costs          the cost model t(T), c, v(T), the roofline, and the noise verdict of each estimate
-               (timed with speculative.timing's timers, in interleaved rounds)
+costs          the cost model t(T), c, v(T), and the noise verdict of each estimate (timed with
+               speculative.timing's timers, in interleaved rounds); a step's bytes, the read rate
 sweep          timing every method of a (batch size, temperature) group; rows and profiles; the
                timing settings (TimingSettings) and a batch size's parts (Batch) the benchmark and
                paper_shape share
-conclude       the gamma policy, the targets check, the explanations of missed targets, the summary
+conclude       the best gammas, the targets check, the explanations of missed targets, the summary
 markdown       the one page writer: cells, column-declared tables, sections, a page's record and files;
                the machine: its description and load average (whether a shape fits: models/memory.py)
 report         the results page (its sections), the included pages, its plots (speedup_vs_gamma.png,

@@ -1,5 +1,6 @@
-"""Conclusions from the measurements only (so a saved results.json can be re-concluded): the gamma
-policy, the targets check, a plain-language explanation of every missed target, and the summary."""
+"""Conclusions from the measurements only (so a saved results.json can be re-concluded): each
+group's best gammas, the targets check, a plain-language explanation of every missed target, and
+the summary."""
 
 from __future__ import annotations
 
@@ -12,58 +13,41 @@ import numpy as np
 from speculative.bench import markdown
 from speculative.bench import methods
 
-# Targets of the benchmark (docs/results.md, "Targets"); checked and reported, never asserted in tests.
-TARGET_EXP_RATIO = 0.9  # batch 1, greedy: measured >= 0.9 x predicted
-TARGET_GREEDY = 1.5  # batch 1, greedy: >= 1.5x over our baseline
-TARGET_GREEDY_STOCK = 2.0  # batch 1, greedy: >= 2x over the stock (T5X or equivalent) baseline
-TARGET_SAMPLED = 1.3  # batch 1, temperature 1: >= 1.3x over our baseline
-TARGET_LARGE_BATCH = 1.0  # batch 8: never slower than the baseline
-TOO_NOISY = "too noisy to predict"  # the decision / cell text where a prediction was refused
-# The decision where no prediction was accepted but every measured gamma was slower than plain
-# decoding in this run: the policy falls back on the measurements themselves.
-MEASURED_FALLBACK = "plain decoding (measured)"
+# Targets of the benchmark at batch 1 (docs/results.md, "Targets"); checked and reported, never
+# asserted in tests. At batch > 1 the gamma a job decodes at, plain decoding included, is its own
+# choice (GAMMA = 'auto', docs/auto_gamma.md).
+TARGET_EXP_RATIO = 0.9  # greedy: measured >= 0.9 x predicted
+TARGET_GREEDY = 1.5  # greedy: >= 1.5x over our baseline
+TARGET_GREEDY_STOCK = 2.0  # greedy: >= 2x over the stock (T5X or equivalent) baseline
+TARGET_SAMPLED = 1.3  # temperature 1: >= 1.3x over our baseline
+TOO_NOISY = "too noisy to predict"  # the cell text where a prediction was refused
 
 
-def _choice(
-  group: dict[str, Any], drafter: str, rows: Sequence[dict[str, Any]], fallback_threshold: float
-) -> dict[str, Any]:
-  """One drafter's gamma in a group: the best predicted, or plain decoding below
-  `fallback_threshold`; with no prediction, MEASURED_FALLBACK if every measured gamma was slower,
-  else TOO_NOISY (the best measured gamma's numbers, an optimistic pick)."""
+def _best(group: dict[str, Any], drafter: str, rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
+  """One drafter's best gammas in a group: the best predicted (where every prediction was refused
+  as too noisy, the best measured instead: an optimistic pick, the maximum of noisy measurements)
+  and the best measured."""
   best_meas = max(rows, key=lambda r: (r["measured_speedup"], -r["gamma"]))
   predicted = [r for r in rows if r.get("predicted_speedup") is not None]
   best = max(predicted, key=lambda r: (r["predicted_speedup"], -r["gamma"]), default=best_meas)
-  if predicted:
-    fallback = best["predicted_speedup"] < fallback_threshold
-    decision = "plain decoding" if fallback else "speculative"
-  else:
-    decision = MEASURED_FALLBACK if best_meas["measured_speedup"] < 1.0 else TOO_NOISY
-  speculative = decision in ("speculative", TOO_NOISY)  # the decode would speculate
-  at_predicted = None if decision == TOO_NOISY else best["measured_speedup"]
   return {
     "batch_size": group["batch_size"],
     "temperature": group["temperature"],
     "drafter": drafter,
-    "best_measured_gamma": best_meas["gamma"],
-    "best_measured_speedup": best_meas["measured_speedup"],
-    "decision": decision,
-    "gamma": best["gamma"] if decision == "speculative" else None,
     "predicted_best_gamma": best["gamma"],
     "predicted_speedup": best["predicted_speedup"] if predicted else None,
-    "measured_speedup": best["measured_speedup"] if speculative else 1.0,
-    "measured_speedup_at_predicted_gamma": at_predicted,
-    "speedup_vs_stock": best["speedup_vs_stock"] if speculative else None,
+    "measured_speedup": best["measured_speedup"],
+    "best_measured_gamma": best_meas["gamma"],
+    "best_measured_speedup": best_meas["measured_speedup"],
   }
 
 
-def _choice_targets(c: dict[str, Any], r: dict[str, Any]) -> list[tuple[str, Any, float, str]]:
-  """(target, value, threshold, note) of the targets that apply to choice `c` (its row `r`)."""
+def _best_targets(c: dict[str, Any], r: dict[str, Any]) -> list[tuple[str, Any, float, str]]:
+  """(target, value, threshold, note) of the batch-1 targets of best gammas `c` (its row `r`)."""
   note = f"γ={r['gamma']}"
-  if c["decision"] in (TOO_NOISY, MEASURED_FALLBACK):
+  if c["predicted_speedup"] is None:
     note += " (cost model too noisy to predict: the best measured γ, an optimistic pick)"
-  if c["batch_size"] == 1 and c["temperature"] == 0:
-    if c["decision"] in ("plain decoding", MEASURED_FALLBACK):
-      note += " (the policy would fall back to plain decoding)"
+  if c["temperature"] == 0:
     name = "batch 1, greedy: {}"
     targets = [
       (name.format("measured / predicted speedup"), r["measured_over_predicted"], TARGET_EXP_RATIO),
@@ -74,38 +58,23 @@ def _choice_targets(c: dict[str, Any], r: dict[str, Any]) -> list[tuple[str, Any
         TARGET_GREEDY_STOCK,
       ),
     ]
-  elif c["batch_size"] == 1:
+  else:
     note += f"; per generated token {r['speedup_per_token']:.2f}X"
     name = f"batch 1, temperature {c['temperature']:g}: speedup over our baseline"
     targets = [(name, r["measured_speedup"], TARGET_SAMPLED)]
-  else:
-    if c["decision"] == "plain decoding":
-      note = (
-        f"the policy falls back to plain decoding (best predicted {c['predicted_speedup']:.2f}X at "
-        f"γ={r['gamma']}, measured there {r['measured_speedup']:.2f}X)"
-      )
-    elif c["decision"] == MEASURED_FALLBACK:
-      note = (
-        f"cost model too noisy to predict, and every measured γ was slower than the baseline "
-        f"(best γ={r['gamma']} at {r['measured_speedup']:.2f}X): the policy falls back to plain "
-        "decoding on the measurements"
-      )
-    label = "greedy" if c["temperature"] == 0 else f"temperature {c['temperature']:g}"
-    name = f"batch {c['batch_size']}, {label}: never slower than the baseline"
-    targets = [(name, c["measured_speedup"], TARGET_LARGE_BATCH)]
   return [(*target, note) for target in targets]
 
 
 def _targets(report: dict[str, Any]) -> list[dict[str, Any]]:
-  """The targets of the primary drafter's choices at their best predicted gamma (`met` None: the
-  prediction was refused as too noisy)."""
+  """The batch-1 targets of the primary drafter at its best predicted gamma (`met` None: the
+  value is unknown)."""
   targets = []
-  for c in report["choices"]:
-    if c["drafter"] != report["config"]["drafters"][0]:
+  for c in report["best"]:
+    if c["drafter"] != report["config"]["drafters"][0] or c["batch_size"] != 1:
       continue
     gamma = c["predicted_best_gamma"]
     row = rows_of(report, c, "speculative", drafter=c["drafter"], gamma=gamma)[-1]
-    for name, value, threshold, note in _choice_targets(c, row):
+    for name, value, threshold, note in _best_targets(c, row):
       known = value is not None
       targets.append(
         {
@@ -226,11 +195,10 @@ def _jsonable(value: Any) -> Any:
 
 
 def conclude(report: dict[str, Any]) -> dict[str, Any]:
-  """A JSON-ready copy with the gamma choices, the targets check and the explanations added."""
+  """A JSON-ready copy with the best gammas, the targets check and the explanations added."""
   report = _jsonable(report)
-  threshold = report["config"]["fallback_threshold"]
-  report["choices"] = [
-    _choice(g["group"], d, [r for r in g["speculative"] if r["drafter"] == d], threshold)
+  report["best"] = [
+    _best(g["group"], d, [r for r in g["speculative"] if r["drafter"] == d])
     for g in report["groups"]
     for d in dict.fromkeys(r["drafter"] for r in g["speculative"])
   ]
@@ -240,17 +208,19 @@ def conclude(report: dict[str, Any]) -> dict[str, Any]:
 
 
 def summary_lines(report: dict[str, Any]) -> list[str]:
-  """What the command line prints: each choice's best measured gamma and decision, the warnings."""
+  """What the command line prints: each group's best measured and best predicted gamma, the
+  warnings."""
   elapsed, groups = report.get("elapsed_s"), len(report["groups"])
   lines = [
     f"{report['title']}: {groups} group{'' if groups == 1 else 's'}"
     + (f", {elapsed:.0f} s" if elapsed is not None else "")
   ]
-  for choice in report.get("choices", []):
+  for best in report.get("best", []):
     lines.append(
-      f"  batch {choice['batch_size']}, temperature {markdown.fmt(choice['temperature'], 1)}: "
-      f"{choice['drafter']} best measured gamma {markdown.fmt(choice['best_measured_gamma'])} "
-      f"({markdown.fmt(choice['best_measured_speedup'], suffix='x')}); policy: {choice['decision']}"
+      f"  batch {best['batch_size']}, temperature {markdown.fmt(best['temperature'], 1)}: "
+      f"{best['drafter']} best measured gamma {markdown.fmt(best['best_measured_gamma'])} "
+      f"({markdown.fmt(best['best_measured_speedup'], suffix='x')}), best predicted "
+      f"{best['predicted_best_gamma']} ({markdown.fmt(best['predicted_speedup'], suffix='x')})"
     )
   if report.get("warnings"):
     lines.append(f"  {len(report['warnings'])} warning(s): see the page's Machine section")

@@ -1,14 +1,13 @@
 """The cost model, measured: t(T) (one target `extend` call over T new tokens), c = draft step /
-t(1), v(T) = t(T) / t(1), the roofline, and the noise verdict of each estimate (docs/benchmark.md).
+t(1), v(T) = t(T) / t(1), and the noise verdict of each estimate (docs/benchmark.md); the bytes a
+decode step reads and the device's read rate (the paper-shape benchmark's bandwidth share).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
-import logging
 import math
-import re
 from typing import Any
 from typing import Mapping
 from typing import Sequence
@@ -193,52 +192,6 @@ def measure_extend_costs(
   return costs
 
 
-def loop_body_matmuls(compiled_hlo: str) -> int | None:
-  """`dot` ops per iteration of the largest while loop of an optimized HLO module, following called
-  computations (None without a loop): whether XLA hoisted loop-invariant work out of a loop."""
-  computations: dict[str, list[str]] = {}
-  current = None
-  for line in compiled_hlo.splitlines():
-    match = re.match(r"^(?:ENTRY )?(%?[\w.\-]+) ", line)
-    if match and line.rstrip().endswith("{"):
-      current = match.group(1)
-      computations[current] = []
-    elif current is not None:
-      computations[current].append(line)
-
-  def count(name: str, seen: set[str]) -> int:
-    if name in seen or name not in computations:
-      return 0
-    seen.add(name)
-    total = 0
-    for line in computations[name]:
-      total += len(re.findall(r"= \S+ dot\(", line))
-      callees = r"(?:calls|to_apply|body|condition|branch_computations)=\{?(%?[\w.\-]+)"
-      total += sum(count(callee, seen) for callee in re.findall(callees, line))
-    return total
-
-  bodies = re.findall(r"body=(%?[\w.\-]+)", compiled_hlo)
-  return max(count(body, set()) for body in bodies) if bodies else None
-
-
-def decode_step_matmuls(model, params, encoder_tokens, *, max_length: int, position: int):
-  """Matmuls per iteration of the compiled single-token `repeat_extend` loop of `model`."""
-  batch = encoder_tokens.shape[0]
-  cache = timing.cache_at_position(
-    model, params, encoder_tokens, max_length=max_length, position=position
-  )
-  tokens, start = jnp.ones((batch, 1), jnp.int32), jnp.full((batch,), position, jnp.int32)
-  try:
-    lowered = timing.repeat_extend.lower(
-      params, cache, tokens, start, jnp.asarray(1, jnp.int32), model=model
-    )
-    hlo = lowered.compile().as_text()
-  except Exception as e:  # pylint: disable=broad-except  # a diagnostic only
-    logging.warning("could not inspect the compiled decode step: %s", e)
-    return None
-  return loop_body_matmuls(hlo)
-
-
 def measure_costs(
   s,
   view,
@@ -248,12 +201,10 @@ def measure_costs(
   timers: dict,
   *,
   max_length: int | None = None,
-  check_hoisting: bool = True,
 ) -> dict[str, Any]:
   """The cost model of `view` (`methods.for_batch`) on the first input batch with the timing
   settings `s`: `measure_extend_costs` up to T = max_gamma + 1, the prefills, the stock-equivalent
-  step, each draft model's 2-token (catch-up) call and, if `check_hoisting`, the matmuls per
-  compiled step of ours and the stock-equivalent loop. Fills `timers`."""
+  step and each draft model's 2-token (catch-up) call. Fills `timers`."""
   target, target_params, stock_target = view["target"], view["target_params"], view["stock_target"]
   draft_models = {
     name: (d.model, p)
@@ -295,14 +246,6 @@ def measure_costs(
   costs["target_prefill_s"] = seconds["target_prefill"]
   costs["stock_equivalent_step_s"] = seconds["stock_1"]
   costs["stock_equivalent_prefill_s"] = seconds["stock_prefill"]
-  if check_hoisting:
-    # Evidence of whether XLA hoisted the per-step cross-attention K/V projection of the
-    # (loop-invariant) encoder output out of the loop, leaving the two loops the same work.
-    matmuls = functools.partial(decode_step_matmuls, position=s.cost_position, **args)
-    costs["loop_matmuls"] = {
-      "baseline": matmuls(target, target_params),
-      "stock_equivalent": matmuls(stock_target, target_params),
-    }
   for name, owner in owners.items():
     costs["drafters"][name].update(
       draft_catch_up_s=seconds[f"draft[{owner}]_2"],
@@ -391,65 +334,16 @@ def weight_bytes(shapes: Mapping[str, tuple[int, ...]], itemsize: int = 4) -> in
   return int(sum(math.prod(shape) for shape in shapes.values()) * itemsize)
 
 
-@functools.partial(jax.jit, static_argnames="work")
-def work_loop(arrays, num_calls, *, work):
-  """`num_calls` rounds of `work(arrays, scale)` (a float32 scalar); the scale is carried by the
-  loop, so no round is hoisted out of it or skipped."""
+@jax.jit
+def read_loop(array, num_calls):
+  """`num_calls` full reads of `array` (a float32 scalar); each read is scaled by the sum so far,
+  so no read is hoisted out of the loop or skipped."""
 
   def body(_, acc):
-    return acc + work(arrays, 1.0 + 1e-9 * acc) * 1e-12
+    scale = (1.0 + 1e-9 * acc).astype(array.dtype)
+    return acc + jnp.sum(array * scale, dtype=jnp.float32) * 1e-12
 
   return jax.lax.fori_loop(0, num_calls, body, jnp.zeros((), jnp.float32))
-
-
-def _matmuls(arrays, scale):  # every inputs[i] @ kernels[i], each product reduced by max
-  return sum(jnp.max((scale * x) @ w) for x, w in zip(*arrays))
-
-
-def _read(array, scale):  # one full read of `array`
-  return jnp.sum(array * scale.astype(array.dtype), dtype=jnp.float32)
-
-
-def _loop_timer(arrays, work) -> timing.Timer:
-  return lambda n: work_loop(arrays, jnp.asarray(n, jnp.int32), work=work)
-
-
-def _stack_timer(kernel_shapes: Sequence[tuple[int, int]], rows: int, seed: int) -> timing.Timer:
-  rng = np.random.default_rng(seed)
-  kernels = [jnp.asarray(rng.standard_normal(s, np.float32)) for s in kernel_shapes]
-  inputs = [jnp.asarray(rng.standard_normal((rows, s[0]), np.float32)) for s in kernel_shapes]
-  return _loop_timer((inputs, kernels), _matmuls)
-
-
-def measure_roofline(s, target, batch_size: int, verify_lengths: Sequence[int]) -> dict[str, Any]:
-  """Bytes per decode step of `target` (T5 API), stream bandwidth, the floor per step and v(T) of
-  the bare decoder matmul stack at `batch_size` (JSON-ready, with its 'noise')."""
-  config = target.config
-  kernels = decode_step_kernels(
-    target.param_shapes(), logits_via_embedding=config.logits_via_embedding
-  )
-  num_bytes = weight_bytes(kernels)
-  matrices = [s for s in kernels.values() if len(s) == 2]
-  lengths = sorted(set([1] + [int(t) for t in verify_lengths]))
-  matvec = [(config.emb_dim, max(1, num_bytes // 4 // config.emb_dim))]
-  timers = {"matvec": _stack_timer(matvec, batch_size, 0)}
-  timers.update({f"stack_{t}": _stack_timer(matrices, batch_size * t, t) for t in lengths})
-  rounds, seconds = time_rounds(s, timers)
-  noise = NoiseLog()
-  noise.add("bare matvec", rounds["matvec"])
-  out = {
-    "batch_size": batch_size,
-    "weight_bytes": num_bytes,
-    "matvec_s": seconds["matvec"],
-    "bandwidth_gb_s": num_bytes / seconds["matvec"] / 1e9,
-    "floor_step_s": seconds["matvec"],
-    "bare_v": {"1": 1.0},
-  }
-  for t in lengths[1:]:
-    out["bare_v"][str(t)] = noise.ratio(
-      f"bare v({t})", rounds, seconds, f"stack_{t}", "stack_1", 1.0
-    )
-  return dict(out, noise=noise.data)
 
 
 def measure_read_rate(s) -> dict[str, Any]:
@@ -457,7 +351,7 @@ def measure_read_rate(s) -> dict[str, Any]:
   s.storage_dtype on the device (the paper-shape benchmark's; JSON-ready)."""
   dtype, itemsize = s.storage_dtype, jnp.dtype(s.storage_dtype).itemsize
   array = jnp.ones((max(1, s.read_rate_bytes // itemsize // 1024), 1024), dtype)
-  rounds, seconds = time_rounds(s, {"read": _loop_timer(array, _read)})
+  rounds, seconds = time_rounds(s, {"read": lambda n: read_loop(array, jnp.asarray(n, jnp.int32))})
   noise = NoiseLog()
   noise.add("read rate", rounds["read"])
   size = int(array.size * itemsize)

@@ -52,12 +52,7 @@ class BenchmarkSettings(sweep.TimingSettings):
       (targets, policy).
     drafter_gammas: optional {drafter: gammas} overriding `gammas` for that drafter, again a list
       or {batch size: list}; an empty list skips the drafter at that batch size.
-    fallback_threshold: the gamma policy falls back to plain decoding below this predicted speedup.
     allow_random_init: time random weights when a checkpoint is missing (smoke runs only).
-    roofline_section: also measure the memory-bandwidth floor and the bare matmul stack's v(T)
-      (costs.measure_roofline) for the report's roofline section.
-    stock_hlo_check: count the matmuls per step in the compiled baseline and stock-equivalent
-      loops (costs.decode_step_matmuls; two extra compiles) for the report's stock-equivalent check.
     whole_job_examples: 0 (off), or decode this many inputs of the split (all of it, if fewer)
       at the best batch size as the "whole job" row (`whole_job`).
   """
@@ -78,14 +73,11 @@ class BenchmarkSettings(sweep.TimingSettings):
   gammas: Sequence[int] | Mapping[Any, Sequence[int]] = (1, 2, 3, 4, 5, 6, 7)
   drafters: Sequence[str] = ("model",)
   drafter_gammas: Mapping[str, Any] | None = None
-  fallback_threshold: float = 1.0
   allow_random_init: bool = False
   output_dir: str | None = "docs"
   title: str = "Results: speculative decoding walltime on this machine"
   command: str = "python -m speculative.benchmark --gin_file=configs/benchmark/embedded.gin"
   plots: bool = True
-  roofline_section: bool = True
-  stock_hlo_check: bool = True
   whole_job_examples: int = 0
   verbose: bool = True
 
@@ -115,20 +107,14 @@ class BenchmarkSettings(sweep.TimingSettings):
 
 
 def _batches(s, models, examples, plan, stock_t5x_decode, log) -> dict[int, sweep.Batch]:
-  """{batch size: its sweep.Batch}, with its cost model (and roofline) for the gammas of `plan`."""
+  """{batch size: its sweep.Batch}, with its cost model for the gammas of `plan`."""
   out = {}
   for batch_size in sorted(plan):
     max_gamma = max(max(g, default=1) for g in plan[batch_size].values())
     view = methods_lib.for_batch(models, batch_size, s.kernels)
     log(f"cost model, batch {batch_size} ({view['decode_path']['line']}) ...")
     timers: dict[str, timing.Timer] = {}
-    check_hoisting = s.stock_hlo_check and batch_size == min(plan)
-    cm = costs_lib.measure_costs(
-      s, view, examples, batch_size, max_gamma, timers, check_hoisting=check_hoisting
-    )
-    if s.roofline_section:
-      lengths = range(2, max_gamma + 2)
-      cm["roofline"] = costs_lib.measure_roofline(s, models["target"], batch_size, lengths)
+    cm = costs_lib.measure_costs(s, view, examples, batch_size, max_gamma, timers)
     cm["decode_path"] = view["decode_path"]
     out[batch_size] = sweep.Batch(s, batch_size, view, cm, timers, stock_t5x_decode, log)
     # The progress line: the steps, each draft model's c (none for a table or a copy), v(T).
@@ -309,7 +295,7 @@ def _config_record(s: BenchmarkSettings, plan, models: dict[str, Any], task_labe
     "stock_t5x": s.use_t5x,
     "kernels": s.kernels,
     "kernels_status": kernels.status(),
-    **copied("fallback_threshold", "seed", "target_checkpoint", "draft_checkpoint"),
+    **copied("seed", "target_checkpoint", "draft_checkpoint"),
   }
 
 

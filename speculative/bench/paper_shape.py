@@ -149,9 +149,7 @@ def _measure(s, pair, examples, log, gammas=(), temperatures=(0.0,), stock_t5x_d
   timers: dict = {}
   max_length = decode_state.buffer_length(1, s.max_new_tokens, MAX_VERIFY)  # the loop's, at most
   max_gamma = max(gammas, default=MAX_VERIFY - 1)
-  costs = costs_lib.measure_costs(
-    s, models, examples, 1, max_gamma, timers, max_length=max_length, check_hoisting=False
-  )
+  costs = costs_lib.measure_costs(s, models, examples, 1, max_gamma, timers, max_length=max_length)
   batch = sweep.Batch(s, 1, models, costs, timers, stock_t5x_decode, log)
   only = None if gammas else frozenset()
   groups = [

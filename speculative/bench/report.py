@@ -96,7 +96,7 @@ def _setup_section(report: dict[str, Any]) -> list[str]:
 
 
 def _cost_section(report: dict[str, Any]) -> list[str]:
-  """The target's and drafters' costs, the decode paths, XLA's hoisting, the noise verdicts."""
+  """The target's and drafters' costs, the decode paths, the noise verdicts."""
   t_max = max(max(int(k) for k in cm["v"]) for cm in report["costs"].values())
   rows = [
     [b]
@@ -119,30 +119,6 @@ def _cost_section(report: dict[str, Any]) -> list[str]:
     lines += [
       "Decode path of our baseline and speculative methods (the stock-equivalent loop and stock "
       "T5X run XLA's dot): " + "; ".join(f"batch {b}: {line}" for b, line in paths) + ".",
-      "",
-    ]
-  hoist = next(
-    (cm["loop_matmuls"] for cm in report["costs"].values() if cm.get("loop_matmuls")), {}
-  )
-  if hoist.get("baseline") is not None:
-    stock = (
-      "`stock_t5x` above is T5X itself."
-      if report["config"]["stock_t5x"]
-      else "Timing stock T5X itself needs t5x installed (`stock_t5x='on'`)."
-    )
-    differ = hoist["baseline"] != hoist["stock_equivalent"]
-    lines += [
-      f"The compiled decode step of `stock_equivalent` runs {hoist['stock_equivalent']} "
-      f"matmuls per step, ours {hoist['baseline']} (the cross-attention K/V are "
-      "recomputed every step)."
-      if differ
-      else f"**Stock-equivalent = ours after XLA.** The compiled decode step of "
-      f"`stock_equivalent` runs the same {hoist['baseline']} matmuls per step as ours: "
-      "XLA's loop-invariant code motion hoists the cross-attention K/V projection of the "
-      "fixed encoder output out of the loop, so recomputing it \"every step\" costs "
-      "nothing after compilation. T5X's `temperature_sample` closes over the same "
-      "loop-invariant encoder output, so the same optimization applies to it; "
-      f"differences between `baseline` and `stock_equivalent` here are noise. {stock}",
       "",
     ]
   draft_rows = []
@@ -316,29 +292,24 @@ _resources_section = _tabled(
   "the group (its high-water mark reset at the group's start; '(process)' where it could not "
   "be reset).",
 )
-CHOICE_COLUMNS = [
+BEST_COLUMNS = [
   BATCH,
   TEMP,
   DRAFTER,
-  column("decision", "decision"),
-  GAMMA,
+  column("best predicted γ", "predicted_best_gamma"),
   column("EXP", "predicted_speedup", 2, "X"),
   EMP,
   column("best measured γ", "best_measured_gamma"),
   column("its EMP", "best_measured_speedup", 2, "X"),
 ]
-_choice_section = _tabled(
-  "gamma choice",
-  CHOICE_COLUMNS,
-  lambda report: report["choices"],
-  lambda report: (
-    "Policy: among the measured gammas, the one with the best predicted speedup (EXP); if "
-    f"that is below {report['config']['fallback_threshold']:.2f}X, plain decoding. Where "
-    "every prediction was refused as too noisy: plain decoding if every measured gamma was "
-    f'slower than the baseline ("{conclude.MEASURED_FALLBACK}"), else no decision. The best '
-    "measured gamma is shown for comparison (picking it is optimistic: it is the maximum "
-    "of noisy measurements)."
-  ),
+_best_section = _tabled(
+  "Best γ",
+  BEST_COLUMNS,
+  lambda report: report["best"],
+  "The γ with the best predicted speedup (EXP) and its measured one (EMP), beside the best "
+  "measured γ (the maximum of noisy measurements: an optimistic pick). Which γ a job decodes "
+  "at, 0 (plain decoding) included, is its own choice from what it measures: GAMMA = 'auto' "
+  "(docs/auto_gamma.md).",
 )
 
 
@@ -391,57 +362,6 @@ _profile_section = _tabled(
 )
 
 
-def _overhead_range(rows: Sequence[dict[str, Any]]) -> str:
-  """The loop overhead fractions of `rows`: 'a%', 'a%..b%' or '-'."""
-  fractions = [(r.get("profile") or {}).get("overhead_fraction") for r in rows]
-  values = sorted(f for f in fractions if f is not None)
-  if not values:
-    return "-"
-  low, high = (fmt(v, 0, "%", scale=100) for v in (values[0], values[-1]))
-  return low if low == high else f"{low}..{high}"
-
-
-def _roofline_section(report: dict[str, Any]) -> list[str]:
-  """The memory-bandwidth floor, the bare matmul stack's v(T) and the loop overhead."""
-  rows, v_rows = [], []
-  for b, cm in _by_batch(report):
-    if not (roof := cm.get("roofline")):
-      continue
-    greedy = dict(batch_size=int(b), temperature=0)
-    base = conclude.rows_of(report, greedy, "baselines", method="baseline")
-    floor_ms = 1e3 * roof["floor_step_s"] / int(b)
-    profile = base[0].get("profile") if base else None
-    step_ms = 1e3 * profile["step_s"] / int(b) if profile else None
-    rows.append(
-      [b, fmt(roof["weight_bytes"] / 1e6, 1), fmt(roof["bandwidth_gb_s"], 1), fmt(floor_ms, 3)]
-      + [fmt(step_ms, 3), fmt(None if step_ms is None else step_ms / floor_ms, 1, "x")]
-      + [_overhead_range(base), _overhead_range(conclude.rows_of(report, greedy, "speculative"))]
-    )
-    refused = roof.get("noise", {}).get("refused", {})
-    v_rows += [
-      [b, t, fmt(cm["v"].get(t)), fmt(bare), TOO_NOISY if f"bare v({t})" in refused else "ok"]
-      for t, bare in roof["bare_v"].items()
-      if t != "1"
-    ]
-  header = ["batch", "weights MB / step", "bandwidth GB/s", "floor ms/token", "baseline ms/token"]
-  header += ["baseline / floor", "loop overhead baseline", "loop overhead speculative"]
-  if not rows:
-    return []
-  return section(
-    "Roofline",
-    "A decode step reads at least the decoder's weights (the cached cross-attention K/V "
-    "projections excluded); at the stream bandwidth of a bare jitted matvec over as many "
-    "bytes, that takes the floor below. baseline ms/token = the baseline's greedy decode "
-    "step (profile) / batch; loop overhead = (decode walltime - prefill - the model calls of "
-    "the cost model) / (decode walltime - prefill), greedy, as in the profile.",
-    markdown.table(header, rows),
-    "v(T) of the target beside v(T) of a bare jitted stack of its decoder matmuls at the "
-    "same B x T rows (no attention, norms or cache): where they differ, the gap is in "
-    "what the model adds around the matmuls.",
-    markdown.table(["batch", "T", "target v(T)", "bare matmul v(T)", "bare verdict"], v_rows),
-  )
-
-
 def _plots_section(report: dict[str, Any]) -> list[str]:
   plots = report.get("plots", {}).items()
   return section("Plots") + [line for n, c in plots for line in (f"![{c}]({n})", "", f"*{c}*", "")]
@@ -456,10 +376,9 @@ SECTIONS = (
   _baselines_section,
   _whole_job_section,
   _resources_section,
-  _choice_section,
+  _best_section,
   _targets_section,
   _profile_section,
-  _roofline_section,
   _plots_section,
 )
 
