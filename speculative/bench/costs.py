@@ -336,8 +336,8 @@ def weight_bytes(shapes: Mapping[str, tuple[int, ...]], itemsize: int = 4) -> in
 
 @jax.jit
 def read_loop(array, num_calls):
-  """`num_calls` full reads of `array` (a float32 scalar); each read is scaled by the sum so far,
-  so no read is hoisted out of the loop or skipped."""
+  """`num_calls` full reads of `array`, summed into a float32 scalar; each read is scaled by the
+  sum so far, so no read is hoisted out of the loop or skipped."""
 
   def body(_, acc):
     scale = (1.0 + 1e-9 * acc).astype(array.dtype)

@@ -49,7 +49,7 @@ class BenchmarkSettings(sweep.TimingSettings):
     skip_truncated: skip inputs longer than inputs_length (every batch is padded to it).
     batch_sizes (with temperatures): the groups; gammas: a list, or {batch size: list}.
     drafters: drafter names (`drafters.registry.spec`); the first is the primary one
-      (targets, policy).
+      (its targets).
     drafter_gammas: optional {drafter: gammas} overriding `gammas` for that drafter, again a list
       or {batch size: list}; an empty list skips the drafter at that batch size.
     allow_random_init: time random weights when a checkpoint is missing (smoke runs only).
