@@ -23,6 +23,11 @@ TARGET_SAMPLED = 1.3  # temperature 1: >= 1.3x over our baseline
 TOO_NOISY = "too noisy to predict"  # the cell text where a prediction was refused
 
 
+def speedup_cell(speedup: float | None, suffix: str) -> str:
+  """A predicted speedup's cell: TOO_NOISY where the prediction was refused."""
+  return TOO_NOISY if speedup is None else markdown.fmt(speedup, 2, suffix)
+
+
 def _best(group: dict[str, Any], drafter: str, rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
   """One drafter's best gammas in a group: the best predicted (where every prediction was refused
   as too noisy, the best measured instead: an optimistic pick, the maximum of noisy measurements)
@@ -220,7 +225,7 @@ def summary_lines(report: dict[str, Any]) -> list[str]:
       f"  batch {best['batch_size']}, temperature {markdown.fmt(best['temperature'], 1)}: "
       f"{best['drafter']} best measured gamma {markdown.fmt(best['best_measured_gamma'])} "
       f"({markdown.fmt(best['best_measured_speedup'], suffix='x')}), best predicted "
-      f"{best['predicted_best_gamma']} ({markdown.fmt(best['predicted_speedup'], suffix='x')})"
+      f"{best['predicted_best_gamma']} ({speedup_cell(best['predicted_speedup'], 'x')})"
     )
   if report.get("warnings"):
     lines.append(f"  {len(report['warnings'])} warning(s): see the page's Machine section")

@@ -297,7 +297,7 @@ BEST_COLUMNS = [
   TEMP,
   DRAFTER,
   column("best predicted γ", "predicted_best_gamma"),
-  column("EXP", "predicted_speedup", 2, "X"),
+  column("EXP", lambda r: conclude.speedup_cell(r["predicted_speedup"], "X")),
   EMP,
   column("best measured γ", "best_measured_gamma"),
   column("its EMP", "best_measured_speedup", 2, "X"),

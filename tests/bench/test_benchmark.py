@@ -570,6 +570,8 @@ def test_refused_predictions_read_too_noisy_everywhere(run, tmp_path):
   page = report_lib.format_report(noisy)
   table4 = page[page.index("Table 4") : page.index("## Baselines")]
   assert table4.count(conclude.TOO_NOISY) >= 2 * len(noisy["groups"])
+  best = page[page.index("## Best γ") : page.index("## Targets")]
+  assert best.count(conclude.TOO_NOISY) == len(noisy["best"])
   profile = page[page.index("## Profile") :]
   assert conclude.TOO_NOISY in profile
   report_lib.write_report(noisy, str(tmp_path), plots=True, log=lambda *_: None)
