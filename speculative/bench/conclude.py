@@ -10,6 +10,7 @@ from typing import Sequence
 
 import numpy as np
 
+from speculative.bench import costs
 from speculative.bench import markdown
 from speculative.bench import methods
 
@@ -20,12 +21,7 @@ TARGET_EXP_RATIO = 0.9  # greedy: measured >= 0.9 x predicted
 TARGET_GREEDY = 1.5  # greedy: >= 1.5x over our baseline
 TARGET_GREEDY_STOCK = 2.0  # greedy: >= 2x over the stock (T5X or equivalent) baseline
 TARGET_SAMPLED = 1.3  # temperature 1: >= 1.3x over our baseline
-TOO_NOISY = "too noisy to predict"  # the cell text where a prediction was refused
-
-
-def speedup_cell(speedup: float | None, suffix: str) -> str:
-  """A predicted speedup's cell: TOO_NOISY where the prediction was refused."""
-  return TOO_NOISY if speedup is None else markdown.fmt(speedup, 2, suffix)
+TOO_NOISY = costs.TOO_NOISY
 
 
 def _best(group: dict[str, Any], drafter: str, rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
@@ -225,7 +221,7 @@ def summary_lines(report: dict[str, Any]) -> list[str]:
       f"  batch {best['batch_size']}, temperature {markdown.fmt(best['temperature'], 1)}: "
       f"{best['drafter']} best measured gamma {markdown.fmt(best['best_measured_gamma'])} "
       f"({markdown.fmt(best['best_measured_speedup'], suffix='x')}), best predicted "
-      f"{best['predicted_best_gamma']} ({speedup_cell(best['predicted_speedup'], 'x')})"
+      f"{best['predicted_best_gamma']} ({costs.speedup_cell(best['predicted_speedup'], 'x')})"
     )
   if report.get("warnings"):
     lines.append(f"  {len(report['warnings'])} warning(s): see the page's Machine section")

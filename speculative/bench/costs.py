@@ -26,6 +26,7 @@ MIN_ROUNDS = 3
 TARGET_STEP = "t(1)"
 STOCK_STEP = "stock t(1)"
 CACHED_PER_INPUT = ("encoder_decoder_attention/key/", "encoder_decoder_attention/value/")
+TOO_NOISY = "too noisy to predict"  # the cell text where the noise verdict refused a prediction
 
 
 @dataclasses.dataclass(frozen=True)
@@ -116,6 +117,11 @@ def refusal(noise: Mapping[str, Any] | None, names: Sequence[str]) -> str | None
   if not noise:
     return None
   return "; ".join(noise["refused"][n] for n in names if n in noise["refused"]) or None
+
+
+def speedup_cell(speedup: float | None, suffix: str) -> str:
+  """A predicted speedup's cell: TOO_NOISY where the noise verdict refused the prediction."""
+  return TOO_NOISY if speedup is None else f"{speedup:.2f}{suffix}"
 
 
 def v_key(num_tokens: int) -> str:

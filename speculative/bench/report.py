@@ -14,6 +14,7 @@ import numpy as np
 
 from speculative import analysis
 from speculative.bench import conclude
+from speculative.bench import costs
 from speculative.bench import markdown
 from speculative.jobs import checks
 from speculative.jobs import runtime
@@ -297,7 +298,7 @@ BEST_COLUMNS = [
   TEMP,
   DRAFTER,
   column("best predicted γ", "predicted_best_gamma"),
-  column("EXP", lambda r: conclude.speedup_cell(r["predicted_speedup"], "X")),
+  column("EXP", lambda r: costs.speedup_cell(r["predicted_speedup"], "X")),
   EMP,
   column("best measured γ", "best_measured_gamma"),
   column("its EMP", "best_measured_speedup", 2, "X"),

@@ -462,13 +462,12 @@ def profile(
 
 
 def _group_summary(group, baselines, speculative_rows) -> str:
-  speedup = lambda x: "too noisy to predict" if x is None else f"{x:.2f}x"  # noqa: E731
   lines = [f"batch {group['batch_size']} temperature {group['temperature']}:"]
   for row in baselines + speculative_rows:
     lines.append(f"  {row['name']:>18}: {row['walltime_s']:.3f}s {row['tokens_per_s']:.1f} tok/s")
     if "alpha_used" in row:
       lines[-1] += (
-        f" alpha {row['alpha_used']:.3f} EXP {speedup(row['predicted_speedup'])} "
-        f"EMP {speedup(row['measured_speedup'])}"
+        f" alpha {row['alpha_used']:.3f} EXP {costs_lib.speedup_cell(row['predicted_speedup'], 'x')}"
+        f" EMP {row['measured_speedup']:.2f}x"
       )
   return "\n".join(lines)
