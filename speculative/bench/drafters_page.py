@@ -67,11 +67,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
   parser.add_argument('--stop_below', default='0.5,0.7,0.9', help=stop_help)
   parser.add_argument('--walltime_temperature', type=float, default=0.0)
   parser.add_argument('--skip', default='', help=f'comma list of parts to skip: {",".join(PARTS)}')
-  args = parser.parse_args(argv)
-  if args.quick:
-    args.num_examples, args.batch_size, args.walltime_examples = 8, 4, 3
-    args.gammas, args.max_gamma, args.stop_below, args.repeats = '2,4', 4, '0.5', 1
-    args.max_new_tokens = min(args.max_new_tokens, 24)
+  presets = dict(num_examples=8, batch_size=4, walltime_examples=3, gammas='2,4', max_gamma=4)
+  args = pages.parse_args(
+    parser, argv, dict(presets, stop_below='0.5', repeats=1, max_new_tokens=24)
+  )
   unknown = set(pages.values(args.skip, str)) - set(PARTS)
   if unknown:
     parser.error(f'--skip: unknown parts {sorted(unknown)} (known: {", ".join(PARTS)})')

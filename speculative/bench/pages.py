@@ -43,8 +43,17 @@ def add_pair_args(
   for name, default in (('max_new_tokens', 64), ('repeats', 3), ('seed', 0)):
     parser.add_argument(f'--{name}', type=int, default=default)
   parser.add_argument('--output_dir', default=output_dir)
-  parser.add_argument('--quick', action='store_true', help=f'{quick}; 1 repeat')
+  parser.add_argument('--quick', action='store_true', help=f'{quick}; 1 repeat (given options win)')
   gin_utils.add_debug_flag(parser)
+
+
+def parse_args(
+  parser: argparse.ArgumentParser, argv: Sequence[str] | None, quick: dict[str, Any]
+) -> argparse.Namespace:
+  """The options; under --quick, `quick`'s values for those not given (a given option wins)."""
+  if parser.parse_known_args(argv)[0].quick:
+    parser.set_defaults(**quick)
+  return parser.parse_args(argv)
 
 
 def values(text: str, kind: type) -> list[Any]:

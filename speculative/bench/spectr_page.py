@@ -40,12 +40,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
   parser.add_argument('--ks', type=int, nargs='+', default=[1, 2, 4, 8])
   parser.add_argument('--ls', type=int, nargs='+', default=[4, 8])
   parser.add_argument('--cost_repeats', type=int, default=5)
-  args = parser.parse_args(argv)
-  if args.quick:
-    args.num_examples, args.max_new_tokens, args.ks, args.ls = 4, 16, [1, 2], [4]
-    args.repeats, args.cost_repeats, args.allow_random_init = 1, bench_noise.MIN_ROUNDS, True
-    if args.output_dir == parser.get_default('output_dir'):
-      args.output_dir = 'outputs/bench_spectr_quick'
+  presets = dict(num_examples=4, max_new_tokens=16, ks=[1, 2], ls=[4], repeats=1)
+  presets.update(cost_repeats=bench_noise.MIN_ROUNDS, allow_random_init=True)
+  args = pages.parse_args(parser, argv, dict(presets, output_dir='outputs/bench_spectr_quick'))
   if 1 not in args.ks:
     parser.error('--ks must include 1 (the K=1 reference)')
   return args

@@ -54,6 +54,12 @@ def test_pages_share_the_pair_options(capsys):
     assert args.draft_checkpoint == 'models/embedded/draft.msgpack'
   assert (drafters_args.num_examples, drafters_args.repeats, drafters_args.gammas) == (8, 1, '2,4')
   assert (spectr_args.ks, spectr_args.ls, spectr_args.allow_random_init) == ([1, 2], [4], True)
+  assert spectr_args.output_dir == 'outputs/bench_spectr_quick'
+  # Under --quick an option given on the command line wins over the smoke run's preset.
+  given = drafters_page.parse_args(['--gammas', '3', '--quick', '--max_new_tokens', '40'])
+  assert (given.gammas, given.max_new_tokens, given.num_examples) == ('3', 40, 8)
+  given = spectr_page.parse_args(['--quick', '--ls', '8', '--output_dir', 'elsewhere'])
+  assert (given.ls, given.ks, given.output_dir) == ([8], [1, 2], 'elsewhere')
   # argparse refuses with exit code 2 and names the problem on stderr.
   with pytest.raises(SystemExit, match='^2$'):
     spectr_page.parse_args(['--ks', '2', '4'])  # K=1 is the reference

@@ -469,13 +469,13 @@ def test_render_from_saved_json_reproduces_the_page(run, tmp_path):
   assert (tmp_path / "speedup_vs_gamma.png").is_file()
 
 
-def test_related_pages_are_included_with_demoted_headings(tmp_path):
-  assert report_lib.related_sections(str(tmp_path)) == ""
+def test_related_pages_are_linked_when_found(tmp_path):
+  assert report_lib.related_section(str(tmp_path)) == []
   (tmp_path / "spectr").mkdir()
   (tmp_path / "spectr" / "results.md").write_text("# SpecTr\n\n## Table\n| K | BE |\n")
-  text = report_lib.related_sections(str(tmp_path))
-  assert "## SpecTr: K drafts" in text and "\n## SpecTr\n" in text and "\n### Table\n" in text
-  assert "drafters" not in text
+  text = "\n".join(report_lib.related_section(str(tmp_path)))
+  assert text.startswith("## Related pages") and "(spectr/results.md)" in text
+  assert "| K | BE |" not in text and "drafters" not in text  # a link, not a copy
 
 
 # ----------------------------------------------------------------------------------------------
