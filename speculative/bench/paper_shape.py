@@ -366,9 +366,8 @@ def _real_lines(report: dict[str, Any]) -> list[str]:
       cells = [f"{row['temperature']:g}", row["name"], f"{row['ms_per_token']:.3f}"]
       cells.append(f"{base['ms_per_token'] / row['ms_per_token']:.2f}x")
       if row["method"] == methods_lib.SPECULATIVE:
-        predicted = row.get("predicted_speedup")
         cells += [f"{row['speedup_vs_stock']:.2f}x", f"{row['alpha_used']:.3f}"]
-        cells.append("too noisy" if predicted is None else f"{predicted:.2f}x")
+        cells.append(costs_lib.speedup_cell(row.get("predicted_speedup"), "x"))
       else:
         cells += ["-", "-", "-"]
       rows.append(cells + [_audit_cell(row)])

@@ -176,7 +176,7 @@ _COLUMNS = [
   markdown.column('v = t(K, L+1)/t(1,1)', 'v'),
   markdown.column(
     'predicted speedup',
-    lambda r: 'too noisy to predict' if r.get('too_noisy') else r.get('predicted_speedup'),
+    lambda r: bench_noise.speedup_cell(r['predicted_speedup'], '') if 'v' in r else None,
   ),
 ]
 

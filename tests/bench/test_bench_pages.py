@@ -1,13 +1,16 @@
 """Tests of the benchmark's own pages: the drafters page (speculative/bench/drafters_page.py) and
 the SpecTr page (speculative/bench/spectr_page.py), run end to end on tiny random-init models, and
-their Markdown from a saved report."""
+their Markdown from a saved report (the committed pages are their committed JSON rendered)."""
 
 from __future__ import annotations
 
+import copy
 import json
+from pathlib import Path
 
 import pytest
 
+from speculative.bench import costs
 from speculative.bench import drafters_page
 from speculative.bench import pages
 from speculative.bench import report as report_lib
@@ -75,6 +78,26 @@ def test_a_missing_checkpoint_is_an_error_without_allow_random_init(tmp_path):
     FileNotFoundError, match='^target checkpoint does not exist: .*missing_target'
   ):
     pages.load_pair(drafters_page.parse_args(args))
+
+
+DOCS = Path(__file__).resolve().parents[2] / 'docs'
+
+
+def test_the_committed_pages_are_their_json_rendered():
+  drafters = json.loads((DOCS / 'drafters' / 'drafters.json').read_text())
+  assert drafters_page.markdown(drafters) == (DOCS / 'drafters' / 'drafters.md').read_text()
+  spectr = json.loads((DOCS / 'spectr' / 'results.json').read_text())
+  assert spectr_page.format_report(spectr) == (DOCS / 'spectr' / 'results.md').read_text()
+  # A refused SpecTr prediction reads as in every other table; a method without one reads '-'.
+  refused = copy.deepcopy(spectr)
+  row = next(r for r in refused['rows'] if r.get('predicted_speedup') is not None)
+  row.update(predicted_speedup=None, too_noisy='v(2x5) spread 0.40 > 0.25')
+  cells = {
+    line.split(' | ')[0].lstrip('| '): line.rstrip(' |').rsplit(' | ', 1)[1]
+    for line in spectr_page.format_report(refused).splitlines()
+    if line.startswith(('| baseline', f'| {row["method"]} |'))
+  }
+  assert cells == {'baseline': '-', row['method']: costs.TOO_NOISY}
 
 
 def test_the_results_page_names_the_pages_modules():

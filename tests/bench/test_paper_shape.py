@@ -1,5 +1,6 @@
 """The paper-shape benchmark (speculative/bench/paper_shape.py): its refusals (one line, exit status 2,
-before any compute, nothing written) and the small-shape switch end to end.
+before any compute, nothing written), the small-shape switch end to end, and the cells of its
+real-walltime table.
 
   .venv/bin/python -m pytest -q -p no:xdist tests/bench/test_paper_shape.py
 """
@@ -11,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from speculative.bench import costs
 from speculative.bench import paper_shape
 from speculative.models import memory
 
@@ -91,3 +93,24 @@ def test_the_small_shape_switch_runs_every_part(capsys, tmp_path):
   for row in group["speculative"]:  # greedy: identical or audited, never a mismatch
     assert row["identical_to_baseline"] + len(row.get("divergences", [])) == 2
     assert not row.get("audit_mismatch")
+
+
+def test_the_real_walltime_table_reads_a_refused_prediction_as_every_table_does():
+  row = dict(temperature=0.0, ms_per_token=10.0, identical_to_baseline=2, examples=2)
+  base = dict(row, name="baseline", method="baseline")
+  spec = dict(row, name="model/gamma=3", method="speculative", ms_per_token=8.0)
+  spec.update(speedup_vs_stock=1.5, alpha_used=0.7, predicted_speedup=None)
+  real = dict(grow_s=1.0, c=0.1, v={"1": 1.0, "4": 1.2}, groups=[])
+  real["groups"].append(dict(baselines=[base], speculative=[spec]))
+  report = dict(real=real, source="target", shipped_draft="draft")
+
+  def cells():
+    text = "\n".join(paper_shape._real_lines(report))
+    return [line.split(" | ")[3:7] for line in text.splitlines() if line.startswith("| 0 |")]
+
+  assert cells() == [
+    ["1.00x", "-", "-", "-"],  # the baseline: nothing predicted
+    ["1.25x", "1.50x", "0.700", costs.TOO_NOISY],
+  ]
+  spec["predicted_speedup"] = 1.234
+  assert cells()[1][3] == "1.23x"
