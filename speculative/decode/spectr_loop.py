@@ -53,7 +53,7 @@ import jax
 from speculative import sampling as sampling_lib
 from speculative.decode import inputs as decode_inputs
 from speculative.decode import options as decode_options
-from speculative.decode import state as decoding_state
+from speculative.decode import state as decode_state
 from speculative.decode import step as decode_step
 from speculative.drafters import base as drafter_base
 from speculative.models import interface
@@ -75,7 +75,7 @@ def _spectr_jit(
   num_drafts: int,
   num_iters: int,
 ):
-  decoding_state.TRACE_COUNTS['spectr_decode'] += 1
+  decode_state.TRACE_COUNTS['spectr_decode'] += 1
   return decode_step.run(
     decode_step.LoopSpec(
       target,
@@ -110,7 +110,7 @@ def spectr_decode(
   check_finite: bool = True,
   max_steps: int | None = None,
   **option_fields: Any,
-) -> decoding_state.DecodeResult:
+) -> decode_state.DecodeResult:
   """SpecTr decoding: K i.i.d. drafts of length L, one target call over K x (L+1) positions a step.
 
   Arguments as in `decode/loops.py`'s `speculative_decode` (gamma is `draft_length`), plus:
