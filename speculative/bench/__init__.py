@@ -11,8 +11,9 @@ sweep          timing every method of a (batch size, temperature) group; rows an
                paper_shape share
 conclude       the best gammas, the targets check, the explanations of missed targets, the summary
 markdown       the one page writer: cells, column-declared tables, sections, a page's record and files;
-               the machine: its description and load average (whether a shape fits: models/memory.py)
-report         the results page (its sections), the included pages, its plots (speedup_vs_gamma.png,
+               the machine in a line with its load (its record: jobs/runtime.machine; whether a shape
+               fits: models/memory.py)
+report         the results page (its sections), links to the pages, its plots (speedup_vs_gamma.png,
                alpha.png), results.json
 decode_step    the T5 decoder step on the CPU kernels against XLA's dot (python -m ...decode_step)
 ceiling        a perfect draft's speedup on a job (python -m speculative.bench.ceiling)

@@ -24,6 +24,7 @@ import numpy as np
 
 from speculative.bench import ceiling
 from speculative.bench import markdown
+from speculative.jobs import runtime
 
 AUTO = 'auto'
 UNCACHED = 'auto uncached'
@@ -195,9 +196,9 @@ def main(argv: Sequence[str] | None = None) -> None:
   for path in args.gin_file:
     if not os.path.exists(path):
       parser.error(f'--gin_file {path} does not exist')
-  machine = markdown.machine_info()
+  machine = runtime.machine()
   print(
-    f'{machine["cpu"]}, {machine["usable_cores"]} cores; load average '
+    f'{runtime.cpu_line(machine)}, {machine["usable_cores"]} cores; load average '
     f'{machine["load_average_start"][0]:.2f}; jobs: {args.gin_file} {args.gin_bindings}; '
     f"'auto' with GAMMA_MAX = {gamma_max}"
   )

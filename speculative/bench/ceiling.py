@@ -34,6 +34,7 @@ from speculative.infer import inputs as infer_inputs
 from speculative.infer import run as infer_run
 from speculative.infer import settings as infer_settings
 from speculative.jobs import checks
+from speculative.jobs import runtime
 
 BASELINE = 'baseline'
 ENCODER = 'encoder'
@@ -218,7 +219,7 @@ def run(settings: infer_settings.InferSettings, gammas: Sequence[int], json_out:
     if json_out is not None:
       checks.probe_writable(os.path.dirname(os.path.abspath(json_out)))
     inputs = infer_inputs.load_inputs(settings)
-  machine = markdown.machine_info()
+  machine = runtime.machine()
   models = infer_run.load_models(settings)
   print(
     f'{len(inputs.examples)} inputs at batch {settings.batch_size}, gammas {list(gammas)}, '
@@ -228,7 +229,7 @@ def run(settings: infer_settings.InferSettings, gammas: Sequence[int], json_out:
   load = markdown.load_line(machine)
   rows = table(tallies)
   print(format_table(rows))
-  print(f'{machine["cpu"]}, {machine["usable_cores"]} cores; {load}')
+  print(f'{runtime.cpu_line(machine)}, {machine["usable_cores"]} cores; {load}')
   result = {
     'rows': rows,
     'machine': machine,

@@ -20,6 +20,7 @@ import numpy as np
 from speculative import checkpoints
 from speculative import kernels
 from speculative.jobs import gin_utils
+from speculative.jobs import runtime
 from speculative.kernels import bench as kernel_bench
 from speculative.models import t5 as t5_lib
 
@@ -80,7 +81,8 @@ def run_model(shape: str, rows, rounds: int, peak_gflops: float, steps: int = 10
   print(
     f'model: {shape}, {step_params / 1e6:.1f}M decode-step weights '
     f'({step_params * 4 / 1e6:.0f} MB f32); batch 1, {steps} chained steps per call, {rounds} '
-    f'interleaved rounds, median; load average {before} -> {kernel_bench.load_average()}; {kernels.status()}'
+    f'interleaved rounds, median; load average {before} -> {kernel_bench.load_average()}; '
+    f'{kernels.status()}; {runtime.cpu_line(runtime.machine())}'
   )
   bytes_ = {name: step_params * (2 if name.endswith('bf16') else 4) for name in variants}
   kernel_bench.print_table(med, list(variants), rows, bytes_, step_params, peak_gflops)

@@ -231,7 +231,7 @@ def _run(s: BenchmarkSettings) -> dict[str, Any]:
   """`benchmark` after its checks (the command-line tests replace it: nothing computed)."""
   report_log = print if s.verbose else (lambda *_: None)
   plan = sweep.gamma_plan(s.gammas, dict(s.drafter_gammas or {}), s.drafters, s.batch_sizes)
-  machine = markdown.machine_info()
+  machine = runtime.machine()
   warnings: list[str] = []
   t_start = time.perf_counter()
   log = lambda msg: report_log(f"[{time.perf_counter() - t_start:6.0f}s] {msg}")  # noqa: E731

@@ -1,7 +1,7 @@
 """The one writer of the benchmark's pages and of the tables and JSON its commands print and write:
 cells, column-declared tables, sections, the record of how a page was made, a page's files; and the
-machine a benchmark runs on: its description (on every page) and its load (whether a model shape
-fits its memory: speculative/models/memory.py)."""
+machine a benchmark runs on in a line, with its load (the machine's record: jobs/runtime.machine;
+whether a model shape fits its memory: speculative/models/memory.py)."""
 
 from __future__ import annotations
 
@@ -9,14 +9,12 @@ import datetime
 import json
 import math
 import os
-import platform
 import sys
 from typing import Any
 from typing import Callable
 from typing import Iterable
 from typing import Sequence
 
-import jax
 import numpy as np
 
 from speculative.checkpoints import files
@@ -59,26 +57,6 @@ def section(title: str, *paragraphs: str, level: int = 2) -> list[str]:
   return [f"{'#' * level} {title}", ""] + [line for p in paragraphs for line in (p, "")]
 
 
-def machine_info() -> dict[str, Any]:
-  """CPU, cores, memory, software versions, devices and the load average now."""
-  cpu = runtime.cpu_model() or platform.processor() or platform.machine()
-  mem_total = runtime.proc_field("/proc/meminfo", "MemTotal")
-  memory_gib = int(mem_total.split()[0]) / 2**20 if mem_total else None
-  return {
-    "cpu": cpu,
-    "cpu_count": os.cpu_count(),
-    "usable_cores": runtime.usable_cores(),
-    "memory_gib": None if memory_gib is None else round(memory_gib, 1),
-    "platform": platform.platform(),
-    "python": platform.python_version(),
-    "jax": jax.__version__,
-    "backend": jax.default_backend(),
-    "devices": [str(d) for d in jax.devices()],
-    "load_average_start": list(os.getloadavg()),
-    "runtime": runtime.settings_in_force(),
-  }
-
-
 def busy_warnings(machine: dict[str, Any]) -> list[str]:
   """Records the load average at the end; a warning if the machine was busier than its cores."""
   end = machine["load_average_end"] = list(os.getloadavg())
@@ -105,7 +83,7 @@ def record(module: str, argv: Sequence[str] | None) -> dict[str, Any]:
   return dict(
     command=" ".join(["python", "-m", module, *arguments]),
     generated_at=datetime.datetime.now().isoformat(timespec="seconds"),
-    machine=machine_info(),
+    machine=runtime.machine(),
   )
 
 
@@ -116,7 +94,7 @@ def loads(values: Sequence[float], sep: str = ", ", digits: int = 2) -> str:
 def machine_line(machine: dict[str, Any]) -> str:
   """The machine in one line, with the load average at the start and (if recorded) the end."""
   return (
-    f"{machine['cpu']}, {machine['usable_cores']} usable of {machine['cpu_count']} cores, jax "
+    f"{runtime.cpu_line(machine)}, {machine['usable_cores']} usable of {machine['cpu_count']} cores, jax "
     f"{machine['jax']} ({machine['backend']}), load average "
     + loads([machine["load_average_start"][0]] + machine.get("load_average_end", [])[:1], " -> ", 1)
   )

@@ -34,6 +34,7 @@ from speculative.bench import pages
 from speculative.bench import sweep
 from speculative.decode import state as decode_state
 from speculative.jobs import checks
+from speculative.jobs import runtime
 from speculative.models import grow
 from speculative.models import memory
 from speculative.models import t5 as t5_lib
@@ -237,7 +238,7 @@ def paper_shape(s: PaperShapeSettings) -> dict[str, Any]:
   """The benchmark (arguments: `PaperShapeSettings`' fields, checked before any compute)."""
   t0 = time.perf_counter()
   log = lambda msg: print(f"[{time.perf_counter() - t0:6.1f}s] {msg}", flush=True)  # noqa: E731
-  machine = markdown.machine_info()
+  machine = runtime.machine()
   need = s.memory_need()
   limit, source = memory.device_memory()
   report: dict[str, Any] = {
@@ -331,7 +332,8 @@ def format_report(report: dict[str, Any]) -> str:
   ]
   lines = markdown.section(
     "Paper-shape benchmark",
-    f"Device: {m['backend']} ({', '.join(m['devices'])}), jax {m['jax']}; weights in "
+    f"Device: {m['backend']} ({', '.join(m['devices'])}), host CPU {runtime.cpu_line(m)}, jax "
+    f"{m['jax']}; weights in "
     f"{report['storage_dtype']}; decode path: {costs['decode_path']['line']}.\n"
     f"Target: {report['target']} (random init). Draft: {report['draft']} (random init).\n"
     f"Memory: {_memory(report['memory'])}.",

@@ -50,7 +50,7 @@ def _machine_section(report: dict[str, Any]) -> list[str]:
   machine = report["machine"]
   lines = section(
     "Machine",
-    f"{machine['cpu']}; {machine['usable_cores']} usable of {machine['cpu_count']} CPU "
+    f"{runtime.cpu_line(machine)}; {machine['usable_cores']} usable of {machine['cpu_count']} CPU "
     f"cores; {fmt(machine['memory_gib'], 1)} GiB RAM; {machine['platform']}; "
     f"Python {machine['python']}, jax {machine['jax']} (backend: {machine['backend']}). "
     f"Load average (1/5/15 min) at start {markdown.loads(machine['load_average_start'])}, at end "

@@ -7,8 +7,6 @@ import os
 from typing import Any
 from typing import Sequence
 
-import jax
-
 from speculative.data import metrics
 from speculative.data import tasks
 from speculative.decode import audit
@@ -79,15 +77,12 @@ def block_efficiency_interval(records: Sequence[dict], z: float = 1.96) -> list[
 
 
 def machine() -> str:
-  import platform
-
-  device = jax.devices()[0]
-  accelerator = "" if device.platform == "cpu" else f"{device.device_kind} x{jax.device_count()}, "
-  cpu = runtime.cpu_model()
+  """The machine in one line: accelerator, CPU (features, L3), cores, jax, the runtime settings."""
+  m = runtime.machine()
+  accelerator = f"{m['accelerator']}, " if m["accelerator"] else ""
   return (
-    f"{accelerator}{f'{cpu}, ' if cpu else ''}{platform.machine()}, "
-    f"{runtime.usable_cores()} usable of {os.cpu_count()} CPU cores, jax {jax.__version__} "
-    f"({jax.default_backend()}); {runtime.describe()}"
+    f"{accelerator}{runtime.cpu_line(m)}, {m['arch']}, {m['usable_cores']} usable of "
+    f"{m['cpu_count']} CPU cores, jax {m['jax']} ({m['backend']}); {runtime.describe(m['runtime'])}"
   )
 
 

@@ -2,7 +2,8 @@
 
 checks     checks of a job's knobs and paths, before any compute
 lock       one writer per output directory (an OS lock) and the manifest a resume must match
-runtime    the CPU runtime defaults (XLA flags) and the settings in force
+runtime    the CPU runtime defaults (XLA flags) and the settings in force; the machine a measurement
+           ran on (CPU, its features and L3, cores, devices, load)
 gin_utils  the runners' command line: gin files, bindings, registration and user errors
 resources  memory and thread estimates of a job
 """

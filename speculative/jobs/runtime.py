@@ -1,4 +1,5 @@
-"""CPU runtime settings of the decoding entry points: the measured defaults and what is in force.
+"""CPU runtime settings of the decoding entry points: the measured defaults and what is in force;
+and the machine a measurement ran on (`machine`: the jobs' reports and the benchmark's pages).
 
 XLA reads `XLA_FLAGS` once, when jax first starts a backend, so the entry points
 (`speculative.infer`, `speculative.train` through `gin_utils.run_gin_main`, and `speculative.benchmark`)
@@ -88,6 +89,67 @@ def proc_field(path: str, key: str) -> str | None:
 def cpu_model() -> str | None:
   """The CPU's model name (/proc/cpuinfo); None where unreadable."""
   return proc_field('/proc/cpuinfo', 'model name')
+
+
+# The CPU features a figure depends on here (our kernels' ISA paths, XLA's vector width), as
+# /proc/cpuinfo names them.
+CPU_FEATURES = ('avx2', 'fma', 'avx512f', 'avx512bw', 'avx512_bf16', 'amx_tile')
+
+
+def cpu_features() -> list[str]:
+  """The CPU_FEATURES this CPU has (/proc/cpuinfo's flags; empty where unreadable)."""
+  flags = set((proc_field('/proc/cpuinfo', 'flags') or '').split())
+  return [name for name in CPU_FEATURES if name in flags]
+
+
+def l3_cache_mib(path: str = '/sys/devices/system/cpu/cpu0/cache/index3/size') -> float | None:
+  """The L3 cache of CPU 0 in MiB (sysfs, e.g. '32768K'); None where unreadable."""
+  try:
+    with open(path, encoding='utf-8') as f:
+      size = f.read().strip()
+  except OSError:
+    return None
+  scale = {'K': 1 / 1024, 'M': 1.0, 'G': 1024.0}.get(size[-1:].upper())
+  return None if scale is None or not size[:-1].isdigit() else int(size[:-1]) * scale
+
+
+def machine() -> dict[str, Any]:
+  """The machine a measurement ran on: CPU, its features and L3, cores, memory, software,
+  devices, the runtime settings in force and the load average now (call after jax's backend may
+  start: it lists the devices)."""
+  import platform  # pylint: disable=g-import-not-at-top
+
+  import jax  # pylint: disable=g-import-not-at-top
+
+  mem_total = proc_field('/proc/meminfo', 'MemTotal')
+  device = jax.devices()[0]
+  return {
+    'cpu': cpu_model() or platform.processor() or platform.machine(),
+    'arch': platform.machine(),
+    'cpu_features': cpu_features(),
+    'l3_cache_mib': l3_cache_mib(),
+    'cpu_count': os.cpu_count(),
+    'usable_cores': usable_cores(),
+    'memory_gib': None if mem_total is None else round(int(mem_total.split()[0]) / 2**20, 1),
+    'platform': platform.platform(),
+    'python': platform.python_version(),
+    'jax': jax.__version__,
+    'backend': jax.default_backend(),
+    'devices': [str(d) for d in jax.devices()],
+    'accelerator': None
+    if device.platform == 'cpu'
+    else f'{device.device_kind} x{jax.device_count()}',
+    'load_average_start': list(os.getloadavg()),
+    'runtime': settings_in_force(),
+  }
+
+
+def cpu_line(m: dict[str, Any]) -> str:
+  """The CPU of a `machine()` record in words: model, features, L3 (each where recorded)."""
+  extras = [' '.join(m.get('cpu_features') or []) or None]
+  extras.append(None if m.get('l3_cache_mib') is None else f'L3 {m["l3_cache_mib"]:g} MiB')
+  extras = [x for x in extras if x]
+  return m['cpu'] + (f' ({", ".join(extras)})' if extras else '')
 
 
 def usable_cores() -> int | None:

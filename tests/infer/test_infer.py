@@ -21,6 +21,7 @@ from speculative.infer import inputs as infer_inputs
 from speculative.infer import outputs as infer_outputs
 from speculative.infer import report as infer_report
 from speculative.infer import settings as infer_settings
+from speculative.jobs import runtime
 
 REPO = Path(__file__).resolve().parents[2]
 SOURCES = model_utils.JOB_SOURCES
@@ -78,6 +79,8 @@ def test_predictions_metrics_and_greedy_identity(setup, monkeypatch):
   )
   assert f"(load average {load['start'][0]:.2f} when this process started decoding," in speedup_line
   assert "XLA compiles: baseline" in (out / "report.md").read_text()
+  # The machine: its CPU with the features and L3 the figures depend on (jobs/runtime.py).
+  assert f"machine: {runtime.cpu_line(runtime.machine())}, " in (out / "report.md").read_text()
   assert not [p for p in os.listdir(out) if ".tmp-" in p]
   # The report's header names every setting that can change an output, as the manifest has it.
   manifest = json.loads((out / "manifest.json").read_text())

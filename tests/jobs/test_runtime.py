@@ -77,3 +77,18 @@ def test_user_flags_reach_xla_and_tokens_stay_exact():
   assert base_default == spec_default  # greedy speculative == baseline
   assert base_user == spec_user and base_user == base_default
   assert default['param_dtype_in_memory'] == 'float32'
+
+
+def test_the_machine_record_names_the_cpu_its_features_and_l3(tmp_path):
+  size = tmp_path / 'size'
+  for text, mib in (('32768K\n', 32.0), ('260M', 260.0), ('1G', 1024.0), ('', None), ('12X', None)):
+    size.write_text(text)
+    assert runtime.l3_cache_mib(str(size)) == mib, text
+  assert runtime.l3_cache_mib(str(tmp_path / 'missing')) is None
+  machine = runtime.machine()
+  assert set(machine['cpu_features']) <= set(runtime.CPU_FEATURES) and machine['usable_cores'] >= 1
+  assert machine['accelerator'] is None and machine['backend'] == 'cpu'
+  record = dict(cpu='AMD EPYC', cpu_features=['avx2', 'avx512f'], l3_cache_mib=32.0)
+  assert runtime.cpu_line(record) == 'AMD EPYC (avx2 avx512f, L3 32 MiB)'
+  assert runtime.cpu_line(dict(record, l3_cache_mib=None)) == 'AMD EPYC (avx2 avx512f)'
+  assert runtime.cpu_line({'cpu': 'AMD EPYC'}) == 'AMD EPYC'  # a record made before they existed
