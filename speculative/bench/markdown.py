@@ -94,8 +94,8 @@ def loads(values: Sequence[float], sep: str = ", ", digits: int = 2) -> str:
 def machine_line(machine: dict[str, Any]) -> str:
   """The machine in one line, with the load average at the start and (if recorded) the end."""
   return (
-    f"{runtime.cpu_line(machine)}, {machine['usable_cores']} usable of {machine['cpu_count']} cores, jax "
-    f"{machine['jax']} ({machine['backend']}), load average "
+    f"{runtime.cpu_line(machine)}, {machine['usable_cores']} usable of {machine['cpu_count']} "
+    f"cores, jax {machine['jax']} ({machine['backend']}), load average "
     + loads([machine["load_average_start"][0]] + machine.get("load_average_end", [])[:1], " -> ", 1)
   )
 

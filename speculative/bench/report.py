@@ -19,7 +19,7 @@ from speculative.jobs import checks
 from speculative.jobs import runtime
 
 column, fmt, section = markdown.column, markdown.fmt, markdown.section
-TOO_NOISY = conclude.TOO_NOISY
+TOO_NOISY = costs.TOO_NOISY
 
 
 def _refusable(header: str, key: str, *args: Any, **kwargs: Any) -> markdown.Column:

@@ -176,7 +176,9 @@ _COLUMNS = [
   markdown.column('v = t(K, L+1)/t(1,1)', 'v'),
   markdown.column(
     'predicted speedup',
-    lambda r: bench_noise.speedup_cell(r['predicted_speedup'], '') if 'v' in r else None,
+    lambda r: (
+      bench_noise.speedup_cell(r['predicted_speedup'], '') if 'predicted_speedup' in r else None
+    ),
   ),
 ]
 

@@ -80,8 +80,9 @@ def machine() -> str:
   """The machine in one line: accelerator, CPU (features, L3), cores, jax, the runtime settings."""
   m = runtime.machine()
   accelerator = f"{m['accelerator']}, " if m["accelerator"] else ""
+  arch = "" if m["cpu"] == m["arch"] else f", {m['arch']}"  # no CPU model name: the arch once
   return (
-    f"{accelerator}{runtime.cpu_line(m)}, {m['arch']}, {m['usable_cores']} usable of "
+    f"{accelerator}{runtime.cpu_line(m)}{arch}, {m['usable_cores']} usable of "
     f"{m['cpu_count']} CPU cores, jax {m['jax']} ({m['backend']}); {runtime.describe(m['runtime'])}"
   )
 

@@ -122,7 +122,7 @@ def machine() -> dict[str, Any]:
   import jax  # pylint: disable=g-import-not-at-top
 
   mem_total = proc_field('/proc/meminfo', 'MemTotal')
-  device = jax.devices()[0]
+  devices = jax.devices()
   return {
     'cpu': cpu_model() or platform.processor() or platform.machine(),
     'arch': platform.machine(),
@@ -135,10 +135,10 @@ def machine() -> dict[str, Any]:
     'python': platform.python_version(),
     'jax': jax.__version__,
     'backend': jax.default_backend(),
-    'devices': [str(d) for d in jax.devices()],
+    'devices': [str(d) for d in devices],
     'accelerator': None
-    if device.platform == 'cpu'
-    else f'{device.device_kind} x{jax.device_count()}',
+    if devices[0].platform == 'cpu'
+    else f'{devices[0].device_kind} x{jax.device_count()}',
     'load_average_start': list(os.getloadavg()),
     'runtime': settings_in_force(),
   }
@@ -146,8 +146,8 @@ def machine() -> dict[str, Any]:
 
 def cpu_line(m: dict[str, Any]) -> str:
   """The CPU of a `machine()` record in words: model, features, L3 (each where recorded)."""
-  extras = [' '.join(m.get('cpu_features') or []) or None]
-  extras.append(None if m.get('l3_cache_mib') is None else f'L3 {m["l3_cache_mib"]:g} MiB')
+  l3 = m.get('l3_cache_mib')
+  extras = [' '.join(m.get('cpu_features') or []), '' if l3 is None else f'L3 {l3:g} MiB']
   extras = [x for x in extras if x]
   return m['cpu'] + (f' ({", ".join(extras)})' if extras else '')
 
