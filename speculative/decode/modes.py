@@ -1,8 +1,7 @@
 """The decoding modes as callables: one place that binds a model pair and its options.
 
-Every job that compares the modes (`speculative.infer`, the benchmark's methods, the bf16 audit and
-the runtime-settings script) builds them here, so the baseline, the speculative decode and SpecTr
-of a job always share their options:
+Both places that compare the modes (`speculative.infer` and the benchmark's methods) build them
+here, so the baseline, the speculative decode and SpecTr of a job always share their options:
 
   options = DecodeOptions(max_new_tokens=64, sampling=sampling, eos_id=1, gamma=4)
   fns = modes.decode_fns(target, target_params, drafter, draft_params, options=options,
@@ -18,7 +17,6 @@ from typing import Callable
 
 import jax
 
-from speculative import drafters
 from speculative import sampling as sampling_lib
 from speculative.decode import loops as decoding
 from speculative.decode import options as decode_options
@@ -123,31 +121,3 @@ def decode_fns(
 
   fns[SPECTR] = spectr
   return fns
-
-
-def greedy_model_pair(
-  target: Any,
-  target_params: Any,
-  draft: Any,
-  draft_params: Any,
-  *,
-  gamma: int,
-  max_new_tokens: int,
-  eos_id: int | None,
-  check_finite: bool = True,
-) -> dict[str, DecodeFn]:
-  """`decode_fns` of a target and a draft model (`ModelDrafter`) under greedy decoding, the setting
-  of the exactness audits and runtime measurements."""
-  sampling, sampling_params = sampling_lib.make_sampling(0.0)
-  options = decode_options.DecodeOptions(
-    max_new_tokens=max_new_tokens, sampling=sampling, eos_id=eos_id, gamma=gamma
-  )
-  return decode_fns(
-    target,
-    target_params,
-    drafters.ModelDrafter(draft),
-    draft_params,
-    options=options,
-    sampling_params=sampling_params,
-    check_finite=check_finite,
-  )

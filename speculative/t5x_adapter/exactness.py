@@ -101,12 +101,11 @@ def exactness_aux(
 
 
 def not_checked_aux(rows: int) -> dict[str, jax.Array]:
-  """The aux entries of a call the check does not apply to (sampling): verdict -1."""
-  minus_one = jnp.full((rows,), -1, jnp.int32)
+  """The aux entries of a call the check does not apply to (sampling): verdict NOT_CHECKED."""
   zeros = jnp.zeros((rows,), jnp.float32)
   return {
-    'exactness_verdict': minus_one,
-    'exactness_position': minus_one,
+    'exactness_verdict': jnp.full((rows,), NOT_CHECKED, jnp.int32),
+    'exactness_position': jnp.full((rows,), -1, jnp.int32),
     'exactness_gap': zeros,
     'exactness_deficit': zeros,
     'exactness_bound': zeros,
