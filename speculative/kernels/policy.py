@@ -9,7 +9,7 @@ other path is refused like any other changed setting.
           job does not compute on CPU
   'off'   XLA's dot
   'auto'  the kernels where the job computes on CPU, they are available and the batch size is at
-          most `AUTO_MAX_BATCH` (above it XLA's dot was faster; docs/cpu_runtime.md), else XLA
+          most `AUTO_MAX_BATCH` (one AVX-512 row tile; see the constant), else XLA
 
 The kernels are CPU code registered for XLA's 'cpu' platform, so where the job's arrays live on a
 GPU or TPU (`backend`: jax's default backend, not the host's CPU features) there is no handler for
@@ -30,7 +30,8 @@ from speculative.kernels import library
 SETTINGS = ('auto', 'on', 'off')
 KERNELS = 'kernels'
 XLA = 'xla'
-# The largest batch at which the kernels were measured faster than XLA's dot (docs/cpu_runtime.md).
+# The largest batch 'auto' runs on the kernels: up to 8 rows a step's matmuls are one AVX-512 row
+# tile (matmul.cc), each weight streamed once; larger batches take XLA's dot.
 AUTO_MAX_BATCH = 8
 
 

@@ -78,6 +78,10 @@ Array = jax.Array
 PyTree = Any
 
 DRAFT_KEY = draft_checkpoint.DRAFT_KEY
+# The acceptance GAMMA = 'auto' assumes (configs/t5x/speculative.gin's EXPECTED_ALPHA too): a jitted
+# predict function observes none, so unlike a job, whose prior gives way to what it observes, the
+# adapter decides on this value alone.
+EXPECTED_ALPHA = 0.8
 # Closed-over draft params above this size get a warning (they become compile-time constants).
 _CLOSURE_WARN_BYTES = 64 * 1024 * 1024
 _PACKING_KEYS = (
@@ -198,7 +202,8 @@ class SpeculativeEncoderDecoderModel(t5x_models.EncoderDecoderModel):
       batch size on XLA's path (KERNELS = 'off' on a CPU), read from `calibration_file`, at the
       acceptance `expected_alpha`; 0 is plain decoding. aux gains 'gamma'.
     calibration_file: the cost cache (None: `autogamma.costs.default_cache_file()`).
-    expected_alpha: the acceptance the 'auto' choice assumes (default the jobs' prior, 0.8).
+    expected_alpha: the acceptance the 'auto' choice assumes (default EXPECTED_ALPHA, 0.8, as
+      configs/t5x/speculative.gin's; no acceptance is observed inside T5X's jitted call).
     drafter: a name of the drafter registry (`speculative.drafters.registry`) that needs no corpus:
       'model' (default), 'prompt_lookup' or 'prompt_lookup+model'; its params are the draft's.
     method: 'speculative' (default; one draft a step) or 'spectr' (SpecTr: `num_drafts` K i.i.d.
@@ -236,7 +241,7 @@ class SpeculativeEncoderDecoderModel(t5x_models.EncoderDecoderModel):
     draft_checkpoint_path: str | None = None,
     gamma: int | str = 4,
     calibration_file: str | None = None,
-    expected_alpha: float = policy.PRIOR_ALPHA,
+    expected_alpha: float = EXPECTED_ALPHA,
     drafter: str = 'model',
     method: str = 'speculative',
     num_drafts: int = 1,

@@ -17,6 +17,7 @@ import dataclasses
 import functools
 import importlib
 import importlib.util
+import inspect
 import json
 from pathlib import Path
 import sys
@@ -738,6 +739,9 @@ def test_speculative_gin_builds_the_model_and_restores_the_draft(
   # The run file's defaults: argmax (TEMPERATURE 0.0, TOPK 0, TOPP 0.0), no exactness check.
   assert model.decode_defaults == {'gamma': 5, 'temperature': 0.0, 'topk': 0, 'topp': 0.0}
   assert not model.check_exactness
+  # The acceptance GAMMA = 'auto' assumes: the run file's default is the constructor's.
+  python_default = inspect.signature(adapter.SpeculativeEncoderDecoderModel).parameters
+  assert model._expected_alpha == python_default['expected_alpha'].default == 0.8
   assert model.output_vocabulary.eos_id == 1 and model.optimizer_def is None
   assert model._z_loss == 0.0001  # the stock loss settings reach T5X's base class
 
