@@ -188,10 +188,11 @@ __attribute__((target("avx2,fma"))) void tile_avx2(const Problem& p, int64_t r0,
 }
 
 // Rows in tiles of up to 8 (AVX-512) or 6 (AVX2): a verify call of gamma + 1 <= 8 tokens (6 on
-// AVX2) reads each weight once. Each row tile takes as many blocks at once as the registers hold accumulators for
-// (AVX-512: 4 blocks up to 4 rows, 2 blocks for 5-8 rows; AVX2: 2 blocks up to 2 rows, else 1), the
-// blocks left over one at a time. Tiling only groups independent FMA chains; it never changes any
-// element's order. An ISA's tiling is a struct: its row tile, its blocks per tile and its tile.
+// AVX2) reads each weight once. Each row tile takes as many blocks at once as the registers hold
+// accumulators for (AVX-512: 4 blocks up to 4 rows, 2 blocks for 5-8 rows; AVX2: 2 blocks up to 2
+// rows, else 1), the blocks left over one at a time. Tiling only groups independent FMA chains; it
+// never changes any element's order. An ISA's tiling is a struct: its row tile, its blocks per tile
+// and its tile.
 struct Avx512 {
   static constexpr int kRows = 8;
   static constexpr int groups(int rows) { return rows <= 4 ? 4 : 2; }  // of the 32 zmm registers
