@@ -1,6 +1,6 @@
 """Standardized sampling and the vectorized speculative acceptance rule.
 
-Two concerns live here, both pure array functions (no models):
+Three concerns live here, all pure array functions (no models):
 
 1. **Standardized sampling** (Leviathan et al. 2023, Sec. 2.2). Argmax, temperature, top-k and top-p
    are all expressed as a transform `logits[..., V] -> probs[..., V]` that is applied identically to

@@ -12,23 +12,23 @@ then f(gamma) + c(gamma) / E(gamma) (E: Theorem 3.8's expected tokens per step),
 on short batches (where the fixed share dominates) predicts long ones too, and the draft's encoder
 is charged to speculation.
 
-Where the job's baseline mode decodes the same batches (the run files' jobs), a gamma's step is
-the plain step plus the difference between its calls and the baseline's on the same batches,
-measured seconds apart, over its loop steps, and its fixed share the plain loop's times the ratio
-of their stepless calls: what a call pays once cancels in the difference, however it depends on
-the batch (`LoopTimes.costs`). A gamma counts as measured once its batches have run MIN_STEPS
-loop steps (`LoopTimes`). Between measured gammas a step is interpolated linearly in gamma;
-beyond the largest measured one it is extrapolated, to decide whether to measure the next
-(`Costs.step`). `speculative.infer`'s 'auto' mode (speculative/infer/auto_gamma.py) decides which
-gammas to measure (policy.`choose_while_measuring`), times the first measuring batches stepless
-until they cover STEPLESS_TOKENS tokens, adds every later batch's timing to the loop times (its
-fixed share from the stepless calls) and writes the loop times to a JSON file (default
-`~/.cache/speculative/calibration.json`, or under $XDG_CACHE_HOME), once measured and at the
-job's end, one entry per `key`: the device (backend, device kind, CPU model, usable cores), the
-jax version, the decode path, the batch size, the shapes, both models' configs and the loop
-(drafter, sampling strategy). A second job with the same key starts from them, makes no stepless
-call and adds its own batches. A file that cannot be read as such a cache is ignored with one
-warning line and measured afresh.
+Where the job's baseline mode decodes the same batches (the run files' jobs), a gamma's step is the
+plain step plus the difference between its calls and the baseline's on the same batches, measured
+seconds apart, over its loop steps, and its fixed share the plain loop's times the ratio of their
+stepless calls: what a call pays once cancels in the difference, however it depends on the batch
+(`LoopTimes.costs`). A gamma counts as measured once its batches have run MIN_STEPS loop steps
+(`LoopTimes`). Between measured gammas a step is interpolated linearly in gamma; beyond the largest
+measured one it is extrapolated, to decide whether to measure the next (`Costs.step`).
+`speculative.infer`'s 'auto' mode (speculative/infer/auto_gamma.py) decides which gammas to measure
+(policy.`choose_while_measuring`), times the first measuring batches stepless until they cover
+STEPLESS_TOKENS tokens, adds every later batch's timing to the loop times (its fixed share from the
+stepless calls) and writes the loop times to a JSON file (default
+`~/.cache/speculative/calibration.json`, or under $XDG_CACHE_HOME) once measured and again at the
+job's end (a job that ends still measuring writes nothing), one entry per `key`: the device
+(backend, device kind, CPU model, usable cores), the jax version, the decode path, the batch size,
+the shapes, GAMMA_MAX, both models' configs and the loop (drafter, sampling strategy, lenience). A
+second job with the same key starts from them, makes no stepless call and adds its own batches. A
+file that cannot be read as such a cache is ignored with one warning line and measured afresh.
 """
 
 from __future__ import annotations
@@ -342,8 +342,8 @@ def key_fields(
   draft_config: Mapping[str, Any] | None,
   loop: str,
 ) -> dict[str, Any]:
-  """What the costs depend on: the device, the decode path, the shapes, the models and the loop
-  (`loop`: what else shapes its step: the drafter, the sampling strategy)."""
+  """What the costs depend on: the device, the decode path, the shapes, gamma_max, the models and
+  the loop (`loop`: what else shapes its step: the drafter, the sampling strategy, lenience)."""
   device = jax.devices()[0]
   return {
     'backend': jax.default_backend(),
@@ -476,9 +476,10 @@ def load(path: str, fields: Mapping[str, Any]) -> Calibration:
 def store(path: str, times: LoopTimes, calibration: Calibration) -> None:
   """Writes a job's loop times (`times`: those it started from and its own batches', capped at
   CACHE_STEPS loop steps per gamma) and their costs to the cache file under `calibration`'s key
-  (an unreadable file: replaced, without a second warning)."""
+  (an unreadable file: replaced, without a second warning), as its last entry."""
   times = times.capped(CACHE_STEPS)
   entries = _read_cache(path, warn=False)
+  entries.pop(calibration.key, None)  # re-stored last: the file's entries stay in write order
   entries[calibration.key] = {
     'fields': calibration.fields,
     'costs': times.costs().to_json(),

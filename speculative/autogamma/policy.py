@@ -4,8 +4,9 @@ A job with `GAMMA = 'auto'` decodes each batch of its speculative mode at one ga
 {0, 1, ..., gamma_max}; 0 is plain decoding (the baseline loop: no draft call, a 1-token target
 step). Before each batch the job calls `choose`, decodes, then `observe`s what the batch drafted and
 accepted. Everything here is host-side arithmetic on numbers the job already has (the measured
-`costs.Costs` and the records' `drafted` / `alpha_sum`), deterministic, so a resumed job replays the
-same choices from its finished records (`replay`).
+`costs.Costs` and the records' `drafted`, `target_calls` and `num_tokens`), deterministic, so a
+resumed job replays the same choices from its finished records
+(`infer.auto_gamma.AutoGamma.replay`).
 
 The rule, in the order `choose` applies it:
   1. alpha: the acceptance estimate: each batch's alpha as its loop felt it (`batch_alpha`: the
@@ -138,7 +139,7 @@ class Choice:
 
   Attributes:
     gamma: in [0, gamma_max]; 0 = plain decoding.
-    reason: BEST, KEPT, PROBE, NEVER_PAYS or CALIBRATE.
+    reason: BEST, KEPT, PROBE, REFRESH, NEVER_PAYS or CALIBRATE.
     alpha: the acceptance estimate it used.
     predicted: {gamma: predicted speedup over plain decoding} at that alpha.
   """

@@ -20,7 +20,7 @@ ceiling        a perfect draft's speedup on a job (python -m speculative.bench.c
 paper_shape    T5 1.1 XXL's shape on this device (python -m speculative.bench.paper_shape)
 auto_gamma     GAMMA = 'auto' against each fixed gamma, one job a process (python -m ...auto_gamma)
 
-The benchmark's own pages, included into the results page (python -m speculative.bench.<page>):
+The benchmark's own pages, linked from the results page (python -m speculative.bench.<page>):
 pages          what they measure alike: the pair's options and loading, the benchmark's inputs (a
                seqio task, a TSV file or examples given), decode functions, batch-1 cost model and
                timing

@@ -1,4 +1,4 @@
-"""Weights on disk, read and written without t5x: one import for the three parts.
+"""Weights on disk, read and written without t5x: one import for the five parts.
 
   weights_format    the content hash and metadata sidecar (model config + sha256) verified before
                     weights load, msgpack decoding that names a corrupt file, storage dtypes

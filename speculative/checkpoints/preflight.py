@@ -1,10 +1,11 @@
-"""The check of a weights path made before any compute, by every entry point that loads weights:
+"""The check of a weights path made before any compute, by the settings of the jobs, training and
+the benchmarks (infer, train, the benchmark's methods, paper_shape):
 `check_weights` refuses, with one line naming the setting, the file and what is wrong, a path that
 is not weights (missing, empty, neither a params file nor a T5X checkpoint directory), a T5X
 checkpoint directory without its structure, and weights that differ from their metadata (sha256,
 model config). A params file without a sidecar is walked as msgpack without building its arrays, so
 a truncated or otherwise broken file is refused here too; what still fails to parse at load is a
-`CheckpointError` naming the file (`load_errors` marks it as the user's to fix)."""
+`CheckpointError` naming the file (`LOAD_ERRORS` marks it as the user's to fix)."""
 
 from __future__ import annotations
 

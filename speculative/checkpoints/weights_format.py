@@ -63,7 +63,8 @@ def sha256_of(path: PathLike, *, exclude: tuple[str, ...] = (DIR_METADATA,)) -> 
 
 
 # {(device, inode, size, mtime_ns): sha256} of the files hashed in this process: a job's check of
-# its weights, its manifest and a load verify the same file, which is read and hashed once.
+# its weights and its manifest hash the same file once (a params file's load verifies the bytes it
+# read, hashing them again).
 _FILE_DIGESTS: dict[tuple[int, int, int, int], str] = {}
 
 

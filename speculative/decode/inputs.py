@@ -20,7 +20,8 @@ NO_STEP_LIMIT = np.int32(np.iinfo(np.int32).max)
 
 @flax.struct.dataclass
 class DecodeInputs:
-  """The validated, normalized inputs of a decode call (a pytree; `eos_id` is static).
+  """The validated, normalized inputs of a decode call (a pytree of arrays; the static options,
+  eos_id among them, are `DecodeOptions`).
 
   Attributes:
     prompt_tokens: [B, P] int32 decoder prompts, left-aligned, right-padded.

@@ -37,10 +37,11 @@ So with K = 1 every random number is consumed for the same purpose as in specula
 Metrics (decode/state.py's `SpecTrMetrics`, per original row, steps in which the row was not yet done):
   target_calls counts steps (one batched call over the K drafts is one call: on a TPU the K*(L+1)
   positions cost about what L+1 do; on this CPU they do not, which the walltime shows); `drafted`
-  counts L per step (the draft length; the draft model produced K*L tokens, batched); block
-  efficiency = generated tokens / target_calls, as everywhere (docs/design.md section 7). The token-level
-  acceptance probability with the surviving drafts is `alpha_sum / selections` (compare
-  `single_alpha_sum / selections`: one draft at the same conditionals, Leviathan's alpha).
+  counts per step the most tokens any of the K drafts proposed (L for a drafter that always drafts
+  L: the draft model produces K*L tokens, batched); block efficiency = generated tokens /
+  target_calls, as everywhere (docs/design.md section 7). The token-level acceptance probability
+  with the surviving drafts is `alpha_sum / selections` (compare `single_alpha_sum / selections`:
+  one draft at the same conditionals, Leviathan's alpha).
 """
 
 from __future__ import annotations
@@ -124,7 +125,7 @@ def spectr_decode(
   must have the batch on axis 0 of every leaf.
 
   Returns:
-    decoding.DecodeResult whose `metrics` is a SpecTrMetrics (per original row).
+    decode_state.DecodeResult whose `metrics` is a SpecTrMetrics (per original row).
   """
   decode_options.check_positive_int('num_drafts', num_drafts)
   if draft_length is not None:

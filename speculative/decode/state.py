@@ -15,8 +15,9 @@ Stream conventions (per row b):
   * A row stops at EOS (tokens after an EOS inside an accepted block are dropped; the EOS is kept)
     or after max_new_tokens (overshoot of the last block is truncated). The loop ends when all rows
     are done. Done rows still ride along in the batch but neither advance nor count metrics.
-  * RNG: row b's key at step s is fold_in(fold_in(rng, row_ids[b]), s), so a row's output does not
-    depend on the rest of the batch (pass the same `row_ids` to reproduce a row decoded alone).
+  * RNG: row b's keys at step s are fold_in(fold_in(fold_in(rng, row_ids[b]), s), use), one per
+    consumer (decode/step.py's `row_keys`), so a row's output does not depend on the rest of the
+    batch (pass the same `row_ids` to reproduce a row decoded alone).
 """
 
 from __future__ import annotations
@@ -72,7 +73,8 @@ class SpecTrMetrics:
 
   Attributes:
     target_calls: [B] int32, steps (one batched target call over the K drafts each).
-    drafted: [B] int32, draft length L per step (each of the K drafts has L tokens).
+    drafted: [B] int32, per step the most tokens any of the K drafts proposed (L for a drafter
+      that always drafts L).
     accepted: [B] int32, draft tokens accepted by the selection (before EOS/max-length truncation).
     alpha_sum: [B] float32, sum over selections of the k-Seq acceptance probability with the
       surviving drafts, 1 - (1 - beta(rho*))^k.

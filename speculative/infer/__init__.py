@@ -8,6 +8,7 @@ The job's parts, one module each:
   inputs    task or file examples
   outputs   the manifest, predictions and timings, and the resume of an interrupted job
   report    the summary and report.md
+  auto_gamma  GAMMA = 'auto': each batch's gamma from the costs measured on the job's batches
   compare   two greedy jobs of one target row by row, every divergence audited
 """
 

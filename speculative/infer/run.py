@@ -31,9 +31,9 @@ vocabulary; inputs longer than the inputs feature length are truncated and count
 directory or a `.msgpack` params file), `GAMMA`, `TEMPERATURE` and `INFER_OUTPUT_DIR`.
 `python -m speculative.infer --help` lists the run file's macros with their values.
 
-The job's parts, one module each: infer_settings (InferSettings, the checks), infer_inputs (task
-or file examples), infer_outputs (manifest, predictions, timings) and infer_report (summary and
-report.md); this module runs the modes over the batches.
+The job's parts, one module each of speculative/infer/: settings (InferSettings, the checks),
+inputs (task or file examples), outputs (manifest, predictions, timings), report (summary and
+report.md) and auto_gamma (GAMMA = 'auto'); this module runs the modes over the batches.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The settings of a batch inference job (`infer.infer`'s arguments), checked in one place before
 anything loads: every knob's type and range, the input source, the model configs and every path.
-Stats paths but reads no weights or inputs."""
+Stats paths and hashes the weights files (`_check_weights`, last); reads no inputs."""
 
 from __future__ import annotations
 

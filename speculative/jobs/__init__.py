@@ -5,7 +5,7 @@ lock       one writer per output directory (an OS lock) and the manifest a resum
 runtime    the CPU runtime defaults (XLA flags) and the settings in force; the machine a measurement
            ran on (CPU, its features and L3, cores, devices, load)
 gin_utils  the runners' command line: gin files, bindings, registration and user errors
-resources  memory and thread estimates of a job
+resources  XLA compile counts and peak resident memory of a job or a benchmark group
 """
 
 from speculative.jobs.checks import check_choice

@@ -1,5 +1,5 @@
 """One writer per output directory, and a manifest so that a re-run resumes only outputs made
-with the same settings. Used by `speculative.infer` (and usable by any runner); no gin, no jax.
+with the same settings. Used by `speculative.infer` and `speculative.train`; no gin, no jax.
 
   OutputLock       fcntl.flock on `<dir>/.lock`: a second writer is refused with the holder's pid;
                    a killed holder's lock is released by the OS, so it never blocks

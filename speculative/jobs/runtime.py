@@ -2,9 +2,9 @@
 and the machine a measurement ran on (`machine`: the jobs' reports and the benchmark's pages).
 
 XLA reads `XLA_FLAGS` once, when jax first starts a backend, so the entry points
-(`speculative.infer`, `speculative.train` through `gin_utils.run_gin_main`, and `speculative.benchmark`)
-call `apply_cpu_defaults()` at the top of `main`,
-before any jax computation. A user who set `XLA_FLAGS` keeps exactly their flags.
+(`speculative.infer`, `speculative.train` and `speculative.benchmark`, through
+`gin_utils.run_parsed`) call `apply_cpu_defaults()` before any jax computation. A user who set
+`XLA_FLAGS` keeps exactly their flags.
 
 `DEFAULT_CPU_XLA_FLAGS` holds the settings that made our decoding faster on the project's CPU
 machines in paired, interleaved measurements (docs/cpu_runtime.md: the figures and the settings
@@ -59,8 +59,8 @@ def settings_in_force() -> dict[str, Any]:
 
 
 def describe(settings: dict[str, Any] | None = None) -> str:
-  """One line for reports, e.g. "XLA_FLAGS: (none; measured defaults add none), weights float32 in
-  memory, cpu x1"."""
+  """One line for reports, e.g. "XLA_FLAGS: (none) (our measured defaults); weights float32 in
+  memory; cpu x1"."""
   s = settings_in_force() if settings is None else settings
   flags = s['xla_flags'] or '(none)'
   source = {

@@ -481,9 +481,9 @@ class SpeculativeEncoderDecoderModel(t5x_models.EncoderDecoderModel):
     return rows_lib.sort_decodes(decodes, aux, num_decodes, bool(return_all_decodes))
 
   def auto_gamma(self, batch: int) -> int:
-    """gamma = 'auto' at `batch` rows: the best gamma (0..gamma_max) at `expected_alpha` by the
-    costs measured for these models on this device at this batch size (the cache file's most
-    recent XLA-path entry); a ValueError naming what to run where there is none."""
+    """gamma = 'auto' at `batch` rows: the best gamma (0..the largest measured) at `expected_alpha`
+    by the costs measured for these models on this device at this batch size (the cache file's
+    most recent XLA-path entry); a ValueError naming what to run where there is none."""
     device = jax.devices()[0]
     costs = costs_lib.find_costs(
       self._calibration_file,

@@ -4,6 +4,7 @@ T5X gin files register tasks by importing a module; `speculative.data.tasks.regi
 function, so this module calls it on import (idempotent) and adds one more task:
 
   libreoffice_ende                  the shipped LibreOffice help En-De corpus (spm8k vocabulary)
+  debian_summarize                  Debian package descriptions -> synopsis (spm8k vocabulary)
   speculative_wmt_t2t_ende_v003     the paper's WMT En-De task (TFDS), T5 vocabulary
   speculative_cnn_dailymail_v002    the paper's CNN/DM task (TFDS), T5 vocabulary
   libreoffice_ende_smoke            the first `SMOKE_EXAMPLES` examples of each libreoffice_ende split,
@@ -26,7 +27,7 @@ def _take_smoke_examples(dataset):
 
 
 def register() -> list[str]:
-  """Registers the three project tasks and the smoke task (replacing earlier registrations)."""
+  """Registers the four project tasks and the smoke task (replacing earlier registrations)."""
   names = tasks_lib.register_tasks()
   if SMOKE_TASK in seqio.TaskRegistry.names():
     seqio.TaskRegistry.remove(SMOKE_TASK)

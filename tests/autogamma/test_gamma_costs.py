@@ -202,6 +202,12 @@ def test_find_costs_reads_an_xla_path_entry(tmp_path):
   costs_lib.store(path, _times(2.0), costs_lib.Calibration(None, None, 'k', kernels, 'measured'))
   assert costs_lib.find_costs(path, batch_size=8) == _times().costs()
   assert costs_lib.find_costs(path, batch_size=1) is None
+  # Of two matching entries the most recently written one: a re-stored entry counts as new.
+  other = {**fields, 'encoder_length': 128}
+  costs_lib.store(path, _times(4.0), costs_lib.Calibration(None, None, 'y', other, 'measured'))
+  assert costs_lib.find_costs(path, batch_size=8) == _times(4.0).costs()
+  costs_lib.store(path, _times(5.0), costs_lib.Calibration(None, None, 'x', fields, 'measured'))
+  assert costs_lib.find_costs(path, batch_size=8) == _times(5.0).costs()
 
 
 @pytest.mark.parametrize('content', ['{not json', '{"version": 1, "entries": {"k": {}}}', '[]'])
