@@ -6,7 +6,7 @@ Command (from the repo root; needs apt and network access to a Debian mirror, ~5
 
 It runs `apt-get download libreoffice-help-en-us libreoffice-help-de` (and `apt-get update` first if
 that fails), unpacks both with `dpkg -x` into a temporary directory, aligns the help pages with
-`speculative.data.corpus` and writes
+`speculative.data.html` (cleaning and splits: `speculative.data.corpus`) and writes
 
   data/libreoffice_ende/{train,validation,test}.tsv.gz   en<TAB>de, gzip with mtime=0 (reproducible bytes)
   data/libreoffice_ende/NOTICE                           MPL-2.0 notice with the package versions
@@ -73,7 +73,7 @@ README_TEMPLATE = """\
 # LibreOffice help En-De corpus
 
 Human-translated English-German paragraph pairs from the LibreOffice help (MPL-2.0, see `NOTICE`),
-built by `speculative/data/build_corpus.py` (extraction and alignment: `speculative/data/corpus.py`).
+built by `speculative/data/build_corpus.py` (extraction and alignment: `speculative/data/html.py`).
 
 | split | pairs | unique English sources |
 |---|---|---|

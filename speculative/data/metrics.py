@@ -58,7 +58,8 @@ def chrf(targets: Sequence[str], predictions: Sequence[str]) -> dict[str, float]
 def is_looping(text: str, max_ngram: int = 6, min_repeats: int = 3) -> bool:
   """True when some word n-gram (n <= max_ngram) occurs `min_repeats` times back to back (a single
   word: one more time), e.g. "die Tabelle die Tabelle die Tabelle": the repetition loop of an
-  undertrained decoder. tests/data/test_tasks.py checks that the test split's references have (almost) none.
+  undertrained decoder. tests/data/test_metrics.py checks that the test split's references have
+  none.
   """
   words = text.split()
   for n in range(1, max_ngram + 1):

@@ -7,7 +7,7 @@ the mean over documents):
              unigrams (lowercased alphanumeric runs, the tokens ROUGE itself compares), cosine
              similarity, ties to the earliest training pair
 
-Command (from the repo root; numpy and scipy only, no model):
+Command (from the repo root; numpy, scipy and rouge-score, no model):
 
   .venv/bin/python -m speculative.data.summ_baselines
 

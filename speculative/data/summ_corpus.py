@@ -15,9 +15,9 @@ has at least `min_words` words and the synopsis at least one; deduplicated by de
 package in file order, i.e. by package name, keeps it), since Debian copies a description across the
 binary packages of a source with only the synopsis changed.
 
-Splits (`split_pairs`): pairs are grouped by the first paragraph of their description, which the
-packages of one family share ("0ad-data" and "0ad-data-common" begin with the same paragraph), and
-the groups are ordered by a salted SHA-256 of that paragraph: test takes the smallest prefix of
+Splits (`split_pairs`): pairs are grouped by the first 200 characters of their description, which
+the packages of one family share ("0ad-data" and "0ad-data-common" begin with the same paragraph),
+and the groups are ordered by a salted SHA-256 of that key: test takes the smallest prefix of
 groups holding at least `test_size` pairs, validation the next `validation_size`, train the rest. A
 family therefore never straddles train and a held-out split. Then `speculative.data.overlap` drops every
 training pair that matches a held-out pair exactly or nearly on either side, and its counts are
@@ -32,7 +32,8 @@ decompresses Debian bookworm main's apt index (`INDEX`) to a temporary file and 
 data/debian_descriptions/{train,validation,test}.tsv.gz and stats.json, then prints the stats.
 `--translation PATH` reads an already decompressed Translation-en file instead; `--output_dir DIR`
 writes somewhere else. The output depends only on the index file (its sha256 is recorded in
-stats.json) and the options. Standard library plus `speculative.data.overlap` (numpy, scipy) only.
+stats.json) and the options. Standard library plus `speculative.data.overlap` (numpy, scipy), and
+sentencepiece for the token-length statistics.
 """
 
 from __future__ import annotations
@@ -130,7 +131,7 @@ def build_pairs(
 
 
 def _family_key(description: str) -> str:
-  """The first paragraph's first 200 characters: what the packages of one family share."""
+  """The description's first 200 characters: what the packages of one family share."""
   return description[:200]
 
 

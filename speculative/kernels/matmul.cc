@@ -258,7 +258,8 @@ Path select(int64_t isa, bool bf16) {
 
 int64_t best_isa() {
   __builtin_cpu_init();
-  if (__builtin_cpu_supports("avx512f")) return kAvx512;
+  // The same test as spec::best_isa (vec16.h), which attention and rms_norm use: one ISA per host.
+  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl")) return kAvx512;
   if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return kAvx2;
   return kPortable;
 }

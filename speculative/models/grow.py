@@ -39,7 +39,15 @@ _WRITE_KERNELS = ("out", "wo")  # [in, emb]: rows = head dims / hidden units, co
 
 def check_growable(small: t5_lib.T5Config, large: t5_lib.T5Config) -> None:
   """Raises ValueError (one line naming the field) unless `large` can be grown from `small`."""
-  same = ("vocab_size", "head_dim", "relative_attention_num_buckets", "logits_via_embedding")
+  # Everything that sets a logit besides the grown widths and depths (the relative-position
+  # buckets depend on both the bucket count and the max distance).
+  same = (
+    "vocab_size",
+    "head_dim",
+    "relative_attention_num_buckets",
+    "relative_attention_max_distance",
+    "logits_via_embedding",
+  )
   for name in same:
     if getattr(small, name) != getattr(large, name):
       raise ValueError(

@@ -83,7 +83,8 @@ def cache_bytes(config: t5_lib.T5Config, batch: int, max_length: int, inputs_len
 def activation_bytes(
   config: t5_lib.T5Config, batch: int, inputs_length: int, decoder_length: int
 ) -> int:
-  """Twice the largest float32 working set of one call, plus a decoder layer's float32 copy."""
+  """Twice the largest float32 working set of one call, plus twice a decoder layer's float32
+  copy."""
   rows = batch * max(inputs_length, decoder_length)
   widest = max(len(config.mlp_activations) * config.mlp_dim, 3 * config.num_heads * config.head_dim)
   layer = rows * (widest + 4 * config.emb_dim)

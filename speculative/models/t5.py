@@ -119,8 +119,9 @@ class DecodeParams:
       ..., 'decoder/logits_dense/kernel'), each [ceil(N / 16), K, 16] float32 or bfloat16, except
       that self-attention's query, key and value are packed side by side as one kernel
       ('.../self_attention/qkv', [d, 3 H dh]) and so are the MLP's input maps ('.../mlp/wi_fused',
-      [d, 2 f]); and its RMS norm scales ('decoder/layers_0/pre_mlp_layer_norm/scale', ...), each
-      [d] float32: the decoder's norms and its attention over the cache then run in the kernels too.
+      [d, n f], n = len(mlp_activations): 2 in T5 1.1); and its RMS norm scales
+      ('decoder/layers_0/pre_mlp_layer_norm/scale', ...), each [d] float32: the decoder's norms and
+      its attention over the cache then run in the kernels too.
   """
 
   params: Params
@@ -330,7 +331,7 @@ class T5(interface.ModuleLM):
     self, params: Params, encoder_tokens: Array, decoder_target_tokens: Array
   ) -> tuple[Array, dict[str, Array]]:
     """Deterministic teacher-forced forward that also returns every attention layer's softmax
-    weights (diagnostics, e.g. `train.evaluate`'s attention entropy).
+    weights (diagnostics, e.g. the attention entropy of `train.steps.make_eval_step`).
 
     decoder_target_tokens: [B, T] int32, 0 = padding (masked as in training); the decoder inputs
     are these shifted right. Returns logits [B, T, V] float32 and {'encoder/layers_0/attention':

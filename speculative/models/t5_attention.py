@@ -30,8 +30,9 @@ def relative_position_bucket(
 ) -> np.ndarray:
   """T5's bucket of `relative_position = key_position - query_position` (numpy, as in T5X).
 
-  Half of the buckets (all of them if not bidirectional) hold exact distances 0..max_exact-1, the
-  rest are logarithmically spaced up to `max_distance`; larger distances share the last bucket.
+  Half of each direction's buckets (of all the buckets if not bidirectional) hold exact distances
+  0..max_exact-1, the rest are logarithmically spaced up to `max_distance`; larger distances share
+  the last bucket.
   Without `bidirectional`, keys after the query (positive relative positions) all map to bucket 0.
   Evaluated in numpy exactly as T5X does (float32 logs), so bucket edges agree bit for bit.
   """
@@ -181,7 +182,8 @@ class MultiHeadDotProductAttention(nn.Module):
     weights = jnp.einsum(f'bqhd,{kv}->bhqk', query, key)  # [B, H, Tq, Tk]
     weights = weights + bias.astype(weights.dtype)
     weights = jax.nn.softmax(weights).astype(self.dtype)
-    # Kept only when the caller makes 'intermediates' mutable (T5.attention_weights); else a no-op.
+    # Kept only when the caller makes 'intermediates' mutable (T5.forward_with_attention); else a
+    # no-op.
     self.sow('intermediates', 'attention_weights', weights)
     if not deterministic and self.dropout_rate > 0.0:
       keep_prob = 1.0 - self.dropout_rate

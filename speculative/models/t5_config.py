@@ -14,8 +14,9 @@ import numpy as np
 class T5Config:
   """T5 hyperparameters; field names follow T5X's `network.T5Config` (plus position/special ids).
 
-  `dtype` is the activation dtype name ('float32' or 'bfloat16'); parameters are always stored in
-  float32 and logits are always float32.
+  `dtype` is the activation dtype name ('float32' or 'bfloat16'); parameters are created in float32
+  (held in another dtype only where `T5.init_params` or `grow_params_in_memory` is given one) and
+  logits are always float32.
 
   `logits_dtype` is the dtype of the logits head: the decoder's final RMS norm output that feeds
   the float32 vocabulary projection. None (default, as T5X) = `dtype`, so in bfloat16 the normed

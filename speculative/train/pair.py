@@ -23,8 +23,9 @@ CPU dry run of the same code at toy shapes and budgets (~2 min on 2 cores):
 
 Why one process with wall-clock budgets: a lease is minutes, every distinct batch shape compiles
 (~45 s for the target's train step), so the shapes are few and compiled in threads while the device
-works, and the learning rate follows the wall clock (warmup, constant, linear cooldown over the last
-`cooldown_fraction`) through `optax.inject_hyperparams`, so no schedule is guessed in steps.
+works, and the learning rate warms up over `warmup_steps` steps, then follows the wall clock
+(constant, then a linear cooldown over the last `cooldown_fraction` of the seconds) through
+`optax.inject_hyperparams`, so no schedule's length is guessed in steps.
 """
 
 from __future__ import annotations

@@ -421,7 +421,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     "train",
     __doc__.splitlines()[0],
     argv,
-    default_gin_files=("configs/train/small_target.gin",),  # INFO lines with --verbose only
+    default_gin_files=("configs/train/small_target.gin",),  # the run file --help lists
   )
 
 

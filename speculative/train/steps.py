@@ -212,7 +212,8 @@ def make_schedule(kind: str, learning_rate: float, warmup_steps: int, num_steps:
 
 def adafactor(learning_rate, weight_decay: float = 0.0) -> optax.GradientTransformation:
   """T5X's Adafactor: factored second moments, updates scaled by each parameter's RMS, update
-  clipping 1.0, decay rate 0.8, no momentum; weight decay as a fraction of the learning rate.
+  clipping 1.0, decay rate 0.8, no momentum; weight decay of `weight_decay` x the parameter per
+  step, added after the learning rate's scaling (optax's `weight_decay_rate`: not scaled by it).
   `learning_rate` is a float or a schedule; wrapped in `optax.inject_hyperparams` it becomes a
   run-time value of the optimizer state (`speculative.train.pair` sets it from the wall clock)."""
   return optax.adafactor(
@@ -236,7 +237,7 @@ def make_optimizer(
 ) -> optax.GradientTransformation:
   """'adamw' (b2 0.98, decoupled weight decay) or 'adafactor' (T5X's: factored second moments,
   updates scaled by each parameter's RMS, update clipping 1.0, decay rate 0.8, no momentum; weight
-  decay as a fraction of the learning rate). Both after global gradient-norm clipping."""
+  decay not scaled by the learning rate). Both after global gradient-norm clipping."""
   schedule = make_schedule(schedule_kind, learning_rate, warmup_steps, num_steps)
   if kind == "adamw":
     inner = optax.adamw(schedule, b1=0.9, b2=0.98, weight_decay=weight_decay)

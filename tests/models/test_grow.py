@@ -118,7 +118,11 @@ def test_growth_in_memory_is_the_same_rule_in_bfloat16():
 
 @pytest.mark.parametrize(
   "field, value, message",
-  [("vocab_size", 400, "vocab_size differs"), ("head_dim", 32, "head_dim differs")],
+  [
+    ("vocab_size", 400, "vocab_size differs"),
+    ("head_dim", 32, "head_dim differs"),
+    ("relative_attention_max_distance", 64, "relative_attention_max_distance differs"),
+  ],
 )
 def test_growth_in_memory_refuses_another_vocabulary_or_head_size(field, value, message):
   params = _small_params()
