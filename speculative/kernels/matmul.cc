@@ -32,6 +32,7 @@
 #include <thread>
 #include <utility>
 
+#include "vec16.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace ffi = xla::ffi;
@@ -256,13 +257,8 @@ Path select(int64_t isa, bool bf16) {
   }
 }
 
-int64_t best_isa() {
-  __builtin_cpu_init();
-  // The same test as spec::best_isa (vec16.h), which attention and rms_norm use: one ISA per host.
-  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl")) return kAvx512;
-  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return kAvx2;
-  return kPortable;
-}
+// The host's ISA is the one attention and rms_norm run (vec16.h: its ids are Isa's values).
+int64_t best_isa() { return spec::best_isa(); }
 
 bool isa_supported(int64_t isa) {
   return isa == kPortable || (isa == kAvx2 && best_isa() >= kAvx2) ||
