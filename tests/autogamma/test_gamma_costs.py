@@ -210,7 +210,11 @@ def test_find_costs_reads_an_xla_path_entry(tmp_path):
   assert costs_lib.find_costs(path, batch_size=8) == _times(5.0).costs()
 
 
-@pytest.mark.parametrize('content', ['{not json', '{"version": 1, "entries": {"k": {}}}', '[]'])
+# Not JSON; an entry without its costs in a cache of this version; not a cache at all.
+ENTRY_WITHOUT_COSTS = json.dumps({'version': costs_lib.CACHE_VERSION, 'entries': {'k': {}}})
+
+
+@pytest.mark.parametrize('content', ['{not json', ENTRY_WITHOUT_COSTS, '[]'])
 def test_a_corrupt_cache_is_measured_afresh_with_one_warning(tmp_path, caplog, content):
   path = tmp_path / 'calibration.json'
   path.write_text(content)
@@ -225,18 +229,19 @@ def test_a_corrupt_cache_is_measured_afresh_with_one_warning(tmp_path, caplog, c
   assert costs_lib.load(str(path), _fields()).source == 'cache'
 
 
-def test_an_unwritable_cache_is_refused(tmp_path):
+def test_an_unwritable_cache_is_refused(tmp_path, monkeypatch):
   with pytest.raises(PermissionError, match='is a directory'):
     costs_lib.check_cache_file(str(tmp_path))
   blocker = tmp_path / 'file'
   blocker.write_text('')
   with pytest.raises(PermissionError, match='file is a file, not a directory'):
     costs_lib.check_cache_file(str(blocker / 'calibration.json'))
-  if os.geteuid() != 0:  # root writes anywhere
-    locked = tmp_path / 'locked'
-    locked.mkdir(mode=0o500)
-    with pytest.raises(PermissionError, match='not writable'):
-      costs_lib.check_cache_file(str(locked / 'calibration.json'))
+  locked = tmp_path / 'locked'
+  locked.mkdir(mode=0o500)
+  if os.geteuid() == 0:  # root writes anywhere: the directory is made unwritable to the check
+    monkeypatch.setattr(os, 'access', lambda p, mode: os.path.abspath(p) != str(locked))
+  with pytest.raises(PermissionError, match='calibration.json is not writable'):
+    costs_lib.check_cache_file(str(locked / 'calibration.json'))
 
 
 def test_default_cache_file_follows_xdg(monkeypatch, tmp_path):

@@ -105,19 +105,31 @@ def test_gamma_0_probes_every_8th_plain_batch_and_returns_when_drafts_pay():
       state = policy.observe(state, 0, 0, 0.0)
   probe = [0] * (policy.PROBE_EVERY - 1) + [1]
   assert gammas == probe * 2
-  # The drafts start to pay: each probe's 40 drafts are accepted at 0.95. Gamma 1 beats plain
-  # decoding's 1 + MARGIN from alpha 0.76 on, which the estimate passes once the 2,000 old drafts'
-  # weight r = 0.5 ** (40 k / HALF_LIFE) after k probes satisfies 0.3 * 2000 r + 0.95 * 1480 (1 - r)
-  # > 0.76 * (2000 r + 1480 (1 - r)), i.e. after k >= 54 probes.
-  returned_after = None
-  for batch in range(70 * policy.PROBE_EVERY):
+  # The drafts start to pay: each probe's 40 drafts are accepted at 0.95. A probe's gamma is the
+  # previous batch's for the hysteresis (rule 3), so the batch after a probe keeps gamma 1 once it
+  # scores within HYSTERESIS of plain decoding's 1: (1 + alpha) / 1.6 / (1 + MARGIN) >= 0.95, i.e.
+  # alpha >= 0.672. The estimate, the decayed drafts' (2,000 at 0.3, two probes at 0.3, then k
+  # probes at 0.95, each decaying the older ones by 0.5 ** (40 / HALF_LIFE)) with the prior's,
+  # passes that after `want` probes, computed here without the policy's code.
+  threshold = 1.6 * (1 + policy.MARGIN) * (1 - policy.HYSTERESIS) - 1
+  decay = 0.5 ** (40 / policy.HALF_LIFE)
+  accepted, drafted, want = 0.3 * 2000, 2000.0, 0
+  for alpha in [0.3, 0.3] + [0.95] * 1000:
+    prior = policy.PRIOR_ALPHA * policy.PRIOR_WEIGHT
+    if alpha == 0.95 and (accepted + prior) / (drafted + policy.PRIOR_WEIGHT) >= threshold:
+      break
+    accepted, drafted = accepted * decay + alpha * 40, drafted * decay + 40
+    want += alpha == 0.95
+  probes, returned = 0, False
+  for _ in range(70 * policy.PROBE_EVERY):
     choice = policy.choose(PAYS_ABOVE_06, state)
     if choice.gamma and choice.reason not in (policy.PROBE, policy.REFRESH):
-      returned_after = batch
+      returned = True
       break
+    probes += choice.reason == policy.PROBE
     drafted = 40 if choice.gamma else 0
     state = policy.observe(state, choice.gamma, drafted, 0.95 * drafted, choice.reason)
-  assert returned_after is not None, state
+  assert returned and choice.reason == policy.KEPT and probes == want == 38, (probes, want)
   # It stays: many more batches at alpha 0.95, all speculative.
   for _ in range(50):
     choice = policy.choose(PAYS_ABOVE_06, state)
@@ -136,6 +148,23 @@ def test_the_previous_gamma_is_kept_within_the_hysteresis():
   # Once gamma 5's loop is compiled (the job has decoded at it), 4 is not kept against it.
   state = dataclasses.replace(state, gamma=4, decoded=frozenset({0, 4, 5}))
   assert (policy.choose(FIVE_AT_ALPHA_08, state).gamma, state.gamma) == (5, 4)
+
+
+def test_between_speculating_and_plain_decoding_the_previous_choice_is_kept_within_the_hysteresis():
+  """PAYS_ABOVE_06 with no evidence (margin 10%): gamma 1 scores (1 + alpha) / 1.6 / 1.1, the
+  best of the gammas up to alpha 0.8. Plain decoding is kept against gamma 1 while gamma 1 scores
+  under 1 / 0.95 (alpha 0.8: 1.023), and gamma 1 against plain decoding while it scores at least
+  0.95 (alpha 0.72: 0.977); outside that band the choice goes by the scores."""
+  score = lambda alpha: (1 + alpha) / 1.6 / (1 + policy.MARGIN)  # noqa: E731
+  for previous, alpha, kept in [(0, 0.8, True), (0, 0.9, False), (1, 0.72, True), (1, 0.6, False)]:
+    state = dataclasses.replace(_confident(alpha), gamma=previous)
+    best = policy.best_gamma(PAYS_ABOVE_06, alpha)
+    assert (best == 0) == (score(alpha) <= 1.0) and best != previous
+    choice = policy.choose(PAYS_ABOVE_06, state)
+    if kept:
+      assert (choice.gamma, choice.reason) == (previous, policy.KEPT)
+    else:
+      assert (choice.gamma, choice.reason) == (best, policy.BEST)
 
 
 def test_the_width_goes_by_the_predictions_the_margin_by_plain_decoding():

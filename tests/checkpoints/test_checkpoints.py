@@ -244,7 +244,7 @@ def test_error_corrupt_zarr_chunk(saved):
   for chunk in array_dir.iterdir():
     if not chunk.name.startswith('.'):
       chunk.write_bytes(b'not gzip')
-  with pytest.raises(CheckpointError, match='target/token_embedder/embedding'):
+  with pytest.raises(CheckpointError, match='cannot read array target/token_embedder/embedding'):
     checkpoints.load_t5x_checkpoint(saved)
 
 
@@ -373,7 +373,7 @@ def test_params_file_records_and_verifies_sha256_and_config(tmp_path):
 def test_zeros_are_refused_naming_the_file(tmp_path, caplog):
   zeros = tmp_path / 'zeros.msgpack'
   zeros.write_bytes(bytes(64 * 1024))
-  with pytest.raises(CheckpointError, match=f'{zeros}'):
+  with pytest.raises(CheckpointError, match=f'{zeros} looks corrupt: 4096\\+ zero bytes'):
     checkpoints.load_params(zeros)
   # 64 KiB of zeros written into a file without metadata (a legacy file): refused too.
   legacy = tmp_path / 'legacy.msgpack'
@@ -437,9 +437,9 @@ def test_add_metadata_gives_an_old_params_file_its_sidecar(tmp_path):
   checkpoints.add_metadata(path, config)
   assert checkpoints.read_metadata(path)["config"]["emb_dim"] == 8
   checkpoints.load_params(path, config=config)  # verified: hash and config match
-  with pytest.raises(Exception, match="old.msgpack"):
+  with pytest.raises(CheckpointError, match="old.msgpack was saved with a different model config"):
     checkpoints.load_params(
       path, config=dataclasses.replace(config, relative_attention_max_distance=64)
     )
-  with pytest.raises(Exception, match="old.msgpack"):
+  with pytest.raises(CheckpointError, match="old.msgpack do not match the model"):
     checkpoints.add_metadata(path, dataclasses.replace(config, emb_dim=16))  # shapes differ

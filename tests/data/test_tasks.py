@@ -84,6 +84,7 @@ def test_libreoffice_task_tokenizes_prefix_and_appends_eos(registered):
   expected = tasks.load_split("validation")[:3]
   dataset = task.get_dataset({"inputs": 512, "targets": 512}, split="validation", shuffle=False)
   examples = list(dataset.take(3).as_numpy_iterator())
+  assert len(examples) == len(expected) == 3
   for example, (en, de) in zip(examples, expected):
     assert example["inputs_pretokenized"].decode() == tasks.make_inputs(en)
     assert example["targets_pretokenized"].decode() == de
@@ -101,7 +102,9 @@ def test_summarization_task_reads_the_shipped_corpus(registered):
   assert [fn.__name__ for fn in task.metric_fns] == ["summarization_metrics"]
   expected = corpus.read_tsv_gz(tasks.SUMMARIZATION_DATA_DIR / "validation.tsv.gz")[:3]
   dataset = task.get_dataset({"inputs": 512, "targets": 64}, split="validation", shuffle=False)
-  for example, (description, synopsis) in zip(dataset.take(3).as_numpy_iterator(), expected):
+  examples = list(dataset.take(3).as_numpy_iterator())
+  assert len(examples) == len(expected) == 3
+  for example, (description, synopsis) in zip(examples, expected):
     assert example["inputs_pretokenized"].decode() == tasks.SUMMARIZE_PREFIX + description
     assert example["targets_pretokenized"].decode() == synopsis
     assert example["inputs"][-1] == vocab.eos_id and example["targets"][-1] == vocab.eos_id

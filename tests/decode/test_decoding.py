@@ -418,7 +418,7 @@ def test_no_recompilation_for_new_values_seeds_or_prompts():
     ]
   ):
     outputs.append(_filters_decode(PROMPTS[8:16], PROMPT_LENGTHS[8:16], values, rng=i + 1).tokens)
-    _filters_baseline(PROMPTS[:8], PROMPT_LENGTHS[:8], values, rng=jax.random.key(i))
+    _filters_baseline(PROMPTS[8:16], PROMPT_LENGTHS[8:16], values, rng=jax.random.key(i))
   outputs.append(
     _filters_decode(PROMPTS[:8], PROMPT_LENGTHS[:8], {}, rng=jax.random.key(42)).tokens
   )

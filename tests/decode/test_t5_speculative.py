@@ -1,5 +1,7 @@
 """Speculative decoding with T5 encoder-decoder pairs: greedy identity and the exact distribution."""
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import model_utils
@@ -27,10 +29,16 @@ def _config(vocab, d, layers):
   )
 
 
-# Greedy identity: vocab 64, 8 different source sentences, no EOS (every row runs to the end).
-TARGET, DRAFT = T5(_config(64, 16, 2)), T5(_config(64, 8, 1))
+# Greedy identity: vocab 64, 8 different source sentences, no EOS (every row runs to the end). The
+# draft is the target without its second decoder layer (the same other weights), so it agrees with
+# the target on some greedy tokens and not on others: drafts are accepted and rejected.
+TARGET = T5(_config(64, 16, 2))
+DRAFT = T5(dataclasses.replace(TARGET.config, num_decoder_layers=1))
 TARGET_PARAMS = model_utils.random_params(TARGET, 11, logit_scale=2.0)
-DRAFT_PARAMS = model_utils.random_params(DRAFT, 12, logit_scale=2.0)
+DRAFT_PARAMS = {
+  **TARGET_PARAMS,
+  'decoder': {k: v for k, v in TARGET_PARAMS['decoder'].items() if k != 'layers_1'},
+}
 SOURCES = jnp.asarray(np.random.default_rng(0).integers(2, 64, size=(8, 10)), jnp.int32)
 GREEDY, _ = S.make_sampling(0.0)
 
@@ -46,7 +54,7 @@ def baseline_tokens():
 @pytest.mark.slow
 @pytest.mark.parametrize('gamma', range(1, 9))
 def test_greedy_speculative_equals_baseline(baseline_tokens, gamma):
-  for rows in (slice(0, 8), slice(3, 4)):  # batch 8 and batch 1
+  for rows in (slice(0, 8), slice(2, 3)):  # batch 8 and batch 1 (a row that accepts in part)
     result = decoding.speculative_decode(
       TARGET,
       TARGET_PARAMS,
@@ -60,7 +68,7 @@ def test_greedy_speculative_equals_baseline(baseline_tokens, gamma):
     )
     np.testing.assert_array_equal(np.asarray(result.tokens), baseline_tokens[rows])
     metrics = jax.tree.map(np.asarray, result.metrics)
-    assert metrics.drafted.sum() > 0 and metrics.target_calls.max() <= 20
+    assert 0 < metrics.accepted.sum() < metrics.drafted.sum(), metrics
 
 
 # Exact distribution: vocab 6, all 216 three-token continuations of one source sentence.

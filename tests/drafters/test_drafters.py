@@ -415,7 +415,20 @@ def test_adaptive_gamma_rule_maximizes_the_predicted_improvement():
     best = analysis.optimal_gamma(alphas, c, max_gamma=8)
     improvement = lambda g: analysis.walltime_improvement(alphas, g, c)
     np.testing.assert_allclose(improvement(chosen), improvement(best), rtol=1e-5)
-  with pytest.raises(ValueError, match='draft'):
+  # A measured verify cost v(T), T = 1..9, growing faster with T: the rule's v(k + 1) indexing
+  # against Theorem 3.8's general form.
+  verify = (1.0, 1.1, 1.25, 1.45, 1.7, 2.0, 2.35, 2.75, 3.2)
+  v = lambda t: np.asarray(verify)[np.asarray(t) - 1]  # noqa: E731
+  for c in (0.0, 0.05, 0.3):
+    rule = drafters.AdaptiveGammaDrafter(
+      drafters.ModelDrafter(DRAFT), draft_cost=c, verify_costs=verify
+    )
+    chosen = np.asarray(rule.choose_gamma(jnp.asarray(alphas, jnp.float32), 8))
+    best = analysis.optimal_gamma(alphas, c, v, max_gamma=8)
+    assert len(set(best.tolist())) > 2  # the costs move the choice
+    improvement = lambda g: analysis.walltime_improvement(alphas, g, c, v)  # noqa: E731
+    np.testing.assert_allclose(improvement(chosen), improvement(best), rtol=1e-5)
+  with pytest.raises(ValueError, match='needs a guided inner drafter'):
     drafters.AdaptiveGammaDrafter(drafters.UnigramDrafter(V), draft_cost=0.1)
   with pytest.raises(ValueError, match='stop_below'):
     drafters.ModelDrafter(DRAFT, stop_below=1.5)

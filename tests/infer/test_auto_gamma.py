@@ -19,7 +19,6 @@ from speculative import infer
 from speculative.autogamma import costs as costs_lib
 from speculative.autogamma import policy
 from speculative.decode import batching
-from speculative.decode import state as decode_state
 from speculative.infer import auto_gamma
 from speculative.infer import inputs as infer_inputs
 from speculative.infer import outputs as infer_outputs
@@ -91,7 +90,7 @@ def _records(out, mode):
   return [json.loads(line) for line in (out / f"predictions-{mode}.jsonl").open()]
 
 
-def test_where_only_plain_decoding_pays_the_job_never_drafts(pair, inject, tmp_path):
+def test_where_only_plain_decoding_pays_the_job_never_drafts(pair, inject, tmp_path, monkeypatch):
   """The first job measures the loops' steps on its own batches (the baseline's for the plain
   loop, its first batch at gamma 1), then decodes plain only and caches the costs; a second job
   with the cache never drafts at all."""
@@ -133,7 +132,11 @@ def test_where_only_plain_decoding_pays_the_job_never_drafts(pair, inject, tmp_p
   assert "Costs measured on this job's first 1 batch (their own decodes" in report
   assert "never pays 4" in report
   # A second job on this device, batch and models: the cache's costs, no draft call at all.
-  traced = decode_state.TRACE_COUNTS["speculative_decode"]
+  requested = []  # the gammas whose decode function the job asked for
+  decode_fn = auto_gamma.AutoGamma.decode_fn
+  monkeypatch.setattr(
+    auto_gamma.AutoGamma, "decode_fn", lambda self, g: requested.append(g) or decode_fn(self, g)
+  )
   timed.clear()
   summary = infer.infer(
     output_dir=str(tmp_path / "out"), batch_size=2, calibration_file=str(cache), **kwargs
@@ -143,9 +146,9 @@ def test_where_only_plain_decoding_pays_the_job_never_drafts(pair, inject, tmp_p
   assert [r["tokens"] for r in spec] == [
     r["tokens"] for r in _records(tmp_path / "out", "baseline")
   ]
-  # No speculative loop was even traced: every batch ran the baseline's program (no draft call),
-  # and every batch timed (its times join the cached ones) was a plain one.
-  assert decode_state.TRACE_COUNTS["speculative_decode"] == traced and set(timed) == {0}
+  # No speculative loop was even asked for: every batch ran the baseline's program (no draft
+  # call), and every batch timed (its times join the cached ones) was a plain one.
+  assert requested == [0] * 5 and set(timed) == {0}
   policy_summary = summary["gamma_policy"]
   calls_of = {r["index"]: r["target_calls"] for r in spec}
   steps = sum(  # the loop's steps: each batch's (length-sorted, as the job forms them) longest row
@@ -192,13 +195,23 @@ def test_greedy_auto_equals_the_baseline_with_drafts_accepted(pair, inject, tmp_
   assert any(e["eos"] for e in events.values()) and any(e["capped"] for e in events.values())
 
 
+def _without_run_facts(gamma_policy):
+  """A job's `gamma_policy` less what differs between runs of the same choices: where its costs
+  came from and the seconds its stepless calls took."""
+  calibration = {k: v for k, v in gamma_policy["calibration"].items()}
+  del calibration["source"], calibration["calibration_s"]
+  return {**gamma_policy, "calibration": calibration}
+
+
 @pytest.mark.parametrize("start", ["measuring", "cached"])
 def test_a_resumed_sampled_auto_job_is_byte_identical(pair, inject, tmp_path, monkeypatch, start):
-  """Temperature 1, batch 1, choices that vary (PROBES_ONLY); the job is interrupted after 6
+  """Temperature 1, batch 1, choices that vary (PROBES_ONLY); the job is interrupted after some
   speculative records and re-run with another cache file. 'measuring': the job measured the costs
-  on its own batches, and the re-run measures them again from the finished records (replaying the
-  6 batches' choices); 'cached': the job started from the cache's costs, and the re-run reads them
-  from its manifest. Either way it finishes byte-identical to an uninterrupted job."""
+  on its own batches, and the re-run measures them again from the finished records, interrupted
+  after 1 batch (the re-run ends the measuring on a batch of its own) and after 6 (it ends it while
+  replaying the finished batches' choices); 'cached': the job started from the cache's costs, and
+  the re-run reads them from its manifest. Either way it finishes byte-identical to an
+  uninterrupted job, with the same costs, acceptance estimate and choices."""
   root, kwargs = pair
   kwargs = {**kwargs, "temperature": 1.0, "seed": 3, "batch_size": 1}
   inject(PROBES_ONLY)
@@ -213,30 +226,36 @@ def test_a_resumed_sampled_auto_job_is_byte_identical(pair, inject, tmp_path, mo
     assert reference["gamma_policy"]["calibration"]["source"] == "cache"
   gammas = [r["gamma"] for r in _records(tmp_path / "ref", "speculative")]
   assert len(set(gammas)) > 1, gammas  # the choices vary, so a wrong replay would show
-
+  measured_on = reference["gamma_policy"]["calibration"]["measuring_batches"]
   original = infer_outputs.record
-  seen = []
+  for finished in [1, 6] if start == "measuring" else [6]:
+    if start == "measuring":  # the measuring ends after the finished batches, or among them
+      assert (measured_on < finished) == (finished == 6), measured_on
+    seen = []
 
-  def interrupted(example, *args):
-    seen.append(example.index)
-    if len(seen) == 13:  # 6 batches of both modes, then the 7th batch's baseline row
-      raise KeyboardInterrupt
-    return original(example, *args)
+    def interrupted(example, *args):
+      seen.append(example.index)
+      if len(seen) == 2 * finished + 1:  # `finished` batches of both modes, then a baseline row
+        raise KeyboardInterrupt
+      return original(example, *args)
 
-  out = tmp_path / "run"
-  monkeypatch.setattr(infer_outputs, "record", interrupted)
-  first_cache = tmp_path / ("start.json" if start == "cached" else "b.json")
-  with pytest.raises(KeyboardInterrupt):
-    infer.infer(output_dir=str(out), calibration_file=str(first_cache), **kwargs)
-  assert len(_records(out, "speculative")) == 6
-  monkeypatch.setattr(infer_outputs, "record", original)
-  resumed = infer.infer(output_dir=str(out), calibration_file=str(tmp_path / "c.json"), **kwargs)
-  want = {"measuring": "measured", "cached": "manifest"}[start]
-  assert resumed["gamma_policy"]["calibration"]["source"] == want
-  for mode in infer_settings.MODES:
-    name = f"predictions-{mode}.jsonl"
-    assert (out / name).read_bytes() == (tmp_path / "ref" / name).read_bytes()
-  assert resumed["gamma_policy"]["per_gamma"] == reference["gamma_policy"]["per_gamma"]
+    out = tmp_path / f"run{finished}"
+    monkeypatch.setattr(infer_outputs, "record", interrupted)
+    first_cache = tmp_path / ("start.json" if start == "cached" else f"b{finished}.json")
+    with pytest.raises(KeyboardInterrupt):
+      infer.infer(output_dir=str(out), calibration_file=str(first_cache), **kwargs)
+    assert len(_records(out, "speculative")) == finished
+    monkeypatch.setattr(infer_outputs, "record", original)
+    resume_cache = tmp_path / f"c{finished}.json"
+    resumed = infer.infer(output_dir=str(out), calibration_file=str(resume_cache), **kwargs)
+    want = {"measuring": "measured", "cached": "manifest"}[start]
+    assert resumed["gamma_policy"]["calibration"]["source"] == want
+    for mode in infer_settings.MODES:
+      name = f"predictions-{mode}.jsonl"
+      assert (out / name).read_bytes() == (tmp_path / "ref" / name).read_bytes()
+    assert _without_run_facts(resumed["gamma_policy"]) == _without_run_facts(
+      reference["gamma_policy"]
+    )
 
 
 BAD = [

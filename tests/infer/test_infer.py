@@ -55,6 +55,8 @@ def test_predictions_metrics_and_greedy_identity(setup, monkeypatch):
     assert all(r["reference"] == f"Ref {r['index']}" for r in records)
   model_utils.assert_speculation_exercised(_records(out, "speculative"), 3, 12)
   model_utils.assert_path_ran(out, summary, compiled_hlo())
+  if model_utils.kernels_cannot_run_here() is None:  # a library that did not load fails here
+    assert json.loads((out / "manifest.json").read_text())["decode_path"] == "kernels"
   spec = summary["speculative"]
   assert spec["generated_tokens"] == summary["baseline"]["generated_tokens"]
   # Every target call emits at least one token, so block efficiency is in [1, gamma + 1].

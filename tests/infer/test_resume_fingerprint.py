@@ -188,6 +188,63 @@ def test_a_setting_that_cannot_change_an_output_resumes(job, change):
   assert outputs.check_output_dir(job[1]["output_dir"], manifest, False, inputs.examples) is True
 
 
+# Settings that exist on another base only, changed alone there: (setting, the base's own
+# settings, the change, the manifest field the refusal names, and only it).
+OTHER_BASES = {
+  "auto": {"gamma": "auto"},
+  "spectr": {"method": "spectr", "num_drafts": 2, "temperature": 1.0},
+}
+ALONE_ON_OTHER_BASES = [
+  ("gamma_max", "auto", {"gamma_max": 5}, "gamma_max"),
+  ("num_drafts", "spectr", {"num_drafts": 3}, "num_drafts"),
+]
+
+
+@pytest.fixture(scope="module")
+def other_base(job):
+  """base name -> the keyword arguments of an output directory claimed with that base's manifest
+  (the 'auto' one also holding the calibration record such a job writes once it starts)."""
+  root, kwargs = job
+  claimed = {}
+
+  def get(name):
+    if name not in claimed:
+      base = {**kwargs, **OTHER_BASES[name], "output_dir": str(root / f"out-{name}")}
+      manifest, _ = _manifest(base)
+      if name == "auto":
+        manifest["calibration"] = {"source": "measured", "times": {"recorded": "by the job"}}
+      (root / f"out-{name}").mkdir()
+      outputs.claim_output_dir(base["output_dir"], manifest, overwrite=False)
+      claimed[name] = base
+    return claimed[name]
+
+  return get
+
+
+@pytest.mark.parametrize(
+  "base,change,field",
+  [row[1:] for row in ALONE_ON_OTHER_BASES],
+  ids=[row[0] for row in ALONE_ON_OTHER_BASES],
+)
+def test_a_setting_of_another_base_changed_alone_is_refused_naming_only_it(
+  other_base, base, change, field
+):
+  kwargs = other_base(base)
+  manifest, inputs = _manifest({**kwargs, **change})
+  with pytest.raises(ValueError, match=rf"refusing to mix them:\n  {field}: was ") as info:
+    outputs.check_output_dir(kwargs["output_dir"], manifest, False, inputs.examples)
+  assert str(info.value).count(": was ") == 1, str(info.value)
+
+
+def test_an_auto_job_resumes_with_another_cost_cache(other_base, tmp_path):
+  """The cost cache is not an output setting: a resumed 'auto' job reuses the calibration its
+  manifest records (which a re-run's settings are not compared with)."""
+  kwargs = other_base("auto")
+  manifest, inputs = _manifest({**kwargs, "calibration_file": str(tmp_path / "other.json")})
+  assert "calibration" not in manifest
+  assert outputs.check_output_dir(kwargs["output_dir"], manifest, False, inputs.examples) is True
+
+
 def test_the_same_settings_resume_and_a_grow_extends(job):
   root, kwargs = job
   manifest, inputs = _manifest(kwargs)

@@ -426,12 +426,19 @@ def test_changed_settings_are_refused_before_loading(setup, tmp_path, monkeypatc
 def test_overwrite_clears_old_outputs(setup, tmp_path):
   root, kwargs = setup
   out = tmp_path / "out"
-  infer.infer(output_dir=str(out), num_examples=2, modes=("baseline",), **kwargs)
+  infer.infer(output_dir=str(out), num_examples=3, modes=("baseline",), **kwargs)
+  # An older job's output of a mode the next job does not decode (written here, not decoded).
+  (out / "predictions-speculative.jsonl").write_text('{"index": 0}\n')
+  # A shrink is refused without `overwrite` (a grow would resume), so only `overwrite` lets the
+  # second job write here; the outputs it does not write itself are gone.
   summary = infer.infer(
-    output_dir=str(out), num_examples=3, modes=("baseline",), overwrite=True, **kwargs
+    output_dir=str(out), num_examples=2, modes=("baseline",), overwrite=True, **kwargs
   )
-  assert summary["examples"] == 3
-  assert lock.read_manifest(str(out))["num_examples"] == 3
+  assert summary["examples"] == 2
+  assert lock.read_manifest(str(out))["num_examples"] == 2
+  records = (out / "predictions-baseline.jsonl").read_text().splitlines()
+  assert [json.loads(line)["index"] for line in records] == [0, 1]
+  assert not (out / "predictions-speculative.jsonl").exists()
 
 
 def test_outputs_without_manifest_are_refused(setup, tmp_path, no_model_load):
@@ -475,17 +482,27 @@ def test_one_writer_per_output_dir(setup, tmp_path, no_model_load):
 # kill -9 at random moments: short runs of tests/kill_soak.py (its docstring has the long soak).
 # The runs share a JAX compilation cache (the reference run fills it), which halves their time.
 # ----------------------------------------------------------------------------------------------
+# What the rerun of a killed job prints when it resumes from the outputs the killed run left.
+RESUMED = {
+  "infer": r"resuming: [1-9]\d* of \d+ examples already done",
+  "train": r"resumed from \S+/checkpoint_[1-9]\d*",
+}
+
+
 def _soak_once(kill_soak, job: str, tmp_path) -> None:
   """One seeded trial of `kill_soak.soak_at_writes(job)`: one kill at a write after the run's first
   output (an event: the run stops itself there), checked. Seed 13 kills both jobs mid-write
   (infer: before the 10th rename of predictions-baseline.jsonl; train: before checkpoint_18's
-  directory is renamed into place), so the resumed run has a temporary to remove."""
+  directory is renamed into place), so the resumed run has a temporary to remove, and finished
+  outputs it resumes from instead of starting again (its log says so)."""
   (trial,) = kill_soak.soak_at_writes(
     job, tmp_path / "soak", trials=1, seed=13, compile_cache=tmp_path / "xla_cache"
   )
   assert len(trial.kills) == 1 and trial.kills[0] > 0  # killed after output: the rerun resumes
   assert trial.kills_leaving_temporaries == 1  # mid-write: a temporary for the rerun to remove
   assert trial.identical and not trial.differing and not trial.left
+  log = (tmp_path / "soak" / "trial_0.log").read_text()  # the killed run's, then the rerun's
+  assert re.search(RESUMED[job], log), log[-2000:]
 
 
 @pytest.mark.slow

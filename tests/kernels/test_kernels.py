@@ -315,12 +315,12 @@ def test_greedy_speculative_on_kernels_equals_baseline_on_kernels():
   from speculative import sampling as sampling_lib
   from speculative.decode import modes
 
-  target, _, target_packed = _packed_small('float32')
-  draft_model = t5_lib.T5(
-    t5_lib.T5Config(**{**SMALL.__dict__, 'emb_dim': 24, 'num_decoder_layers': 1})
-  )
-  draft_params = model_utils.random_params(draft_model, seed=7)  # no initializer compile
-  draft_packed = t5_lib.pack_decode_params(draft_model, draft_params)
+  target, target_params, target_packed = _packed_small('float32')
+  # The draft: the target without its last decoder layer (the other weights shared), so it agrees
+  # with the target on some greedy tokens: drafts are accepted and rejected.
+  draft_model = t5_lib.T5(t5_lib.T5Config(**{**SMALL.__dict__, 'num_decoder_layers': 2}))
+  decoder = {k: v for k, v in target_params['decoder'].items() if k != 'layers_2'}
+  draft_packed = t5_lib.pack_decode_params(draft_model, {**target_params, 'decoder': decoder})
   drafter, drafter_params = drafters.build_drafter(
     'model', vocab_size=97, draft_model=draft_model, draft_params=draft_packed
   )
@@ -340,6 +340,8 @@ def test_greedy_speculative_on_kernels_equals_baseline_on_kernels():
   rng = jax.random.PRNGKey(0)
   base, spec = fns['baseline'](encoder, rng), fns['speculative'](encoder, rng)
   np.testing.assert_array_equal(np.asarray(base.tokens), np.asarray(spec.tokens))
+  metrics = jax.tree.map(np.asarray, spec.metrics)
+  assert 0 < metrics.accepted.sum() < metrics.drafted.sum(), metrics
 
 
 # ------------------------------------------------------------------------------------------------

@@ -79,6 +79,7 @@ def test_policy_chooses_per_job_on_cpu(computes_on):
   assert policy.choose('off', 1).name == policy.XLA
   assert policy.choose('on', 64).name == policy.KERNELS
   assert policy.choose('auto', 1).name == policy.KERNELS
+  assert policy.choose('auto', policy.AUTO_MAX_BATCH).name == policy.KERNELS
   assert policy.choose('auto', policy.AUTO_MAX_BATCH + 1).name == policy.XLA
   with pytest.raises(ValueError, match='kernels must be one of'):
     policy.choose('yes', 1)

@@ -24,6 +24,7 @@ from speculative import sampling as S
 from speculative import spectr
 from speculative.decode import loops as decoding
 from speculative.decode import state as decode_state
+from speculative.decode import step
 from speculative.models.decoder_only import DecoderOnlyConfig
 from speculative.models.decoder_only import DecoderOnlyLM
 from speculative.models.t5 import T5
@@ -251,6 +252,7 @@ class _AgreementCheckingLM:
   inner: DecoderOnlyLM
   copies: int
   check_width: int
+  trace: int = 0  # another value: another static argument, so a patched step is traced anew
 
   @property
   def vocab_size(self):
@@ -279,15 +281,12 @@ class _AgreementCheckingLM:
     return jnp.where(agree[:, None, None], logits, jnp.nan), new_cache
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize('values', [dict(temperature=1.0), dict(temperature=0.0)])
-def test_all_copies_agree_on_every_cache_entry_that_is_read(values):
-  """Target verify calls and the drafter's catch-up calls (T=2) check that the K copies of a row
-  hold identical cache entries at every position the call reads (NaN -> ValueError otherwise)."""
+def _agreement_checked_decode(trace: int = 0):
+  """SpecTr at temperature 1, K = 4, on 32 prompts, through the agreement-checking models."""
   k = 4
-  target = _AgreementCheckingLM(TARGET, k, L + 1)
-  draft = drafters.ModelDrafter(_AgreementCheckingLM(DRAFT, k, 2))
-  result = spectr_decoding.spectr_decode(
+  target = _AgreementCheckingLM(TARGET, k, L + 1, trace)
+  draft = drafters.ModelDrafter(_AgreementCheckingLM(DRAFT, k, 2, trace))
+  return spectr_decoding.spectr_decode(
     target,
     TARGET_PARAMS,
     draft,
@@ -298,12 +297,23 @@ def test_all_copies_agree_on_every_cache_entry_that_is_read(values):
     draft_length=L,
     max_new_tokens=MAX_NEW,
     sampling=FILTERS,
-    sampling_params=_values(**values),
+    sampling_params=_values(temperature=1.0),
     rng=5,
     eos_id=EOS,
   )
-  metrics = jax.tree.map(np.asarray, result.metrics)
+
+
+@pytest.mark.slow
+def test_all_copies_agree_on_every_cache_entry_that_is_read(monkeypatch):
+  """Target verify calls and the drafter's catch-up calls (T=2) check that the K copies of a row
+  hold identical cache entries at every position the call reads (NaN -> ValueError otherwise).
+  At temperature 1, where the K drafts differ (greedy drafts are K equal copies, which agree
+  whatever the step does). The check fails where the copies keep their own branches' caches."""
+  metrics = jax.tree.map(np.asarray, _agreement_checked_decode().metrics)
   assert metrics.target_calls.sum() > 2 * 32 and 0 < metrics.accepted.sum()
+  monkeypatch.setattr(step, '_adopt_rows', lambda new, old, index: new)
+  with pytest.raises(ValueError, match='no valid distribution'):
+    _agreement_checked_decode(trace=1)
 
 
 @pytest.mark.slow
