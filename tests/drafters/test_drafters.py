@@ -322,7 +322,9 @@ def test_prompt_lookup_proposal_and_fallback():
 def test_draft_cache_stays_in_sync_when_fed_copied_tokens():
   """After a step in which the draft model was fed copied (forced) tokens -- all rows forced (one
   wide call) or some rows (the per-token loop) -- and a prefix of them was committed, its next
-  proposal equals that of a draft model prefilled from scratch with the committed stream."""
+  proposal equals that of a draft model prefilled from scratch with the committed stream: the
+  same distributions q (sampled at temperature 1, so a cache entry off by a position shows in
+  them, where an argmax may not move) and the same tokens drawn with the same keys."""
   drafter = drafters.ModelDrafter(DRAFT)
   gamma, width = 3, 16
   rng = np.random.default_rng(5)
@@ -384,7 +386,7 @@ def test_draft_cache_stays_in_sync_when_fed_copied_tokens():
       new_lengths,
       gamma=gamma,
       keys=keys,
-      sampling=greedy,
+      sampling=S.SamplingConfig(),
       sampling_params=values,
     )
     fresh_state = drafter.init(DRAFT_PARAMS, committed, new_lengths, width)
@@ -395,10 +397,11 @@ def test_draft_cache_stays_in_sync_when_fed_copied_tokens():
       new_lengths,
       gamma=gamma,
       keys=keys,
-      sampling=greedy,
+      sampling=S.SamplingConfig(),
       sampling_params=values,
     )
     for row in np.flatnonzero(np.asarray(forced)):
+      np.testing.assert_allclose(proposal.probs[row], fresh.probs[row], rtol=1e-5, atol=1e-7)
       np.testing.assert_array_equal(proposal.tokens[row], fresh.tokens[row])
 
 
