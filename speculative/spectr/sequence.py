@@ -251,8 +251,12 @@ def _depth_step(
   participants = walk.alive & (i < num_drafted)  # [B, K]
   count = jnp.sum(participants, axis=1).astype(jnp.int32)  # [B]
   has_drafts = count > 0
-  # Survivors share their prefix, so any one of them gives the conditionals q and p at depth i.
-  representative = jnp.argmax(participants, axis=1)  # [B]
+  # Survivors share their prefix, so any one of them gives the conditionals q and p at depth i;
+  # where none has a token here (each stopped drafting), a survivor still gives p, not draft 0,
+  # which may have died at a shallower depth.
+  representative = jnp.where(
+    has_drafts, jnp.argmax(participants, axis=1), jnp.argmax(walk.alive, axis=1)
+  )  # [B]
   q = draft_probs[rows, representative, i]  # [B, V]
   p = target_probs[rows, representative, i]  # [B, V]
   q = jnp.where(has_drafts[:, None], q, 0.0)  # no draft here: the residual below is p itself

@@ -428,6 +428,29 @@ def test_bad_inputs_raise_clear_errors():
     )
 
 
+def test_a_row_whose_survivors_stop_drafting_samples_from_a_survivors_prefix():
+  """Draft 0 = [0, 4], draft 1 = [1] (num_drafted [2, 1]); the target emits 1 surely at depth 0,
+  so draft 0 dies there and draft 1, the survivor, has no token at depth 1: the row emits a
+  sample of p at depth 1 given the survivor's prefix [1] (token 2), not draft 0's [0] (token 3)."""
+  vocab = 5
+  tokens = jnp.array([[[0, 4], [1, 0]]], jnp.int32)  # [B=1, K=2, L=2]; draft 1's 0: filler
+  q = jnp.zeros((1, 2, 2, vocab)).at[0, :, 0, :2].set(0.5).at[0, 0, 1, 4].set(1.0)
+  q = q.at[0, 1, 1, 0].set(1.0)  # the filler's (never read: past num_drafted)
+  p = jnp.zeros((1, 2, 3, vocab)).at[0, :, 0, 1].set(1.0)  # depth 0: token 1 surely
+  p = p.at[0, 0, 1, 3].set(1.0).at[0, 1, 1, 2].set(1.0)  # p(.|0) = 3, p(.|1) = 2
+  p = p.at[0, :, 2, 0].set(1.0)
+  selection = spectr.spectr_sequence_select(
+    tokens,
+    q,
+    p,
+    jnp.full((1, 2, 2), 0.3),
+    jax.random.split(jax.random.key(0), 1),
+    num_drafted=jnp.array([[2, 1]], jnp.int32),
+  )
+  assert int(selection.num_accepted[0]) == 1 and int(selection.branch[0]) == 1
+  assert np.asarray(selection.tokens)[0, :2].tolist() == [1, 2]
+
+
 # --------------------------------------------------------------------------------------------------
 # rho* with a run-time draft count.
 # --------------------------------------------------------------------------------------------------
@@ -460,7 +483,9 @@ SEQ_DRAFT = DecoderOnlyLM(
 SEQ_TARGET_PARAMS = _random_params(SEQ_TARGET, 3, logit_scale=1.5)
 SEQ_DRAFT_PARAMS = _random_params(SEQ_DRAFT, 4, logit_scale=0.5)  # alpha ~0.4-0.6
 SEQ_PROMPT = np.array([2, 5, 1], np.int32)
-SEQ_CASES = [(2, 1), (2, 3), (4, 1), (4, 3)]  # (K, L)
+# (K, L, the draft's stop_below): with a stop rule the K drafts of a row propose different
+# numbers of tokens, and a depth can have survivors none of which drafted there.
+SEQ_CASES = [(2, 1, 0.0), (2, 3, 0.0), (4, 1, 0.0), (4, 3, 0.0), (4, 3, 0.3)]
 
 
 @jax.jit
@@ -479,15 +504,15 @@ def _exact_sequence_distribution(values):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize('k, length', SEQ_CASES)
-def test_sequence_distribution_matches_target(k, length):
+@pytest.mark.parametrize('k, length, stop_below', SEQ_CASES)
+def test_sequence_distribution_matches_target(k, length, stop_below):
   values = _values(1.0)
   exact = _exact_sequence_distribution(values)
   assert abs(exact.sum() - 1) < 1e-5
   result = spectr_decoding.spectr_decode(
     SEQ_TARGET,
     SEQ_TARGET_PARAMS,
-    drafters.ModelDrafter(SEQ_DRAFT),
+    drafters.ModelDrafter(SEQ_DRAFT, stop_below=stop_below),
     SEQ_DRAFT_PARAMS,
     jnp.asarray(np.tile(SEQ_PROMPT, (SEQ_SAMPLES, 1))),
     num_drafts=k,
@@ -512,3 +537,5 @@ def test_sequence_distribution_matches_target(k, length):
   alpha = metrics.alpha_sum.sum() / metrics.selections.sum()
   single = metrics.single_alpha_sum.sum() / metrics.selections.sum()
   assert 0.2 < single < 0.9 and alpha > single, (alpha, single)
+  if stop_below:  # the stop rule shortened some drafts
+    assert metrics.drafted.sum() < length * metrics.target_calls.sum()
