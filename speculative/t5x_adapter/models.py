@@ -546,7 +546,8 @@ class SpeculativeEncoderDecoderModel(t5x_models.EncoderDecoderModel):
           "['decode_rng']; pass one or the other"
         )
       decoder_params['decode_rng'] = rng
-    eos_id = getattr(self.output_vocabulary, 'eos_id', None) or 1
+    eos_id = getattr(self.output_vocabulary, 'eos_id', None)
+    eos_id = 1 if eos_id is None else eos_id  # T5's EOS where the vocabulary names none (0 is one)
     opts = options_lib.resolve_decoder_params(
       decoder_params, **{**self._decode_defaults, 'eos_id': eos_id}
     )

@@ -175,8 +175,13 @@ def _static_int(name: str, value: Any, minimum: int) -> int:
       f'decoder_params[{name!r}] must be a Python int (it fixes shapes and is '
       f'compiled in), got a traced array'
     )
-  if isinstance(value, (bool, np.bool_)) or np.ndim(value) != 0 or int(value) != value:
-    raise ValueError(f'decoder_params[{name!r}] must be an int, got {value!r}')
+  try:
+    exact = not isinstance(value, (bool, np.bool_)) and np.ndim(value) == 0 and int(value) == value
+  except (TypeError, ValueError, OverflowError):  # None, a string, inf
+    exact = False
+  if not exact:
+    hint = " or 'auto'" if name == 'gamma' else ''
+    raise ValueError(f'decoder_params[{name!r}] must be an int{hint}, got {value!r}')
   if int(value) < minimum:
     raise ValueError(f'decoder_params[{name!r}] must be >= {minimum}, got {value!r}')
   return int(value)
@@ -228,7 +233,8 @@ def resolve_decoder_params(
   if any(_is_traced(v) for v in (temperature, topk, topp)):
     sampling, sampling_params = _traced_sampling(temperature, topk, topp)
   else:
-    sampling, sampling_params = _static_sampling(float(temperature), int(topk), float(topp))
+    topk = _static_int('topk', topk, 0)  # 2.7 is not a top-k (T5X's topk is an int)
+    sampling, sampling_params = _static_sampling(float(temperature), topk, float(topp))
   method, num_drafts = check_method(
     params.get('method', method), params.get('num_drafts', num_drafts), sampling
   )

@@ -542,7 +542,7 @@ def test_check_exactness(adapter, pair, smoke_inputs, monkeypatch):
 @pytest.mark.parametrize(
   'kwargs, message',
   [
-    ({'topk': -1}, 'topk must be'),
+    ({'topk': -1}, r"topk'\] must be >= 0"),
     ({'temperature': 0.5, 'topk': 5, 'topp': 0.9}, 'at most one of topk'),
     ({'gamma': 0}, 'gamma.* must be >= 1, got 0'),
     ({'drafter': 'bigram'}, 'estimates tables from a corpus'),
@@ -563,6 +563,14 @@ def test_bad_model_arguments_fail_at_construction(adapter, pair, kwargs, message
   """A bad gin binding fails when T5X builds the model, not mid-job."""
   with pytest.raises(ValueError, match=message):
     _model(adapter, pair, **kwargs)
+
+
+def test_the_eos_id_is_the_output_vocabularys_zero_included(adapter, pair):
+  """A vocabulary whose EOS is 0 stops the decode at 0; one that names none, at T5's 1."""
+  vocab_size = pair['target'].vocab_size
+  for eos_id, want in ((0, 0), (5, 5), (None, 1)):
+    vocabulary = seqio.PassThroughVocabulary(vocab_size, eos_id=eos_id)
+    assert _model(adapter, pair, vocabulary)._resolve_options(None, None).eos_id == want
 
 
 def test_options_the_model_reads(adapter, pair, t5x_stub):
