@@ -25,6 +25,8 @@ from typing import Any
 from typing import Callable
 from typing import Sequence
 
+from speculative.jobs import lock
+
 # The checkout this package runs from (configs/, models/ and data/ are looked up from it).
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -144,7 +146,7 @@ def probe_writable(directory: str) -> str | None:
     created = os.path.join(existing, os.path.relpath(absolute, existing).split(os.sep)[0])
   try:
     os.makedirs(directory, exist_ok=True)
-    probe = os.path.join(directory, f'.write-probe-{os.getpid()}')
+    probe = os.path.join(directory, f'{lock.WRITE_PROBE}{os.getpid()}')
     with open(probe, 'w') as f:
       f.write('probe')
     os.remove(probe)

@@ -18,6 +18,10 @@ from typing import Sequence
 
 LOCK_FILE = '.lock'
 MANIFEST_FILE = 'manifest.json'
+# What a killed writer can leave that is no output: an atomic write's temporary
+# (`<name>.tmp-*`, checkpoints/files.write_atomic) and a writability probe (`checks`).
+WRITE_PROBE = '.write-probe-'
+TEMPORARY_MARKS = ('.tmp-', WRITE_PROBE)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -125,8 +129,13 @@ def check_manifest(
   """
   old = read_manifest(directory)
   if old is None:
+    # A run killed while writing its first manifest leaves only temporaries: none is an output.
     leftovers = (
-      [n for n in os.listdir(directory) if n not in (LOCK_FILE,)]
+      [
+        n
+        for n in os.listdir(directory)
+        if n != LOCK_FILE and not any(mark in n for mark in TEMPORARY_MARKS)
+      ]
       if os.path.isdir(directory)
       else []
     )

@@ -441,6 +441,19 @@ def test_overwrite_clears_old_outputs(setup, tmp_path):
   assert not (out / "predictions-speculative.jsonl").exists()
 
 
+def test_a_run_killed_writing_its_first_manifest_leaves_a_directory_it_can_start_in(tmp_path):
+  """A kill before the first manifest's rename leaves its temporary (and maybe a writability
+  probe): no output, so the re-run starts there; a real output without a manifest is refused."""
+  out = tmp_path / "out"
+  out.mkdir()
+  (out / "manifest.json.tmp-9g8umk6u").write_text("{")
+  (out / ".write-probe-123").write_text("probe")
+  assert lock.check_manifest(str(out), {"gamma": 3}, "OVERWRITE = True") is False
+  (out / "report.md").write_text("old")
+  with pytest.raises(ValueError, match=r"holds outputs \(report.md\) without a manifest.json"):
+    lock.check_manifest(str(out), {"gamma": 3}, "OVERWRITE = True")
+
+
 def test_outputs_without_manifest_are_refused(setup, tmp_path, no_model_load):
   root, kwargs = setup
   out = tmp_path / "old"
