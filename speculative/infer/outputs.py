@@ -233,12 +233,17 @@ def read_timings(output_dir: str) -> dict[str, dict[str, dict[int, float]]]:
   path = os.path.join(output_dir, "timings.json")
   if not os.path.exists(path):
     return {}
-  with open(path, encoding="utf-8") as f:
-    data = json.load(f)
-  return {
-    field: {mode: {int(i): s for i, s in by_index.items()} for mode, by_index in by_mode.items()}
-    for field, by_mode in data.items()
-  }
+  try:
+    with open(path, encoding="utf-8") as f:
+      data = json.load(f)
+    return {
+      field: {mode: {int(i): s for i, s in by_index.items()} for mode, by_index in by_mode.items()}
+      for field, by_mode in data.items()
+    }
+  except (ValueError, AttributeError, TypeError) as e:  # not JSON, or not {field: {mode: ...}}
+    raise ValueError(
+      f"{path} is not a timings file ({e}); use a new output directory or OVERWRITE = True"
+    ) from None
 
 
 def read_predictions(path: str) -> dict[int, dict]:

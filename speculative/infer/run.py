@@ -166,7 +166,7 @@ def _run(settings: infer_settings.InferSettings, claim: _Claim) -> dict[str, Any
     resume = outputs.check_output_dir(
       settings.output_dir, claim.manifest, settings.overwrite, inputs.examples
     )
-  runs = outputs.resume_runs(settings.output_dir, settings.job_modes, resume)
+    runs = outputs.resume_runs(settings.output_dir, settings.job_modes, resume)  # files it resumes
   recorded = (lock.read_manifest(settings.output_dir) or {}).get("calibration") if resume else None
   try:
     models = load_models(settings)

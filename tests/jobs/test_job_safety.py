@@ -23,6 +23,7 @@ import pytest
 from speculative import checkpoints
 from speculative import infer
 from speculative.infer import inputs as infer_inputs
+from speculative.jobs import checks
 from speculative.jobs import gin_utils
 from speculative.jobs import lock
 from speculative.models.t5 import T5
@@ -452,6 +453,25 @@ def test_a_run_killed_writing_its_first_manifest_leaves_a_directory_it_can_start
   (out / "report.md").write_text("old")
   with pytest.raises(ValueError, match=r"holds outputs \(report.md\) without a manifest.json"):
     lock.check_manifest(str(out), {"gamma": 3}, "OVERWRITE = True")
+
+
+def test_a_damaged_file_to_resume_is_the_users_error_naming_it(setup, tmp_path, monkeypatch):
+  """A predictions or timings file that does not parse is refused before any model loads, as an
+  error of the user's (the command line prints its one line), naming the file."""
+  root, kwargs = setup
+  out = tmp_path / "out"
+  infer.infer(output_dir=str(out), num_examples=2, modes=("baseline",), **kwargs)
+  monkeypatch.setattr(checkpoints, "load_model", lambda *a: pytest.fail("loaded a model"))
+  for name, damage, message in [
+    ("predictions-baseline.jsonl", "\n", "predictions-baseline.jsonl:3: not a predictions record"),
+    ("timings.json", "", "timings.json is not a timings file"),
+  ]:
+    kept = (out / name).read_text()
+    (out / name).write_text(kept + damage if damage else damage)
+    with pytest.raises(ValueError, match=message) as info:
+      infer.infer(output_dir=str(out), num_examples=2, modes=("baseline",), **kwargs)
+    assert checks.user_message(info.value) == str(info.value)
+    (out / name).write_text(kept)
 
 
 def test_outputs_without_manifest_are_refused(setup, tmp_path, no_model_load):
