@@ -345,8 +345,9 @@ def _explain_unknown_parameter(error: ValueError) -> ValueError:
     names = list(inspect.signature(registered.wrapped).parameters)
   except Exception:  # pylint: disable=broad-except
     return error
+  # One line: gin's own text ("In bindings string line 1" and the binding) would add three.
   return ValueError(
-    f'{error}\n{match.group(1)} has no parameter {match.group(2)!r}'
+    f'{match.group(1)} has no parameter {match.group(2)!r}'
     f'{closest(match.group(2), names)}; its parameters: {", ".join(names)}'
   )
 

@@ -683,7 +683,8 @@ GIN_ERRORS = [
   (
     "unknown_parameter",
     "infer.gama = 5",
-    r"has no parameter 'gama' \(did you mean gamma or gamma_max\?\)",
+    r"^infer has no parameter 'gama' \(did you mean gamma or gamma_max\?\); its parameters: "
+    r"[a-z_, ]+$",
   ),
   (
     "unquoted_string",
