@@ -39,10 +39,14 @@ from speculative.decode import modes
 from speculative.decode import state as decode_state
 
 
-def start(settings, models, recorded: dict[str, Any] | None) -> costs_lib.Calibration:
+def start(
+  settings, models, recorded: dict[str, Any] | None, plain_beside: bool
+) -> costs_lib.Calibration:
   """The calibration a job starts from: a resumed job's manifest record (`recorded`), else the
   cache file's entry for this device, batch, decode path, shapes, models and loop, else one to
-  measure on the job's batches (times and costs None)."""
+  measure on the job's batches (times and costs None). `plain_beside` (`AutoGamma`) is part of
+  the loop: a gamma's step is computed from paired batches only where the baseline decodes them,
+  so the loop times of jobs with and without it do not add up."""
   if recorded is not None:
     try:
       return costs_lib.Calibration.from_json(recorded)
@@ -60,7 +64,8 @@ def start(settings, models, recorded: dict[str, Any] | None) -> costs_lib.Calibr
     gamma_max=s.max_gamma,
     target_config=checkpoints.config_dict(s.decode_target_config),
     draft_config=checkpoints.config_dict(s.draft_config) if models.draft is not None else None,
-    loop=f"drafter {s.drafter}, {s.sampling()[0]}, lenience {'exact' if s.exact else 'on'}",
+    loop=f"drafter {s.drafter}, {s.sampling()[0]}, lenience {'exact' if s.exact else 'on'}"
+    + (", the baseline beside" if plain_beside else ""),
   )
   return costs_lib.load(s.calibration_path, fields)
 

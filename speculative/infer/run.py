@@ -290,18 +290,20 @@ def _auto_gamma(
   """The speculative mode of a GAMMA = 'auto' job: per-gamma decodes and the calibration (the
   `recorded` one of a resumed job's manifest, else the cache file's, else measured on the job's
   batches); the manifest the job writes records what it started from (`claim`)."""
+  # The baseline's batches time the plain loop where it decodes each batch before this mode.
+  modes_order = list(settings.job_modes)
+  plain_beside = modes.BASELINE in modes_order and modes_order.index(
+    modes.BASELINE
+  ) < modes_order.index(modes.SPECULATIVE)
   with checks.user_errors():  # a manifest of an older version: one line
-    calibration = auto_gamma.start(settings, models, recorded)
+    calibration = auto_gamma.start(settings, models, recorded, plain_beside)
   claim.manifest["calibration"] = calibration.to_json()
   _print_calibration(settings, calibration)
-  modes_order = list(settings.job_modes)
   return auto_gamma.AutoGamma(
     calibration,
     lambda gamma: _decode_fns(settings, models, gamma)[modes.SPECULATIVE],
     cache_path=settings.calibration_path,
-    # The baseline's batches time the plain loop where it decodes each batch before this mode.
-    plain_beside=modes.BASELINE in modes_order
-    and modes_order.index(modes.BASELINE) < modes_order.index(modes.SPECULATIVE),
+    plain_beside=plain_beside,
     on_frozen=lambda frozen: _print_calibration(settings, frozen),
   )
 

@@ -165,6 +165,16 @@ def test_where_only_plain_decoding_pays_the_job_never_drafts(pair, inject, tmp_p
   after = costs_lib.load(str(cache), cached.fields).times
   assert after.own[0].steps == cached.times.own[0].steps + 2 * steps
   assert after.own[1:] == cached.times.own[1:]
+  # A job without the baseline beside its batches has no paired plain decodes: its loop times do
+  # not add to these (the cache key holds it), so it measures its own.
+  alone = infer.infer(
+    output_dir=str(tmp_path / "alone"),
+    batch_size=2,
+    calibration_file=str(cache),
+    modes=("speculative",),
+    **kwargs,
+  )
+  assert alone["gamma_policy"]["calibration"]["source"] == "measured"
 
 
 @pytest.mark.parametrize("batch_size", [1, 8])
