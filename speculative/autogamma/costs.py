@@ -37,6 +37,7 @@ import dataclasses
 import hashlib
 import json
 import logging
+import math
 import os
 from typing import Any
 from typing import Iterable
@@ -398,11 +399,19 @@ def _read_cache(path: str, warn: bool = True) -> dict[str, Any]:
     entries = data['entries']
     if data.get('version') != CACHE_VERSION or not isinstance(entries, dict):
       raise ValueError('not a calibration cache of this version')
-    for entry in entries.values():
+    for entry in entries.values():  # each entry whole: the costs a job would decide with
       Costs.from_json(entry['costs'])
-      LoopTimes.from_json(entry['times'])
+      times = LoopTimes.from_json(entry['times'])
+      if times.gamma_max != int(entry['fields']['gamma_max']):
+        raise ValueError(
+          f'loop times of gammas 0..{times.gamma_max} under GAMMA_MAX '
+          f"{entry['fields']['gamma_max']}"
+        )
+      if not all(math.isfinite(x) for t in times.own + times.paired for x in t.to_json()):
+        raise ValueError('loop times that are not finite')
+      times.costs()
     return entries
-  except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+  except (OSError, ValueError, KeyError, TypeError, AttributeError, ZeroDivisionError) as e:
     if warn:
       logging.warning('calibration cache %s is unreadable (%s); measuring afresh', path, e)
     return {}

@@ -229,6 +229,33 @@ def test_a_corrupt_cache_is_measured_afresh_with_one_warning(tmp_path, caplog, c
   assert costs_lib.load(str(path), _fields()).source == 'cache'
 
 
+def _damaged(entry):
+  """Ways a cache entry of the right layout can still be wrong (each: entry -> None, in place)."""
+  fields, own = entry['fields'], entry['times']['own']
+  return {
+    'gamma_max other than its loop times': lambda: fields.update(gamma_max=2),
+    'a NaN time': lambda: own[1].__setitem__(0, float('nan')),
+    'a plain loop of 0 steps': lambda: own[0].__setitem__(1, 0),
+    'a string for a time': lambda: own[1].__setitem__(0, 'fast'),
+  }
+
+
+@pytest.mark.parametrize('damage', list(_damaged({'fields': {}, 'times': {'own': []}})))
+def test_an_entry_whose_times_cannot_give_costs_is_measured_afresh(tmp_path, caplog, damage):
+  """Not only the layout: an entry is read only if its loop times give the costs a job decides
+  with, under its own GAMMA_MAX (else a job could choose past GAMMA_MAX, or fail mid-job)."""
+  path = tmp_path / 'calibration.json'
+  calibration = costs_lib.load(str(path), _fields())
+  costs_lib.store(str(path), _times(), calibration)
+  data = json.loads(path.read_text())
+  (entry,) = data['entries'].values()
+  _damaged(entry)[damage]()
+  path.write_text(json.dumps(data))
+  with caplog.at_level(logging.WARNING):
+    assert costs_lib.load(str(path), _fields()).source == 'measured'
+  assert 'unreadable' in caplog.text and str(path) in caplog.text
+
+
 def test_an_unwritable_cache_is_refused(tmp_path, monkeypatch):
   with pytest.raises(PermissionError, match='is a directory'):
     costs_lib.check_cache_file(str(tmp_path))
