@@ -175,10 +175,15 @@ def read_lines(path: str) -> list[str]:
   if path == "-":
     data = sys.stdin.buffer.read()
   else:
-    if not os.path.isfile(path):
+    if os.path.isdir(path):
+      raise IsADirectoryError(f"input file is a directory, not a file: {path}")
+    if not os.path.exists(path):  # a pipe or a device (/dev/stdin) is read as a file is
       raise FileNotFoundError(f"input file does not exist: {path}")
-    with (gzip.open if path.endswith(".gz") else open)(path, "rb") as f:
-      data = f.read()
+    try:
+      with (gzip.open if path.endswith(".gz") else open)(path, "rb") as f:
+        data = f.read()
+    except (EOFError, gzip.BadGzipFile) as e:  # cut short, or not gzip at all
+      raise ValueError(f"{path}: not a complete gzip file ({e})") from None
   if data.startswith(b"\xef\xbb\xbf"):
     data = data[3:]
   lines = []

@@ -400,8 +400,8 @@ def _check_weights(s: InferSettings) -> None:
 
 def _check_paths(s: InferSettings) -> None:
   if s.input_file is not None and s.input_file != "-":
-    checks.check_readable("input_file", s.input_file)
+    checks.check_readable("input_file", s.input_file, file=True)
   if s.vocabulary_path is not None:
-    checks.check_readable("vocabulary_path", s.vocabulary_path)
+    checks.check_readable("vocabulary_path", s.vocabulary_path, file=True)
   if not isinstance(s.output_dir, (str, os.PathLike)) or not str(s.output_dir):
     raise ValueError(f"output_dir must be a path, got {s.output_dir!r}")

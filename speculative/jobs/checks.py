@@ -85,14 +85,16 @@ def check_choice(name: str, value: Any, choices: Sequence[Any]) -> Any:
 # ----------------------------------------------------------------------------------------------
 # Paths.
 # ----------------------------------------------------------------------------------------------
-def check_readable(name: str, path: Any) -> str:
-  """`path` (a file or directory) exists and is readable; FileNotFoundError/PermissionError
-  naming `name` and the path otherwise."""
+def check_readable(name: str, path: Any, file: bool = False) -> str:
+  """`path` (a file or directory; only a file if `file`) exists and is readable;
+  FileNotFoundError/IsADirectoryError/PermissionError naming `name` and the path otherwise."""
   if not isinstance(path, (str, os.PathLike)) or not str(path):
     raise ValueError(f'{name} must be a path, got {path!r}')
   path = os.fspath(path)
   if not os.path.exists(path):
     raise FileNotFoundError(f'{name} does not exist: {path}')
+  if file and os.path.isdir(path):
+    raise IsADirectoryError(f'{name} is a directory, not a file: {path}')
   if not os.access(path, os.R_OK) or (os.path.isdir(path) and not os.access(path, os.X_OK)):
     raise PermissionError(f'{name} is not readable: {path}')
   return path

@@ -4,6 +4,7 @@ output directory; weights are verified; training resumes past a corrupt newest c
 train killed (-9) at random moments end byte-identical to uninterrupted runs (tests/kill_soak.py)."""
 
 import dataclasses
+import gzip
 import json
 import logging
 import os
@@ -171,6 +172,24 @@ BAD_INPUTS = [
     "draft_checkpoint does not exist: /nope/d.msgpack",
   ),
   ("missing_input", {"input_file": "/nope/in.txt"}, FileNotFoundError, "input_file does not exist"),
+  (
+    "input_is_a_directory",
+    lambda root, tmp: {"input_file": str(tmp)},
+    IsADirectoryError,
+    "input_file is a directory, not a file",
+  ),
+  (
+    "truncated_gzip",
+    _text("in.tsv.gz", gzip.compress(b"Click OK.\tRef\nHello\tRef\n")[:20]),
+    ValueError,
+    r"in.tsv.gz: not a complete gzip file",
+  ),
+  (
+    "not_gzip",
+    _text("plain.tsv.gz", b"Click OK.\tRef\n"),
+    ValueError,
+    r"plain.tsv.gz: not a complete gzip file",
+  ),
   (
     "draft_vocab",
     {"draft_config": dataclasses.replace(tiny_t5_config(1), vocab_size=4000)},
