@@ -226,6 +226,8 @@ def examples_from_task(
 
   tasks.check_tfds_prepared(task_name)  # registers the tasks; a TFDS dataset must be there
   task = seqio.get_mixture_or_task(task_name)
+  if split not in task.splits:
+    raise ValueError(f"unknown split {split!r} of {task_name}; it has {tuple(task.splits)}")
   # Read once, in order: no in-memory cache (a cache that `take` stops reading early is discarded,
   # with a warning).
   dataset = task.get_dataset(

@@ -173,6 +173,12 @@ BAD_INPUTS = [
   ),
   ("missing_input", {"input_file": "/nope/in.txt"}, FileNotFoundError, "input_file does not exist"),
   (
+    "unknown_split",
+    {"mixture_or_task_name": "libreoffice_ende", "input_file": None, "split": "dev"},
+    ValueError,
+    r"unknown split 'dev' of libreoffice_ende; it has \('train', 'validation', 'test'\)",
+  ),
+  (
     "input_is_a_directory",
     lambda root, tmp: {"input_file": str(tmp)},
     IsADirectoryError,
