@@ -24,6 +24,9 @@ from speculative.jobs import lock
 OUTPUT_FILES = ("manifest.json", "timings.json", "metrics.json", "report.md") + tuple(
   f"predictions-{mode}.jsonl" for mode in infer_settings.ALL_MODES
 )
+# What a finished job writes last, about all of its examples: no longer true once a job writes
+# records beside them (a grow), so deleted then, and written again at that job's end.
+SUMMARY_FILES = ("metrics.json", "report.md")
 
 
 @dataclasses.dataclass
@@ -104,14 +107,14 @@ def check_output_dir(
 def claim_output_dir(output_dir: str, manifest: dict[str, Any], overwrite: bool) -> None:
   """Makes `output_dir` this job's, just before its first write (the caller holds its lock and
   checked it with `check_output_dir`): a killed writer's temporaries are removed, the outputs of
-  other settings deleted (`overwrite`), and `manifest` written (atomically). A job that fails before
+  other settings deleted (`overwrite`), the summary of a finished job deleted (SUMMARY_FILES), and
+  `manifest` written (atomically). A job that fails before
   it gets here (a bad input, a file that fails to parse at load, an interrupt during the compile)
   leaves the directory as it found it."""
   checkpoints.remove_stale_temporaries(output_dir)  # we hold the lock: no other writer
-  if overwrite:
-    for name in OUTPUT_FILES:
-      if os.path.exists(os.path.join(output_dir, name)):
-        os.remove(os.path.join(output_dir, name))
+  for name in OUTPUT_FILES if overwrite else SUMMARY_FILES:
+    if os.path.exists(os.path.join(output_dir, name)):
+      os.remove(os.path.join(output_dir, name))
   write_manifest(output_dir, manifest)
 
 

@@ -132,6 +132,16 @@ def _header_lines(summary: dict[str, Any]) -> list[str]:
     + f"temperature {summary['temperature']}; "
     f"machine: {summary['machine']}" + _load_text(summary.get("load_average")),
     "",
+    *(
+      [
+        f"Resumed: {summary['resumed_examples']} of {summary['examples']} examples were decoded "
+        "and timed by an earlier process; the load average, memory and compiles in this report "
+        "are this one's.",
+        "",
+      ]
+      if summary.get("resumed_examples")
+      else []
+    ),
     f"Decode path: {summary.get('decode_path', 'XLA dot')}",
     "",
     *(
@@ -300,8 +310,8 @@ def _comparison_lines(summary: dict[str, Any]) -> list[str]:
   expect under sampling or lenience."""
   lines = [
     "",
-    f"Walltime speedup (baseline / speculative decode time, warm, same process): "
-    f"**{summary['speedup']:.2f}x**" + _load_text(summary.get("load_average")),
+    f"Walltime speedup (baseline / speculative decode time, warm, each batch's two decodes in one "
+    f"process): **{summary['speedup']:.2f}x**" + _load_text(summary.get("load_average")),
     f"Identical outputs: {summary['identical_outputs']} / {summary['examples']}",
   ]
   if summary.get("audit", {}).get("diverged"):

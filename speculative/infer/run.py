@@ -167,6 +167,17 @@ def _run(settings: infer_settings.InferSettings, claim: _Claim) -> dict[str, Any
       settings.output_dir, claim.manifest, settings.overwrite, inputs.examples
     )
     runs = outputs.resume_runs(settings.output_dir, settings.job_modes, resume)  # files it resumes
+  done_before = sum(all(x.index in run.records for run in runs) for x in inputs.examples)
+  metrics_path = os.path.join(settings.output_dir, "metrics.json")
+  if done_before == len(inputs.examples) and os.path.exists(metrics_path):
+    # A finished job run again: its summary stays the one of the process that decoded it (this
+    # one would put its own load, memory and compiles beside those times).
+    print(
+      f"all {done_before} examples were done already: the outputs are unchanged; see "
+      f"{os.path.join(settings.output_dir, 'report.md')}"
+    )
+    with open(metrics_path, encoding="utf-8") as f:
+      return json.load(f)
   recorded = (lock.read_manifest(settings.output_dir) or {}).get("calibration") if resume else None
   try:
     models = load_models(settings)
@@ -185,6 +196,7 @@ def _run(settings: infer_settings.InferSettings, claim: _Claim) -> dict[str, Any
     ) from None
   summary = _summary(settings, inputs, runs, models)
   summary["load_average"] = {"start": load_start, "end": infer_report.load_average()}
+  summary["resumed_examples"] = done_before  # decoded, and timed, by an earlier process
   claim()  # every example was done already: the manifest of a grown or identical job
   files.write_atomic(
     os.path.join(settings.output_dir, "metrics.json"), json.dumps(summary, indent=2) + "\n"

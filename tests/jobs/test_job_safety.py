@@ -499,6 +499,49 @@ def test_a_damaged_file_to_resume_is_the_users_error_naming_it(setup, tmp_path, 
     (out / name).write_text(kept)
 
 
+def test_a_finished_job_run_again_is_unchanged_and_a_grow_relabels_nothing(
+  setup, tmp_path, monkeypatch
+):
+  """Run again, a finished job loads no model and leaves its summary as the process that decoded
+  it wrote it (no other process's load or memory beside its times). A grow deletes that summary
+  when it writes its first record (interrupted, it leaves none), and its report says how many
+  examples an earlier process decoded."""
+  from speculative.infer import outputs as infer_outputs
+
+  root, kwargs = setup
+  out = tmp_path / "out"
+  kwargs = {**kwargs, "modes": ("baseline",), "batch_size": 1, "output_dir": str(out)}
+  first = infer.infer(num_examples=2, **kwargs)
+  written = {name: (out / name).read_bytes() for name in ("metrics.json", "report.md")}
+  load_model = checkpoints.load_model
+  monkeypatch.setattr(checkpoints, "load_model", lambda *a: pytest.fail("loaded a model"))
+  assert infer.infer(num_examples=2, **kwargs) == json.loads(json.dumps(first))
+  assert {name: (out / name).read_bytes() for name in written} == written
+  monkeypatch.setattr(checkpoints, "load_model", load_model)
+  record = infer_outputs.record
+
+  seen = []
+
+  def interrupted(example, *args):
+    seen.append(example.index)
+    if len(seen) == 2:  # the grow's first record is written; its second batch is not
+      raise KeyboardInterrupt
+    return record(example, *args)
+
+  monkeypatch.setattr(infer_outputs, "record", interrupted)
+  with pytest.raises(KeyboardInterrupt):
+    infer.infer(num_examples=4, **kwargs)
+  assert len((out / "predictions-baseline.jsonl").read_text().splitlines()) == 3
+  assert not (out / "metrics.json").exists() and not (out / "report.md").exists()
+  monkeypatch.setattr(infer_outputs, "record", record)
+  grown = infer.infer(num_examples=4, **kwargs)
+  assert grown["resumed_examples"] == 3
+  assert (
+    "Resumed: 3 of 4 examples were decoded and timed by an earlier process"
+    in (out / "report.md").read_text()
+  )
+
+
 def test_outputs_without_manifest_are_refused(setup, tmp_path, no_model_load):
   root, kwargs = setup
   out = tmp_path / "old"
