@@ -188,7 +188,7 @@ def main(argv: Sequence[str] | None = None) -> None:
   gammas = sorted(set(gammas))
   if args.rounds < 1:
     parser.error(f'--rounds must be >= 1, got {args.rounds}')
-  gamma_max = args.gamma_max or gammas[-1]
+  gamma_max = gammas[-1] if args.gamma_max is None else args.gamma_max
   if not gammas[-1] <= gamma_max <= 32:
     parser.error(
       f'--gamma_max must be in [{gammas[-1]}, 32] (the largest of --gammas), got {gamma_max}'
@@ -196,6 +196,14 @@ def main(argv: Sequence[str] | None = None) -> None:
   for path in args.gin_file:
     if not os.path.exists(path):
       parser.error(f'--gin_file {path} does not exist')
+  if args.json_out:  # checked before the jobs run, not after them
+    out_dir = os.path.dirname(os.path.abspath(args.json_out))
+    if (
+      os.path.isdir(args.json_out) or not os.path.isdir(out_dir) or not os.access(out_dir, os.W_OK)
+    ):
+      parser.error(
+        f'--json_out {args.json_out} cannot be written (a directory, or no writable one)'
+      )
   machine = runtime.machine()
   print(
     f'{runtime.cpu_line(machine)}, {machine["usable_cores"]} cores; load average '

@@ -553,6 +553,16 @@ def render(results_json: str, output_dir: str | None = None) -> dict[str, Any]:
         report = json.load(f)
       except json.JSONDecodeError as e:
         raise ValueError(f"{results_json} is not a results.json: {e}") from e
+    needed = ("groups", "costs", "config", "machine")
+    if (
+      not isinstance(report, dict)
+      or not report.get("groups")
+      or any(k not in report for k in needed)
+    ):
+      raise ValueError(
+        f"{results_json} is not the benchmark's results.json (it needs a non-empty 'groups' "
+        f"and {', '.join(repr(k) for k in needed[1:])}; python -m speculative.benchmark writes it)"
+      )
   report = conclude.conclude(report)
   write_report(report, output_dir or os.path.dirname(os.path.abspath(results_json)))
   return report

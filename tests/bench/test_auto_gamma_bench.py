@@ -76,3 +76,13 @@ def test_gamma_max_reaches_every_job_and_is_refused_below_the_fixed_gammas(monke
     bench.main(['--gin_file=configs/local/run.gin', '--gammas=1,2', '--gamma_max=1'])
   assert exit_info.value.code == 2
   assert '--gamma_max must be in [2, 32]' in capsys.readouterr().err
+  # 0 is refused too (not taken for "unset"), and a JSON file that cannot be written is refused
+  # before any job runs, not after all of them.
+  monkeypatch.setattr(bench, 'measure', lambda *a, **k: pytest.fail('jobs ran'))
+  for argv, message in [
+    (['--gamma_max=0'], '--gamma_max must be in [2, 32] (the largest of --gammas), got 0'),
+    (['--json_out=/'], '--json_out / cannot be written'),
+  ]:
+    with pytest.raises(SystemExit):
+      bench.main(['--gin_file=configs/local/run.gin', '--gammas=1,2', *argv])
+    assert message in capsys.readouterr().err

@@ -106,6 +106,10 @@ def test_render_of_a_missing_results_file_is_one_line(tmp_path):
   (tmp_path / "bad.json").write_text("not json")
   proc = _run(RUNNERS["benchmark"], "--render", str(tmp_path / "bad.json"))
   assert "bad.json is not a results.json" in _one_error_line(proc, "speculative-benchmark")
+  (tmp_path / "list.json").write_text("[1, 2]")  # JSON, but not the benchmark's
+  proc = _run(RUNNERS["benchmark"], "--render", str(tmp_path / "list.json"))
+  line = _one_error_line(proc, "speculative-benchmark")
+  assert "list.json is not the benchmark's results.json" in line
 
 
 # ----------------------------------------------------------------------------------------------
