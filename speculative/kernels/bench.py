@@ -119,9 +119,16 @@ def timing_rows(args: argparse.Namespace, kernels_needed: bool = True) -> tuple[
     raise SystemExit(f'error: {kernels.status()}')
   if kernels_needed and (reason := kernels.policy.off_cpu()) is not None:
     raise SystemExit(f'error: {reason}')
-  rows = tuple(int(r) for r in args.rows.split(','))
-  if rows[0] != 1:
-    raise SystemExit('error: --rows must start with 1 (v(T) is relative to t(1))')
+  try:
+    rows = tuple(int(r) for r in args.rows.split(','))
+  except ValueError:
+    raise SystemExit(
+      f'error: --rows must be integers separated by commas, got {args.rows!r}'
+    ) from None
+  if rows[0] != 1 or min(rows) < 1:
+    raise SystemExit('error: --rows must start with 1 (v(T) is relative to t(1)), each >= 1')
+  if args.rounds < 1:
+    raise SystemExit(f'error: --rounds must be >= 1, got {args.rounds}')
   return rows
 
 
@@ -132,6 +139,9 @@ def main() -> None:
   parser.add_argument('--layers', type=int, default=16)
   add_timing_args(parser)
   args = parser.parse_args()
+  for name in ('d', 'mlp', 'layers'):
+    if getattr(args, name) < 1:
+      parser.error(f'--{name} must be >= 1, got {getattr(args, name)}')
   rows = timing_rows(args)
   run(args.d, args.mlp, args.layers, rows, args.rounds, args.peak_gflops)
 

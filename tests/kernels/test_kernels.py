@@ -17,6 +17,7 @@ from __future__ import annotations
 import functools
 import json
 from pathlib import Path
+import re
 
 from flax import serialization
 import jax
@@ -409,3 +410,26 @@ def test_a_job_records_its_path_runs_it_and_refuses_to_resume_on_the_other(tmp_p
     infer.infer(output_dir=str(out), kernels='off', **kwargs)
   with pytest.raises(ValueError, match="unknown kernels 'fast'"):
     infer.infer(output_dir=str(tmp_path / 'other'), kernels='fast', **kwargs)
+
+
+@pytest.mark.parametrize(
+  'rows, rounds, message',
+  [
+    ('abc', 7, "--rows must be integers separated by commas, got 'abc'"),
+    ('1,', 7, "--rows must be integers separated by commas, got '1,'"),
+    ('2,4', 7, '--rows must start with 1'),
+    ('1,0', 7, 'each >= 1'),
+    ('1,2', 0, '--rounds must be >= 1, got 0'),
+  ],
+)
+def test_the_microbenchmarks_refuse_bad_rows_and_rounds_in_one_line(rows, rounds, message):
+  """`kernels.bench` and `bench.decode_step` share these options: one line, not a traceback or a
+  table of NaN."""
+  import argparse
+
+  from speculative.kernels import bench
+
+  args = argparse.Namespace(rows=rows, rounds=rounds)
+  with pytest.raises(SystemExit, match=re.escape(message)):
+    bench.timing_rows(args, kernels_needed=False)
+  assert bench.timing_rows(argparse.Namespace(rows='1,2', rounds=1), kernels_needed=False) == (1, 2)
