@@ -52,7 +52,9 @@ SETUP_OPTIONS = 'split inputs_length max_new_tokens gamma batch_size repeats see
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
   raw = argparse.RawDescriptionHelpFormatter
-  parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0], formatter_class=raw)
+  parser = argparse.ArgumentParser(
+    prog=f'python -m {MODULE}', description=__doc__.split('\n\n')[0], formatter_class=raw
+  )
   quick = 'smoke run: 8 sentences, gammas 2,4, max_gamma 4, one threshold, 3 walltime sentences'
   pages.add_pair_args(parser, num_examples=100, output_dir='outputs/bench_drafters', quick=quick)
   parser.add_argument('--gamma', type=int, default=4, help='gamma of the alpha tables')
@@ -69,8 +71,16 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
   parser.add_argument('--skip', default='', help=f'comma list of parts to skip: {",".join(PARTS)}')
   presets = dict(num_examples=8, batch_size=4, walltime_examples=3, gammas='2,4', max_gamma=4)
   args = pages.parse_args(
-    parser, argv, dict(presets, stop_below='0.5', repeats=1, max_new_tokens=24)
+    parser,
+    argv,
+    dict(presets, stop_below='0.5', repeats=1, max_new_tokens=24),
+    positive=('gamma', 'batch_size', 'walltime_examples', 'max_gamma'),
+    lists=dict(gammas=int, lenience=float, stop_below=float, ngram_sizes=int),
   )
+  if min(pages.values(args.gammas, int), default=0) < 1:
+    parser.error(f'--gammas must be integers >= 1, got {args.gammas!r}')
+  if not all(0 < v <= 1 for v in pages.values(args.lenience, float)):
+    parser.error(f'--lenience values must be in (0, 1], got {args.lenience!r}')
   unknown = set(pages.values(args.skip, str)) - set(PARTS)
   if unknown:
     parser.error(f'--skip: unknown parts {sorted(unknown)} (known: {", ".join(PARTS)})')

@@ -48,12 +48,31 @@ def add_pair_args(
 
 
 def parse_args(
-  parser: argparse.ArgumentParser, argv: Sequence[str] | None, quick: dict[str, Any]
+  parser: argparse.ArgumentParser,
+  argv: Sequence[str] | None,
+  quick: dict[str, Any],
+  positive: Sequence[str] = (),
+  lists: dict[str, type] | None = None,
 ) -> argparse.Namespace:
-  """The options; under --quick, `quick`'s values for those not given (a given option wins)."""
+  """The options; under --quick, `quick`'s values for those not given (a given option wins). The
+  shared counts and the page's `positive` ones (ints, or lists of them) must be >= 1, and each
+  of `lists` ({option: kind}) a comma-separated list of `kind`: else one error line, before any
+  model loads."""
   if parser.parse_known_args(argv)[0].quick:
     parser.set_defaults(**quick)
-  return parser.parse_args(argv)
+  args = parser.parse_args(argv)
+  for name in ('num_examples', 'inputs_length', 'max_new_tokens', 'repeats', *positive):
+    given = getattr(args, name)
+    if min(given if isinstance(given, list) else [given], default=0) < 1:
+      parser.error(f'--{name} must be >= 1, got {given}')
+  for name, kind in (lists or {}).items():
+    try:
+      values(getattr(args, name), kind)
+    except ValueError:
+      parser.error(
+        f'--{name} must be a comma-separated list of {kind.__name__}, got {getattr(args, name)!r}'
+      )
+  return args
 
 
 def values(text: str, kind: type) -> list[Any]:

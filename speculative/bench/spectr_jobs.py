@@ -50,6 +50,8 @@ def paired_difference(spectr: dict[int, tuple], one: dict[int, tuple]) -> tuple[
   ratio_1, terms_1 = linearized(one)
   diffs = [a - b for a, b in zip(terms_s, terms_1)]
   mean = sum(diffs) / n
+  if n < 2:  # one example: no spread to estimate
+    return ratio_s - ratio_1, float('nan')
   variance = sum((d - mean) ** 2 for d in diffs) / (n - 1) / n
   return ratio_s - ratio_1, variance**0.5
 
@@ -58,13 +60,13 @@ def read_loads(log_path: str | None) -> dict[str, str]:
   """{job name: 'start -> end'} 1-minute load averages from scripts/spectr_jobs.sh's log."""
   if not log_path:
     return {}
-  loads = {}
+  loads, job = {}, None
   with open(log_path, encoding='utf-8') as f:
     for line in f:
       load = re.search(r'load average: ([\d.]+)', line)
       if load and (begun := re.match(r'=== (\S+) ', line)):
         job, start = begun.group(1), load.group(1)
-      elif load and line.startswith('rc='):
+      elif load and line.startswith('rc=') and job is not None:
         loads[job] = f'{start} -> {load.group(1)}'
   return loads
 
@@ -101,13 +103,24 @@ def table(jobs: Sequence[dict[str, Any]], c: float, loads: dict[str, str]) -> st
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser = argparse.ArgumentParser(
+    prog='python -m speculative.bench.spectr_jobs', description=__doc__.splitlines()[0]
+  )
   parser.add_argument('output_dirs', nargs='+')
   parser.add_argument('--log', default=None, help="scripts/spectr_jobs.sh's log (load averages)")
   parser.add_argument('--c', type=float, default=0.061, help='draft step / target step')
   args = parser.parse_args(argv)
-  jobs = [read_job(d) for d in args.output_dirs]
-  sys.stdout.write(table(jobs, args.c, read_loads(args.log)))
+  jobs = []
+  for output_dir in args.output_dirs:
+    try:
+      jobs.append(read_job(output_dir))  # predictions-spectr.jsonl: a SpecTr job's own file
+    except (OSError, ValueError, KeyError, TypeError) as e:
+      parser.error(f"{output_dir} is not a finished METHOD = 'spectr' job's output ({e!r})")
+  try:
+    loads = read_loads(args.log)
+  except OSError as e:
+    parser.error(f'--log {args.log}: {e.strerror}')
+  sys.stdout.write(table(jobs, args.c, loads))
 
 
 if __name__ == '__main__':

@@ -33,7 +33,7 @@ SPECTR_TABLE4 = {(1, 4): 2.21, (8, 4): 2.99, (1, 8): 2.33, (8, 8): 3.27}
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
-  parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+  parser = argparse.ArgumentParser(prog=f'python -m {MODULE}', description=__doc__.split('\n')[0])
   quick = 'smoke run: 4 inputs, 16 new tokens, K 1 2, L 4, random init if a checkpoint is missing, '
   quick += 'output in outputs/bench_spectr_quick'
   pages.add_pair_args(parser, num_examples=20, output_dir='outputs/bench_spectr', quick=quick)
@@ -42,7 +42,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
   parser.add_argument('--cost_repeats', type=int, default=5)
   presets = dict(num_examples=4, max_new_tokens=16, ks=[1, 2], ls=[4], repeats=1)
   presets.update(cost_repeats=bench_noise.MIN_ROUNDS, allow_random_init=True)
-  args = pages.parse_args(parser, argv, dict(presets, output_dir='outputs/bench_spectr_quick'))
+  quick = dict(presets, output_dir='outputs/bench_spectr_quick')
+  args = pages.parse_args(parser, argv, quick, positive=('ks', 'ls', 'cost_repeats'))
   if 1 not in args.ks:
     parser.error('--ks must include 1 (the K=1 reference)')
   return args

@@ -70,6 +70,23 @@ def test_pages_share_the_pair_options(capsys):
   with pytest.raises(SystemExit, match='^2$'):
     drafters_page.parse_args(['--skip', 'alpha,tables'])
   assert "error: --skip: unknown parts ['tables']" in capsys.readouterr().err
+  # Counts below 1 and lists that do not parse: refused before any model loads.
+  for parse, argv, message in [
+    (drafters_page.parse_args, ['--quick', '--gamma=0'], '--gamma must be >= 1, got 0'),
+    (drafters_page.parse_args, ['--repeats=-1'], '--repeats must be >= 1, got -1'),
+    (
+      drafters_page.parse_args,
+      ['--lenience=abc'],
+      "--lenience must be a comma-separated list of float, got 'abc'",
+    ),
+    (drafters_page.parse_args, ['--lenience=0,1'], "--lenience values must be in (0, 1]"),
+    (drafters_page.parse_args, ['--gammas=2,0'], "--gammas must be integers >= 1, got '2,0'"),
+    (spectr_page.parse_args, ['--ks', '1', '0'], '--ks must be >= 1, got [1, 0]'),
+    (spectr_page.parse_args, ['--ls', '0'], '--ls must be >= 1, got [0]'),
+  ]:
+    with pytest.raises(SystemExit, match='^2$'):
+      parse(argv)
+    assert f'error: {message}' in capsys.readouterr().err
 
 
 def test_a_missing_checkpoint_is_an_error_without_allow_random_init(tmp_path):

@@ -64,3 +64,20 @@ def test_loads_and_table(tmp_path):
   assert '+1.000 (+1.7) | 0.700 / 0.600 | 10.0 / 8.0 / 12.5 | 0.80x | 0.64x | ' in row
   # Device: BE / (1 + L c) = 2 / 1.3; vs one draft 2 / 1.
   assert '1.54x vs baseline, 2.00x vs one draft | 1 / 3 | XLA dot | 1.50 -> 2.25 |' in row
+
+
+def test_what_is_not_a_spectr_job_is_one_line(tmp_path, capsys):
+  """A missing directory, a job without SpecTr's mode, a log that starts mid-job, one example."""
+  (tmp_path / 'plain').mkdir()
+  for output_dir in (tmp_path / 'missing', tmp_path / 'plain'):
+    with pytest.raises(SystemExit) as exit_info:
+      spectr_jobs.main([str(output_dir)])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert f"{output_dir} is not a finished METHOD = 'spectr' job's output" in err
+    assert 'Traceback' not in err
+  log = tmp_path / 'log'
+  log.write_text('rc=0 wall=10s uptime:  load average: 2.25, 1.1, 0.6\n')  # no job began
+  assert spectr_jobs.read_loads(str(log)) == {}
+  diff, se = spectr_jobs.paired_difference({0: (4, 2)}, {0: (3, 3)})
+  assert diff == pytest.approx(1.0) and se != se  # one example: no standard error (nan)
