@@ -417,16 +417,23 @@ def _read_cache(path: str, warn: bool = True) -> dict[str, Any]:
     return {}
 
 
-def find_costs(path: str, **match: Any) -> Costs | None:
-  """The costs of the cache file's most recent entry whose key fields equal `match` (e.g.
-  backend, device_kind, batch_size, target_config, draft_config) and whose decode path is XLA's
-  dot; None if there is none (or no readable cache). For the T5X adapter, which cannot time
-  inside T5X's jitted predict function and reads what a job measured."""
+def find_costs(path: str, drafter: str | None = None, **match: Any) -> Costs | None:
+  """The costs of the cache file's most recent entry measured on this machine (its CPU model and
+  usable cores, as `key_fields` records them), whose key fields equal `match` (e.g. backend,
+  device_kind, batch_size, target_config, draft_config), whose loop ran `drafter` (None: any)
+  and whose decode path is XLA's dot; None if there is none (or no readable cache). For the T5X
+  adapter, which cannot time inside T5X's jitted predict function and reads what a job
+  measured."""
+  match = {'cpu': runtime.cpu_model(), 'usable_cores': runtime.usable_cores(), **match}
   found = None
   for entry in _read_cache(path).values():
     fields = entry.get('fields', {})
-    if str(fields.get('decode_path', '')).startswith('XLA') and all(
-      json.loads(json.dumps(fields.get(k))) == json.loads(json.dumps(v)) for k, v in match.items()
+    if (
+      str(fields.get('decode_path', '')).startswith('XLA')
+      and (drafter is None or str(fields.get('loop', '')).startswith(f'drafter {drafter},'))
+      and all(
+        json.loads(json.dumps(fields.get(k))) == json.loads(json.dumps(v)) for k, v in match.items()
+      )
     ):
       found = Costs.from_json(entry['costs'])
   return found

@@ -482,11 +482,13 @@ class SpeculativeEncoderDecoderModel(t5x_models.EncoderDecoderModel):
 
   def auto_gamma(self, batch: int) -> int:
     """gamma = 'auto' at `batch` rows: the best gamma (0..the largest measured) at `expected_alpha`
-    by the costs measured for these models on this device at this batch size (the cache file's
-    most recent XLA-path entry); a ValueError naming what to run where there is none."""
+    by the costs measured for these models and this drafter on this machine and device at this
+    batch size (the cache file's most recent XLA-path entry); a ValueError naming what to run
+    where there is none."""
     device = jax.devices()[0]
     costs = costs_lib.find_costs(
       self._calibration_file,
+      drafter=self._drafter_name,
       backend=jax.default_backend(),
       device_kind=device.device_kind,
       batch_size=int(batch),

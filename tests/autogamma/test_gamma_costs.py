@@ -10,6 +10,7 @@ import os
 import pytest
 
 from speculative.autogamma import costs as costs_lib
+from speculative.jobs import runtime
 
 COSTS = costs_lib.Costs(((0, 4e-3), (1, 5e-3), (3, 6e-3)), 7)
 
@@ -196,7 +197,9 @@ def test_the_cache_holds_one_entry_per_key(tmp_path):
 
 def test_find_costs_reads_an_xla_path_entry(tmp_path):
   path = str(tmp_path / 'calibration.json')
-  fields = {**_fields(batch=8), 'decode_path': 'XLA dot (kernels = off)'}
+  here = {'cpu': runtime.cpu_model(), 'usable_cores': runtime.usable_cores()}
+  loop = 'drafter model, greedy, lenience exact'
+  fields = {**_fields(batch=8), **here, 'loop': loop, 'decode_path': 'XLA dot (kernels = off)'}
   costs_lib.store(path, _times(), costs_lib.Calibration(None, None, 'x', fields, 'measured'))
   kernels = {**fields, 'decode_path': 'CPU kernels'}
   costs_lib.store(path, _times(2.0), costs_lib.Calibration(None, None, 'k', kernels, 'measured'))
@@ -208,6 +211,13 @@ def test_find_costs_reads_an_xla_path_entry(tmp_path):
   assert costs_lib.find_costs(path, batch_size=8) == _times(4.0).costs()
   costs_lib.store(path, _times(5.0), costs_lib.Calibration(None, None, 'x', fields, 'measured'))
   assert costs_lib.find_costs(path, batch_size=8) == _times(5.0).costs()
+  # Newer entries of another machine or another drafter are not this adapter's costs.
+  elsewhere = {**fields, 'cpu': 'Intel Xeon', 'usable_cores': 64}
+  costs_lib.store(path, _times(6.0), costs_lib.Calibration(None, None, 'e', elsewhere, 'measured'))
+  lookup = {**fields, 'loop': 'drafter prompt_lookup, greedy, lenience exact'}
+  costs_lib.store(path, _times(7.0), costs_lib.Calibration(None, None, 'l', lookup, 'measured'))
+  assert costs_lib.find_costs(path, drafter='model', batch_size=8) == _times(5.0).costs()
+  assert costs_lib.find_costs(path, drafter='prompt_lookup', batch_size=8) == _times(7.0).costs()
 
 
 # Not JSON; an entry without its costs in a cache of this version; not a cache at all.

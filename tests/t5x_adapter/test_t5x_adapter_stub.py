@@ -821,7 +821,7 @@ def _cost_cache(path, model, batch, costs):
     gamma_max=costs.gamma_max,
     target_config=checkpoints.config_dict(model.target.config),
     draft_config=checkpoints.config_dict(model.draft.config),
-    loop='test',
+    loop='drafter model, greedy, lenience exact',  # as a job's: its drafter first
   )
   calibration = costs_lib.Calibration(None, None, costs_lib.cache_key(fields), fields, 'measured')
   costs_lib.store(str(path), model_utils.loop_times(costs), calibration)
