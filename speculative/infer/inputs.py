@@ -214,6 +214,16 @@ def examples_from_file(
       break
   if not examples:
     raise ValueError(f"{path}: no examples")
+  missing = [e.index + 1 for e in examples if e.reference is None]
+  if missing and len(missing) < len(examples):  # a TSV with some references left out
+    logging.warning(
+      "%s: %d of %d lines have no reference (no tab), e.g. line %d: no scores against the "
+      "references are computed",
+      path,
+      len(missing),
+      len(examples),
+      missing[0],
+    )
   return examples
 
 

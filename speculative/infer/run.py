@@ -162,6 +162,14 @@ def _run(settings: infer_settings.InferSettings, claim: _Claim) -> dict[str, Any
   first write."""
   with checks.user_errors():  # a bad input file, or outputs of other settings: refused
     inputs = infer_inputs.load_inputs(settings)
+    if settings.batch_size > len(inputs.examples):  # padded rows are decoded too
+      logging.warning(
+        "BATCH_SIZE = %d for %d inputs: the batch is padded to %d rows, which are decoded (and "
+        "timed) as the real ones are",
+        settings.batch_size,
+        len(inputs.examples),
+        settings.batch_size,
+      )
     claim.manifest = outputs.build_manifest(settings, inputs)
     resume = outputs.check_output_dir(
       settings.output_dir, claim.manifest, settings.overwrite, inputs.examples

@@ -409,6 +409,43 @@ def test_docs_table_matches_the_tests():
       assert param.rstrip("]") in [g[0] for g in GIN_ERRORS], name
 
 
+def test_a_tsv_with_some_references_left_out_is_named_in_one_warning(setup, caplog):
+  """Scores against references need every line's: a file that gives some is warned of, naming a
+  line without; a file of sources only, or of full pairs, is not."""
+  root, _ = setup
+  from speculative.data import tasks
+
+  vocab = tasks.get_vocabulary(None)
+  for name, text, warned in [
+    ("mixed.tsv", "Click OK.\tKlicken Sie auf OK.\nHello\nBye\tTschuess\n", True),
+    ("sources.txt", "Click OK.\nHello\n", False),
+    ("pairs.tsv", "Click OK.\tOK.\nHello\tHallo\n", False),
+  ]:
+    (root / name).write_text(text)
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+      infer_inputs.examples_from_file(str(root / name), vocab, 24)
+    found = [r.getMessage() for r in caplog.records if "no reference" in r.getMessage()]
+    assert found == (
+      [
+        f"{root / name}: 1 of 3 lines have no reference (no tab), e.g. line 2: no "
+        "scores against the references are computed"
+      ]
+      if warned
+      else []
+    ), found
+
+
+def test_a_batch_larger_than_the_inputs_is_warned_of_before_any_model_loads(
+  setup, tmp_path, caplog, no_model_load
+):
+  root, kwargs = setup
+  kwargs = {**kwargs, "batch_size": 8, "num_examples": 2, "output_dir": str(tmp_path / "out")}
+  with caplog.at_level(logging.WARNING), pytest.raises(AssertionError, match="a model was loaded"):
+    infer.infer(**kwargs)
+  assert "BATCH_SIZE = 8 for 2 inputs: the batch is padded to 8 rows" in caplog.text
+
+
 def test_bom_is_not_text(setup):
   root, _ = setup
   from speculative.data import tasks
