@@ -33,6 +33,7 @@ file that cannot be read as such a cache is ignored with one warning line and me
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import json
@@ -368,8 +369,9 @@ def cache_key(fields: Mapping[str, Any]) -> str:
 
 
 def check_cache_file(path: str) -> None:
-  """PermissionError naming `path` unless the cache file can be written there (its directory is
-  created if needed); run before any model loads."""
+  """PermissionError naming `path` unless the cache file can be written there; run before any
+  model loads. Its missing directories are created to be sure they can be, then removed again (a
+  refused job leaves nothing behind; `store` creates them)."""
   directory = os.path.dirname(os.path.abspath(path)) or '.'
   if os.path.isdir(path):
     raise PermissionError(f'calibration cache {path} is a directory, not a file')
@@ -380,11 +382,18 @@ def check_cache_file(path: str) -> None:
     raise PermissionError(f'calibration cache {path}: {existing} is a file, not a directory')
   try:
     os.makedirs(directory, exist_ok=True)
+    writable = os.access(directory, os.W_OK)
   except OSError as e:
     raise PermissionError(
       f'calibration cache {path}: cannot create {directory}: {e.strerror}'
     ) from e
-  if not os.access(directory, os.W_OK) or (os.path.exists(path) and not os.access(path, os.W_OK)):
+  finally:
+    made = directory
+    while made != existing:  # the directories made here, deepest first
+      with contextlib.suppress(OSError):  # not made (a failed makedirs), or no longer empty
+        os.rmdir(made)
+      made = os.path.dirname(made)
+  if not writable or (os.path.exists(path) and not os.access(path, os.W_OK)):
     raise PermissionError(f'calibration cache {path} is not writable')
 
 
@@ -502,6 +511,7 @@ def store(path: str, times: LoopTimes, calibration: Calibration) -> None:
     'times': times.to_json(),
     'batches': calibration.batches,
   }
+  os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
   files.write_atomic(
     path, json.dumps({'version': CACHE_VERSION, 'entries': entries}, indent=1) + '\n'
   )

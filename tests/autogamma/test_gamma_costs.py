@@ -173,7 +173,8 @@ def _times(scale=1.0):
 
 def test_the_cache_holds_one_entry_per_key(tmp_path):
   path = str(tmp_path / 'sub' / 'calibration.json')
-  costs_lib.check_cache_file(path)  # creates the directory
+  costs_lib.check_cache_file(path)  # creates nothing: the first store does
+  assert not (tmp_path / "sub").exists()
   first = costs_lib.load(path, _fields())
   assert (first.source, first.costs, first.times) == ('measured', None, None)
   times = _times()
