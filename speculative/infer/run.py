@@ -181,8 +181,9 @@ def _run(settings: infer_settings.InferSettings, claim: _Claim) -> dict[str, Any
     # A finished job run again: its summary stays the one of the process that decoded it (this
     # one would put its own load, memory and compiles beside those times).
     print(
-      f"all {done_before} examples were done already: the outputs are unchanged; see "
-      f"{os.path.join(settings.output_dir, 'report.md')}"
+      f"all {done_before} examples were done already: the outputs are unchanged (their report: "
+      f"{os.path.join(settings.output_dir, 'report.md')}); to decode and time them again, bind "
+      "OVERWRITE = True or use a new INFER_OUTPUT_DIR"
     )
     with open(metrics_path, encoding="utf-8") as f:
       return json.load(f)
