@@ -86,7 +86,12 @@ def _find_manifest(folders: list[str], name: str) -> dict:
 @contextlib.contextmanager
 def _staged(dest_dir: str):
   """A temporary folder beside `dest_dir` that replaces `dest_dir` when the block ends without an
-  error, and is removed when it raises: a failed check leaves nothing written."""
+  error, and is removed when it raises: a failed check leaves nothing written. A `dest_dir` that
+  holds anything already is refused first: it would be replaced whole, its files lost."""
+  if os.path.isdir(dest_dir) and os.listdir(dest_dir):
+    raise TransportError(
+      f"--dest_dir {dest_dir} is not empty: its files would be replaced; give a new folder"
+    )
   staging = tempfile.mkdtemp(dir=os.path.dirname(os.path.abspath(dest_dir)) or ".")
   try:
     yield staging

@@ -151,3 +151,16 @@ def test_stale_weights_are_not_packed(tmp_path):
     f.write(b"\0")  # changed after export: its sidecar's sha256 no longer matches
   with pytest.raises(checkpoints.CheckpointError, match="draft.msgpack"):
     transport.pack_upload(files, str(tmp_path / "upload"), 2)
+
+
+def test_a_dest_dir_that_holds_files_is_refused_and_kept(tmp_path):
+  """collect and unpack_upload replace their dest_dir whole: one that holds anything (an earlier
+  pair, a folder of other files) is refused before anything is read, and left as it was."""
+  files = _pair_to_upload(tmp_path)
+  _, calls = _upload_in_two_calls(tmp_path, files)
+  kept = tmp_path / "there"
+  kept.mkdir()
+  (kept / "other_run_report.json").write_text("{}")
+  with pytest.raises(transport.TransportError, match=r"there is not empty: its files would be"):
+    transport.unpack_upload(calls, str(kept))
+  assert [p.name for p in kept.iterdir()] == ["other_run_report.json"]
