@@ -209,7 +209,7 @@ def iter_tsv_gz(path: str | os.PathLike) -> Iterator[Pair]:
   opener = gzip.open if path.suffix == ".gz" else open
   with opener(path, "rt", encoding="utf-8", newline="\n") as f:
     for line_number, line in enumerate(f, start=1):
-      line = line.rstrip("\n")
+      line = line.rstrip("\n").removesuffix("\r")  # a CRLF file's \r is no part of the target
       if not line:
         continue
       fields = line.split("\t")

@@ -145,6 +145,9 @@ def test_tsv_roundtrip_is_byte_deterministic(tmp_path):
   bad.write_bytes(gzip.compress(b"one field only\n"))
   with pytest.raises(ValueError, match="2 tab-separated fields"):
     corpus.read_tsv_gz(bad)
+  crlf = tmp_path / "crlf.tsv"  # written on Windows: the \r is no part of the target
+  crlf.write_bytes(b"Hello world\tHallo Welt\r\na\tb\r\n")
+  assert corpus.read_tsv_gz(crlf) == [("Hello world", "Hallo Welt"), ("a", "b")]
 
 
 def test_make_corpus_from_tsv(tmp_path):
