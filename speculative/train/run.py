@@ -88,7 +88,8 @@ def train(settings: settings_lib.TrainSettings) -> dict[str, float]:
 def _run(s: settings_lib.TrainSettings) -> dict[str, float]:
   """`train` after its checks."""
   buckets = s.buckets()
-  train_examples, val_sets = _load_examples(s)
+  with checks.user_errors():  # a TSV line without its tab, an empty file, no full batch: one line
+    train_examples, val_sets = _load_examples(s)
   logging.info("train examples %d, buckets %s", len(train_examples), buckets)
   model = t5_lib.T5(s.model_config)
   optimizer = steps.make_optimizer(
@@ -111,20 +112,22 @@ def _run(s: settings_lib.TrainSettings) -> dict[str, float]:
   if s.starts_from_fork:
     train_checkpoints.copy_fork(s.fork_checkpoint, s.output_dir)
     print(f"forked from {s.fork_checkpoint}")
-  start_step, params, opt_state = train_checkpoints.restore_latest(
-    s.output_dir, params, opt_state, s.model_config
-  )
+  with checks.user_errors():  # no checkpoint that can be read: one line
+    start_step, params, opt_state = train_checkpoints.restore_latest(
+      s.output_dir, params, opt_state, s.model_config
+    )
   if start_step:
     print(f"resumed from {s.output_dir}/checkpoint_{start_step}")
     # A kill between writing a checkpoint and pruning the old ones left one too many.
     train_checkpoints.prune_checkpoints(s.output_dir, protect=(start_step,))
   os.makedirs(s.output_dir, exist_ok=True)
   if s.export_only:
-    if not start_step:
-      raise ValueError(f"export_only: no checkpoint in {s.output_dir}")
-    if not s.export_path:
-      raise ValueError("export_only needs export_path")
-    _export_run(s, params, start_step)
+    with checks.user_errors():
+      if not start_step:
+        raise ValueError(f"export_only: no checkpoint in {s.output_dir}")
+      if not s.export_path:
+        raise ValueError("export_only needs export_path")
+      _export_run(s, params, start_step)
     return {"step": start_step}
 
   step_config = steps.StepConfig(
@@ -145,7 +148,8 @@ def _run(s: settings_lib.TrainSettings) -> dict[str, float]:
     next(stream)  # cheap: numpy only
   params, metrics = loop.run(params, opt_state, stream, start_step)
   if s.export_path and loop.end_step(start_step) == s.num_steps:
-    _export_run(s, params, loop.end_step(start_step))
+    with checks.user_errors():  # an export refused (better weights there): one line, as at start
+      _export_run(s, params, loop.end_step(start_step))
   return metrics
 
 

@@ -105,8 +105,13 @@ class TrainSettings:
       train_checkpoints.check_origin(self.output_dir, self.origin)
     if self.optimizer not in steps.OPTIMIZERS:
       raise ValueError(f"optimizer must be one of {steps.OPTIMIZERS}, got {self.optimizer!r}")
-    if self.num_steps < 1:
-      raise ValueError(f"num_steps must be >= 1, got {self.num_steps}")
+    for name in ("num_steps", "eval_every", "checkpoint_every"):
+      checks.check_int(name, getattr(self, name), 1)
+    if not 0.0 <= self.label_smoothing < 1.0:  # 1 leaves no mass on the target: a NaN loss
+      raise ValueError(f"label_smoothing must be in [0, 1), got {self.label_smoothing}")
+    checks.check_readable("spm_model", self.spm_model, file=True)
+    for path in (*self.train_files, self.validation_tsv):
+      checks.check_readable("train_tsv / validation_tsv", path, file=True)
     if not 0.0 <= self.distill_weight <= 1.0:
       raise ValueError(f"distill_weight must be in [0, 1], got {self.distill_weight}")
     if self.distill_weight > 0 and (self.teacher_config is None or self.teacher_checkpoint is None):

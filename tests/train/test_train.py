@@ -13,6 +13,7 @@ from speculative import checkpoints
 from speculative import train
 from speculative.data import corpus
 from speculative.data import tasks
+from speculative.jobs import checks
 from speculative.models.t5 import T5
 from speculative.models.t5 import T5Config
 from speculative.train import data as train_data
@@ -106,10 +107,26 @@ def test_bad_arguments(data, tmp_path):
   empty = tmp_path / "empty.tsv.gz"
   with gzip.open(empty, "wt") as f:
     f.write("")
-  with pytest.raises(ValueError, match="no examples"):
+  with pytest.raises(ValueError, match="no examples") as info:
     train.train(
       model_config=TINY, output_dir=str(tmp_path), num_steps=2, **{**data, "train_tsv": str(empty)}
     )
+  assert checks.user_message(info.value) == str(info.value)  # the command line prints one line
+  no_tab = tmp_path / "no_tab.tsv"
+  no_tab.write_text("Hello\tHallo\nonly one field\n")
+  with pytest.raises(ValueError, match="no_tab.tsv:2: expected 2 tab-separated fields") as info:
+    train.train(
+      model_config=TINY, output_dir=str(tmp_path), num_steps=2, **{**data, "train_tsv": str(no_tab)}
+    )
+  assert checks.user_message(info.value) == str(info.value)
+  for change, message in [
+    ({"eval_every": 0}, "eval_every must be in \\[1, inf\\]"),
+    ({"checkpoint_every": 0}, "checkpoint_every must be in \\[1, inf\\]"),
+    ({"label_smoothing": 1.0}, "label_smoothing must be in \\[0, 1\\), got 1.0"),
+    ({"spm_model": str(tmp_path)}, "spm_model is a directory, not a file"),
+  ]:
+    with pytest.raises((ValueError, OSError), match=message):
+      train.train(model_config=TINY, output_dir=str(tmp_path), num_steps=2, **{**data, **change})
   missing = str(tmp_path / "missing.tsv.gz")
   with pytest.raises(FileNotFoundError, match="missing.tsv.gz"):
     train.train(
