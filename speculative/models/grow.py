@@ -98,7 +98,10 @@ def _grow_leaf(
   new = fresh
   if old is not None:
     block = old
-    if parts[-1] == "scale":  # RMS norm over the wider, zero-padded residual
+    # RMS norm over the wider, zero-padded residual; the tied logits head divides by the square
+    # root of the wider width itself, which the final norm then must not undo twice.
+    tied_head = large.logits_via_embedding and path == "decoder/decoder_norm/scale"
+    if parts[-1] == "scale" and not tied_head:
       block = block * np.float32(np.sqrt(d / large.emb_dim))
     new = assign(new, tuple(slice(0, n) for n in old.shape), block)
   if parts[-1] == "embedding":

@@ -1,6 +1,7 @@
 """Growth (speculative/models/grow.py): the grown model computes the small model's logits, and every new
 weight gets a gradient on the first step (no zero-read/zero-write saddle)."""
 
+import dataclasses
 import functools
 
 import jax
@@ -54,12 +55,16 @@ def _batch():
   return jnp.asarray(enc), jnp.asarray(dec)
 
 
-def test_grown_model_computes_the_small_models_logits():
-  small_params = _small_params()
-  grown = grow.grow_params(jax.device_get(small_params), SMALL, LARGE, seed=2)
+@pytest.mark.parametrize("tied", [False, True], ids=["own_head", "tied_head"])
+def test_grown_model_computes_the_small_models_logits(tied):
+  """With its own logits head, and with the head tied to the embedding (which divides the logits
+  by the square root of the residual width: the grown one's)."""
+  small, large = (dataclasses.replace(c, logits_via_embedding=tied) for c in (SMALL, LARGE))
+  small_params = jax.device_get(random_params(T5(small), seed=1)) if tied else _small_params()
+  grown = grow.grow_params(jax.device_get(small_params), small, large, seed=2)
   enc, dec = _batch()
-  expected = jax.jit(T5(SMALL).forward)(small_params, enc, dec)  # jitted: one compile, not ~100
-  got = jax.jit(T5(LARGE).forward)(jax.tree_util.tree_map(jnp.asarray, grown), enc, dec)
+  expected = jax.jit(T5(small).forward)(small_params, enc, dec)  # jitted: one compile, not ~100
+  got = jax.jit(T5(large).forward)(jax.tree_util.tree_map(jnp.asarray, grown), enc, dec)
   np.testing.assert_allclose(np.asarray(got), np.asarray(expected), atol=1e-5, rtol=1e-5)
 
 
