@@ -7,7 +7,8 @@ The grown model computes the same logits as the small one (up to float rounding)
     in the new residual dims, so those dims stay exactly 0; new heads' `out` rows and new MLP
     hidden units' `wo` rows are zero, so they add nothing;
   * RMS norm over [h, 0] (new width D, old width d) gives rms(h) * sqrt(d / D), so the norm scales'
-    old dims are multiplied by sqrt(d / D) to give the old outputs;
+    old dims are multiplied by sqrt(d / D) to give the old outputs (but the final decoder norm's
+    where the logits head is tied to the embedding: that head divides by sqrt(D) itself);
   * a new layer (appended after the old ones) has zero attention `out` and MLP `wo` kernels: with
     the residual connections it is the identity.
 Weights that only READ (query/key/value/wi rows of the new residual dims, the new heads' and hidden
