@@ -51,7 +51,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     sys.exit('error: the jobs are not greedy (temperature != 0)')
   config = gin_utils.load_macro(args.target_gin_file, args.macro, t5_lib.T5Config)
   if (
-    checkpoints.verify_weights(args.target_checkpoint, config)
+    checkpoints.check_weights("--target_checkpoint", args.target_checkpoint, config)
     != manifests[0]['target_checkpoint_sha256']
   ):
     sys.exit(f'error: {args.target_checkpoint} is not the target the jobs decoded with')

@@ -58,7 +58,11 @@ def build_manifest(
     "num_examples": s.num_examples,
     "task_feature_lengths": dict(s.task_feature_lengths),
     "target_config": checkpoints.config_dict(s.target_config),
-    "target_checkpoint_sha256": checkpoints.verify_weights(s.target_checkpoint, s.target_config),
+    # One hash per checkpoint however its path is written (a T5X model directory, its step
+    # directory or the step's `checkpoint` file all resolve to that step: `check_weights`).
+    "target_checkpoint_sha256": checkpoints.check_weights(
+      "target_checkpoint", s.target_checkpoint, s.target_config
+    ),
     # A grown target (only where set: other manifests stay as they were).
     **(
       {"grow_target_to": checkpoints.config_dict(s.grow_target_to)}
@@ -67,7 +71,9 @@ def build_manifest(
     ),
     "draft_config": checkpoints.config_dict(s.draft_config) if draft else None,
     "draft_checkpoint_sha256": (
-      checkpoints.verify_weights(s.draft_checkpoint, s.draft_config) if draft else None
+      checkpoints.check_weights("draft_checkpoint", s.draft_checkpoint, s.draft_config)
+      if draft
+      else None
     ),
     "modes": list(s.modes),
     **s.output_settings(),

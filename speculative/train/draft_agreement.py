@@ -94,7 +94,9 @@ def main() -> None:
 
   manifest = outputs.load_job_manifest(args.predictions)
   target_config = gin_utils.load_macro(args.target_gin_file, args.target_macro, t5_lib.T5Config)
-  target_sha256 = checkpoints.verify_weights(args.target_checkpoint, target_config)
+  target_sha256 = checkpoints.check_weights(
+    "--target_checkpoint", args.target_checkpoint, target_config
+  )
   if manifest['target_checkpoint_sha256'] != target_sha256 or manifest['temperature'] != 0.0:
     raise ValueError(
       f'{args.predictions}: not greedy outputs of {args.target_checkpoint} (its manifest: target '

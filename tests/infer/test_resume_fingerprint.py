@@ -245,6 +245,20 @@ def test_an_auto_job_resumes_with_another_cost_cache(other_base, tmp_path):
   assert outputs.check_output_dir(kwargs["output_dir"], manifest, False, inputs.examples) is True
 
 
+def test_a_t5x_target_has_one_fingerprint_however_its_path_is_written(job, tmp_path):
+  """A T5X model directory, its step directory and the step's `checkpoint` file name the same
+  weights: the manifest records one hash for the three (a re-run that writes the path another way
+  resumes), the step's."""
+  root, kwargs = job
+  params = checkpoints.load_params(kwargs["target_checkpoint"])
+  step_dir = checkpoints.save_t5x_checkpoint(params, tmp_path / "model", 7)
+  fingerprints = {
+    _manifest({**kwargs, "target_checkpoint": str(path)})[0]["target_checkpoint_sha256"]
+    for path in (tmp_path / "model", step_dir, step_dir / "checkpoint")
+  }
+  assert len(fingerprints) == 1, fingerprints
+
+
 def test_the_same_settings_resume_and_a_grow_extends(job):
   root, kwargs = job
   manifest, inputs = _manifest(kwargs)
