@@ -120,13 +120,18 @@ def detokenize(token_lists: list, spm_model: str) -> list[str]:
 
 
 def main() -> None:
-  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser = argparse.ArgumentParser(
+    prog="python -m speculative.train.distill_data", description=__doc__.splitlines()[0]
+  )
   parser.add_argument("predictions", help="predictions-<mode>.jsonl of an infer job")
   parser.add_argument("output", help="training TSV to write (.tsv.gz)")
   parser.add_argument("--prefix", default=tasks.TRANSLATE_EN_DE_PREFIX)
   args = parser.parse_args()
-  pairs, counts = distill_pairs(outputs.load_predictions(args.predictions), args.prefix)
-  corpus.write_tsv_gz(args.output, pairs)
+  try:  # a missing or malformed predictions file, an output that cannot be written: one line
+    pairs, counts = distill_pairs(outputs.load_predictions(args.predictions), args.prefix)
+    corpus.write_tsv_gz(args.output, pairs)
+  except (OSError, ValueError, KeyError) as e:
+    parser.exit(2, f"{parser.prog}: error: {e}\n")
   print(json.dumps(counts))
 
 

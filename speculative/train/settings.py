@@ -4,6 +4,7 @@ compute."""
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 from typing import Sequence
 
@@ -107,6 +108,17 @@ class TrainSettings:
       raise ValueError(f"optimizer must be one of {steps.OPTIMIZERS}, got {self.optimizer!r}")
     for name in ("num_steps", "eval_every", "checkpoint_every"):
       checks.check_int(name, getattr(self, name), 1)
+    if self.optimizer == "adafactor" and self.weight_decay > 0:  # not scaled by the learning rate
+      kept = (1 - self.weight_decay) ** self.num_steps
+      logging.warning(
+        "weight_decay %g under adafactor takes %g of every weight each step, whatever the learning "
+        "rate: %.3g of a weight the gradients leave alone is left after %d steps (AdamW scales it "
+        "by the learning rate); bind train.weight_decay = 0.0 to turn it off",
+        self.weight_decay,
+        self.weight_decay,
+        kept,
+        self.num_steps,
+      )
     if not 0.0 <= self.label_smoothing < 1.0:  # 1 leaves no mass on the target: a NaN loss
       raise ValueError(f"label_smoothing must be in [0, 1), got {self.label_smoothing}")
     checks.check_readable("spm_model", self.spm_model, file=True)

@@ -3,6 +3,7 @@
 import dataclasses
 import gzip
 import json
+import logging
 import shutil
 
 import jax
@@ -17,6 +18,7 @@ from speculative.jobs import checks
 from speculative.models.t5 import T5
 from speculative.models.t5 import T5Config
 from speculative.train import data as train_data
+from speculative.train import settings as train_settings
 from speculative.train import steps as train_steps
 
 TINY = T5Config(
@@ -95,7 +97,7 @@ def test_resumed_run_equals_uninterrupted(data, tmp_path):
   jax.tree_util.tree_map(lambda x, y: np.testing.assert_allclose(x, y, rtol=1e-6, atol=1e-6), a, b)
 
 
-def test_bad_arguments(data, tmp_path):
+def test_bad_arguments(data, tmp_path, caplog):
   with pytest.raises(ValueError, match="num_steps"):
     train.train(model_config=TINY, output_dir=str(tmp_path), num_steps=0, **data)
   with pytest.raises(ValueError, match="optimizer must be one of"):
@@ -119,6 +121,16 @@ def test_bad_arguments(data, tmp_path):
       model_config=TINY, output_dir=str(tmp_path), num_steps=2, **{**data, "train_tsv": str(no_tab)}
     )
   assert checks.user_message(info.value) == str(info.value)
+  with caplog.at_level(logging.WARNING):  # decay not scaled by the learning rate: 0.99 ** 2
+    train_settings.TrainSettings(
+      model_config=TINY,
+      output_dir=str(tmp_path / "w"),
+      num_steps=2,
+      optimizer="adafactor",
+      **{**data, "weight_decay": 0.01},
+    )
+  assert "weight_decay 0.01 under adafactor takes 0.01 of every weight each step" in caplog.text
+  assert "0.98 of a weight the gradients leave alone is left after 2 steps" in caplog.text
   for change, message in [
     ({"eval_every": 0}, "eval_every must be in \\[1, inf\\]"),
     ({"checkpoint_every": 0}, "checkpoint_every must be in \\[1, inf\\]"),

@@ -232,3 +232,20 @@ def test_draft_agreement_is_exact_on_a_models_own_greedy_output():
   assert [len(a) for a in own] == [5, 9, 3]
   assert all(a.all() for a in own)
   assert not np.concatenate(draft_agreement.agreement(model, other, examples)).all()
+
+
+def test_distill_data_refuses_a_missing_or_malformed_file_in_one_line(
+  tmp_path, monkeypatch, capsys
+):
+  bad = tmp_path / "bad.jsonl"
+  bad.write_text('{"x": 1}\n')
+  for path, message in [
+    (tmp_path / "missing.jsonl", "No such file or directory"),
+    (bad, "bad.jsonl:1: not a predictions record"),
+  ]:
+    monkeypatch.setattr("sys.argv", ["distill_data", str(path), str(tmp_path / "out.tsv.gz")])
+    with pytest.raises(SystemExit) as exit_info:
+      distill_data.main()
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and message in err and len(err.strip().splitlines()) == 1
+  assert not (tmp_path / "out.tsv.gz").exists()
