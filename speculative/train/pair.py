@@ -558,13 +558,7 @@ def _test(data, decoders, target_params, drafts, recipe: Recipe, out_dir: str) -
     refs = [t for _, t in d.test_pairs]
     m = {"examples": len(texts), **metrics.loop_rate(refs, texts)}
     m["no_eos"] = sum(1 for t in tokens if not len(t) or t[-1] != tasks.EOS_ID) / len(tokens)
-    if task == "translate":
-      m.update(metrics.translation_metrics(refs, texts))
-    else:  # ROUGE needs rouge-score, which the device image lacks: scored on a CPU there
-      try:
-        m.update(metrics.summarization_metrics(refs, texts))
-      except ImportError as e:
-        m["rouge"] = f"not computed here ({e})"
+    m.update(metrics.task_metrics(task, refs, texts))
     examples = [(src, toks) for src, toks in zip(d.test_inputs, tokens) if len(toks)]
     positions = sum(len(t) for _, t in examples)
     for draft in drafts:

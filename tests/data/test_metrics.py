@@ -42,3 +42,13 @@ def test_loop_detector_flags_repetition_loops_and_no_reference():
   scores = metrics.translation_metrics(references[:50], references[:50])
   assert scores["bleu"] == pytest.approx(100.0) and scores["chrf"] == pytest.approx(100.0)
   assert scores["loop_pct"] == 0.0
+
+
+def test_task_metrics_score_each_task_and_name_what_they_cannot(monkeypatch):
+  """Translation: BLEU and chrF; summarization: ROUGE, or where rouge-score is missing (the device
+  image) a note instead of an error at the end of a device run."""
+  refs, outs = ["the cat sat on the mat"], ["the cat sat on a mat"]
+  assert {"bleu", "chrf"} <= set(metrics.task_metrics("translate", refs, outs))
+  assert "rouge1" in metrics.task_metrics("summarize", refs, outs)
+  monkeypatch.setitem(__import__("sys").modules, "rouge_score", None)  # import fails
+  assert metrics.task_metrics("summarize", refs, outs)["rouge"].startswith("not computed here (")
