@@ -8,7 +8,6 @@ import hashlib
 import itertools
 import json
 import logging
-import os
 import sys
 from typing import Any
 from typing import Sequence
@@ -18,6 +17,7 @@ import numpy as np
 from speculative.data import tasks
 from speculative.data import vocabulary as vocabulary_lib
 from speculative.infer import settings as infer_settings
+from speculative.jobs import checks
 from speculative.jobs import gin_utils
 
 
@@ -175,10 +175,7 @@ def read_lines(path: str) -> list[str]:
   if path == "-":
     data = sys.stdin.buffer.read()
   else:
-    if os.path.isdir(path):
-      raise IsADirectoryError(f"input file is a directory, not a file: {path}")
-    if not os.path.exists(path):  # a pipe or a device (/dev/stdin) is read as a file is
-      raise FileNotFoundError(f"input file does not exist: {path}")
+    checks.check_readable("input file", path, file=True)  # a pipe (/dev/stdin) is read as a file
     try:
       with (gzip.open if path.endswith(".gz") else open)(path, "rb") as f:
         data = f.read()
