@@ -71,7 +71,9 @@ def train(settings: settings_lib.TrainSettings) -> dict[str, float]:
   (e.g. a second task's NLL); the best-validation export still follows `val_nll`.
   `export_replaces_better`: the export refuses to overwrite weights whose sidecar records a lower
   validation NLL than the ones being exported (e.g. a continuation's early best replacing the
-  shipped model) unless this is True.
+  shipped model) unless this is True. Without `export_best` the exported weights' NLL is that of
+  their evaluation in train_log.jsonl (the last step is always evaluated); weights never evaluated
+  (`export_only` from a checkpoint between evaluations) do not replace weights that record one.
   `export_overwrites_tracked`: an `export_path` onto a file git tracks in this repository (the
   shipped weights, models/embedded/) is refused with the settings' checks, before any compute,
   unless this is True.
@@ -331,6 +333,8 @@ class _TrainLoop:
 
 
 def _export_run(s: settings_lib.TrainSettings, params, step: int) -> None:
+  """Exports `params`, the weights of checkpoint `step` (or `best.msgpack` with `export_best`),
+  with the evaluation train_log.jsonl records at `step` (the run's last evaluation)."""
   export_params(
     params,
     s.export_path,
@@ -342,7 +346,30 @@ def _export_run(s: settings_lib.TrainSettings, params, step: int) -> None:
     s.model_config,
     provenance=_provenance(s),
     replaces_better=s.export_replaces_better,
+    metrics=_logged_evaluation(s.output_dir, step),
   )
+
+
+def _read_log(output_dir: str) -> list[dict]:
+  """The rows of `output_dir/train_log.jsonl` in file order ([] if none); a line that does not
+  parse (cut short by a kill mid-write) is skipped."""
+  path = os.path.join(output_dir, "train_log.jsonl")
+  if not os.path.exists(path):
+    return []
+  rows = []
+  with open(path) as f:
+    for line in filter(str.strip, f):
+      try:
+        rows.append(json.loads(line))
+      except json.JSONDecodeError:
+        logging.warning("%s: skipped a line that does not parse: %r", path, line[:80])
+  return rows
+
+
+def _logged_evaluation(output_dir: str, step: int) -> dict | None:
+  """The last evaluation train_log.jsonl records at `step`, or None (not evaluated there)."""
+  rows = [row for row in _read_log(output_dir) if row.get("step") == step]
+  return rows[-1] if rows else None
 
 
 def _provenance(s: settings_lib.TrainSettings) -> dict:
@@ -378,19 +405,23 @@ def export_params(
   config: t5_lib.T5Config | None = None,
   provenance: dict | None = None,
   replaces_better: bool = False,
+  metrics: dict | None = None,
 ) -> None:
   """Writes the shipped weights: the last parameters, or the best-validation ones. The sidecar's
-  `training` entry records the step, the validation metrics of the exported weights (when
-  `export_best`) and `provenance`. Weights at `export_path` whose sidecar records a lower
-  validation NLL are not replaced unless `replaces_better` (checked before anything is written)."""
-  training = {"step": step}
+  `training` entry records the step, the validation metrics of the exported weights (with
+  `export_best` those of `best_info_path`, else the `val_*` entries of `metrics`, the evaluation of
+  `params` at `step`, None when there was none) and `provenance`. Weights at `export_path` whose
+  sidecar records a validation NLL are not replaced by weights with a higher one, or with none,
+  unless `replaces_better` (checked before anything is written)."""
   if export_best:
     if not os.path.exists(best_path):
       raise FileNotFoundError(f"export_best: no {best_path} (no evaluation has run yet)")
     with open(best_info_path) as f:
       training = json.load(f)
     step = training["step"]
-  _check_not_worse(export_path, training.get("val_nll"), replaces_better)
+  else:  # only the deterministic entries: a resumed run's sidecar equals an uninterrupted one's
+    training = {"step": step, **{k: v for k, v in (metrics or {}).items() if k.startswith("val_")}}
+  _check_not_worse(export_path, training.get("val_nll"), step, replaces_better)
   if export_best:
     params = checkpoints.load_params(best_path, dtype=np.float32, config=config)
   training.update(provenance or {})
@@ -405,16 +436,25 @@ def export_params(
   print(f"exported step {step} ({n_params / 1e6:.1f}M params) to {export_path} ({export_dtype})")
 
 
-def _check_not_worse(export_path: str, val_nll: float | None, replaces_better: bool) -> None:
-  """Refuses to overwrite exported weights whose sidecar records a lower validation NLL."""
-  if replaces_better or val_nll is None or not os.path.exists(export_path):
+def _check_not_worse(
+  export_path: str, val_nll: float | None, step: int, replaces_better: bool
+) -> None:
+  """Refuses to overwrite exported weights whose sidecar records a validation NLL lower than
+  `val_nll`, or any validation NLL when `val_nll` is None (weights never evaluated, which cannot be
+  shown to be better)."""
+  if replaces_better or not os.path.exists(export_path):
     return
   shipped = ((checkpoints.read_metadata(export_path) or {}).get("training") or {}).get("val_nll")
-  if shipped is not None and shipped < val_nll:
-    raise ValueError(
-      f"{export_path} records validation NLL {shipped:.4f}, lower than the {val_nll:.4f} of the "
-      "weights to export; not replaced (train.export_replaces_better = True to replace it)"
-    )
+  if shipped is None or (val_nll is not None and shipped >= val_nll):
+    return
+  if val_nll is None:
+    why = f"; the weights to export (step {step}) were never evaluated"
+  else:
+    why = f", lower than the {val_nll:.4f} of the weights to export"
+  raise ValueError(
+    f"{export_path} records validation NLL {shipped:.4f}{why}; not replaced "
+    "(train.export_replaces_better = True to replace it)"
+  )
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -97,6 +97,25 @@ def test_resumed_run_equals_uninterrupted(data, tmp_path):
   jax.tree_util.tree_map(lambda x, y: np.testing.assert_allclose(x, y, rtol=1e-6, atol=1e-6), a, b)
 
 
+@pytest.mark.slow
+def test_an_export_of_the_last_weights_keeps_better_weights_there(data, tmp_path):
+  """Without export_best the export records its last evaluation (train_log.jsonl) and does not
+  replace an export of a lower validation NLL (here: a longer run's) unless asked."""
+  export = tmp_path / "model.msgpack"
+  common = dict(model_config=TINY, export_path=str(export), **{**data, "eval_every": 2})
+  train.train(output_dir=str(tmp_path / "long"), num_steps=8, **common)
+  recorded = checkpoints.read_metadata(export)["training"]
+  assert recorded["step"] == 8 and recorded["val_nll"] == _log(tmp_path / "long")[-1]["val_nll"]
+  with pytest.raises(ValueError, match="lower than the .* of the weights to export"):
+    train.train(output_dir=str(tmp_path / "short"), num_steps=2, **common)
+  assert checkpoints.read_metadata(export)["training"]["step"] == 8  # untouched
+  train.train(
+    output_dir=str(tmp_path / "short"), num_steps=2, export_replaces_better=True, **common
+  )  # resumes at its end step: exports with the evaluation its log holds for step 2
+  replaced = checkpoints.read_metadata(export)["training"]
+  assert replaced["step"] == 2 and replaced["val_nll"] == _log(tmp_path / "short")[-1]["val_nll"]
+
+
 def test_bad_arguments(data, tmp_path, caplog):
   with pytest.raises(ValueError, match="num_steps"):
     train.train(model_config=TINY, output_dir=str(tmp_path), num_steps=0, **data)

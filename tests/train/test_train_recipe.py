@@ -127,6 +127,41 @@ def test_export_records_its_training_and_never_silently_replaces_better_weights(
   np.testing.assert_array_equal(checkpoints.load_params(out)["w"], [4, 4])
 
 
+def test_an_export_of_the_last_weights_never_silently_replaces_better_weights(tmp_path):
+  """Without export_best the sidecar records the deterministic validation entries of the exported
+  weights' evaluation, and the guard holds: a higher NLL, or none (never evaluated), is refused."""
+  out = tmp_path / "export.msgpack"
+
+  def export(value, metrics, **kwargs):
+    train.export_params(
+      {"w": np.full(2, value, np.float32)},
+      str(out),
+      "float32",
+      False,
+      str(tmp_path / "none.msgpack"),
+      str(tmp_path / "none.json"),
+      step=value,
+      metrics=metrics,
+      **kwargs,
+    )
+
+  export(1, {"step": 1, "val_nll": 2.5, "val_accuracy": 0.5, "tokens_per_s": 9.0})
+  training = checkpoints.read_metadata(out)["training"]
+  assert training == {"step": 1, "val_nll": 2.5, "val_accuracy": 0.5}  # no wall-clock entries
+  with pytest.raises(ValueError, match="records validation NLL 2.5000, lower than the 2.7000"):
+    export(2, {"step": 2, "val_nll": 2.7})
+  with pytest.raises(
+    ValueError, match=r"weights to export \(step 3\) were never evaluated"
+  ) as info:
+    export(3, None)
+  assert "\n" not in str(info.value)
+  np.testing.assert_array_equal(checkpoints.load_params(out)["w"], [1, 1])  # untouched
+  export(4, {"step": 4, "val_nll": 2.4})  # better than what is there: replaced without being asked
+  np.testing.assert_array_equal(checkpoints.load_params(out)["w"], [4, 4])
+  export(5, None, replaces_better=True)
+  assert checkpoints.read_metadata(out)["training"] == {"step": 5}
+
+
 def test_constant_schedule_and_adafactor_steps_scale_with_each_parameter():
   s = train_steps.make_schedule("constant", 1e-2, warmup_steps=10, num_steps=10)
   np.testing.assert_allclose(
