@@ -131,6 +131,7 @@ def _run(s: settings_lib.TrainSettings) -> dict[str, float]:
         raise ValueError("export_only needs export_path")
       _export_run(s, params, start_step)
     return {"step": start_step}
+  _drop_log_rows_past(s.output_dir, start_step)  # the steps after it run (and are logged) again
 
   step_config = steps.StepConfig(
     model=model, distill_weight=s.distill_weight, label_smoothing=s.label_smoothing
@@ -364,6 +365,20 @@ def _read_log(output_dir: str) -> list[dict]:
       except json.JSONDecodeError:
         logging.warning("%s: skipped a line that does not parse: %r", path, line[:80])
   return rows
+
+
+def _drop_log_rows_past(output_dir: str, step: int) -> None:
+  """Rewrites train_log.jsonl (atomically) without its rows past `step`, the checkpoint a run
+  resumes from: a run stopped after an evaluation but before its next checkpoint logged steps that
+  the resumed run evaluates and logs again. A line cut short by a kill goes too."""
+  path = os.path.join(output_dir, "train_log.jsonl")
+  if not os.path.exists(path):
+    return
+  kept = "".join(json.dumps(row) + "\n" for row in _read_log(output_dir) if row["step"] <= step)
+  with open(path) as f:
+    if f.read() == kept:
+      return
+  checkpoints.write_atomic(path, kept.encode())
 
 
 def _logged_evaluation(output_dir: str, step: int) -> dict | None:

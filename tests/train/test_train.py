@@ -17,6 +17,7 @@ from speculative.data import tasks
 from speculative.jobs import checks
 from speculative.models.t5 import T5
 from speculative.models.t5 import T5Config
+from speculative.train import checkpoints as train_checkpoints
 from speculative.train import data as train_data
 from speculative.train import settings as train_settings
 from speculative.train import steps as train_steps
@@ -114,6 +115,31 @@ def test_an_export_of_the_last_weights_keeps_better_weights_there(data, tmp_path
   )  # resumes at its end step: exports with the evaluation its log holds for step 2
   replaced = checkpoints.read_metadata(export)["training"]
   assert replaced["step"] == 2 and replaced["val_nll"] == _log(tmp_path / "short")[-1]["val_nll"]
+
+
+@pytest.mark.slow
+def test_a_resumed_run_logs_each_evaluation_once(data, tmp_path, monkeypatch):
+  """A run stopped after evaluating steps 6 and 8 but before checkpoint_8 resumes from checkpoint_4
+  and evaluates 6 and 8 again: train_log.jsonl holds each step once (and no line cut short)."""
+  out = tmp_path / "run"
+  common = dict(model_config=TINY, output_dir=str(out), num_steps=8)
+  common.update({**data, "eval_every": 3, "checkpoint_every": 4})
+  save = train_checkpoints.save_train_state
+
+  def stopped_at_8(output_dir, step, *args, **kwargs):
+    if step == 8:
+      with open(out / "train_log.jsonl", "a") as f:
+        f.write('{"step": 8, "val_')  # a kill mid-append
+      raise KeyboardInterrupt
+    return save(output_dir, step, *args, **kwargs)
+
+  monkeypatch.setattr(train_checkpoints, "save_train_state", stopped_at_8)
+  with pytest.raises(KeyboardInterrupt):
+    train.train(**common)
+  assert checkpoints.checkpoint_steps(out) == [4]
+  monkeypatch.setattr(train_checkpoints, "save_train_state", save)
+  train.train(**common)
+  assert [m["step"] for m in _log(out)] == [3, 6, 8]
 
 
 def test_bad_arguments(data, tmp_path, caplog):
