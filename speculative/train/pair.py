@@ -257,9 +257,9 @@ def train_for(
 ) -> None:
   """Trains every trainee on the same batch stream for `seconds` of wall clock; evaluates every
   `eval_every_seconds` on `val_sets` ({task: examples}) and keeps each one's best validation state
-  (the sum of its tasks' NLL); a validation that is not finite or 0.5 nats above the best
-  restores the best and halves the learning rate. `background`: calls run in threads meanwhile
-  (compiling the next phase)."""
+  (the sum of its tasks' NLL; never a NaN or infinite one, FloatingPointError if none was finite);
+  a validation that is not finite or 0.5 nats above the best restores the best and halves the
+  learning rate. `background`: calls run in threads meanwhile (compiling the next phase)."""
   pool = concurrent.futures.ThreadPoolExecutor(max(1, len(background)))
   pending = [pool.submit(call) for call in background]
   stream = train_data.batch_stream(examples, buckets, recipe.seed)
@@ -288,6 +288,9 @@ def train_for(
   for future in pending:
     future.result()  # a failed compile fails the run here, not later
   pool.shutdown()
+  for t in trainees:  # every validation was NaN or infinite: no weights to export
+    if t.best is None:
+      raise FloatingPointError(f"{t.name}: every validation to step {t.steps_done} was not finite")
 
 
 def _evaluate_and_keep(t: Trainee, val_sets, buckets, elapsed: float, loss: float) -> None:
@@ -298,13 +301,16 @@ def _evaluate_and_keep(t: Trainee, val_sets, buckets, elapsed: float, loss: floa
     train_loss=loss,
     lr=float(t.opt_state[1].hyperparams["learning_rate"]),
   )
+  finite = bool(np.isfinite(m["val_score"]))
+  if not finite:  # NaN compares False with every score: kept, it would stay the best for good
+    m["not_finite"] = True  # in the log line and the report's history: never the best
   t.history.append(m)
   log(
     f"{t.name} " + json.dumps({k: round(v, 4) if isinstance(v, float) else v for k, v in m.items()})
   )
-  if t.best is None or m["val_score"] < t.best[0]:
+  if finite and (t.best is None or m["val_score"] < t.best[0]):
     t.best = (m["val_score"], t.params, t.opt_state, m)
-  elif not np.isfinite(m["val_score"]) or m["val_score"] > t.best[0] + 0.5:
+  elif t.best is not None and (not finite or m["val_score"] > t.best[0] + 0.5):
     t.params, t.opt_state, t.lr_scale = t.best[1], t.best[2], t.lr_scale * 0.5
     log(f"{t.name}: validation blew up; back to step {t.best[3]['step']}, lr x{t.lr_scale}")
 
@@ -420,12 +426,8 @@ def run(
   else:
     small = checkpoints.load_params(source_path(sources, source), dtype=np.float32)
     start = grow.grow_params(small, configs[source], configs["target"], recipe.seed)
-  target = Trainee(
-    "target",
-    configs["target"],
-    jax.tree_util.tree_map(jnp.asarray, start),
-    recipe.target_lr,
-  )
+  start = jax.tree_util.tree_map(jnp.asarray, start)
+  target = Trainee("target", configs["target"], start, recipe.target_lr)
   target_model = t5_lib.T5(configs["target"])
   decoders = {task: distill_data.greedy_fn(target_model, recipe.lengths(task)[1]) for task in data}
   drafts = _make_drafts(configs, recipe, sources, continue_from)
@@ -570,15 +572,12 @@ def _test(data, decoders, target_params, drafts, recipe: Recipe, out_dir: str) -
         m[f"{draft.name}_block_efficiency_gamma{gamma}"] = positions / calls
     out[task] = m
     log(f"test {task}: {json.dumps(m)}")
+    rows = [
+      {"source": src, "reference": ref, "prediction": text, "tokens": [int(t) for t in toks]}
+      for (src, ref), text, toks in zip(d.test_pairs, texts, tokens)
+    ]
     with open(os.path.join(out_dir, f"test_{task}.jsonl"), "w") as f:
-      for (src, ref), text, toks in zip(d.test_pairs, texts, tokens):
-        f.write(
-          json.dumps(
-            {"source": src, "reference": ref, "prediction": text, "tokens": [int(t) for t in toks]},
-            ensure_ascii=False,
-          )
-          + "\n"
-        )
+      f.writelines(json.dumps(row, ensure_ascii=False) + "\n" for row in rows)
   return out
 
 

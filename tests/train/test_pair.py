@@ -5,7 +5,9 @@ from what it returned, carried over in upload parts."""
 import dataclasses
 import json
 import subprocess
+import types
 
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -32,6 +34,48 @@ def test_learning_rate_warms_up_holds_and_cools_down_with_the_clock():
   assert lr(500, 0.85) == pytest.approx(5e-3)  # halfway down the cooldown
   assert lr(500, 1.0) == 0.0 and lr(500, 1.2) == 0.0
   assert lr(500, 0.5, scale=0.5) == pytest.approx(5e-3)  # after a blow-up
+
+
+def _scored_trainee(monkeypatch, scores):
+  """A stand-in trainee whose validations score `scores` in turn (`pair.evaluate` replaced) and
+  whose train step leaves everything as it is."""
+  scores = iter(scores)
+  monkeypatch.setattr(pair, "evaluate", lambda t, val_sets, buckets: {"val_score": next(scores)})
+  hyperparams = types.SimpleNamespace(hyperparams={"learning_rate": jnp.asarray(1e-3)})
+  return types.SimpleNamespace(
+    name="target",
+    params=None,
+    opt_state=(None, hyperparams),
+    steps_done=0,
+    peak_lr=1e-2,
+    lr_scale=1.0,
+    best=None,
+    history=[],
+    train_step=lambda params, opt_state, *_: (params, opt_state, {"loss": jnp.asarray(1.0)}),
+  )
+
+
+def test_a_validation_that_is_not_finite_is_never_the_best(monkeypatch, capsys):
+  """A NaN first validation is not kept (NaN compares False with every later score, so it stayed
+  the best for good) and says so in the log and the history; a later NaN goes back to the best."""
+  t = _scored_trainee(monkeypatch, [float("nan"), 3.0, float("nan"), 2.5])
+  for step in (10, 20, 30, 40):
+    t.steps_done, t.params = step, f"params of step {step}"
+    pair._evaluate_and_keep(t, {}, (), float(step), 1.0)
+    if step == 10:
+      assert t.best is None and t.history[-1]["not_finite"] is True
+      assert '"not_finite": true' in capsys.readouterr().out
+    elif step == 20:
+      assert t.best[0] == 3.0 and t.best[1] == "params of step 20"
+  assert t.history[2]["not_finite"] and t.lr_scale == 0.5  # step 30: back to step 20's params
+  assert t.best[0] == 2.5 and t.best[1] == "params of step 40"
+  assert [m.get("not_finite", False) for m in t.history] == [True, False, True, False]
+  # No finite validation at all: nothing to export, said in one line instead of a TypeError later.
+  t = _scored_trainee(monkeypatch, [float("nan")] * 3)
+  examples = [(np.ones(4, np.int32), np.ones(4, np.int32))] * 32
+  buckets = train_data.make_buckets(((32, 32),), 1024)
+  with pytest.raises(FloatingPointError, match="target: every validation to step 1 was not finite"):
+    pair.train_for([t], examples, {}, 1e-9, pair.TOY, buckets)
 
 
 def test_distillation_set_drops_loops_caps_empties_and_heldout_sentences():
