@@ -182,18 +182,22 @@ OPTIMIZERS = ("adamw", "adafactor")
 
 
 def make_schedule(kind: str, learning_rate: float, warmup_steps: int, num_steps: int):
-  """'cosine': warmup then cosine to 0.1x over num_steps. 'rsqrt': linear warmup to the peak, then
-  peak * sqrt(warmup / step) (Vaswani et al.), independent of the run length, so a run can be
-  extended and stopped at its best validation checkpoint. 'constant': linear warmup, then the peak
-  (T5X's Adafactor schedule holds 1e-2 for its first 10k steps)."""
+  """'cosine': linear warmup (over at most half the run), then cosine to 0.1x at the last of
+  num_steps. 'rsqrt': linear warmup to the peak, then peak * sqrt(warmup / step) (Vaswani et al.),
+  independent of the run length, so a run can be extended and stopped at its best validation
+  checkpoint. 'constant': linear warmup, then the peak (T5X's Adafactor schedule holds 1e-2 for its
+  first 10k steps). Each warmup gives step 0 (the optimizer's first update) peak / warmup steps and
+  the peak at the warmup's last step: a rate of 0 would spend a step's compute, and move the
+  optimizer's statistics, for an update of 0."""
   if kind == "cosine":
-    return optax.warmup_cosine_decay_schedule(
+    cosine = optax.warmup_cosine_decay_schedule(
       init_value=0.0,
       peak_value=learning_rate,
       warmup_steps=min(warmup_steps, num_steps // 2),
       decay_steps=max(num_steps, 2),
       end_value=learning_rate * 0.1,
     )
+    return lambda step: cosine(step + 1)  # optax's is 0 at step 0
   if kind == "rsqrt":
     warmup = max(warmup_steps, 1)
 

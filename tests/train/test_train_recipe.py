@@ -48,6 +48,20 @@ def test_rsqrt_schedule_warms_up_then_decays_and_unknown_kind_is_refused():
     train_steps.make_schedule("linear", 1e-3, 10, 10)
 
 
+def test_cosine_schedule_starts_warm_and_ends_at_a_tenth():
+  """Step 0, the first update, has peak / warmup (as 'rsqrt' and 'constant'), not optax's 0, which
+  spent a step on an update of 0; the last step of the run has 0.1x the peak."""
+  s = train_steps.make_schedule("cosine", 1e-3, warmup_steps=10, num_steps=100)
+  values = [float(s(i)) for i in (0, 4, 9, 99)]
+  np.testing.assert_allclose(values, [1e-4, 5e-4, 1e-3, 1e-4], rtol=1e-5)
+  assert 1e-4 < float(s(50)) < 1e-3
+  params, grads = {"w": jnp.ones(3)}, {"w": jnp.full(3, 0.5)}
+  for kind in train_steps.OPTIMIZERS:
+    opt = train_steps.make_optimizer(1e-3, 10, 100, 0.0, 1.0, "cosine", kind)
+    updates, _ = opt.update(grads, opt.init(params), params)
+    assert float(jnp.abs(updates["w"]).min()) > 0, kind  # the first step moves the weights
+
+
 def test_overlap_finds_exact_and_near_duplicates_on_either_side():
   heldout = [
     ("Click the OK button to close the dialog.", "Klicken Sie auf OK."),
