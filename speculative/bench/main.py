@@ -29,6 +29,7 @@ from speculative.bench import sweep
 from speculative.drafters import registry as drafter_registry
 from speculative.infer import inputs as infer_inputs
 from speculative.jobs import checks
+from speculative.jobs import interrupts
 from speculative.jobs import runtime
 from speculative.models import t5 as t5_lib
 from speculative.t5x_adapter import stock as t5x_stock
@@ -321,7 +322,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     runtime.apply_cpu_defaults()  # before jax starts a backend; the user's XLA_FLAGS win
     logging.basicConfig(level=logging.WARNING)
     prefix = f"{parser.prog}: error: "
-    gin_utils.call_with_user_errors(lambda: report_lib.render(args.render), prefix, args.debug)
+    # The job's own handling of SIGINT/SIGTERM (not `before_job`'s exit at once): a write the
+    # signal cuts removes its temporary, then one line.
+    with interrupts.installed():
+      gin_utils.call_with_user_errors(lambda: report_lib.render(args.render), prefix, args.debug)
     return
   if not args.gin_file and not args.help:
     parser.error(

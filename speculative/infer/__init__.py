@@ -12,7 +12,30 @@ The job's parts, one module each:
   compare   two greedy jobs of one target row by row, every divergence audited
 """
 
-from speculative.infer.run import infer
-from speculative.infer.run import main
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING
+from typing import Any
+from typing import Sequence
+
+from speculative.jobs import interrupts
+
+if TYPE_CHECKING:  # at run time, `__getattr__` below
+  from speculative.infer.run import infer
 
 __all__ = ['infer', 'main']
+
+
+def main(argv: Sequence[str] | None = None) -> Any:
+  """`speculative-infer` and `python -m speculative.infer`: speculative.infer.run.main, inside
+  `interrupts.before_job` (a Ctrl-C while jax imports: one line, exit status 130)."""
+  return interrupts.run_main('speculative-infer', 'speculative.infer.run', argv)
+
+
+def __getattr__(name: str) -> Any:
+  # `infer` lives in speculative.infer.run, which imports jax: loaded when first asked for, so that
+  # the entry's import of `main` takes milliseconds, before `interrupts.before_job`.
+  if name == 'infer':
+    return getattr(importlib.import_module('speculative.infer.run'), name)
+  raise AttributeError(f'module {__name__!r} has no attribute {name!r}')

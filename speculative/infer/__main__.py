@@ -1,6 +1,6 @@
 """`python -m speculative.infer`: the batch inference job (speculative.infer.run)."""
 
-from speculative.infer import run
+from speculative.infer import main
 
 if __name__ == '__main__':
-  run.main()
+  main()

@@ -41,7 +41,7 @@ CONFIGURABLES: list[tuple[str, str, str]] = [
 ]
 
 # Set (to anything non-empty) for the traceback of a user error, as --debug does.
-DEBUG_ENV = 'SPECULATIVE_DEBUG'
+DEBUG_ENV = interrupts.DEBUG_ENV
 
 _registered: set[tuple[str, str]] = set()
 REPO_ROOT = checks.REPO_ROOT

@@ -1,6 +1,10 @@
 """SIGINT (Ctrl-C) and SIGTERM as a job's clean end: one line and exit status 128 + the signal (130,
 143), never a traceback; no gin, no jax.
 
+  run_main      the console scripts' and `python -m`'s entry: a runner's module imported and its
+                `main` called inside `before_job`
+  before_job    until `installed` takes over: a signal prints '<prog>: interrupted' and exits at
+                once (the imports of jax, the command line, the run files' parse write nothing)
   Interrupted   the exception both signals raise (a KeyboardInterrupt, so `except Exception` never
                 swallows it); a job sets its `message` to how far it got ("interrupted after 3 of
                 8 examples; the same command resumes")
@@ -13,11 +17,19 @@
 from __future__ import annotations
 
 import contextlib
+import importlib
+import os
 import signal
+import sys
 import threading
+from typing import Any
 from typing import Iterator
+from typing import Sequence
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+# Set (to anything non-empty) for the traceback of a user error or an interrupt, as --debug does.
+DEBUG_ENV = 'SPECULATIVE_DEBUG'
 
 
 class Interrupted(KeyboardInterrupt):
@@ -79,3 +91,48 @@ def exit_line(error: KeyboardInterrupt) -> tuple[str, int]:
   one, else 'interrupted'; 128 + the signal (a plain KeyboardInterrupt: SIGINT, 130)."""
   signum = getattr(error, 'signum', signal.SIGINT)
   return getattr(error, 'message', None) or 'interrupted', 128 + int(signum)
+
+
+def run_main(prog: str, module: str, argv: Sequence[str] | None = None) -> Any:
+  """`module.main(argv)` (a runner: 'speculative.infer.run', ...), imported and called inside
+  `before_job(prog)`: the entry of the console script `prog` and of `python -m`, so that an
+  interrupt while jax imports is one line too."""
+  with before_job(prog, argv):
+    return importlib.import_module(module).main(argv)
+
+
+@contextlib.contextmanager
+def before_job(prog: str, argv: Sequence[str] | None = None) -> Iterator[None]:
+  """Inside, until `installed` takes over (the job's own handling), SIGINT and SIGTERM print
+  '<prog>: interrupted' (`exit_line`) and exit with 130 / 143 at once, from the handler: before a
+  job starts (its imports, command line and run files' parse) nothing is written, so nothing is
+  left half-done, and a KeyboardInterrupt raised there can be lost (one raised inside jax's gc
+  callback is printed as 'Exception ignored', with a traceback, and the job runs on). `--debug` in
+  `argv` (None: sys.argv[1:]) or DEBUG_ENV set keeps Python's traceback, as the runners do. A signal
+  the process ignores stays ignored; the previous handlers are restored after."""
+  argv = sys.argv[1:] if argv is None else argv
+  if threading.current_thread() is not threading.main_thread() or (
+    os.environ.get(DEBUG_ENV) or '--debug' in argv
+  ):
+    yield
+    return
+
+  def leave(signum: int, frame) -> None:
+    del frame
+    line, status = exit_line(Interrupted(signum))
+    with contextlib.suppress(Exception):  # what was printed before (--help) is not lost
+      sys.stdout.flush()
+    # os.write, not print: the handler may run inside a write to sys.stderr (a reentrant call).
+    os.write(2, f'{prog}: {line}\n'.encode())
+    os._exit(status)  # as the runners exit (gin_utils.call_with_user_errors)
+
+  previous = {
+    signum: signal.signal(signum, leave)
+    for signum in SIGNALS
+    if signal.getsignal(signum) is not signal.SIG_IGN
+  }
+  try:
+    yield
+  finally:
+    for signum, handler in previous.items():
+      signal.signal(signum, handler)

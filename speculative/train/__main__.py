@@ -1,6 +1,6 @@
 """`python -m speculative.train`: training (speculative.train.run)."""
 
-from speculative.train import run
+from speculative.train import main
 
 if __name__ == '__main__':
-  run.main()
+  main()
