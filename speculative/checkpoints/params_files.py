@@ -103,7 +103,8 @@ def _flat_shapes(tree_or_shapes: Any) -> dict[str, tuple[int, ...]]:
 
 
 def validate_params(params: Params, expected_shapes: Any, *, name: str = 'params') -> None:
-  """Raises `CheckpointError` naming every missing, unexpected or mis-shaped array.
+  """Raises `CheckpointError` if an array is missing, unexpected or mis-shaped: one line naming the
+  first (`shape_difference`) and how many differ.
 
   Args:
     params: a nested dict of arrays.
@@ -111,25 +112,34 @@ def validate_params(params: Params, expected_shapes: Any, *, name: str = 'params
       `T5.param_shapes()`) or a nested tree of arrays / `jax.ShapeDtypeStruct`s.
     name: what `params` is, for the message (e.g. the checkpoint path).
   """
-  got = _flat_shapes(params)
-  want = _flat_shapes(expected_shapes)
+  difference = shape_difference(params, expected_shapes)
+  if difference is not None:
+    raise weights_format.CheckpointError(f'{name} do not match the model: {difference}')
+
+
+def shape_difference(got: Any, want: Any) -> str | None:
+  """How the arrays `got` differ from the model's `want` (each as `validate_params` takes them), in
+  one line: the first array of another shape, else the first missing one, else the first one the
+  model does not have (by name), and how many differ; None where they match."""
+  got, want = _flat_shapes(got), _flat_shapes(want)
+  mismatched = sorted(k for k in set(want) & set(got) if want[k] != got[k])
   missing = sorted(set(want) - set(got))
   unexpected = sorted(set(got) - set(want))
-  mismatched = sorted(k for k in set(want) & set(got) if want[k] != got[k])
-  if not (missing or unexpected or mismatched):
-    return
-  lines = [f'{name} do not match the model:']
-
-  def listing(title, keys, fmt):
-    if keys:
-      shown = ', '.join(fmt(k) for k in keys[:10])
-      more = f' ... and {len(keys) - 10} more' if len(keys) > 10 else ''
-      lines.append(f'  {len(keys)} {title}: {shown}{more}')
-
-  listing('missing', missing, lambda k: f'{k} {want[k]}')
-  listing('unexpected', unexpected, lambda k: f'{k} {got[k]}')
-  listing('shape mismatch', mismatched, lambda k: f'{k} has {got[k]}, model expects {want[k]}')
-  raise weights_format.CheckpointError('\n'.join(lines))
+  if mismatched:
+    key = mismatched[0]
+    first = f'{key} has shape {got[key]}, the model expects {want[key]}'
+  elif missing:
+    first = f'{missing[0]} {want[missing[0]]} is missing'
+  elif unexpected:
+    first = f'{unexpected[0]} {got[unexpected[0]]} is not in the model'
+  else:
+    return None
+  counts = [(len(mismatched), 'of another shape'), (len(missing), 'missing')]
+  counts.append((len(unexpected), 'not in the model'))
+  total = sum(n for n, _ in counts)
+  if total > 1:
+    first += f' ({total} arrays differ: {", ".join(f"{n} {what}" for n, what in counts if n)})'
+  return first
 
 
 def load_model(config: Any, checkpoint: PathLike) -> tuple[Any, Params]:

@@ -18,6 +18,7 @@ atomically (temp dir + rename) so that stock T5X restores it.
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 import re
@@ -149,16 +150,26 @@ def _checked_spec(leaf: Mapping[str, Any], checkpoint_dir: Path, name: str) -> t
   return spec, array_dir
 
 
-def check_structure(checkpoint_dir: PathLike) -> None:
+def check_structure(checkpoint_dir: PathLike) -> dict[str, tuple[int, ...]]:
   """The structure of a checkpoint directory, checked without reading an array: its msgpack
   parses as a T5X checkpoint of a supported version, and every tensorstore array of its target has
-  its zarr directory. CheckpointError naming the file or array otherwise."""
+  its zarr directory. CheckpointError naming the file or array otherwise. Returns the target's
+  flat {name: shape} (a zarr array's from its .zarray header)."""
   checkpoint_dir = Path(os.path.abspath(checkpoint_dir))
   target = _read_msgpack(checkpoint_dir)['optimizer']['target']
   flat = flax.traverse_util.flatten_dict(target, is_leaf=lambda _, v: _is_ts_spec(v), sep='/')
+  shapes = {}
   for key, leaf in flat.items():
-    if _is_ts_spec(leaf):
-      _checked_spec(leaf, checkpoint_dir, f'target/{key}')
+    if not _is_ts_spec(leaf):
+      shapes[key] = tuple(np.shape(leaf))
+      continue
+    _, array_dir = _checked_spec(leaf, checkpoint_dir, f'target/{key}')
+    header = array_dir / '.zarray'
+    try:
+      shapes[key] = tuple(int(d) for d in json.loads(header.read_text(encoding='utf-8'))['shape'])
+    except (ValueError, UnicodeDecodeError, KeyError, TypeError) as e:
+      raise weights_format.CheckpointError(f'{header} is not a zarr array header: {e}') from None
+  return shapes
 
 
 def _read_tree(tree: Any, checkpoint_dir: Path, prefix: str, dtype: np.dtype | None) -> Any:

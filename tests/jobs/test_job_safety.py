@@ -19,6 +19,7 @@ import jax
 from model_utils import random_params
 from model_utils import save_tiny_pair
 from model_utils import tiny_t5_config
+import numpy as np
 import pytest
 
 from speculative import checkpoints
@@ -128,16 +129,30 @@ def _t5x_without_array(root, tmp):  # a T5X checkpoint directory whose first zar
   return tmp / "model"
 
 
-def _unrecorded_vocabulary(root, tmp):
-  """Target and draft configs of vocab_size 4000 on weights without a config sidecar (so only the
-  vocabulary check can refuse them)."""
+def _pair_of_vocab_size(tmp, vocab_size):
+  """The tiny pair's configs and weights for `vocab_size` rows of the vocabulary (the shipped
+  pair's rows repeated or cut), the weights without a config sidecar: the settings' shape check
+  passes them, only the vocabulary check can refuse them."""
   paths = save_tiny_pair(tmp, SOURCES, record_config=False)
-  return {
-    "target_config": dataclasses.replace(tiny_t5_config(2), vocab_size=4000),
-    "draft_config": dataclasses.replace(tiny_t5_config(1), vocab_size=4000),
-    "target_checkpoint": paths["target_checkpoint"],
-    "draft_checkpoint": paths["draft_checkpoint"],
-  }
+  pair = {}
+  for role, layers in (("target", 2), ("draft", 1)):
+    path = paths[f"{role}_checkpoint"]
+    params = checkpoints.load_params(path)
+    embedding = params["token_embedder"]["embedding"]  # [vocab, d]
+    params["token_embedder"]["embedding"] = np.resize(embedding, (vocab_size, embedding.shape[1]))
+    logits = params["decoder"]["logits_dense"]["kernel"]  # [d, vocab]
+    params["decoder"]["logits_dense"]["kernel"] = np.resize(logits.T, (vocab_size, len(logits))).T
+    checkpoints.save_params(params, path, dtype=None)
+    os.remove(checkpoints.metadata_path(path))
+    pair[f"{role}_config"] = dataclasses.replace(tiny_t5_config(layers), vocab_size=vocab_size)
+    pair[f"{role}_checkpoint"] = path
+  return pair
+
+
+def _unrecorded_vocabulary(root, tmp):
+  """Target and draft configs of vocab_size 4000 on weights of that size without a config sidecar
+  (so only the vocabulary check can refuse them)."""
+  return _pair_of_vocab_size(tmp, 4000)
 
 
 BAD_INPUTS = [
@@ -376,17 +391,7 @@ def test_a_target_much_larger_than_the_vocabulary_warns(setup, tmp_path, caplog)
   from speculative.infer import settings as infer_settings
 
   root, kwargs = setup
-  t5_sized = {
-    "target_config": dataclasses.replace(tiny_t5_config(2), vocab_size=32128),
-    "draft_config": dataclasses.replace(tiny_t5_config(1), vocab_size=32128),
-    "output_dir": str(tmp_path / "out"),
-    # Weights without a config sidecar: with one, check_weights refuses the vocab_size first.
-    **{
-      k: v
-      for k, v in save_tiny_pair(tmp_path, SOURCES, record_config=False).items()
-      if k.endswith("_checkpoint")
-    },
-  }
+  t5_sized = {"output_dir": str(tmp_path / "out"), **_pair_of_vocab_size(tmp_path, 32128)}
   settings = infer_settings.InferSettings(**{**kwargs, **t5_sized})
   with caplog.at_level(logging.WARNING):
     infer_inputs.load_inputs(settings)
@@ -396,6 +401,25 @@ def test_a_target_much_larger_than_the_vocabulary_warns(setup, tmp_path, caplog)
   # T5's 32,128 rows for its 32,100 pieces, and 8,192 rows for 8,000, pass without a word.
   assert infer_inputs.check_vocabulary_size(32128, 32100, "t5") is None
   assert infer_inputs.check_vocabulary_size(8192, 8000, "8k") is None
+
+
+def test_weights_of_another_model_without_a_sidecar_are_refused_before_a_model_loads(
+  setup, tmp_path, no_model_load
+):
+  """The draft's weights given as the target's, no sidecar to say whose they are: one line naming
+  the setting, the file and the first array the target's config does not match, before a model
+  loads or the output directory is made."""
+  root, kwargs = setup
+  pair = save_tiny_pair(tmp_path, SOURCES, record_config=False)
+  out = tmp_path / "out"
+  with pytest.raises(checkpoints.CheckpointError) as info:
+    infer.infer(**{**kwargs, "target_checkpoint": pair["draft_checkpoint"], "output_dir": str(out)})
+  assert str(info.value) == (
+    f"target_checkpoint: {pair['draft_checkpoint']} does not match the model config: "
+    "decoder/layers_1/encoder_decoder_attention/key/kernel (16, 16) is missing "
+    "(14 arrays differ: 14 missing)"
+  )
+  assert not out.exists()
 
 
 def test_docs_table_matches_the_tests():
