@@ -127,14 +127,23 @@ def _read_msgpack(checkpoint_dir: Path) -> dict:
 
 
 def _absolute_spec(spec: Mapping[str, Any], checkpoint_dir: Path, name: str) -> tuple[dict, Path]:
-  """A tensorstore spec with the kvstore path made absolute (file driver), and that path."""
+  """A tensorstore spec with the kvstore path made absolute (file driver), and that path, which
+  must lie inside the (absolute) `checkpoint_dir`: T5X writes every array there, relative to it,
+  and the checkpoint's fingerprint (`weights_format.sha256_of`, which follows links inside the
+  directory) covers only what is there, so a path leading outside ('..', or absolute) is refused."""
   spec = dict(spec)
   kvstore = dict(spec['kvstore']) if isinstance(spec['kvstore'], Mapping) else {}
   # T5X writes GCS specs with the path at the top level; read them from the local directory.
   relative = kvstore.get('path', spec.pop('path', None))
   if relative is None:
     raise weights_format.CheckpointError(f'tensorstore spec for {name} has no path: {spec}')
-  array_dir = checkpoint_dir / str(relative)
+  array_dir = Path(os.path.normpath(checkpoint_dir / str(relative)))
+  if array_dir == checkpoint_dir or checkpoint_dir not in array_dir.parents:
+    raise weights_format.CheckpointError(
+      f'array {name} of {checkpoint_dir} has its path {str(relative)!r} outside the checkpoint '
+      'directory (T5X writes every array inside it, and its sha256 covers only that); move the '
+      "array's folder in, or link it in from inside"
+    )
   spec['kvstore'] = {'driver': 'file', 'path': str(array_dir)}
   return spec, array_dir
 

@@ -42,6 +42,15 @@ ZERO_RUN_BYTES = 4096
 def sha256_of(path: PathLike, *, exclude: tuple[str, ...] = (DIR_METADATA,)) -> str:
   """sha256 of a file's bytes, or of a directory's files (relative names and contents, sorted).
 
+  A directory's symlinks are followed, to files and to directories alike: what a link points to is
+  hashed under the link's name, as a load reads it through the link. So the fingerprint changes
+  whenever the bytes a load reads change, wherever a link puts them, and a T5X checkpoint whose
+  array folders link elsewhere has the fingerprint of the same checkpoint with the folders copied
+  in. (The arrays a T5X checkpoint's msgpack names are inside its directory: one whose path leads
+  outside it is refused, `t5x_format.check_structure`.) A link that loops back to a directory above
+  it is a CheckpointError, a dangling link a FileNotFoundError, an unreadable folder an OSError,
+  each naming the path: nothing is left out of the hash unsaid.
+
   `exclude`: file names (in any subdirectory) left out of a directory's hash.
   """
   path = Path(path)
@@ -50,8 +59,21 @@ def sha256_of(path: PathLike, *, exclude: tuple[str, ...] = (DIR_METADATA,)) -> 
     return _file_sha256(path)
   if not path.is_dir():
     raise FileNotFoundError(f'cannot hash {path}: it does not exist')
-  for root, dirs, files in os.walk(path):
+  above = {str(path): frozenset()}  # the real paths of each folder's ancestors (for link loops)
+
+  def unreadable(error: OSError) -> None:
+    raise error
+
+  for root, dirs, files in os.walk(path, onerror=unreadable, followlinks=True):
     dirs.sort()
+    seen = above.pop(root) | {os.path.realpath(root)}
+    for name in dirs:
+      child = os.path.join(root, name)
+      if os.path.realpath(child) in seen:
+        raise CheckpointError(
+          f'cannot hash {path}: the link {child} loops back to {os.path.realpath(child)}'
+        )
+      above[child] = seen
     for name in sorted(files):
       if name in exclude:
         continue

@@ -503,3 +503,59 @@ def test_validate_params_is_one_line_naming_the_first_difference():
   assert str(info.value) == (
     'ckpt X do not match the model: encoder/encoder_norm/scale (4,) is not in the model'
   )
+
+
+# ------------------------------------------------------------------------------------------------
+# The fingerprint (sha256) of a T5X checkpoint covers every byte a load reads.
+# ------------------------------------------------------------------------------------------------
+def _replace_chunks(array_dir, data):
+  """New bytes for an array's chunk files, each written to a new file renamed over it."""
+  for chunk in Path(array_dir).iterdir():
+    if not chunk.name.startswith('.'):
+      fresh = chunk.with_name(chunk.name + '.new')
+      fresh.write_bytes(data)
+      os.replace(fresh, chunk)
+
+
+def test_a_symlinked_array_folder_is_hashed_by_content(tmp_path):
+  ckpt = checkpoints.save_t5x_checkpoint(_small_params(), tmp_path / 'model', 1)  # no metadata
+  copied_in = checkpoints.check_weights('target_checkpoint', ckpt)
+  array = ckpt / 'target.token_embedder.embedding'
+  shutil.move(array, tmp_path / 'shared')
+  os.symlink(tmp_path / 'shared', array)
+  # Linked or copied in: the same bytes under the same names, the same fingerprint.
+  assert checkpoints.check_weights('target_checkpoint', ckpt) == copied_in
+  _replace_chunks(tmp_path / 'shared', b'other bytes')
+  assert checkpoints.check_weights('target_checkpoint', ckpt) != copied_in
+
+
+def test_a_link_looping_back_is_refused_naming_it(tmp_path):
+  (tmp_path / 'w' / 'a').mkdir(parents=True)
+  (tmp_path / 'w' / 'a' / 'f').write_bytes(b'x')
+  os.symlink('..', tmp_path / 'w' / 'a' / 'up')
+  with pytest.raises(CheckpointError) as info:
+    checkpoints.sha256_of(tmp_path / 'w')
+  assert str(info.value) == (
+    f'cannot hash {tmp_path}/w: the link {tmp_path}/w/a/up loops back to {tmp_path}/w'
+  )
+
+
+@pytest.mark.parametrize('where', ['relative', 'absolute'])
+def test_an_array_path_outside_the_checkpoint_is_refused_in_one_line(tmp_path, where):
+  ckpt = checkpoints.save_t5x_checkpoint(_small_params(), tmp_path / 'model', 1)
+  shutil.move(ckpt / 'target.token_embedder.embedding', tmp_path / 'outside')
+  contents = serialization.msgpack_restore((ckpt / 'checkpoint').read_bytes())
+  path = '../../outside' if where == 'relative' else str(tmp_path / 'outside')
+  contents['optimizer']['target']['token_embedder']['embedding']['kvstore']['path'] = path
+  (ckpt / 'checkpoint').write_bytes(serialization.msgpack_serialize(contents))
+  refusal = (
+    f'array target/token_embedder/embedding of {ckpt} has its path {path!r} outside the '
+    'checkpoint directory (T5X writes every array inside it, and its sha256 covers only that); '
+    "move the array's folder in, or link it in from inside"
+  )
+  with pytest.raises(CheckpointError) as info:
+    checkpoints.check_weights('target_checkpoint', ckpt)
+  assert str(info.value) == f'target_checkpoint: {refusal}'
+  with pytest.raises(CheckpointError) as info:
+    checkpoints.load_t5x_checkpoint(ckpt)
+  assert str(info.value) == refusal
