@@ -41,7 +41,9 @@ class Interrupted(KeyboardInterrupt):
     self.message = message
 
 
-_state = {'depth': 0, 'pending': None}
+# depth: `deferred` blocks open; pending: a signal one of them holds; raised: a signal `_raise`
+# raised outside them, kept until `installed` ends in case a handler swallowed it.
+_state = {'depth': 0, 'pending': None, 'raised': None}
 
 
 def _raise(signum: int, frame) -> None:
@@ -49,13 +51,18 @@ def _raise(signum: int, frame) -> None:
   if _state['depth']:  # inside `deferred`: raised when it ends
     _state['pending'] = _state['pending'] or signum
     return
+  # Raised where the signal found the main thread, which may be inside a callback whose errors are
+  # printed and dropped (jax's gc callback: 'Exception ignored in ...', and the job ran on to its
+  # end): the next `deferred` block raises it again, so the job ends at its next write.
+  _state['raised'] = signum
   raise Interrupted(signum)
 
 
 @contextlib.contextmanager
 def installed() -> Iterator[None]:
   """Inside, SIGINT and SIGTERM raise `Interrupted` (in the main thread, where Python runs
-  handlers; elsewhere nothing changes); the previous handlers are restored after. A signal the
+  handlers; elsewhere nothing changes), and one that a callback drops is raised again at the next
+  `deferred` block, not printed; the previous handlers are restored after. A signal the
   process was started ignoring (SIGINT under `nohup` or `&` in a script) stays ignored."""
   if threading.current_thread() is not threading.main_thread():
     yield
@@ -65,24 +72,37 @@ def installed() -> Iterator[None]:
     for signum in SIGNALS
     if signal.getsignal(signum) is not signal.SIG_IGN
   }
+  _state['raised'] = None
+  hook = sys.unraisablehook
+
+  def quiet(
+    unraisable,
+  ) -> None:  # an Interrupted a callback dropped: `_raise` kept it, no traceback
+    if not isinstance(unraisable.exc_value, Interrupted):
+      hook(unraisable)
+
+  sys.unraisablehook = quiet
   try:
     yield
   finally:
+    sys.unraisablehook = hook
+    _state['raised'] = None
     for signum, handler in previous.items():
       signal.signal(signum, handler)
 
 
 @contextlib.contextmanager
 def deferred() -> Iterator[None]:
-  """A signal that arrives inside the block is raised when the block ends, not inside it."""
+  """A signal that arrives inside the block is raised when the block ends, not inside it; so is
+  one raised before the block that a callback swallowed (`_raise`)."""
   _state['depth'] += 1
   try:
     yield
   finally:
     _state['depth'] -= 1
-    pending = _state['pending']
+    pending = _state['pending'] or _state['raised']
     if not _state['depth'] and pending is not None:
-      _state['pending'] = None
+      _state['pending'] = _state['raised'] = None
       raise Interrupted(pending)
 
 

@@ -62,6 +62,41 @@ def test_a_signal_during_a_deferred_block_is_raised_when_it_ends():
   assert info.value.signum == signal.SIGTERM
 
 
+class _RaisesWhenDropped:
+  def __init__(self, error: BaseException):
+    self.error = error
+
+  def __del__(self):  # Python prints what __del__ raises through sys.unraisablehook, and drops it
+    raise self.error
+
+
+def test_a_signal_a_callback_swallowed_is_raised_at_the_next_deferred_block(monkeypatch):
+  # jax's gc callback prints and drops what it raises ('Exception ignored in ...', a traceback): a
+  # Ctrl-C that landed there left the job running to its end. Now it is not printed, and the next
+  # write (a deferred block) raises it.
+  steps, printed = [], []
+  monkeypatch.setattr(sys, 'unraisablehook', lambda u: printed.append(type(u.exc_value).__name__))
+  with interrupts.installed():
+    try:
+      os.kill(os.getpid(), signal.SIGINT)
+      for _ in range(1000):
+        pass
+    except KeyboardInterrupt:
+      steps.append('swallowed')
+    _RaisesWhenDropped(interrupts.Interrupted(signal.SIGINT))  # dropped at once: not printed
+    _RaisesWhenDropped(ValueError('another error'))  # printed, by the hook before
+    assert printed == ['ValueError']
+    with pytest.raises(interrupts.Interrupted) as info:
+      with interrupts.deferred():
+        steps.append('the write')  # not cut: raised as the block ends
+    assert info.value.signum == signal.SIGINT
+    with interrupts.deferred():  # raised once
+      steps.append('the next write')
+  assert steps == ['swallowed', 'the write', 'the next write']
+  _RaisesWhenDropped(interrupts.Interrupted(signal.SIGINT))
+  assert printed == ['ValueError', 'Interrupted']
+
+
 def test_the_exit_line_is_the_jobs_message():
   stopped = interrupts.Interrupted(signal.SIGTERM, 'interrupted after 3 of 8 examples; ...')
   assert interrupts.exit_line(stopped) == ('interrupted after 3 of 8 examples; ...', 143)
