@@ -27,6 +27,7 @@ import numpy as np
 
 from speculative import analysis
 from speculative import checkpoints
+from speculative import kernels as kernels_lib
 from speculative.bench import costs as costs_lib
 from speculative.bench import markdown
 from speculative.bench import methods as methods_lib
@@ -112,7 +113,8 @@ class PaperShapeSettings(sweep.TimingSettings):
     )
 
   def memory_need(self) -> memory.Need:
-    """The larger of the two parts' needs (they run one after the other)."""
+    """The larger of the two parts' needs (they run one after the other); each part's pair is
+    also held packed where batch 1 decodes on the CPU kernels (`methods.bench_models`)."""
     shape = dict(
       storage_dtype=self.storage_dtype,
       batch=1,
@@ -120,17 +122,17 @@ class PaperShapeSettings(sweep.TimingSettings):
       max_length=self.max_new_tokens + MAX_VERIFY + 2,
       caches=CACHES_HELD,
     )
-    costs = memory.estimate(
-      [self.target_config, self.draft_config], extra_bytes=self.read_rate_bytes, **shape
-    )
+    kernels = kernels_lib.policy.choose(self.kernels, 1).kernels
+    packed = lambda pair: [(c, self.storage_dtype) for c in pair] if kernels else ()  # noqa: E731
+    pair = [self.target_config, self.draft_config]
+    costs = memory.estimate(pair, extra_bytes=self.read_rate_bytes, packed=packed(pair), **shape)
     if not self.real_walltime:
       return costs
     itemsize = jnp.dtype(self.storage_dtype).itemsize
     growth = 2 * itemsize * memory.largest_leaf(self.target_config)  # a leaf being grown
     source = 4 * memory.num_params(self.source_config)  # float32, on the host (CPU: the same)
-    real = memory.estimate(
-      [self.target_config, self.shipped_draft_config], extra_bytes=growth + source, **shape
-    )
+    pair = [self.target_config, self.shipped_draft_config]
+    real = memory.estimate(pair, extra_bytes=growth + source, packed=packed(pair), **shape)
     return max(costs, real, key=lambda need: need.total)
 
 

@@ -262,10 +262,13 @@ def load_models(settings: infer_settings.InferSettings) -> Models:
 def _grown_need(settings: infer_settings.InferSettings) -> memory.Need:
   """What a job with a grown target holds at once: the grown target in its dtype, one decode cache
   of it, its activations, and, while it grows, the checkpoint's model and the draft in float32
-  and a leaf being grown."""
+  and a leaf being grown; on the CPU kernels' path, the copies `load_models` packs of the grown
+  target and the draft model too."""
   s, large = settings, settings.grow_target_to
   itemsize = jnp.dtype(large.dtype).itemsize
   models = [s.target_config] + ([s.draft_config] if s.needs_draft_model else [])
+  # What `load_models` packs on the kernels' path: the grown target (its dtype), draft (float32).
+  packed = [(large, str(large.dtype))] + [(c, "float32") for c in models[1:]]
   return memory.estimate(
     [large],
     storage_dtype=str(large.dtype),
@@ -275,6 +278,7 @@ def _grown_need(settings: infer_settings.InferSettings) -> memory.Need:
     caches=1,
     extra_bytes=2 * itemsize * memory.largest_leaf(large)
     + 4 * sum(memory.num_params(c) for c in models),
+    packed=packed if s.decode_path().kernels else (),
   )
 
 

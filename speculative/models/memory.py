@@ -1,6 +1,7 @@
 """What a T5 shape needs in memory, and whether it fits jax's first device: its parameters, the
-bytes of its weights, decode caches and largest activations (`estimate`), refused in one line where
-they are above the device's memory (`check_fits`). The paper-shape benchmark
+bytes of its weights, of their copy packed for the CPU kernels where the decode path is the
+kernels' (`packed_bytes`), of decode caches and largest activations (`estimate`), refused in one
+line where they are above the device's memory (`check_fits`). The paper-shape benchmark
 (speculative/bench/paper_shape.py) and a job that grows its target (`infer.grow_target_to`) check
 their shapes with it before anything loads."""
 
@@ -15,6 +16,7 @@ import jax
 import jax.numpy as jnp
 
 from speculative.jobs import runtime
+from speculative.kernels.matmul import BLOCK
 from speculative.models import t5 as t5_lib
 
 MARGIN = 1.10  # XLA workspace, fragmentation, compiled programs: 10% over the estimate
@@ -28,23 +30,30 @@ class Need:
   weights: int
   caches: int
   activations: int
+  packed: int = 0  # the CPU kernels' packed copy of the decoders' weights (0 off their path)
 
   @property
   def total(self) -> int:
-    return int(MARGIN * (self.weights + self.caches + self.activations))
+    return int(MARGIN * (self.weights + self.packed + self.caches + self.activations))
 
   def line(self) -> str:
+    packed = f", packed for the CPU kernels {self.packed / GB:.1f} GB" if self.packed else ""
     return (
-      f"~{self.total / GB:.1f} GB (weights {self.weights / GB:.1f} GB, KV caches "
+      f"~{self.total / GB:.1f} GB (weights {self.weights / GB:.1f} GB{packed}, KV caches "
       f"{self.caches / GB:.2f} GB, activations {self.activations / GB:.2f} GB, "
       f"+{round(100 * (MARGIN - 1))}% margin)"
     )
 
 
 @functools.cache
+def _shapes(config: t5_lib.T5Config) -> dict[str, tuple[int, ...]]:
+  """Flat {path: shape} of a T5 config's parameters (no compute; traced once per config)."""
+  return t5_lib.T5(config).param_shapes()
+
+
 def _sizes(config: t5_lib.T5Config) -> tuple[int, ...]:
-  """Elements of each parameter of a T5 config (shapes only, no compute; traced once per config)."""
-  return tuple(math.prod(s) for s in t5_lib.T5(config).param_shapes().values())
+  """Elements of each parameter of a T5 config."""
+  return tuple(math.prod(s) for s in _shapes(config).values())
 
 
 def num_params(config: t5_lib.T5Config) -> int:
@@ -67,6 +76,47 @@ def describe(config: t5_lib.T5Config) -> str:
 def largest_leaf(config: t5_lib.T5Config) -> int:
   """Elements of the config's largest parameter."""
   return int(max(_sizes(config)))
+
+
+def packed_bytes(config: t5_lib.T5Config, storage_dtype: str) -> int:
+  """Bytes of `t5.pack_decode_params`' packed copy of a config's decoder (held beside the weights,
+  which `DecodeParams` keeps), for weights stored in `storage_dtype`: every decoder kernel as
+  [ceil(N / 16), K, 16] (self-attention's query, key and value as one [d, 3 H dh] kernel, the MLP's
+  input maps as one [d, n f]) and the RMS norm scales in float32. The packed dtype is the one
+  `packed_storage` picks: bfloat16 for bfloat16 weights, else float32 (an upper bound where float32
+  weights happen to be bfloat16 values), and bfloat16 for all but the logits head where the config
+  computes in bfloat16."""
+  stored = 2 if jnp.dtype(storage_dtype) == jnp.bfloat16 else 4
+  layers = 2 if jnp.dtype(config.dtype) == jnp.bfloat16 else stored  # all but logits_dense
+  kernels = {}  # {path: (K, N)} as packed; (1, d) for a norm's scale
+  for path, shape in _shapes(config).items():
+    parts = path.split("/")
+    if parts[0] != "decoder":
+      continue
+    if parts[-1] == "scale":  # the layers' norms and the final one: [d] float32
+      kernels[path] = (1, shape[0])
+    elif parts[-1] == "kernel" and parts[2:4] not in (
+      ["self_attention", "query"],
+      ["self_attention", "key"],
+      ["self_attention", "value"],
+    ):
+      fused = parts[2] == "mlp" and parts[3].startswith("wi")  # the MLP's input maps: one kernel
+      key = "/".join(parts[:3] + ["wi_fused"]) if fused else path
+      k, n = kernels.get(key, (shape[0], 0))
+      kernels[key] = (k, n + shape[1])
+  for i in range(config.num_decoder_layers):  # query, key and value side by side: [d, 3 H dh]
+    kernels[f"decoder/layers_{i}/self_attention/qkv"] = (
+      config.emb_dim,
+      3 * config.num_heads * config.head_dim,
+    )
+  total = 0
+  for path, (k, n) in kernels.items():
+    if path.endswith("scale"):
+      total += 4 * n
+    else:
+      itemsize = stored if path.startswith("decoder/logits_dense/") else layers
+      total += itemsize * k * -(-n // BLOCK) * BLOCK  # [K, N] -> [ceil(N / 16), K, 16]
+  return int(total)
 
 
 def cache_bytes(config: t5_lib.T5Config, batch: int, max_length: int, inputs_length: int) -> int:
@@ -104,12 +154,16 @@ def estimate(
   max_length: int,
   caches: int,
   extra_bytes: int = 0,
+  packed: Sequence[tuple[t5_lib.T5Config, str]] = (),
 ) -> Need:
-  """The bytes of `models` (the first: the target), `caches` target caches and activations."""
+  """The bytes of `models` (the first: the target), `caches` target caches and activations;
+  `packed`: (config, weights' dtype) of each model whose decoder is packed for the CPU kernels
+  (`packed_bytes`), empty where the decode path is XLA's (`kernels.policy`)."""
   itemsize = jnp.dtype(storage_dtype).itemsize
   target = models[0]
   return Need(
     weights=int(itemsize * sum(num_params(c) for c in models)),
+    packed=sum(packed_bytes(c, dtype) for c, dtype in packed),
     caches=caches * cache_bytes(target, batch, max_length, inputs_length),
     activations=activation_bytes(target, batch, inputs_length, max_length) + int(extra_bytes),
   )

@@ -7,14 +7,18 @@ real-walltime table.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
+import jax
+import model_utils
 import pytest
 
 from speculative.bench import costs
 from speculative.bench import paper_shape
 from speculative.models import memory
+from speculative.models import t5 as t5_lib
 
 SMALL = "configs/benchmark/paper_shape_small.gin"
 
@@ -114,3 +118,22 @@ def test_the_real_walltime_table_reads_a_refused_prediction_as_every_table_does(
   ]
   spec["predicted_speedup"] = 1.234
   assert cells()[1][3] == "1.23x"
+
+
+@model_utils.kernels_run_here_mark()
+def test_the_memory_need_counts_the_pair_packed_for_the_cpu_kernels():
+  """Where batch 1 decodes on the CPU kernels, the pair's decoders are held packed beside their
+  bfloat16 weights (`methods.bench_models`): the need is exactly those bytes more than on XLA's."""
+  target, draft = model_utils.tiny_t5_config(2), model_utils.tiny_t5_config(1)
+  fields = dict(target_config=target, draft_config=draft, max_new_tokens=12, cost_position=8)
+  on, off = (
+    paper_shape.PaperShapeSettings(kernels=k, **fields).memory_need() for k in ("on", "off")
+  )
+  packed = 0
+  for config in (target, draft):  # what pack_decode_params makes of the pair's bfloat16 weights
+    model = t5_lib.T5(config)
+    params = model.init_params(jax.random.PRNGKey(0), "bfloat16")
+    packed += sum(
+      x.nbytes for x in jax.tree_util.tree_leaves(t5_lib.pack_decode_params(model, params).packed)
+    )
+  assert off.packed == 0 and on == dataclasses.replace(off, packed=packed)

@@ -7,10 +7,12 @@ one line before any model loads."""
 import dataclasses
 import json
 
+import jax
 import model_utils
 import pytest
 
 from speculative import infer
+from speculative.infer import run as infer_run
 from speculative.infer import settings as infer_settings
 from speculative.models import memory
 
@@ -94,3 +96,28 @@ def test_a_grown_shape_that_does_not_fit_is_refused_before_any_model_loads(
   assert "the device has 0.0 GB (a 1 MB test device)" in str(info.value)
   assert len(str(info.value).splitlines()) == 1
   assert not (tmp_path / "out").exists()
+
+
+@model_utils.kernels_run_here_mark()
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_the_grown_need_counts_the_weights_packed_for_the_cpu_kernels(pair, tmp_path, dtype):
+  """On the CPU kernels' path `load_models` holds the grown target's and the draft's decoders
+  packed beside their weights: the memory check needs exactly those bytes more than on XLA's."""
+  root, kwargs = pair
+  large = dataclasses.replace(_grown(kwargs["target_config"]), dtype=dtype)
+  settings = {
+    k: infer_settings.InferSettings(
+      output_dir=str(tmp_path / k), grow_target_to=large, kernels=k, **kwargs
+    )
+    for k in ("on", "off")
+  }
+  models = infer_run.load_models(settings["on"])
+  packed = sum(  # what pack_decode_params made, as loaded
+    x.nbytes
+    for params in (models.target_params, models.draft_model_params)
+    for x in jax.tree_util.tree_leaves(params.packed)
+  )
+  on, off = (infer_run._grown_need(settings[k]) for k in ("on", "off"))
+  assert off.packed == 0 and on == dataclasses.replace(off, packed=packed)
+  assert on.total == int(memory.MARGIN * (off.weights + packed + off.caches + off.activations))
+  assert "packed for the CPU kernels" in on.line() and "packed" not in off.line()
