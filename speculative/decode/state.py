@@ -147,11 +147,19 @@ class DecodeState:
   metrics: Any
 
 
+def fed_positions(prompt_len: int, max_new_tokens: int, gamma: int = 0) -> int:
+  """The positions a decode feeds a model for a row whose tokens it keeps: the prompt and the new
+  tokens but the last, whose verify at prompt_len + max_new_tokens - 2 feeds gamma drafts after it
+  (0 for the baseline)."""
+  return prompt_len + max_new_tokens - 1 + gamma
+
+
 def buffer_length(prompt_len: int, max_new_tokens: int, gamma: int = 0) -> int:
-  """L_max, the positions of a decode's token buffer and caches (see `start`): the prompt,
-  max_new_tokens, one for the token a done row still writes, and gamma more for a speculative
-  decode (0 for the baseline). The benchmarks size their caches with it."""
-  return prompt_len + max_new_tokens + 1 + gamma
+  """L_max, the positions of a decode's token buffer and caches (see `start`): `fed_positions`
+  and interface.UNFED_POSITIONS more, which only a done row writes (its last position, fed once
+  more with the gamma after it, and the block it still writes at its length). The benchmarks
+  size their caches with it."""
+  return fed_positions(prompt_len, max_new_tokens, gamma) + interface.UNFED_POSITIONS
 
 
 def start(

@@ -241,6 +241,11 @@ class DecoderOnlyLM(interface.ModuleLM):
   def init_cache(
     self, params: Params, batch_size: int, max_length: int, encoder_tokens: jax.Array | None = None
   ) -> Cache:
+    """The empty cache of `max_length` positions (see interface.CachedLM.init_cache). With learned
+    positions, a decode whose cache (decode/state.py's `buffer_length`) feeds more positions than
+    max_positions is refused: it feeds `max_length - interface.UNFED_POSITIONS` of them for the rows
+    it keeps (the draft model of a speculative decode one fewer); a position >= max_positions fed
+    all the same (a finished row's, or a direct `extend`'s) embeds as NaN."""
     del params
     if encoder_tokens is not None:
       raise ValueError(
@@ -251,10 +256,12 @@ class DecoderOnlyLM(interface.ModuleLM):
       raise ValueError(
         f'init_cache needs batch_size >= 1 and max_length >= 1, got {batch_size}, {max_length}'
       )
-    if self.config.positions == 'learned' and max_length > self.config.max_positions:
+    fed = max_length - interface.UNFED_POSITIONS  # prompt + max_new_tokens - 1 + gamma
+    if self.config.positions == 'learned' and fed > self.config.max_positions:
       raise ValueError(
-        f'stream length {max_length} (prompt + new tokens + draft slack) exceeds '
-        f'the model\'s max_positions={self.config.max_positions}'
+        f'a decode with a {max_length}-position cache feeds {fed} positions (prompt + '
+        f'max_new_tokens - 1 + gamma), more than the model\'s max_positions='
+        f'{self.config.max_positions}'
       )
     shape = (batch_size, max_length, self.config.num_heads, self.config.dims_per_head)
     return tuple(

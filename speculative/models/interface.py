@@ -33,6 +33,14 @@ import jax.numpy as jnp
 Params = Any
 Cache = Any
 
+# The positions of a decode loop's cache (decode/state.py's `buffer_length`) past the ones fed for
+# a row whose tokens the loop keeps: such a row feeds at most P + N - 1 + gamma positions (P the
+# padded prompt, N max_new_tokens: its last token's verify at P + N - 2, with the gamma drafts
+# after it); a finished row still feeds its last position P + N - 1 (its outputs discarded) and
+# the token buffer takes the block it still writes after that. A model that embeds a bounded
+# number of positions (`DecoderOnlyLM` with learned positions) checks the fed ones against it.
+UNFED_POSITIONS = 2
+
 
 class CachedLM(Protocol):
   """A language model with a chunked, per-row-offset KV cache."""

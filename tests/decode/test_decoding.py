@@ -572,3 +572,38 @@ def test_bad_inputs_raise_clear_errors():
     _filters_decode(PROMPTS[:8], PROMPT_LENGTHS[:8], {}, params=nan_params)
   with pytest.raises(ValueError, match='NaN'):
     _filters_baseline(PROMPTS[:8], PROMPT_LENGTHS[:8], {}, params=nan_params)
+
+
+@pytest.mark.parametrize('gamma', [0, 3])
+def test_a_learned_position_target_decodes_every_position_it_has(gamma):
+  """max_positions M bounds what a decode feeds the target for the rows it keeps, prompt P +
+  max_new_tokens N - 1 + gamma (the last token's verify at P + N - 2, its gamma drafts after it),
+  not its cache (2 positions more, decode/state.py's `buffer_length`): N = M + 1 - P - gamma
+  decodes as the full forward does, one token more is refused in one line."""
+  max_positions, prompt_len = 16, 4
+  config = dataclasses.replace(TARGET.config, positions='learned', max_positions=max_positions)
+  target = DecoderOnlyLM(config)
+  params = _random_params(target, 0, logit_scale=2.0)
+  prompts = PROMPTS[:3, :prompt_len]  # [3, P], every row P long
+
+  def decode(max_new_tokens):
+    kwargs = dict(max_new_tokens=max_new_tokens, sampling=GREEDY)
+    if not gamma:
+      return decoding.autoregressive_decode(target, params, prompts, **kwargs)
+    drafter = drafters.ModelDrafter(DRAFT)
+    return decoding.speculative_decode(
+      target, params, drafter, DRAFT_PARAMS, prompts, gamma=gamma, **kwargs
+    )
+
+  longest = max_positions + 1 - prompt_len - gamma
+  assert decode_state.fed_positions(prompt_len, longest, gamma) == max_positions
+  result = decode(longest)
+  tokens = np.asarray(result.tokens)  # [3, N]
+  # A row that gained one token a step verified its last one at P + N - 2 (fed up to M - 1).
+  assert longest in np.asarray(result.metrics.target_calls)
+  stream = np.concatenate([np.asarray(prompts), tokens[:, :-1]], axis=1)  # [3, P + N - 1]
+  logits = np.asarray(jax.jit(target.forward)(params, jnp.asarray(stream)))  # [3, P + N - 1, V]
+  np.testing.assert_array_equal(np.argmax(logits[:, prompt_len - 1 :], -1), tokens)
+  with pytest.raises(ValueError, match=f'more than the model.s max_positions={max_positions}') as e:
+    decode(longest + 1)
+  assert len(str(e.value).splitlines()) == 1

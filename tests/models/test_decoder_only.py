@@ -109,8 +109,11 @@ def test_bad_inputs_raise():
   with pytest.raises(ValueError, match='vocab_size'):
     DecoderOnlyConfig(vocab_size=0)
   model = DecoderOnlyLM(VARIANTS['learned_layernorm_tied'])
-  with pytest.raises(ValueError, match='max_positions'):
-    model.init_cache(None, 1, 17)
+  # max_positions 16: a decode's cache of 18 feeds 16 positions for the rows it keeps, one of 19
+  # feeds 17 (interface.UNFED_POSITIONS).
+  model.init_cache(None, 1, 18)
+  with pytest.raises(ValueError, match='feeds 17 positions .* max_positions=16'):
+    model.init_cache(None, 1, 19)
   with pytest.raises(ValueError, match='encoder_tokens'):
     model.init_cache(None, 1, 8, encoder_tokens=jnp.ones((1, 3), jnp.int32))
 
