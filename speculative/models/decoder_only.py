@@ -23,6 +23,7 @@ from typing import Any
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from speculative.models import interface
 
@@ -109,6 +110,21 @@ def _write_rows(cache: jax.Array, update: jax.Array, start: jax.Array) -> jax.Ar
     return jax.lax.dynamic_update_slice(row_cache, row_update, index)
 
   return jax.vmap(write_one)(cache, update, start)
+
+
+def _check_write(length: int, start: jax.Array, max_length: int) -> None:
+  """ValueError (one line) where `extend`'s write of `length` tokens at `start` [B] can be seen to
+  leave a cache of `max_length` positions: from the static shapes, or from a concrete `start`."""
+  if length > max_length:
+    raise ValueError(f'extend: {length} new tokens do not fit a cache of {max_length} positions')
+  if isinstance(start, jax.core.Tracer):
+    return
+  start = np.asarray(start)
+  if start.size and (start.min() < 0 or start.max() + length > max_length):
+    raise ValueError(
+      f'extend: {length} new tokens at start {start.min()}..{start.max()} leave a cache of '
+      f'{max_length} positions (start must be in [0, {max_length - length}])'
+    )
 
 
 class _Norm(nn.Module):
@@ -272,11 +288,22 @@ class DecoderOnlyLM(interface.ModuleLM):
   def extend(
     self, params: Params, cache: Cache, tokens: jax.Array, start: jax.Array
   ) -> tuple[jax.Array, Cache]:
-    """Cached forward over T new tokens at per-row offsets; see interface.CachedLM.extend."""
+    """Cached forward over T new tokens at per-row offsets; see interface.CachedLM.extend.
+
+    Contract: 0 <= start[b] and start[b] + T <= the cache's max_length for every row. Past it,
+    the write is NOT dropped: `dynamic_update_slice` clamps row b's start to max_length - T, so
+    the new keys/values land on earlier positions, overwriting entries later calls read, and
+    nothing says so. Refused (ValueError) where it can be seen without a run-time cost: T above
+    max_length (static shapes, at trace time) and a concrete `start` (an eager call). A traced
+    `start` (every jitted decode loop) is not checked; the loops size their caches so their
+    longest write, gamma + 1 tokens at a finished row's last position prompt + max_new_tokens - 1,
+    ends inside (decode/state.py's `buffer_length`; tests/decode/test_decoding.py checks it).
+    """
     assert tokens.ndim == 2, tokens.shape
     batch, length = tokens.shape
     assert start.shape == (batch,), (start.shape, tokens.shape)
     assert len(cache) == self.config.num_layers
+    _check_write(length, start, cache[0][0].shape[1])  # keys [B, max_length, H, D]
     positions = start.astype(jnp.int32)[:, None] + jnp.arange(length, dtype=jnp.int32)  # [B, T]
     logits, cache = self.module.apply(
       {'params': params}, tokens.astype(jnp.int32), positions, cache, start.astype(jnp.int32)

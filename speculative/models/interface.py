@@ -12,6 +12,9 @@ cross-attention keys/values go into the cache) and the stream starts with the de
 Cache contract (all implementations):
   * `extend(params, cache, tokens[B, T], start[B])` writes keys/values of the T new tokens at
     positions `start[b] .. start[b] + T - 1` of row b and returns the logits at those positions.
+    Those positions must lie inside the cache (start[b] + T <= max_length): past it, T5 drops the
+    write, `DecoderOnlyLM` clamps it onto earlier positions (see its `extend`); the decode loops'
+    caches (decode/state.py's `buffer_length`) hold their longest write.
   * A query at position j attends to cache positions 0..j of its own row (causal), plus, for an
     encoder-decoder, the non-padding encoder positions.
   * Entries at positions > j are never read by a query at j. Hence "rolling back" rejected tokens

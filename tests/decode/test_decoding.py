@@ -607,3 +607,78 @@ def test_a_learned_position_target_decodes_every_position_it_has(gamma):
   with pytest.raises(ValueError, match=f'more than the model.s max_positions={max_positions}') as e:
     decode(longest + 1)
   assert len(str(e.value).splitlines()) == 1
+
+
+@dataclasses.dataclass(frozen=True)
+class _WriteRecordingLM:
+  """`inner`, recording for each `extend` call the end of its furthest write, max_b start[b] + T,
+  and its cache's length in `_WRITE_ENDS[name]` (a host callback: the loops' starts are traced)."""
+
+  inner: DecoderOnlyLM
+  name: str
+
+  @property
+  def vocab_size(self):
+    return self.inner.vocab_size
+
+  def init_cache(self, *args, **kwargs):
+    return self.inner.init_cache(*args, **kwargs)
+
+  def extend(self, params, cache, tokens, start):
+    cache_length = cache[0][0].shape[1]  # [B, max_length, H, D]
+    record = lambda end: _WRITE_ENDS[self.name].append((int(end), cache_length))  # noqa: E731
+    jax.debug.callback(record, jnp.max(start) + tokens.shape[1])
+    return self.inner.extend(params, cache, tokens, start)
+
+
+_WRITE_ENDS: dict = {}
+
+
+def test_the_loops_caches_hold_their_longest_write():
+  """`DecoderOnlyLM.extend` clamps a write past its cache onto earlier positions, unchecked under
+  jit, so every write of every loop must end inside the cache (decode/state.py's
+  `buffer_length`). The longest is a finished row's, which rides along while others run: its
+  gamma + 1 tokens at P + N - 1 end at L_max - 1 (the last position is the token buffer's)."""
+  from speculative.decode import spectr_loop
+
+  gamma, max_new = 3, 7
+  target = _WriteRecordingLM(TARGET, 'target')
+  draft = drafters.ModelDrafter(_WriteRecordingLM(DRAFT, 'draft'))
+  prompts = PROMPTS[:8]  # [8, P]: every row P long, so a row finished by length is at P + N
+  kwargs = dict(max_new_tokens=max_new, sampling=GREEDY)
+  speculative = dict(kwargs, gamma=gamma)
+  decodes = {
+    'baseline': lambda: decoding.autoregressive_decode(target, TARGET_PARAMS, prompts, **kwargs),
+    'speculative': lambda: decoding.speculative_decode(
+      target, TARGET_PARAMS, draft, DRAFT_PARAMS, prompts, **speculative
+    ),
+    'adaptive_verify': lambda: decoding.speculative_decode(
+      target, TARGET_PARAMS, draft, DRAFT_PARAMS, prompts, adaptive_verify=True, **speculative
+    ),
+    'spectr': lambda: spectr_loop.spectr_decode(
+      target,
+      TARGET_PARAMS,
+      draft,
+      DRAFT_PARAMS,
+      prompts,
+      num_drafts=2,
+      draft_length=gamma,
+      **kwargs,
+    ),
+  }
+  furthest = {}
+  for name, decode in decodes.items():
+    _WRITE_ENDS.clear()
+    _WRITE_ENDS.update(target=[], draft=[])
+    jax.block_until_ready(decode().tokens)
+    jax.effects_barrier()
+    l_max = decode_state.buffer_length(PROMPT_WIDTH, max_new, 0 if name == 'baseline' else gamma)
+    for model, ends in _WRITE_ENDS.items():  # the baseline has no draft: no ends
+      assert all(length == l_max for _, length in ends), (name, model, ends)
+      if ends:
+        furthest[name, model] = max(end for end, _ in ends) - l_max  # <= 0: inside the cache
+  assert furthest == {
+    ('baseline', 'target'): -2,  # rows in step: none finishes while another runs
+    **{(name, 'target'): -1 for name in ('speculative', 'adaptive_verify', 'spectr')},
+    **{(name, 'draft'): -2 for name in ('speculative', 'adaptive_verify', 'spectr')},
+  }, furthest

@@ -88,6 +88,25 @@ def test_per_row_offsets_and_overwritten_stale_entries(name):
   np.testing.assert_allclose(logits[1, 0], full[1, 8], atol=1e-5, rtol=1e-5)
 
 
+def test_a_write_past_the_cache_is_refused_where_it_can_be_seen():
+  """`extend` past its cache would clamp the write onto earlier positions (silently wrong
+  entries): refused from the static shapes (T > max_length, at trace time) and from a concrete
+  start; the last start that fits writes the cache's last positions, as the full forward."""
+  model = DecoderOnlyLM(VARIANTS['rotary_rmsnorm_untied'])
+  params, tokens = _params_and_tokens(model, 4, (1, 8))
+  full = np.asarray(jax.jit(model.forward)(params, tokens))  # [1, 8, V]
+  cache = model.init_cache(params, 1, 8)
+  _, cache = jax.jit(model.extend)(params, cache, tokens[:, :5], jnp.zeros((1,), jnp.int32))
+  logits, _ = model.extend(params, cache, tokens[:, 5:8], jnp.full((1,), 5, jnp.int32))
+  np.testing.assert_allclose(logits[0], full[0, 5:8], atol=1e-5, rtol=1e-5)
+  with pytest.raises(ValueError, match=r'at start 6\.\.6 leave a cache of 8 .*\[0, 5\]'):
+    model.extend(params, cache, tokens[:, 5:8], jnp.full((1,), 6, jnp.int32))
+  with pytest.raises(ValueError, match='at start -1'):
+    model.extend(params, cache, tokens[:, 5:8], jnp.full((1,), -1, jnp.int32))
+  with pytest.raises(ValueError, match='9 new tokens do not fit a cache of 8 positions'):
+    jax.jit(model.extend)(params, cache, jnp.zeros((1, 9), jnp.int32), jnp.zeros((1,), jnp.int32))
+
+
 def test_logits_depend_on_the_prefix_only():
   """Causality of the full forward: changing token t leaves logits before t unchanged."""
   model = DecoderOnlyLM(VARIANTS['rotary_rmsnorm_untied'])
