@@ -368,12 +368,24 @@ def test_bad_inputs_raise_clear_errors(setup, tmp_path):
   corrupt.write_bytes(b"\x00garbage")
   with pytest.raises(ValueError, match="corrupt.msgpack is not a weights file"):
     infer.infer(output_dir=str(tmp_path / "e"), **{**kwargs, "draft_checkpoint": str(corrupt)})
-  # Well-formed msgpack that is no flax array: it passes the checks and fails to parse at load,
-  # with one line naming it, and before anything is written (no output directory left).
+  # Well-formed msgpack whose array is no flax array: its shape cannot be read, so the settings'
+  # check refuses it in one line naming the setting, before anything is written.
   import msgpack
 
+  garbage = tmp_path / "garbage.msgpack"
+  garbage.write_bytes(msgpack.packb({"kernel": msgpack.ExtType(1, b"garbage")}))
+  with pytest.raises(
+    ValueError, match=r"^draft_checkpoint: \S+garbage.msgpack is not valid msgpack"
+  ):
+    infer.infer(output_dir=str(tmp_path / "e1"), **{**kwargs, "draft_checkpoint": str(garbage)})
+  assert not (tmp_path / "e1").exists()
+  # The draft's own arrays, without its sidecar, one of them of a dtype numpy does not know: every
+  # shape is right, so it passes the checks and fails to parse at load, with one line naming it,
+  # and before anything is written (no output directory left).
+  data = Path(kwargs["draft_checkpoint"]).read_bytes()
+  assert data.count(b"\xa7float32") > 1
   unparsable = tmp_path / "unparsable.msgpack"
-  unparsable.write_bytes(msgpack.packb({"kernel": msgpack.ExtType(1, b"garbage")}))
+  unparsable.write_bytes(data.replace(b"\xa7float32", b"\xa7float99", 1))
   with pytest.raises(ValueError, match=r"^corrupt params file \S+unparsable.msgpack: "):
     infer.infer(output_dir=str(tmp_path / "e2"), **{**kwargs, "draft_checkpoint": str(unparsable)})
   assert not (tmp_path / "e2").exists()
