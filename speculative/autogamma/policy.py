@@ -68,8 +68,7 @@ the costs are being measured (`choose_while_measuring`, a job without cached cos
 run on the gammas measured so far and one past them, its step extrapolated (`Costs.step`: the slope
 of the two largest measured gammas, flat with one), and a chosen gamma not yet measured is decoded
 to measure it (CALIBRATE): first the plain loop (from the baseline mode's batches where the job has
-one, else its own first batches at gamma 0) and gamma 1 (at batch > 1 on a batch short enough for
-it: `_waits`, the batches before it decoded plain, WAIT), then wherever the rules point, one gamma
+one, else its own first batches at gamma 0) and gamma 1, then wherever the rules point, one gamma
 further at a time, until they choose a measured gamma whose next gamma is measured too or is not
 its runner-up within the margins (rule 5's test); the measuring then ends. Where they choose plain
 decoding while a gamma that a perfect draft would pay at within its margin is measured over fewer
@@ -99,8 +98,6 @@ REFRESH_EVERY = 4  # every 4th batch decodes at the runner-up, where there is on
 MARGIN = 0.10  # a gamma measured over MIN_STEPS loop steps must predict 1 + MARGIN to speculate
 EXPLORE_FROM = 1.0  # look past the measured gammas only where one of them predicts this
 THIN = 2  # a step measured over fewer than THIN * MIN_STEPS loop steps cannot rule a gamma out
-WAIT_MAX = 3  # at batch > 1, at most 3 plain batches before gamma 1 is first measured ...
-WAIT_ABOVE = 1.25  # ... while a batch would run over 1.25 MIN_STEPS loop steps at gamma 1
 
 # Why a batch got its gamma (the report counts batches per reason).
 BEST = 'best'
@@ -109,8 +106,6 @@ PROBE = 'probe'
 REFRESH = 'refresh'  # the runner-up, so that the costs of close gammas stay measured
 NEVER_PAYS = 'never pays'
 CALIBRATE = 'calibrate'  # decoded at a gamma whose step is not measured yet, to measure it
-WAIT = 'wait'  # decoded plain while measuring: too long a batch to measure gamma 1 on
-MEASURING = (CALIBRATE, WAIT)  # the reasons of a choice made while the costs are measured
 
 
 @dataclasses.dataclass(frozen=True)
@@ -124,7 +119,6 @@ class PolicyState:
     gamma: the previous batch's gamma but a REFRESH batch's (None before the first).
     since_refresh: batches since the last REFRESH batch (or the first).
     decoded: the gammas the job has decoded batches at (their loops are compiled).
-    last_tokens: the previous batch's longest row's generated tokens (0 before the first batch).
   """
 
   alpha_sum: float = 0.0
@@ -133,7 +127,6 @@ class PolicyState:
   gamma: int | None = None
   since_refresh: int = 0
   decoded: frozenset[int] = frozenset()
-  last_tokens: int = 0
 
   def alpha(self) -> float:
     """The acceptance estimate (rule 1)."""
@@ -146,7 +139,7 @@ class Choice:
 
   Attributes:
     gamma: in [0, gamma_max]; 0 = plain decoding.
-    reason: BEST, KEPT, PROBE, REFRESH, NEVER_PAYS, CALIBRATE or WAIT.
+    reason: BEST, KEPT, PROBE, REFRESH, NEVER_PAYS or CALIBRATE.
     alpha: the acceptance estimate it used.
     predicted: {gamma: predicted speedup over plain decoding} at that alpha.
   """
@@ -302,18 +295,16 @@ def choose(costs: costs_lib.Costs, state: PolicyState) -> Choice:
 
 
 def choose_while_measuring(
-  times: costs_lib.LoopTimes, state: PolicyState, plain_beside: bool, batch_size: int = 1
+  times: costs_lib.LoopTimes, state: PolicyState, plain_beside: bool
 ) -> Choice:
-  """The gamma of the next batch of `batch_size` rows while the costs are measured on the job's
-  batches (the module docstring's last paragraph); `plain_beside`: the job's baseline mode times
-  the plain loop on the same batches. A choice whose reason is not in MEASURING is a measured
-  gamma: the caller freezes `times.costs()` there."""
+  """The gamma of the next batch while the costs are measured on the job's batches (the module
+  docstring's last paragraph); `plain_beside`: the job's baseline mode times the plain loop on the
+  same batches. A choice whose reason is not CALIBRATE is a measured gamma: the caller freezes
+  `times.costs()` there."""
   alpha = state.alpha()
   if not times.measured(0) and not plain_beside:
     return Choice(0, CALIBRATE, alpha, {})
   if not (times.measured(0) and times.measured(1)):
-    if _waits(times, state, batch_size):
-      return Choice(0, WAIT, alpha, {})
     return Choice(1, CALIBRATE, alpha, {})
   costs = times.costs()
   choice = choose(costs, state)
@@ -338,35 +329,11 @@ def choose_while_measuring(
   return choice
 
 
-def _waits(times: costs_lib.LoopTimes, state: PolicyState, batch_size: int) -> bool:
-  """Whether the next batch, before gamma 1's first, is decoded plain rather than measure gamma 1
-  (WAIT): at batch > 1, for at most WAIT_MAX consecutive plain batches, while the batch would run
-  more than WAIT_ABOVE * MIN_STEPS loop steps at gamma 1 (the previous batch's longest row's tokens
-  over Eq. 1's expected tokens per step at the acceptance estimate; unknown before the first
-  batch). A batch runs until its longest row is done and a job cuts its batches from its longest
-  inputs down, so its first batches run the most steps: at batch 8 on the embedded pair the first
-  one ran gamma 1 for 64 loop steps, twice what its measurement needs, and cost 5% of a
-  200-sentence job where drafts lose; plain, a batch costs what plain decoding costs. At batch 1
-  drafts usually pay, so the job's first batches measure them."""
-  if batch_size <= 1 or times.own[1].steps or state.plain_streak >= WAIT_MAX:
-    return False
-  if not state.last_tokens:
-    return True
-  steps = state.last_tokens / float(analysis.expected_tokens(state.alpha(), 1))
-  return steps > WAIT_ABOVE * costs_lib.MIN_STEPS
-
-
 def observe(
-  state: PolicyState,
-  gamma: int,
-  drafted: int,
-  alpha_sum: float,
-  reason: str = BEST,
-  tokens: int = 0,
+  state: PolicyState, gamma: int, drafted: int, alpha_sum: float, reason: str = BEST
 ) -> PolicyState:
   """The state after a batch decoded at `gamma` (chosen for `reason`) drafted `drafted` positions
-  (all rows), with `alpha_sum` its alpha times `drafted`, and generated `tokens` in its longest row
-  (`observe_records`)."""
+  (all rows), with `alpha_sum` its alpha times `drafted` (`observe_records`)."""
   refresh = reason == REFRESH
   since_refresh = 0 if refresh else state.since_refresh + 1
   anchor = state.gamma if refresh else gamma
@@ -378,7 +345,6 @@ def observe(
       gamma=anchor,
       since_refresh=since_refresh,
       decoded=decoded,
-      last_tokens=tokens,
     )
   keep = 0.5 ** (drafted / HALF_LIFE)
   return PolicyState(
@@ -388,7 +354,6 @@ def observe(
     gamma=anchor,
     since_refresh=since_refresh,
     decoded=decoded,
-    last_tokens=tokens,
   )
 
 
@@ -412,7 +377,6 @@ def observe_records(
   observe through here, so a resumed job reaches the same state bit for bit."""
   records = list(records)
   drafted = sum(int(r['drafted']) for r in records)
-  tokens = max((int(r['num_tokens']) for r in records), default=0)
   if gamma == 0 or drafted == 0:
-    return observe(state, gamma, drafted, 0.0, reason, tokens)
-  return observe(state, gamma, drafted, batch_alpha(gamma, records) * drafted, reason, tokens)
+    return observe(state, gamma, drafted, 0.0, reason)
+  return observe(state, gamma, drafted, batch_alpha(gamma, records) * drafted, reason)

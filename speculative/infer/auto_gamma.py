@@ -129,10 +129,8 @@ class AutoGamma:
     baseline's decode of it, where `plain_beside`): until the stepless calls of the plain loop
     (gamma 0) or of the speculative loops (gammas >= 1, pooled: they run the same encoders) have
     covered costs.STEPLESS_TOKENS generated tokens. Their fixed shares are all the costs take from
-    the stepless calls (`costs.LoopTimes.costs`), so more of them only add calibration time.
-    Where the baseline decodes beside this mode, the plain loop's are its calls paired with the
-    gamma >= 1 batches': a batch decoded plain while measuring (policy.WAIT) makes none."""
-    if not self.measuring or (gamma == 0 and self.plain_beside):
+    the stepless calls (`costs.LoopTimes.costs`), so more of them only add calibration time."""
+    if not self.measuring:
       return False
     own = self.times.own[:1] if gamma == 0 else self.times.own[1:]
     return sum(t.stepless_tokens for t in own) < costs_lib.STEPLESS_TOKENS
@@ -143,9 +141,8 @@ class AutoGamma:
     wrote them)."""
     if not self.measuring:
       return policy.choose(self.times.costs(), self.state)
-    batch = int(self.calibration.fields['batch_size'])
-    choice = policy.choose_while_measuring(self.times, self.state, self.plain_beside, batch)
-    if choice.reason not in policy.MEASURING:
+    choice = policy.choose_while_measuring(self.times, self.state, self.plain_beside)
+    if choice.reason != policy.CALIBRATE:
       self.calibration = dataclasses.replace(
         self.calibration, costs=self.times.costs(), batches=len(self.batches)
       )

@@ -207,10 +207,9 @@ def test_observe_records_takes_the_batch_alpha_the_loop_felt():
   alpha = policy.batch_alpha(3, rows)
   assert 1 + alpha + alpha**2 + alpha**3 == pytest.approx(2.5, abs=1e-9)
   state = policy.observe_records(policy.PolicyState(), 3, rows)
-  assert state == policy.observe(policy.PolicyState(), 3, 21, alpha * 21, tokens=10)
+  assert state == policy.observe(policy.PolicyState(), 3, 21, alpha * 21)
   plain = [{'drafted': 0, 'alpha_sum': 0.0, 'target_calls': 7, 'num_tokens': 7}]
-  after = policy.observe_records(state, 0, plain)
-  assert (after.plain_streak, after.last_tokens) == (1, 7)
+  assert policy.observe_records(state, 0, plain).plain_streak == 1
 
 
 def _measure(times, costs, gamma, steps=costs_lib.MIN_STEPS):
@@ -246,39 +245,6 @@ def test_while_measuring_it_visits_gamma_1_then_where_the_measured_steps_point(p
   # predicts best, so the job goes on to decode, and measure, gamma 7.
   assert policy.choose(times.costs(), _confident(0.999)).gamma == 7
   assert FIVE_AT_ALPHA_08.step(7) == pytest.approx(times.costs().step(7))
-
-
-def test_at_batch_above_1_gamma_1_is_first_measured_on_a_batch_short_enough():
-  """At batch > 1 a job measuring its costs decodes plain (WAIT) before gamma 1's first batch:
-  before its first batch (nothing to go by), and while the previous batch's longest row's tokens
-  over Eq. 1's tokens per step (1 + alpha, at the prior's 0.7) exceed WAIT_ABOVE * MIN_STEPS loop
-  steps, 68 tokens; at most WAIT_MAX batches. At batch 1, and once gamma 1 has run, it does not."""
-  times = costs_lib.LoopTimes.empty(7)
-
-  def choice(state, batch_size=8, times=times):
-    chosen = policy.choose_while_measuring(times, state, True, batch_size)
-    return chosen.gamma, chosen.reason
-
-  def plain(state, tokens):
-    return policy.observe(state, 0, 0, 0.0, policy.WAIT, tokens)
-
-  first = policy.PolicyState()
-  assert choice(first) == (0, policy.WAIT)
-  assert choice(first, batch_size=1) == (1, policy.CALIBRATE)
-  assert policy.WAIT_ABOVE * costs_lib.MIN_STEPS * (1 + policy.PRIOR_ALPHA) == pytest.approx(68)
-  long, short = plain(first, 69), plain(first, 68)
-  assert choice(long) == (0, policy.WAIT)
-  assert choice(short) == (1, policy.CALIBRATE)
-  assert choice(long, batch_size=1) == (1, policy.CALIBRATE)
-  waited = plain(plain(plain(first, 99), 99), 99)
-  assert waited.plain_streak == policy.WAIT_MAX
-  assert choice(waited) == (1, policy.CALIBRATE)
-  started = _measure(times, ONLY_PLAIN_PAYS, 1, steps=costs_lib.MIN_STEPS // 2)  # not measured yet
-  assert choice(long, times=started) == (1, policy.CALIBRATE)
-  # Without the baseline beside, the job's own first batches measure the plain loop (CALIBRATE);
-  # they count as plain batches, so the wait ends with them.
-  own = policy.choose_while_measuring(times, first, False, 8)
-  assert (own.gamma, own.reason) == (0, policy.CALIBRATE)
 
 
 def test_while_measuring_the_measured_choice_s_next_gamma_is_measured_where_it_is_the_runner_up():

@@ -96,9 +96,6 @@ def test_where_only_plain_decoding_pays_the_job_never_drafts(pair, inject, tmp_p
   with the cache never drafts at all."""
   root, kwargs = pair
   timed = inject(ONLY_PLAIN_PAYS)
-  # The measuring from the first batch on (the plain batches before gamma 1's first at batch > 1:
-  # test_at_batch_2_gamma_1_is_measured_after_the_longest_batches_decoded_plain).
-  monkeypatch.setattr(policy, "WAIT_MAX", 0)
   cache = tmp_path / "calibration.json"
   first = infer.infer(
     output_dir=str(tmp_path / "out1"), batch_size=2, calibration_file=str(cache), **kwargs
@@ -181,13 +178,9 @@ def test_where_only_plain_decoding_pays_the_job_never_drafts(pair, inject, tmp_p
 
 
 @pytest.mark.parametrize("batch_size", [1, 8])
-def test_greedy_auto_equals_the_baseline_with_drafts_accepted(
-  pair, inject, tmp_path, monkeypatch, batch_size
-):
+def test_greedy_auto_equals_the_baseline_with_drafts_accepted(pair, inject, tmp_path, batch_size):
   root, kwargs = pair
   inject(DRAFTS_PAY)
-  # Both batch-8 batches draft: no plain batch before gamma 1's first (its own test below).
-  monkeypatch.setattr(policy, "WAIT_MAX", 0)
   out = tmp_path / "out"
   summary = infer.infer(
     output_dir=str(out),
@@ -210,63 +203,6 @@ def test_greedy_auto_equals_the_baseline_with_drafts_accepted(
   assert 0 < accepted < drafted, events
   assert any(e["bonus"] for e in events.values()), events  # a fully accepted block, bonus token
   assert any(e["eos"] for e in events.values()) and any(e["capped"] for e in events.values())
-
-
-def test_at_batch_2_gamma_1_is_measured_after_the_longest_batches_decoded_plain(
-  pair, inject, tmp_path, monkeypatch
-):
-  """An uncached job at batch 2 decodes its first batch plain (reason 'wait': nothing to judge its
-  length by), then each next one while the batch before it ran more tokens than gamma 1's
-  measurement needs (WAIT_ABOVE * MIN_STEPS loop steps at 1 + the prior alpha tokens a step), at
-  most WAIT_MAX, then measures gamma 1; waiting does not end the measuring. Interrupted after the
-  first batch and resumed, it replays the wait and ends byte-identical, with the same choices."""
-  root, kwargs = pair
-  inject(ONLY_PLAIN_PAYS)  # (MIN_STEPS 4: a threshold of 8.5 tokens)
-  summary = infer.infer(
-    output_dir=str(tmp_path / "ref"), batch_size=2, calibration_file=str(tmp_path / "a"), **kwargs
-  )
-  spec = {r["index"]: r for r in _records(tmp_path / "ref", "speculative")}
-  settings = infer_settings.InferSettings(output_dir=str(tmp_path / "x"), batch_size=2, **kwargs)
-  batches = batching.length_sorted_batches(infer_inputs.load_inputs(settings).examples, 2)
-  gammas = [spec[b[0].index]["gamma"] for b in batches]
-  tokens = [max(spec[e.index]["num_tokens"] for e in b) for b in batches]
-  threshold = policy.WAIT_ABOVE * costs_lib.MIN_STEPS * (1 + policy.PRIOR_ALPHA)
-  waits = 1
-  while waits < policy.WAIT_MAX and tokens[waits - 1] > threshold:
-    waits += 1
-  assert gammas[: waits + 1] == [0] * waits + [1], (gammas, tokens)
-  reasons = summary["gamma_policy"]["reasons"]
-  assert reasons[policy.WAIT] == waits and reasons[policy.CALIBRATE] == 1, reasons
-  assert summary["gamma_policy"]["calibration"]["measuring_batches"] == waits + 1
-  # Only the gamma-1 batch made stepless calls (both modes): a plain batch's, where the baseline
-  # decodes beside, would only add calibration time.
-  stepless = json.loads((tmp_path / "ref" / "timings.json").read_text())["stepless_s"]
-  want = sorted(str(e.index) for e in batches[waits])
-  assert {mode: sorted(stepless[mode]) for mode in stepless} == {
-    m: want for m in infer_settings.MODES
-  }
-  original = infer_outputs.record
-  seen = []
-
-  def interrupted(example, *args):
-    seen.append(example.index)
-    if len(seen) == 2 * 2 + 1:  # one batch of both modes (2 rows each), then a baseline row
-      raise KeyboardInterrupt
-    return original(example, *args)
-
-  out = tmp_path / "run"
-  monkeypatch.setattr(infer_outputs, "record", interrupted)
-  with pytest.raises(KeyboardInterrupt):
-    infer.infer(output_dir=str(out), batch_size=2, calibration_file=str(tmp_path / "b"), **kwargs)
-  assert [r["gamma"] for r in _records(out, "speculative")] == [0, 0]
-  monkeypatch.setattr(infer_outputs, "record", original)
-  resumed = infer.infer(
-    output_dir=str(out), batch_size=2, calibration_file=str(tmp_path / "c"), **kwargs
-  )
-  for mode in infer_settings.MODES:
-    name = f"predictions-{mode}.jsonl"
-    assert (out / name).read_bytes() == (tmp_path / "ref" / name).read_bytes()
-  assert _without_run_facts(resumed["gamma_policy"]) == _without_run_facts(summary["gamma_policy"])
 
 
 def _without_run_facts(gamma_policy):
@@ -403,13 +339,10 @@ def test_the_timings_file_gives_a_resumed_job_the_measured_batch_timings_back(tm
 def test_only_the_first_measuring_batches_are_timed_stepless():
   """While measuring, a batch's calls are also timed without their steps until the stepless calls
   of the plain loop, and of the speculative loops pooled, cover STEPLESS_TOKENS tokens; after the
-  measuring, never. Where the baseline decodes beside, the plain loop's stepless calls are its
-  calls beside the gamma >= 1 batches: a batch decoded plain while measuring makes none."""
+  measuring, never."""
   fields = {"gamma_max": 3}
   measuring = costs_lib.Calibration(None, None, "k", fields, "measured")
-  beside = auto_gamma.AutoGamma(measuring, lambda g: None, cache_path="unused", plain_beside=True)
-  assert beside.stepless(1) and not beside.stepless(0)
-  auto = auto_gamma.AutoGamma(measuring, lambda g: None, cache_path="unused", plain_beside=False)
+  auto = auto_gamma.AutoGamma(measuring, lambda g: None, cache_path="unused", plain_beside=True)
   half = costs_lib.STEPLESS_TOKENS // 2
   timed = costs_lib.BatchTiming(1.0, 40, 0.1, half, half)
   assert auto.stepless(0) and auto.stepless(1)
