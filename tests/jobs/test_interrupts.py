@@ -70,12 +70,15 @@ class _RaisesWhenDropped:
     raise self.error
 
 
-def test_a_signal_a_callback_swallowed_is_raised_at_the_next_deferred_block(monkeypatch):
+def test_a_signal_a_callback_swallowed_is_raised_at_the_next_deferred_block(
+  monkeypatch, handler_of
+):
   # jax's gc callback prints and drops what it raises ('Exception ignored in ...', a traceback): a
   # Ctrl-C that landed there left the job running to its end. Now it is not printed, and the next
   # write (a deferred block) raises it.
   steps, printed = [], []
   monkeypatch.setattr(sys, 'unraisablehook', lambda u: printed.append(type(u.exc_value).__name__))
+  handler_of(signal.SIGINT, signal.default_int_handler)  # (an xdist worker ignores SIGINT)
   with interrupts.installed():
     try:
       os.kill(os.getpid(), signal.SIGINT)
