@@ -202,15 +202,22 @@ def verify_weights(path: PathLike, config: Any = None, *, data: bytes | None = N
   return digest
 
 
+_UNVERIFIED: set[str] = set()  # the weights without metadata this process has said so of
+
+
 def _check_legacy_weights(path: Path, data: bytes | None) -> None:
-  """Weights without metadata load with a warning, unless a params file holds a long zero run."""
-  # Stock T5X checkpoints never have metadata: only a params file's lack of it is worth a warning.
-  (logging.warning if path.is_file() else logging.info)(
-    '%s has no metadata (%s): its content and model config cannot be verified; re-save it '
-    'with speculative.checkpoints to add them',
-    path,
-    metadata_path(path).name,
-  )
+  """Weights without metadata load with a warning (once per file and process: a job checks its
+  weights with its settings, for its manifest and at the load), unless a params file holds a long
+  zero run."""
+  if os.path.realpath(path) not in _UNVERIFIED:
+    _UNVERIFIED.add(os.path.realpath(path))
+    # Stock T5X checkpoints never have metadata: only a params file's lack of it is worth a warning.
+    (logging.warning if path.is_file() else logging.info)(
+      '%s has no metadata (%s): its content and model config cannot be verified; re-save it '
+      'with speculative.checkpoints to add them',
+      path,
+      metadata_path(path).name,
+    )
   if path.is_file():
     if data is None:
       data = path.read_bytes()
