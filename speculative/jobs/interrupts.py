@@ -67,28 +67,37 @@ def installed() -> Iterator[None]:
   if threading.current_thread() is not threading.main_thread():
     yield
     return
-  previous = {
-    signum: signal.signal(signum, _raise)
-    for signum in SIGNALS
-    if signal.getsignal(signum) is not signal.SIG_IGN
-  }
-  _state['raised'] = None
   hook = sys.unraisablehook
 
-  def quiet(
-    unraisable,
-  ) -> None:  # an Interrupted a callback dropped: `_raise` kept it, no traceback
+  def quiet(unraisable) -> None:
+    # An Interrupted a callback dropped: `_raise` kept it for the next `deferred`; no traceback.
     if not isinstance(unraisable.exc_value, Interrupted):
       hook(unraisable)
 
+  _state['raised'] = None
   sys.unraisablehook = quiet
   try:
-    yield
+    with _handled_by(_raise):
+      yield
   finally:
     sys.unraisablehook = hook
     _state['raised'] = None
-    for signum, handler in previous.items():
-      signal.signal(signum, handler)
+
+
+@contextlib.contextmanager
+def _handled_by(handler) -> Iterator[None]:
+  """SIGINT and SIGTERM go to `handler` inside (call from the main thread), to the previous
+  handlers after; a signal the process ignores stays ignored."""
+  previous = {
+    signum: signal.signal(signum, handler)
+    for signum in SIGNALS
+    if signal.getsignal(signum) is not signal.SIG_IGN
+  }
+  try:
+    yield
+  finally:
+    for signum, previous_handler in previous.items():
+      signal.signal(signum, previous_handler)
 
 
 @contextlib.contextmanager
@@ -146,13 +155,5 @@ def before_job(prog: str, argv: Sequence[str] | None = None) -> Iterator[None]:
     os.write(2, f'{prog}: {line}\n'.encode())
     os._exit(status)  # as the runners exit (gin_utils.call_with_user_errors)
 
-  previous = {
-    signum: signal.signal(signum, leave)
-    for signum in SIGNALS
-    if signal.getsignal(signum) is not signal.SIG_IGN
-  }
-  try:
+  with _handled_by(leave):
     yield
-  finally:
-    for signum, handler in previous.items():
-      signal.signal(signum, handler)
