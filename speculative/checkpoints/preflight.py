@@ -10,7 +10,6 @@ load is a `CheckpointError` naming the file (`LOAD_ERRORS` marks it as the user'
 
 from __future__ import annotations
 
-import functools
 import io
 import os
 from pathlib import Path
@@ -130,24 +129,12 @@ def _check_shapes(path: Path, shapes: Any, config: Any) -> None:
 
 
 def _model_shapes(config: Any) -> dict[str, tuple[int, ...]] | None:
+  """The flat {name: shape} of a T5Config's model (traced once per config); None for any other."""
   from speculative.models import t5 as t5_lib  # pylint: disable=g-import-not-at-top
 
   if not isinstance(config, t5_lib.T5Config):
     return None
-  try:
-    hash(config)
-  except TypeError:  # a field bound to a list: traced each time
-    return t5_lib.T5(config).param_shapes()
-  return _t5_shapes(config)
-
-
-@functools.lru_cache(maxsize=8)
-def _t5_shapes(config: Any) -> dict[str, tuple[int, ...]]:
-  """`T5(config).param_shapes()` (traced, not computed), once per config in this process: a job
-  checks its weights with its settings and again for its manifest."""
-  from speculative.models import t5 as t5_lib  # pylint: disable=g-import-not-at-top
-
-  return t5_lib.T5(config).param_shapes()
+  return t5_lib.config_param_shapes(config)
 
 
 class _ArrayShape(tuple):

@@ -8,7 +8,6 @@ their shapes with it before anything loads."""
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
 from typing import Sequence
 
@@ -45,15 +44,9 @@ class Need:
     )
 
 
-@functools.cache
-def _shapes(config: t5_lib.T5Config) -> dict[str, tuple[int, ...]]:
-  """Flat {path: shape} of a T5 config's parameters (no compute; traced once per config)."""
-  return t5_lib.T5(config).param_shapes()
-
-
 def _sizes(config: t5_lib.T5Config) -> tuple[int, ...]:
   """Elements of each parameter of a T5 config."""
-  return tuple(math.prod(s) for s in _shapes(config).values())
+  return tuple(math.prod(s) for s in t5_lib.config_param_shapes(config).values())
 
 
 def num_params(config: t5_lib.T5Config) -> int:
@@ -89,7 +82,7 @@ def packed_bytes(config: t5_lib.T5Config, storage_dtype: str) -> int:
   stored = 2 if jnp.dtype(storage_dtype) == jnp.bfloat16 else 4
   layers = 2 if jnp.dtype(config.dtype) == jnp.bfloat16 else stored  # all but logits_dense
   kernels = {}  # {path: (K, N)} as packed; (1, d) for a norm's scale
-  for path, shape in _shapes(config).items():
+  for path, shape in t5_lib.config_param_shapes(config).items():
     parts = path.split("/")
     if parts[0] != "decoder":
       continue

@@ -456,3 +456,19 @@ def shift_right(targets: Array, start_token_id: int = 0) -> Array:
   """Decoder inputs from targets [B, T]: start token first, last target dropped (T5X style)."""
   start = jnp.full(targets.shape[:-1] + (1,), start_token_id, targets.dtype)
   return jnp.concatenate([start, targets[..., :-1]], axis=-1)
+
+
+def config_param_shapes(config: T5Config) -> dict[str, tuple[int, ...]]:
+  """`T5(config).param_shapes()`, traced once per config in this process (each time for a config
+  with an unhashable field, e.g. one gin bound to a list): a job's memory estimate and its weights'
+  shape checks (the settings', the manifest's) ask for the same config's shapes."""
+  try:
+    hash(config)
+  except TypeError:
+    return T5(config).param_shapes()
+  return _cached_param_shapes(config)
+
+
+@functools.cache
+def _cached_param_shapes(config: T5Config) -> dict[str, tuple[int, ...]]:
+  return T5(config).param_shapes()
