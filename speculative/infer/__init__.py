@@ -3,7 +3,8 @@
   python -m speculative.infer --gin_file=configs/local/run.gin
 
 The job's parts, one module each:
-  run       `infer` (the gin configurable) and `main`: the modes over the batches
+  run       `infer` (the gin configurable) and `main`: the job, from its checks to its summary
+  batches   the modes over the batches, timed, each batch written as soon as it is done
   settings  InferSettings and its checks, made before any weights load
   inputs    task or file examples
   outputs   the manifest, predictions and timings, and the resume of an interrupted job

@@ -112,8 +112,10 @@ class AutoGamma:
     self.times = calibration.times or costs_lib.LoopTimes.empty(gamma_max)
     self.state = policy.PolicyState()
     self.batches: list[BatchChoice] = []
-    self.calibration_s = 0.0  # the measuring batches' stepless calls (both modes): calibration
+    self.calibration_s = 0.0  # the stepless calls (both modes) and measurements: calibration
+    self.measured_batches = 0  # batches measured at a gamma they were not decoded at (`measure`)
     self._replaying = False
+    self._ran: set[tuple[int, int]] = set()  # (padded input length, gamma) of the batches so far
 
   def decode_fn(self, gamma: int) -> modes.DecodeFn:
     if gamma not in self._fns:
@@ -137,19 +139,75 @@ class AutoGamma:
 
   def choose(self) -> policy.Choice:
     """The next batch's choice; while measuring, the first choice of a measured gamma ends the
-    measuring (and writes the loop times to the cache file, unless replaying: the interrupted run
-    wrote them)."""
+    measuring (`_freeze`)."""
     if not self.measuring:
       return policy.choose(self.times.costs(), self.state)
     choice = policy.choose_while_measuring(self.times, self.state, self.plain_beside)
     if choice.reason != policy.CALIBRATE:
-      self.calibration = dataclasses.replace(
-        self.calibration, costs=self.times.costs(), batches=len(self.batches)
-      )
-      if not self._replaying:
-        costs_lib.store(self._cache_path, self.times, self.calibration)
-        self._on_frozen(self.calibration)
+      self._freeze(len(self.batches))
     return choice
+
+  def _freeze(self, batches: int) -> None:
+    """Ends the measuring after `batches` batches: the costs are fixed as the calibration's and
+    the loop times written to the cache file (unless replaying: the interrupted run wrote them)."""
+    self.calibration = dataclasses.replace(
+      self.calibration, costs=self.times.costs(), batches=batches
+    )
+    if not self._replaying:
+      costs_lib.store(self._cache_path, self.times, self.calibration)
+      self._on_frozen(self.calibration)
+
+  def measures(self, choice: policy.Choice, batch_examples: Sequence[Any]) -> bool:
+    """Whether the batch chosen at `choice` is measured at its gamma before it is decoded
+    (`measure`): while measuring, a CALIBRATE choice of a gamma >= 1 whose program has not run
+    at the batch's padded input length in this job (`ran`), so that its compile's warm call, made
+    anyway, is the measurement. A function of the job's batches, not of what the process has
+    compiled, so that a resumed job measures where the uninterrupted one did."""
+    return (
+      self.measuring
+      and choice.reason == policy.CALIBRATE
+      and choice.gamma >= 1
+      and (self._length(batch_examples), choice.gamma) not in self._ran
+    )
+
+  def ran(self, batch_examples: Sequence[Any], gamma: int) -> None:
+    """The batch was decoded or measured at `gamma`: its program has run at its length."""
+    self._ran.add((self._length(batch_examples), gamma))
+
+  def _length(self, batch_examples: Sequence[Any]) -> int:
+    return batching.padded_length(batch_examples, int(self.calibration.fields['encoder_length']))
+
+  def measure(
+    self, choice: policy.Choice, rows: Sequence[dict], plain: Sequence[dict]
+  ) -> policy.Choice:
+    """The batch's gamma once `rows` (`measurement_rows`: the batch decoded at `choice.gamma` by
+    the warm call that follows its program's compile, which the job runs anyway, timed, and its
+    stepless call where `stepless`) and the baseline's records of the batch (`plain`, where
+    `plain_beside`) are added to the loop times and the acceptance estimate.
+
+    Where the choice with them is still `choice.gamma`, they are dropped (decoding the batch
+    measures the same) and `choice` returned. Else they are kept (the warm call and the stepless
+    call count as calibration; the baseline's batch is paired with the measurement, not with the
+    batch's decode, so `observe_plain` is not called for it) and the new choice returned: the
+    batch is decoded at that gamma, so a job whose first batch shows that drafts lose does not
+    pay for decoding its longest batch at a losing gamma (at batch 32 on the CPU kernels that
+    batch at gamma 1 cost 10% of a 200-sentence job)."""
+    timing = costs_lib.batch_timing(rows)
+    times = self.times
+    if self.plain_beside and plain:
+      times = times.add_plain(choice.gamma, costs_lib.batch_timing(plain))
+    times = times.add(choice.gamma, timing)
+    seen = policy.observe_records(self.state, choice.gamma, rows, choice.reason)
+    state = dataclasses.replace(self.state, alpha_sum=seen.alpha_sum, drafted=seen.drafted)
+    new = policy.choose_while_measuring(times, state, self.plain_beside)
+    if new.gamma == choice.gamma:
+      return choice
+    self.times, self.state = times, state
+    self.calibration_s += timing.seconds + timing.stepless
+    self.measured_batches += 1
+    if new.reason != policy.CALIBRATE:
+      self._freeze(len(self.batches) + 1)  # (the batch measured on counts)
+    return new
 
   def finish(self) -> None:
     """At the job's end: its loop times, with every batch it decoded, back to the cache file."""
@@ -199,7 +257,13 @@ class AutoGamma:
   def _replay(self, done_batches, records, plain_records) -> None:
     for batch_examples in done_batches:
       rows = [records[e.index] for e in batch_examples]
+      plain = plain_rows(plain_records, batch_examples)
       choice = self.choose()
+      measured = measurement_rows(rows)
+      if measured:
+        self.ran(batch_examples, measured[0]['gamma'])
+        choice = self.measure(choice, measured, plain)
+      self.ran(batch_examples, choice.gamma)
       recorded = {int(r['gamma']) for r in rows}
       if recorded != {choice.gamma}:
         raise ValueError(
@@ -209,7 +273,8 @@ class AutoGamma:
           'OVERWRITE = True'
         )
       self.observe(choice, rows)
-      self.observe_plain(choice.gamma, plain_rows(plain_records, batch_examples))
+      if not measured:
+        self.observe_plain(choice.gamma, plain)
 
   def costs(self) -> costs_lib.Costs | None:
     """The costs of the loop times so far, the job's own batches with those it started from
@@ -235,6 +300,7 @@ class AutoGamma:
       'measuring_batches': self.calibration.batches if not self.measuring else len(self.batches),
       'frozen': not self.measuring,
       'calibration_s': self.calibration_s,
+      'measured_batches': self.measured_batches,
       'key': self.calibration.key,
     }
     if costs is not None:
@@ -259,6 +325,23 @@ class AutoGamma:
     if not plain or predicted is None:
       return None
     return plain / sum(b.tokens / predicted[b.choice.gamma] for b in self.batches)
+
+
+def measurement_rows(records: Sequence[dict]) -> list[dict]:
+  """A batch's measurement (`AutoGamma.measure`) from its rows' records ([] if it had none): per
+  row its `measured` fields (gamma, num_tokens, target_calls, drafted) with the measurement's
+  times (`measured_s`, `measured_stepless_s`) as `decode_s` and `stepless_s`, the rows
+  `costs.batch_timing` and `policy.observe_records` read."""
+  if not records or not all('measured' in r for r in records):
+    return []
+  return [
+    {
+      **r['measured'],
+      'decode_s': r['measured_s'],
+      **({'stepless_s': r['measured_stepless_s']} if 'measured_stepless_s' in r else {}),
+    }
+    for r in records
+  ]
 
 
 def plain_rows(plain_records: dict[int, dict] | None, batch_examples: Sequence[Any]) -> list[dict]:

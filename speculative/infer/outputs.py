@@ -169,10 +169,11 @@ def resume_runs(output_dir: str, modes: Sequence[str], resume: bool = True) -> l
     path = os.path.join(output_dir, f"predictions-{mode}.jsonl")
     records = read_predictions(path) if resume else {}
     for index, record in records.items():
-      record["decode_s"] = timings.get("decode_s", {}).get(mode, {}).get(index, float("nan"))
-      stepless = timings.get("stepless_s", {}).get(mode, {})
-      if index in stepless:
-        record["stepless_s"] = stepless[index]
+      record["decode_s"] = float("nan")
+      for field in TIMINGS:
+        by_index = timings.get(field, {}).get(mode, {})
+        if index in by_index:
+          record[field] = by_index[index]
     runs.append(ModeRun(mode, decode, path, records))
   return runs
 
@@ -215,7 +216,10 @@ def _number(value: Any) -> int | float:
   return int(value) if np.issubdtype(value.dtype, np.integer) else float(value)
 
 
-TIMINGS = ("decode_s", "stepless_s")  # timings.json's fields: {field: {mode: {index: seconds}}}
+# timings.json's fields, {field: {mode: {index: seconds}}}: each row's share of its batch's decode
+# time, and of 'auto''s calibration calls on the batch (infer/auto_gamma.py): the stepless call,
+# and the measurement of a gamma the batch was then not decoded at, with its stepless call.
+TIMINGS = ("decode_s", "stepless_s", "measured_s", "measured_stepless_s")
 
 
 def write_records(output_dir: str, runs: Sequence[ModeRun], run: ModeRun) -> None:

@@ -347,9 +347,16 @@ def _gamma_policy_lines(summary: dict[str, Any]) -> list[str]:
   the speedup Theorem 3.8 predicts with these costs beside the measured one."""
   policy = summary["gamma_policy"]
   cal = policy["calibration"]
+  measured = cal.get("measured_batches", 0)
+  measured = (
+    f"; {_batches(measured)} first measured at a gamma not then decoded, by the warm call of "
+    "that gamma's compile"
+    if measured
+    else ""
+  )
   source = {
     "measured": f"measured on this job's first {_batches(cal['measuring_batches'])} (their own "
-    "decodes, timed, and the first ones' calls without their loop steps: "
+    f"decodes, timed, and the first ones' calls without their loop steps{measured}: "
     f"{cal.get('calibration_s', 0.0):.2f} s of calibration, not decode time), with every later "
     "batch's times added; cached for the next job",
     "cache": "from the calibration cache (0 s of calibration), with this job's batches' times added "

@@ -33,7 +33,8 @@ directory or a `.msgpack` params file), `GAMMA`, `TEMPERATURE` and `INFER_OUTPUT
 
 The job's parts, one module each of speculative/infer/: settings (InferSettings, the checks),
 inputs (task or file examples), outputs (manifest, predictions, timings), report (summary and
-report.md) and auto_gamma (GAMMA = 'auto'); this module runs the modes over the batches.
+report.md), auto_gamma (GAMMA = 'auto') and batches (the modes over the batches); this module runs
+the job, from its checks to its summary.
 """
 
 from __future__ import annotations
@@ -43,23 +44,20 @@ import json
 import logging
 import os
 import signal
-import time
 from typing import Any
 from typing import Sequence
 
-import jax
 import jax.numpy as jnp
-import numpy as np
 
 from speculative import checkpoints
 from speculative import drafters as drafters_lib
-from speculative import timing
 from speculative.checkpoints import files
 from speculative.decode import audit
 from speculative.decode import batching
 from speculative.decode import modes
 from speculative.decode import state as decode_state
 from speculative.infer import auto_gamma
+from speculative.infer import batches
 from speculative.infer import inputs as infer_inputs
 from speculative.infer import outputs
 from speculative.infer import report as infer_report
@@ -196,7 +194,7 @@ def _run(settings: infer_settings.InferSettings, claim: _Claim) -> dict[str, Any
     for run in runs:
       run.decode = fns[run.name]
     load_start = infer_report.load_average()
-    _decode_all(settings, inputs, runs, claim)
+    batches.decode_all(settings, inputs, runs, claim)
   except KeyboardInterrupt as e:  # SIGINT/SIGTERM: the batch in flight is discarded
     done = sum(all(x.index in run.records for run in runs) for x in inputs.examples)
     raise interrupts.Interrupted(
@@ -358,136 +356,6 @@ def _print_calibration(settings: infer_settings.InferSettings, calibration) -> N
     + "; once per call, per token: "
     + ", ".join(f"{costs.fixed_per_token(g) * 1e3:.2f} ms" for g in range(costs.gamma_max + 1))
   )
-
-
-def _decode_all(
-  settings: infer_settings.InferSettings,
-  inputs: infer_inputs.JobInputs,
-  runs: Sequence[outputs.ModeRun],
-  claim: _Claim,
-) -> None:
-  """Decodes every example some mode has not finished, batch by batch (length-sorted), the modes
-  interleaved; each batch's records are written as soon as it is done (`claim` before the first
-  write). A signal during a write ends the job after it (`interrupts.deferred`): the records in
-  memory are the records on disk. An 'auto' mode first replays the choices of the batches it
-  finished before (`AutoGamma.replay`), then chooses each batch's gamma before decoding it."""
-  from tqdm import tqdm
-
-  examples = inputs.examples
-  plain = next((run for run in runs if run.name == modes.BASELINE), None)
-  auto_run = next((r for r in runs if isinstance(r.decode, auto_gamma.AutoGamma)), None)
-  for run in runs:
-    if isinstance(run.decode, auto_gamma.AutoGamma):
-      with checks.user_errors():
-        run.decode.replay(
-          auto_gamma.done_batches(examples, run.records, settings.batch_size),
-          run.records,
-          plain.records if plain is not None else None,
-        )
-  todo = [e for e in examples if any(e.index not in run.records for run in runs)]
-  if len(todo) < len(examples):
-    print(f"resuming: {len(examples) - len(todo)} of {len(examples)} examples already done")
-  batches = batching.length_sorted_batches(todo, settings.batch_size)
-  with tqdm(batches, desc="decoding", unit="batch", disable=not settings.progress) as bar:
-    for batch_examples in bar:
-      length = batching.padded_length(batch_examples, settings.inputs_length)
-      encoder_tokens = jnp.asarray(  # [batch, length]: the batch's length bucket, not inputs_length
-        batching.pad_batch(batch_examples, settings.batch_size, length)
-      )
-      rng = jax.random.fold_in(jax.random.PRNGKey(settings.seed), batch_examples[0].index)
-      # 'auto' chooses the batch's gamma first (from the batches before it); while that choice
-      # still measures the costs, its first batches' calls are also timed without their loop
-      # steps (`_decode_batch`'s stepless call; `AutoGamma.stepless`): the auto mode's, and the
-      # baseline's beside it.
-      choice = None
-      if auto_run is not None and not all(e.index in auto_run.records for e in batch_examples):
-        choice = auto_run.decode.choose()
-      for run in runs:
-        if all(e.index in run.records for e in batch_examples):
-          continue
-        decode, variant, stepless = run.decode, (), False
-        if run is auto_run:
-          decode, variant = run.decode.decode_fn(choice.gamma), (choice.gamma,)
-          stepless = run.decode.stepless(choice.gamma)
-        elif run is plain and choice is not None:
-          stepless = auto_run.decode.plain_beside and auto_run.decode.stepless(choice.gamma)
-        records = _decode_batch(
-          run, decode, variant, batch_examples, encoder_tokens, rng, inputs.vocabulary, stepless
-        )
-        if run is auto_run:
-          for row in records.values():
-            row["gamma"] = choice.gamma
-        with interrupts.deferred():  # the records, their timings and the manifest: all or none
-          claim()
-          run.records.update(records)
-          outputs.write_records(settings.output_dir, runs, run)
-          if run is auto_run:
-            run.decode.observe(choice, [records[e.index] for e in batch_examples])
-            if plain is not None:
-              run.decode.observe_plain(
-                choice.gamma, auto_gamma.plain_rows(plain.records, batch_examples)
-              )
-  if auto_run is not None:
-    auto_run.decode.finish()  # the loop times of every batch back to the cache
-
-
-def _decode_batch(
-  run: outputs.ModeRun,
-  decode: modes.DecodeFn,
-  variant: tuple,
-  batch_examples: Sequence[infer_inputs.Example],
-  encoder_tokens: jax.Array,
-  rng,
-  vocabulary,
-  stepless: bool = False,
-) -> dict[int, dict]:
-  """One mode over one batch with `decode`, timed warm (the first call of each `variant`, an
-  'auto' mode's gamma, at each input length compiles, and a second call runs it once more, both
-  timed apart as compile time): {example index: its record}. `stepless`: the same compiled call
-  with `max_steps = 0` is timed too (what the call pays once: 'auto's calibration, recorded as
-  `stepless_s`, not decode time)."""
-  compiled = (encoder_tokens.shape, *variant)
-  if compiled not in run.compiled_shapes:  # compile this shape outside the timing
-    t0 = time.perf_counter()
-    with resources.CompileCounter() as compiles:
-      jax.block_until_ready(decode(encoder_tokens, rng))
-      # The first run after a compile measured 1.3-1.8x slower than the runs after it (2-core
-      # EPYC, batch 1): timed, it would bias the job's speedup and the costs 'auto' measures on
-      # the first batches of each gamma it visits.
-      jax.block_until_ready(decode(encoder_tokens, rng))
-    run.compile_s = (run.compile_s or 0.0) + time.perf_counter() - t0
-    run.compiles_first_call += compiles.count
-    run.compiled_shapes.add(compiled)
-  with resources.CompileCounter() as compiles:  # the time 'auto' measures its costs with, too
-    seconds, result = timing.timed(lambda: decode(encoder_tokens, rng))
-  run.compiles_warm += compiles.count
-  stepless_s = None
-  if stepless:
-    stepless_s, _ = timing.timed(lambda: decode(encoder_tokens, rng, max_steps=0))
-  tokens, lengths = np.asarray(result.tokens), np.asarray(result.lengths)
-  metrics = jax.tree_util.tree_map(
-    np.asarray,
-    dataclasses.asdict(result.metrics)
-    if dataclasses.is_dataclass(result.metrics)
-    else result.metrics.__dict__,
-  )
-  if np.any(metrics["invalid"][: len(batch_examples)]):
-    raise FloatingPointError(
-      f"NaN/inf logits while decoding examples {[e.index for e in batch_examples]}"
-    )
-  return {
-    example.index: outputs.record(
-      example,
-      vocabulary,
-      tokens[row],
-      int(lengths[row]),
-      {k: v[row] for k, v in metrics.items()},
-      seconds,
-      len(batch_examples),
-      stepless_s,
-    )
-    for row, example in enumerate(batch_examples)
-  }
 
 
 def _summary(

@@ -92,8 +92,9 @@ def _records(out, mode):
 
 def test_where_only_plain_decoding_pays_the_job_never_drafts(pair, inject, tmp_path, monkeypatch):
   """The first job measures the loops' steps on its own batches (the baseline's for the plain
-  loop, its first batch at gamma 1), then decodes plain only and caches the costs; a second job
-  with the cache never drafts at all."""
+  loop; gamma 1 on its first batch, by the warm call of gamma 1's compile), then decodes plain
+  only, its first batch included, and caches the costs; a second job with the cache never drafts
+  at all."""
   root, kwargs = pair
   timed = inject(ONLY_PLAIN_PAYS)
   cache = tmp_path / "calibration.json"
@@ -102,22 +103,32 @@ def test_where_only_plain_decoding_pays_the_job_never_drafts(pair, inject, tmp_p
   )
   spec = _records(tmp_path / "out1", "speculative")
   policy_summary = first["gamma_policy"]
-  # Gamma 1 measured loses to plain decoding, so the job does not look past it: the costs freeze
-  # at the second batch's choice of plain decoding, and on gammas 0..1 not even alpha 1 pays.
-  assert policy_summary["reasons"] == {policy.CALIBRATE: 1, policy.NEVER_PAYS: 4}
-  assert sorted(r["gamma"] for r in spec) == [0] * 8 + [1] * 2
-  assert timed[:2] == [1, 0]  # the gamma-1 batch, then the baseline's batch beside it
-  # The measuring batch's calls, both modes', were also timed without their loop steps (what a
-  # call pays once); no other batch's were.
+  # Gamma 1 measured on the first batch loses to plain decoding, so the job does not look past
+  # it: the costs freeze at that batch, which is decoded plain like every other (on gammas 0..1
+  # not even alpha 1 pays), and no batch is decoded at gamma 1.
+  assert policy_summary["reasons"] == {policy.NEVER_PAYS: 5}
+  assert [r["gamma"] for r in spec] == [0] * 10
+  assert timed[:2] == [1, 0]  # the gamma-1 measurement, then the baseline's batch beside it
   settings = infer_settings.InferSettings(output_dir=str(tmp_path / "x"), batch_size=2, **kwargs)
   first_batch = batching.length_sorted_batches(infer_inputs.load_inputs(settings).examples, 2)[0]
-  stepless = json.loads((tmp_path / "out1" / "timings.json").read_text())["stepless_s"]
-  want = sorted(str(e.index) for e in first_batch)
-  assert {mode: sorted(stepless[mode]) for mode in stepless} == {m: want for m in stepless}
-  assert set(stepless) == set(infer_settings.MODES)
-  assert all(v > 0 for mode in stepless.values() for v in mode.values())
+  want = sorted(e.index for e in first_batch)
+  assert sorted(r["index"] for r in spec if "measured" in r) == want
+  assert {r["measured"]["gamma"] for r in spec if "measured" in r} == {1}
+  # The measurement, and the baseline's decode of its batch, were also timed without their loop
+  # steps (what a call pays once); no other batch's calls were.
+  timings = json.loads((tmp_path / "out1" / "timings.json").read_text())
+  assert {
+    field: {mode: sorted(int(i) for i in by_index) for mode, by_index in timings[field].items()}
+    for field in ("stepless_s", "measured_s", "measured_stepless_s")
+  } == {
+    "stepless_s": {"baseline": want, "speculative": []},
+    "measured_s": {"baseline": [], "speculative": want},
+    "measured_stepless_s": {"baseline": [], "speculative": want},
+  }
+  assert all(v > 0 for f in timings.values() for mode in f.values() for v in mode.values())
   calibration = policy_summary["calibration"]
   assert (calibration["source"], calibration["measuring_batches"]) == ("measured", 1)
+  assert calibration["measured_batches"] == 1
   cached = costs_lib.load(
     str(cache),
     costs_lib.Calibration.from_json(
@@ -130,7 +141,8 @@ def test_where_only_plain_decoding_pays_the_job_never_drafts(pair, inject, tmp_p
   report = (tmp_path / "out1" / "report.md").read_text()
   assert "## Gamma 'auto' (0..3; 0 = plain decoding)" in report
   assert "Costs measured on this job's first 1 batch (their own decodes" in report
-  assert "never pays 4" in report
+  assert "1 batch first measured at a gamma not then decoded" in report
+  assert "never pays 5" in report
   # A second job on this device, batch and models: the cache's costs, no draft call at all.
   requested = []  # the gammas whose decode function the job asked for
   decode_fn = auto_gamma.AutoGamma.decode_fn
@@ -266,6 +278,55 @@ def test_a_resumed_sampled_auto_job_is_byte_identical(pair, inject, tmp_path, mo
     assert _without_run_facts(resumed["gamma_policy"]) == _without_run_facts(
       reference["gamma_policy"]
     )
+
+
+@pytest.mark.parametrize("finished", [1, 3])
+def test_a_resumed_job_replays_a_batch_measured_at_a_gamma_it_was_not_decoded_at(
+  pair, inject, tmp_path, monkeypatch, finished
+):
+  """Batch 2, temperature 1, ONLY_PLAIN_PAYS: the first batch is measured at gamma 1 (the warm
+  call of its compile) and decoded plain (`AutoGamma.measure`); a job interrupted after 1 or 3
+  batches (the measured one among them) resumes from the measurement its records keep (a replay
+  without it would choose gamma 1 for the first batch and refuse to resume) and ends
+  byte-identical to an uninterrupted job, with the same costs and choices."""
+  root, kwargs = pair
+  kwargs = {**kwargs, "temperature": 1.0, "seed": 5, "batch_size": 2}
+  inject(ONLY_PLAIN_PAYS)
+  reference = infer.infer(
+    output_dir=str(tmp_path / "ref"), calibration_file=str(tmp_path / "a.json"), **kwargs
+  )
+  spec = _records(tmp_path / "ref", "speculative")
+  assert [r["index"] for r in spec if "measured" in r] == sorted(
+    e.index
+    for e in batching.length_sorted_batches(
+      infer_inputs.load_inputs(
+        infer_settings.InferSettings(output_dir=str(tmp_path / "x"), **kwargs)
+      ).examples,
+      2,
+    )[0]
+  )
+  original = infer_outputs.record
+  seen = []
+
+  def interrupted(example, *args):
+    seen.append(example.index)
+    if len(seen) == 4 * finished + 1:  # `finished` batches of 2 rows, both modes
+      raise KeyboardInterrupt
+    return original(example, *args)
+
+  out = tmp_path / "run"
+  monkeypatch.setattr(infer_outputs, "record", interrupted)
+  with pytest.raises(KeyboardInterrupt):
+    infer.infer(output_dir=str(out), calibration_file=str(tmp_path / "b.json"), **kwargs)
+  assert len(_records(out, "speculative")) == 2 * finished
+  monkeypatch.setattr(infer_outputs, "record", original)
+  resumed = infer.infer(output_dir=str(out), calibration_file=str(tmp_path / "c.json"), **kwargs)
+  for mode in infer_settings.MODES:
+    name = f"predictions-{mode}.jsonl"
+    assert (out / name).read_bytes() == (tmp_path / "ref" / name).read_bytes()
+  assert _without_run_facts(resumed["gamma_policy"]) == _without_run_facts(
+    reference["gamma_policy"]
+  )
 
 
 BAD = [
