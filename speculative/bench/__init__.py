@@ -2,13 +2,14 @@
 
 main           benchmark() and its arguments (BenchmarkSettings, checked before any work): inputs,
                models, the cost model, the sweep, the whole job, the report
-methods        our models (their weights) on each batch size's decode path, the drafters and the
-               methods compared
+methods        the pair (its weights), its inputs (a seqio task, a TSV file or examples given), our
+               models on each batch size's decode path, the drafters and the methods compared;
+               the pages' options and command line, their batch-1 costs
 costs          the cost model t(T), c, v(T), and the noise verdict of each estimate (timed with
                speculative.timing's timers, in interleaved rounds); a step's bytes, the read rate
-sweep          timing every method of a (batch size, temperature) group; rows and profiles; the
-               timing settings (TimingSettings) and a batch size's parts (Batch) the benchmark and
-               paper_shape share
+sweep          timing every method of a (batch size, temperature) group (a page's: at batch 1); rows
+               and profiles; the timing settings (TimingSettings) and a batch size's parts (Batch)
+               the benchmark and paper_shape share
 conclude       the best gammas, the targets check, the explanations of missed targets, the summary
 markdown       the one page writer: cells, column-declared tables, sections, a page's record and files;
                the machine in a line with its load (its record: jobs/runtime.machine; whether a shape
@@ -21,9 +22,6 @@ paper_shape    T5 1.1 XXL's shape on this device (python -m speculative.bench.pa
 auto_gamma     GAMMA = 'auto' against each fixed gamma, one job a process (python -m ...auto_gamma)
 
 The benchmark's own pages, linked from the results page (python -m speculative.bench.<page>):
-pages          what they measure alike: the pair's options and loading, the benchmark's inputs (a
-               seqio task, a TSV file or examples given), decode functions, batch-1 cost model and
-               timing
 drafters_page  docs/drafters/: alpha per drafter (Table 3), lenience (Table 5), adaptive gamma
 spectr_page    docs/spectr/: SpecTr's K drafts vs speculative decoding vs the baseline
 spectr_jobs    the table of `speculative.infer` jobs run with METHOD = 'spectr' (docs/spectr/jobs.md)

@@ -15,7 +15,7 @@ On the first --num_examples sentences that fit (greedy = temperature 0, sampling
      call and drafted tokens per step of each registry drafter in --drafters, at --gamma and
      --batch_size.
   2. The same and BLEU of the draft model per lenience l in --lenience (l < 1 is APPROXIMATE).
-  3. Walltime at batch 1 (pages.time_rows): the baseline, the draft model at each gamma in
+  3. Walltime at batch 1 (sweep.time_rows): the baseline, the draft model at each gamma in
      --gammas, and adaptive gamma up to --max_gamma: the confidence stop rule (each --stop_below)
      with the static and the adaptive verify width, and the acceptance-predicted rule
      (AdaptiveGammaDrafter, c and v(T) measured on the first sentence).
@@ -35,8 +35,7 @@ import jax.numpy as jnp
 
 from speculative import drafters as drafters_lib
 from speculative.bench import markdown as markdown_lib
-from speculative.bench import methods as methods_lib
-from speculative.bench import pages
+from speculative.bench import methods
 from speculative.bench import sweep
 from speculative.data import metrics as metrics_lib
 from speculative.data import tasks
@@ -56,7 +55,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     prog=f'python -m {MODULE}', description=__doc__.split('\n\n')[0], formatter_class=raw
   )
   quick = 'smoke run: 8 sentences, gammas 2,4, max_gamma 4, one threshold, 3 walltime sentences'
-  pages.add_pair_args(parser, num_examples=100, output_dir='outputs/bench_drafters', quick=quick)
+  methods.add_pair_args(parser, num_examples=100, output_dir='outputs/bench_drafters', quick=quick)
   parser.add_argument('--gamma', type=int, default=4, help='gamma of the alpha tables')
   parser.add_argument('--batch_size', type=int, default=10, help='batch of the alpha tables')
   parser.add_argument('--drafters', default=','.join(DRAFTER_NAMES))
@@ -70,18 +69,18 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
   parser.add_argument('--walltime_temperature', type=float, default=0.0)
   parser.add_argument('--skip', default='', help=f'comma list of parts to skip: {",".join(PARTS)}')
   presets = dict(num_examples=8, batch_size=4, walltime_examples=3, gammas='2,4', max_gamma=4)
-  args = pages.parse_args(
+  args = methods.parse_page_args(
     parser,
     argv,
     dict(presets, stop_below='0.5', repeats=1, max_new_tokens=24),
     positive=('gamma', 'batch_size', 'walltime_examples', 'max_gamma'),
     lists=dict(gammas=int, lenience=float, stop_below=float, ngram_sizes=int),
   )
-  if min(pages.values(args.gammas, int), default=0) < 1:
+  if min(methods.values(args.gammas, int), default=0) < 1:
     parser.error(f'--gammas must be integers >= 1, got {args.gammas!r}')
-  if not all(0 < v <= 1 for v in pages.values(args.lenience, float)):
+  if not all(0 < v <= 1 for v in methods.values(args.lenience, float)):
     parser.error(f'--lenience values must be in (0, 1], got {args.lenience!r}')
-  unknown = set(pages.values(args.skip, str)) - set(PARTS)
+  unknown = set(methods.values(args.skip, str)) - set(PARTS)
   if unknown:
     parser.error(f'--skip: unknown parts {sorted(unknown)} (known: {", ".join(PARTS)})')
   return args
@@ -92,17 +91,17 @@ def sampling_name(temperature: float) -> str:
 
 
 def decode_all(
-  pair: pages.Pair, drafter: Any, params: Any, examples, args, temperature: float, lenience=None
+  pair: methods.Pair, drafter: Any, params: Any, examples, args, temperature: float, lenience=None
 ) -> dict[str, Any]:
   """Summed counters, alpha, acceptance (and BLEU with a lenience) at --gamma, --batch_size."""
   options = dict(draft_params=params, lenience=lenience, gamma=args.gamma)
-  decode = pages.decode_fn(pair, args.max_new_tokens, temperature, drafter, **options)
-  method = methods_lib.Method('alpha', methods_lib.SPECULATIVE, decode)
+  decode = methods.pair_decode_fn(pair, args.max_new_tokens, temperature, drafter, **options)
+  method = methods.Method('alpha', methods.SPECULATIVE, decode)
   batches = batching.batches(examples, args.batch_size, args.inputs_length)
   for index, (_, encoder_tokens) in enumerate(batches):
     rng = jax.random.fold_in(jax.random.PRNGKey(args.seed), index)
     result = decode(jnp.asarray(encoder_tokens), rng)
-    method.outputs.append(methods_lib.decode_outputs(method.kind, result))
+    method.outputs.append(methods.decode_outputs(method.kind, result))
   keys = ('target_calls', 'drafted', 'accepted', 'alpha_sum', 'lengths')
   totals = {key: sweep.sum_rows(method, batches, key) for key in keys}
   drafted, calls = max(totals['drafted'], 1), max(totals['target_calls'], 1)
@@ -122,14 +121,15 @@ def decode_all(
   return row
 
 
-def alpha_part(pair: pages.Pair, examples, args) -> list[dict[str, Any]]:
+def alpha_part(pair: methods.Pair, examples, args) -> list[dict[str, Any]]:
   """Table 3: alpha, acceptance and tokens per call of every drafter, greedy and sampled."""
   print('== alpha per drafter', flush=True)
   labels = dict(model=pair.names['draft'], unigram='unigram (train split)')
   labels.update(bigram='bigram (train split)', prompt_lookup='prompt lookup')
   labels['prompt_lookup+model'] = f'prompt lookup + {pair.names["draft"]}'
-  ngram_sizes = tuple(pages.values(args.ngram_sizes, int))
-  built = pages.build_drafters(pair, pages.values(args.drafters, str), ngram_sizes=ngram_sizes)
+  ngram_sizes = tuple(methods.values(args.ngram_sizes, int))
+  names = methods.values(args.drafters, str)
+  built = methods.build_drafters(names, pair, [], ngram_sizes=ngram_sizes)
   rows = []
   for name, (drafter, params) in built.items():
     for temperature in (0.0, 1.0):
@@ -144,13 +144,13 @@ def alpha_part(pair: pages.Pair, examples, args) -> list[dict[str, Any]]:
   return rows
 
 
-def lenience_part(pair: pages.Pair, examples, args) -> dict[str, list[dict[str, Any]]]:
+def lenience_part(pair: methods.Pair, examples, args) -> dict[str, list[dict[str, Any]]]:
   """Table 5: the draft model drafter at every lenience, greedy and sampled, with BLEU."""
   print('== alpha vs lenience', flush=True)
   out, drafter = {}, drafters_lib.ModelDrafter(pair.draft)
   for temperature in (0.0, 1.0):
     out[str(temperature)] = []
-    for lenience in pages.values(args.lenience, float):
+    for lenience in methods.values(args.lenience, float):
       row = decode_all(pair, drafter, pair.draft_params, examples, args, temperature, lenience)
       out[str(temperature)].append(dict(lenience=lenience, **row))
       print(
@@ -161,30 +161,32 @@ def lenience_part(pair: pages.Pair, examples, args) -> dict[str, list[dict[str, 
   return out
 
 
-def walltime_methods(pair: pages.Pair, costs: dict[str, Any], args) -> list[methods_lib.Method]:
+def walltime_methods(pair: methods.Pair, costs: dict[str, Any], args) -> list[methods.Method]:
   """The timed methods (`drafter_obj` holds each one's description)."""
 
   def method(name, info, drafter=None, gamma=None, adaptive_verify=False):
     options = dict(gamma=gamma, adaptive_verify=adaptive_verify)
-    decode = pages.decode_fn(
+    decode = methods.pair_decode_fn(
       pair, args.max_new_tokens, args.walltime_temperature, drafter, **options
     )
-    kind = methods_lib.BASELINE if drafter is None else methods_lib.SPECULATIVE
-    return methods_lib.Method(name, kind, decode, gamma=gamma, drafter_obj=info)
+    kind = methods.BASELINE if drafter is None else methods.SPECULATIVE
+    return methods.Method(name, kind, decode, gamma=gamma, drafter_obj=info)
 
   out = [method('baseline', dict(kind='baseline'))]
-  for gamma in pages.values(args.gammas, int):
-    out.append(method(f'fixed gamma={gamma}', dict(kind='fixed'), pages.model_drafter(pair), gamma))
+  for gamma in methods.values(args.gammas, int):
+    out.append(
+      method(f'fixed gamma={gamma}', dict(kind='fixed'), methods.model_drafter(pair), gamma)
+    )
   max_gamma = args.max_gamma
-  for threshold in pages.values(args.stop_below, float):
+  for threshold in methods.values(args.stop_below, float):
     for adaptive in (False, True):
       info = dict(kind='confidence', stop_below=threshold, adaptive_verify=adaptive)
       name = f'stop_below={threshold}, max gamma={max_gamma}'
       name += ', adaptive verify' if adaptive else ''
-      drafter = pages.model_drafter(pair, stop_below=threshold)
+      drafter = methods.model_drafter(pair, stop_below=threshold)
       out.append(method(name, info, drafter, max_gamma, adaptive))
   rule = drafters_lib.AdaptiveGammaDrafter(
-    pages.model_drafter(pair),
+    methods.model_drafter(pair),
     draft_cost=round(costs['c'], 4),
     verify_costs=tuple(round(costs['v'][t], 3) for t in range(1, max_gamma + 2)),
   )
@@ -194,13 +196,13 @@ def walltime_methods(pair: pages.Pair, costs: dict[str, Any], args) -> list[meth
   return out + [method(name, info, rule, max_gamma, True)]
 
 
-def walltime_part(pair: pages.Pair, examples, args) -> tuple[dict[str, Any], dict[str, Any]]:
+def walltime_part(pair: methods.Pair, examples, args) -> tuple[dict[str, Any], dict[str, Any]]:
   """(costs at batch 1, every method's batch-1 walltime and speedups)."""
   print('== costs', flush=True)
-  cm = pages.extend_costs(
+  cm = methods.extend_costs(
     pair,
     batching.pad_batch(examples[:1], 1, args.inputs_length),  # [1, S]
-    max_length=pages.COST_POSITION + args.max_gamma + 2,
+    max_length=methods.COST_POSITION + args.max_gamma + 2,
     verify_lengths=range(2, args.max_gamma + 2),
     repeats=max(3, args.repeats),
   )
@@ -213,7 +215,7 @@ def walltime_part(pair: pages.Pair, examples, args) -> tuple[dict[str, Any], dic
   print('== walltime (batch 1)', flush=True)
   examples = examples[: args.walltime_examples]
   timed = walltime_methods(pair, costs, args)
-  _, measured = pages.time_rows(timed, examples, args, args.walltime_temperature)
+  _, measured = sweep.time_rows(timed, examples, args, args.walltime_temperature)
   rows = []
   for m in timed:
     r = measured[m.name]
@@ -334,12 +336,12 @@ def markdown(report: dict[str, Any]) -> str:
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
   """Runs the parts not in --skip; writes drafters.json and drafters.md; returns the report."""
   args = parse_args(argv)
-  skip = set(pages.values(args.skip, str))
-  pair, examples, skipped = pages.load_pair_and_examples(args)
+  skip = set(methods.values(args.skip, str))
+  pair, examples, skipped = methods.load_pair_and_examples(args)
   setup = dict(markdown_lib.record(MODULE, argv), target_name=pair.names['target'])
   setup.update(draft_name=pair.names['draft'], target_checkpoint=pair.descriptions['target'])
   setup.update(draft_checkpoint=pair.descriptions['draft'], num_examples=len(examples))
-  setup.update(skipped_long_inputs=skipped, lenience=pages.values(args.lenience, float))
+  setup.update(skipped_long_inputs=skipped, lenience=methods.values(args.lenience, float))
   report: dict[str, Any] = dict(setup={**setup, **{k: getattr(args, k) for k in SETUP_OPTIONS}})
   if 'alpha' not in skip:
     report['alpha'] = alpha_part(pair, examples, args)
@@ -356,4 +358,4 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
 
 
 if __name__ == '__main__':
-  pages.command_line(main, sys.argv[1:])
+  methods.command_line(main, sys.argv[1:])

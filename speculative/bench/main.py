@@ -23,7 +23,6 @@ from speculative.bench import conclude as conclude_lib
 from speculative.bench import costs as costs_lib
 from speculative.bench import markdown
 from speculative.bench import methods as methods_lib
-from speculative.bench import pages
 from speculative.bench import report as report_lib
 from speculative.bench import sweep
 from speculative.drafters import registry as drafter_registry
@@ -184,7 +183,7 @@ def whole_job(s, batches: dict[int, sweep.Batch], groups) -> dict[str, Any]:
   best = max(greedy, key=lambda g: g["baselines"][0]["tokens_per_s"])  # the baseline comes first
   b = batches[best["group"]["batch_size"]]  # its groups' decode path, cost model and timers
   fastest = min(best["speculative"], key=lambda r: r["walltime_s"], default=None)
-  examples, source, _ = pages.benchmark_inputs(
+  examples, source, _ = methods_lib.benchmark_inputs(
     s, num_examples=s.whole_job_examples, skip_truncated=False
   )
   stock_name = methods_lib.STOCK_T5X if b.stock_t5x_decode else methods_lib.STOCK_EQUIVALENT
@@ -236,21 +235,22 @@ def _run(s: BenchmarkSettings) -> dict[str, Any]:
   warnings: list[str] = []
   t_start = time.perf_counter()
   log = lambda msg: report_log(f"[{time.perf_counter() - t_start:6.0f}s] {msg}")  # noqa: E731
-  examples, source, task_label = pages.benchmark_inputs(
+  examples, source, task_label = methods_lib.benchmark_inputs(
     s, num_examples=s.num_examples, skip_truncated=s.skip_truncated
   )
   log(f"inputs: {source}")
   # The target, its stock-equivalent twin, the draft model and the drafters (same weights for
   # every method).
-  *pair, descriptions = methods_lib.build_pair(
+  pair = methods_lib.build_pair(
     (s.target_config, s.target_checkpoint),
     (s.draft_config, s.draft_checkpoint),
     allow_random_init=s.allow_random_init,
     seed=s.seed,
   )
+  descriptions = pair.descriptions
   if "random init" in descriptions["target"] or "random init" in descriptions.get("draft", ""):
     warnings.append("RANDOM-INIT weights: α and speedups do not describe trained models.")
-  models = methods_lib.bench_models(*pair, s.drafters, s.kernels, s.batch_sizes, warnings)
+  models = methods_lib.bench_models(pair, s.drafters, s.kernels, s.batch_sizes, warnings)
   log(f"target: {descriptions['target']}; draft: {descriptions.get('draft', '-')}")
   stock_t5x_decode = methods_lib.stock_t5x_decoder(s, models["target_params"])
   batches = _batches(s, models, examples, plan, stock_t5x_decode, log)

@@ -31,7 +31,6 @@ from speculative import kernels as kernels_lib
 from speculative.bench import costs as costs_lib
 from speculative.bench import markdown
 from speculative.bench import methods as methods_lib
-from speculative.bench import pages
 from speculative.bench import sweep
 from speculative.decode import state as decode_state
 from speculative.jobs import checks
@@ -145,7 +144,7 @@ FIT_HINT = (
 def _measure(s, pair, examples, log, gammas=(), temperatures=(0.0,), stock_t5x_decode=None):
   """(decode path, cost model, groups) of `pair` at batch 1 (baseline only without gammas); both
   parts use one cache length, so the second reuses the first's compiled target programs."""
-  models = methods_lib.bench_models(*pair, ["model"], s.kernels, [1], [])
+  models = methods_lib.bench_models(pair, ["model"], s.kernels, [1], [])
   models = methods_lib.for_batch(models, 1, s.kernels)
   if not gammas:
     log(f"costs: random init, {models['decode_path']['line']}")
@@ -167,7 +166,7 @@ def measure_costs(s: PaperShapeSettings, examples, log: Callable[[str], None]) -
   target, draft = t5_lib.T5(s.target_config), t5_lib.T5(s.draft_config)
   target_params = target.init_params(jax.random.PRNGKey(s.seed), s.storage_dtype)
   draft_params = draft.init_params(jax.random.PRNGKey(s.seed + 1), s.storage_dtype)
-  pair = (target, target_params, draft, draft_params)
+  pair = methods_lib.Pair(target, target_params, draft, draft_params)
   decode_path, costs, groups = _measure(s, pair, examples, log)
   baseline = groups[0]["baselines"][0]
   step = costs["target_step_s"]
@@ -229,7 +228,7 @@ def real_walltime(s: PaperShapeSettings, examples, log: Callable[[str], None]) -
     _load(s.shipped_draft_config, s.shipped_draft_checkpoint),
   )
   target, draft = t5_lib.T5(s.target_config), t5_lib.T5(s.shipped_draft_config)
-  pair = (target, target_params, draft, draft_params)
+  pair = methods_lib.Pair(target, target_params, draft, draft_params)
   stock_t5x_decode = methods_lib.stock_t5x_decoder(s, target_params)
   _, costs, groups = _measure(s, pair, examples, log, s.gammas, s.temperatures, stock_t5x_decode)
   return {"grow_s": grow_s, "c": costs["drafters"]["model"]["c"], "v": costs["v"], "groups": groups}
@@ -253,7 +252,7 @@ def paper_shape(s: PaperShapeSettings) -> dict[str, Any]:
   }
   log(f"target {report['target']}; draft {report['draft']}")
   log(f"memory: {_memory(report['memory'])}")
-  examples, _ = pages.split_examples("test", s.inputs_length, s.num_examples)
+  examples, _ = methods_lib.split_examples("test", s.inputs_length, s.num_examples)
   report["costs"] = measure_costs(s, examples, log)
   if s.real_walltime:
     report["source"] = f"{s.source_checkpoint} ({memory.describe(s.source_config)})"

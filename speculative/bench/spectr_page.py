@@ -21,7 +21,6 @@ from speculative import timing
 from speculative.bench import costs as bench_noise
 from speculative.bench import markdown
 from speculative.bench import methods as methods_lib
-from speculative.bench import pages
 from speculative.bench import sweep
 from speculative.decode import batching
 
@@ -36,31 +35,31 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
   parser = argparse.ArgumentParser(prog=f'python -m {MODULE}', description=__doc__.split('\n')[0])
   quick = 'smoke run: 4 inputs, 16 new tokens, K 1 2, L 4, random init if a checkpoint is missing, '
   quick += 'output in outputs/bench_spectr_quick'
-  pages.add_pair_args(parser, num_examples=20, output_dir='outputs/bench_spectr', quick=quick)
+  methods_lib.add_pair_args(parser, num_examples=20, output_dir='outputs/bench_spectr', quick=quick)
   parser.add_argument('--ks', type=int, nargs='+', default=[1, 2, 4, 8])
   parser.add_argument('--ls', type=int, nargs='+', default=[4, 8])
   parser.add_argument('--cost_repeats', type=int, default=5)
   presets = dict(num_examples=4, max_new_tokens=16, ks=[1, 2], ls=[4], repeats=1)
   presets.update(cost_repeats=bench_noise.MIN_ROUNDS, allow_random_init=True)
   quick = dict(presets, output_dir='outputs/bench_spectr_quick')
-  args = pages.parse_args(parser, argv, quick, positive=('ks', 'ls', 'cost_repeats'))
+  args = methods_lib.parse_page_args(parser, argv, quick, positive=('ks', 'ls', 'cost_repeats'))
   if 1 not in args.ks:
     parser.error('--ks must include 1 (the K=1 reference)')
   return args
 
 
-def measure_costs(pair: pages.Pair, example, args) -> dict:
+def measure_costs(pair: methods_lib.Pair, example, args) -> dict:
   """d(K), t(K, L+1) and t(1, 1) on `example`'s cache, c_K and v as per-round ratios."""
   encoder_row = batching.pad_batch([example], 1, args.inputs_length)[0]  # [S]
   max_length = args.inputs_length + args.max_new_tokens + max(args.ls) + 1
   costs = {'target_ms': {}, 'draft_ms': {}, 'c': {}, 'v': {}, 'too_noisy': {}}
-  t11, at = [], dict(max_length=max_length, position=pages.COST_POSITION)
+  t11, at = [], dict(max_length=max_length, position=methods_lib.COST_POSITION)
   for k in args.ks:
     encoder = np.repeat(encoder_row[None], k, axis=0)  # [K, S]
     reference = timing.extend_timer(
       pair.target, pair.target_params, encoder[:1], num_tokens=1, **at
     )
-    cm = pages.extend_costs(
+    cm = methods_lib.extend_costs(
       pair,
       encoder,
       max_length=max_length,
@@ -88,10 +87,12 @@ def measure_costs(pair: pages.Pair, example, args) -> dict:
   return costs
 
 
-def make_methods(pair: pages.Pair, args) -> list[methods_lib.Method]:
+def make_methods(pair: methods_lib.Pair, args) -> list[methods_lib.Method]:
   """baseline, speculative L per L, spectr K L per (K, L); `drafter_obj` holds (K, L)."""
-  drafter = pages.model_drafter(pair)
-  decode = lambda *a, **options: pages.decode_fn(pair, args.max_new_tokens, 1.0, *a, **options)
+  drafter = methods_lib.model_drafter(pair)
+  decode = lambda *a, **options: methods_lib.pair_decode_fn(
+    pair, args.max_new_tokens, 1.0, *a, **options
+  )
   methods = [methods_lib.Method('baseline', methods_lib.BASELINE, decode())]
   for length in args.ls:
     speculative = decode(drafter, gamma=length)
@@ -241,14 +242,14 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
   """Times every method and the costs; writes results.json and results.md; returns the report."""
   args = parse_args(argv)
   report = markdown.record(MODULE, argv)
-  pair, examples, _ = pages.load_pair_and_examples(args)
+  pair, examples, _ = methods_lib.load_pair_and_examples(args)
   print(
     f'target: {pair.descriptions["target"]}\ndraft: {pair.descriptions["draft"]}\n'
     f'inputs: {len(examples)} {args.split} sentences',
     flush=True,
   )
   methods = make_methods(pair, args)
-  batches, measured = pages.time_rows(methods, examples, args, temperature=1.0)
+  batches, measured = sweep.time_rows(methods, examples, args, temperature=1.0)
   rows = method_rows(methods, batches, measured)
   costs = measure_costs(pair, examples[0], args)  # a realistic cache: the first input
   print('costs measured', flush=True)
@@ -268,4 +269,4 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
 
 
 if __name__ == '__main__':
-  pages.command_line(main, sys.argv[1:])
+  methods_lib.command_line(main, sys.argv[1:])

@@ -227,6 +227,17 @@ def time_methods(
   }
 
 
+def time_rows(
+  methods: Sequence[bench_methods.Method], examples: Sequence[Any], args: Any, temperature: float
+) -> tuple[list[Any], dict[str, dict[str, Any]]]:
+  """Times a page's `methods` at batch 1 as the sweep does (`args`: its inputs_length, repeats and
+  seed): (batches, {name: method_row})."""
+  batches = batching.batches(examples, 1, args.inputs_length)
+  time_methods(methods, batches, repeats=args.repeats, seed=args.seed, log=print)
+  group = dict(batch_size=1, temperature=temperature, examples=len(examples))
+  return batches, {m.name: method_row(m, batches, group) for m in methods}
+
+
 @dataclasses.dataclass(frozen=True)
 class Batch:
   """What every group of one batch size shares: TimingSettings, its models (`methods.for_batch`),

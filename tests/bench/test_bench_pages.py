@@ -12,7 +12,7 @@ import pytest
 
 from speculative.bench import costs
 from speculative.bench import drafters_page
-from speculative.bench import pages
+from speculative.bench import methods as methods_lib
 from speculative.bench import report as report_lib
 from speculative.bench import spectr_page
 
@@ -94,7 +94,7 @@ def test_a_missing_checkpoint_is_an_error_without_allow_random_init(tmp_path):
   with pytest.raises(
     FileNotFoundError, match='^target checkpoint does not exist: .*missing_target'
   ):
-    pages.load_pair(drafters_page.parse_args(args))
+    methods_lib.load_pair(drafters_page.parse_args(args))
 
 
 DOCS = Path(__file__).resolve().parents[2] / 'docs'
@@ -169,12 +169,12 @@ def test_spectr_page_quick_run_matches_speculative_at_one_draft(tmp_path):
 def test_a_missing_checkpoint_on_the_command_line_is_one_line(tmp_path, capsys):
   argv = ['--target_checkpoint', str(tmp_path / 'missing.msgpack'), '--output_dir', str(tmp_path)]
   with pytest.raises(SystemExit, match="^2$") as exit_info:
-    pages.command_line(drafters_page.main, argv)
+    methods_lib.command_line(drafters_page.main, argv)
   assert exit_info.value.code == 2
   err = capsys.readouterr().err.strip()
   assert err.startswith('error: target checkpoint does not exist') and len(err.splitlines()) == 1
   with pytest.raises(
     FileNotFoundError, match='^target checkpoint does not exist: .*missing.msgpack'
   ):
-    pages.command_line(drafters_page.main, argv + ['--debug'])
+    methods_lib.command_line(drafters_page.main, argv + ['--debug'])
   assert not list(tmp_path.iterdir())  # nothing written
