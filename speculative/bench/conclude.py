@@ -49,15 +49,11 @@ def _best_targets(c: dict[str, Any], r: dict[str, Any]) -> list[tuple[str, Any, 
   if c["predicted_speedup"] is None:
     note += " (cost model too noisy to predict: the best measured γ, an optimistic pick)"
   if c["temperature"] == 0:
-    name = "batch 1, greedy: {}"
+    name, stock = "batch 1, greedy: {}", r["stock_baseline"]
     targets = [
       (name.format("measured / predicted speedup"), r["measured_over_predicted"], TARGET_EXP_RATIO),
       (name.format("speedup over our baseline"), r["measured_speedup"], TARGET_GREEDY),
-      (
-        name.format(f"speedup over {r['stock_baseline']}"),
-        r["speedup_vs_stock"],
-        TARGET_GREEDY_STOCK,
-      ),
+      (name.format(f"speedup over {stock}"), r["speedup_vs_stock"], TARGET_GREEDY_STOCK),
     ]
   else:
     note += f"; per generated token {r['speedup_per_token']:.2f}X"
@@ -104,15 +100,11 @@ def _analysis_notes(report: dict[str, Any]) -> list[str]:
     by_row.setdefault((t["batch_size"], t["temperature"], t["drafter"], t["gamma"]), []).append(t)
   for targets in by_row.values():
     t = targets[0]
-    parts = [
-      "- "
-      + "; ".join(
-        f"**{m['target']}**: {m['value']:.2f} vs {m['threshold']:.2f}, short by "
-        f"{m['shortfall']:.2f}"
-        for m in targets
-      )
-      + f" ({t['note']})."
-    ]
+    shortfalls = "; ".join(
+      f"**{m['target']}**: {m['value']:.2f} vs {m['threshold']:.2f}, short by {m['shortfall']:.2f}"
+      for m in targets
+    )
+    parts = [f"- {shortfalls} ({t['note']})."]
     rows = rows_of(report, t, "speculative", gamma=t["gamma"], drafter=t["drafter"])
     bases = rows_of(report, t, "baselines", method=methods.BASELINE)
     if rows and bases and "profile" in rows[0] and "profile" in bases[0]:

@@ -83,8 +83,8 @@ def judge(
 class NoiseLog:
   """Estimates by name and why the refused ones were, in `data` (the JSON-ready costs['noise'])."""
 
-  def __init__(self, data: dict[str, Any] | None = None, max_spread: float = MAX_SPREAD):
-    empty = dict(max_spread=max_spread, min_rounds=MIN_ROUNDS, estimates={}, refused={})
+  def __init__(self, data: dict[str, Any] | None = None):
+    empty = dict(max_spread=MAX_SPREAD, min_rounds=MIN_ROUNDS, estimates={}, refused={})
     self.data = empty if data is None else data
 
   def add(
@@ -105,8 +105,7 @@ class NoiseLog:
 
 
 def time_rounds(s, timers: Mapping[str, timing.Timer], **kwargs: Any):
-  """timing.time_rounds of jitted-loop `timers` with the timing settings `s` (every timer marginal
-  unless `marginal` is given)."""
+  """timing.time_rounds with the timing settings `s` (every timer marginal unless `marginal` says)."""
   kwargs.setdefault("marginal", list(timers))
   return timing.time_rounds(timers, s.cost_repeats, s.cost_min_seconds, **kwargs)
 
@@ -199,14 +198,7 @@ def measure_extend_costs(
 
 
 def measure_costs(
-  s,
-  view,
-  examples,
-  batch_size: int,
-  max_gamma: int,
-  timers: dict,
-  *,
-  max_length: int | None = None,
+  s, view, examples, batch_size: int, max_gamma: int, timers: dict, *, max_length: int | None = None
 ) -> dict[str, Any]:
   """The cost model of `view` (`methods.for_batch`) on the first input batch with the timing
   settings `s`: `measure_extend_costs` up to T = max_gamma + 1, the prefills, the stock-equivalent

@@ -52,9 +52,10 @@ def columns_table(columns: Sequence[Column], records: Iterable[Any]) -> str:
   return table([h for h, _ in columns], [[cell(r) for _, cell in columns] for r in records])
 
 
-def section(title: str, *paragraphs: str, level: int = 2) -> list[str]:
-  """A section: its heading and its paragraphs (text or tables), each followed by a blank line."""
-  return [f"{'#' * level} {title}", ""] + [line for p in paragraphs for line in (p, "")]
+def section(title: str, *paragraphs: str | None, level: int = 2) -> list[str]:
+  """A section: its heading and its paragraphs (text or tables; None or empty ones left out), each
+  followed by a blank line."""
+  return [f"{'#' * level} {title}", ""] + [line for p in paragraphs if p for line in (p, "")]
 
 
 def busy_warnings(machine: dict[str, Any]) -> list[str]:

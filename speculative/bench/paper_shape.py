@@ -340,19 +340,18 @@ def format_report(report: dict[str, Any]) -> str:
     f"Memory: {_memory(report['memory'])}.",
     level=1,
   )
-  costs_section = [markdown.table(["measure", "value"], cost_rows)]
-  if refused:
-    costs_section.append(
-      "Too noisy (bench/costs.py):\n" + "\n".join(f"- {r}" for r in refused.values())
-    )
-  theorem_section = [markdown.table(["alpha"] + [f"γ={g}" for g in gammas], theorem_rows)]
-  if any(noisy.values()):
-    theorem_section.append(
-      "\\* from a c or v(T) the noise verdict refused (above): not to be relied on."
-    )
-  lines += markdown.section("Costs (batch 1)", *costs_section)
+  too_noisy = "Too noisy (bench/costs.py):\n" + "\n".join(f"- {r}" for r in refused.values())
   lines += markdown.section(
-    "Theorem 3.8 with these c and v(T), at the paper's alphas (Table 3)", *theorem_section
+    "Costs (batch 1)",
+    markdown.table(["measure", "value"], cost_rows),
+    too_noisy if refused else None,
+  )
+  lines += markdown.section(
+    "Theorem 3.8 with these c and v(T), at the paper's alphas (Table 3)",
+    markdown.table(["alpha"] + [f"γ={g}" for g in gammas], theorem_rows),
+    "\\* from a c or v(T) the noise verdict refused (above): not to be relied on."
+    if any(noisy.values())
+    else None,
   )
   if "real" in report:
     lines += _real_lines(report)
@@ -381,20 +380,17 @@ def _real_lines(report: dict[str, Any]) -> list[str]:
       ]
   header = ["temperature", "method", "ms/token", "speedup per token", "vs stock", "alpha"]
   header += ["Thm 3.8", "identical to baseline (audit)"]
-  paragraphs = [
+  return markdown.section(
+    "Real walltime: the grown target and the shipped draft (batch 1)",
     f"Target: {report['source']} grown to the shape in {real['grow_s']:.1f} s. Draft: "
     f"{report['shipped_draft']}. c = {real['c']:.3f}; v = "
     + ", ".join(f"{k}: {v:.2f}" for k, v in real["v"].items() if k != "1")
     + ".",
     markdown.table(header, rows),
-  ]
-  if divergences:
-    paragraphs.append(
-      "Divergences from the baseline (decode/audit.py: float32 top-2 gap vs bound):\n"
-      + "\n".join(divergences)
-    )
-  return markdown.section(
-    "Real walltime: the grown target and the shipped draft (batch 1)", *paragraphs
+    "Divergences from the baseline (decode/audit.py: float32 top-2 gap vs bound):\n"
+    + "\n".join(divergences)
+    if divergences
+    else None,
   )
 
 

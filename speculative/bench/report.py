@@ -48,7 +48,7 @@ METHOD_COLUMNS = [DRAFTER, TEMP, column("BATCH", "batch_size"), GAMMA]
 
 def _machine_section(report: dict[str, Any]) -> list[str]:
   machine = report["machine"]
-  lines = section(
+  return section(
     "Machine",
     f"{runtime.cpu_line(machine)}; {machine['usable_cores']} usable of {machine['cpu_count']} CPU "
     f"cores; {fmt(machine['memory_gib'], 1)} GiB RAM; {machine['platform']}; "
@@ -60,9 +60,8 @@ def _machine_section(report: dict[str, Any]) -> list[str]:
     "Runtime settings in force (the same for every method, stock T5X included): "
     + (runtime.describe(machine["runtime"]) if "runtime" in machine else "not recorded")
     + ".",
+    "**Warnings:** " + " ".join(report["warnings"]) if report.get("warnings") else None,
   )
-  warnings = report.get("warnings", [])
-  return lines + (["**Warnings:** " + " ".join(warnings), ""] if warnings else [])
 
 
 def _setup_section(report: dict[str, Any]) -> list[str]:
@@ -107,20 +106,9 @@ def _cost_section(report: dict[str, Any]) -> list[str]:
   ]
   header = ["batch", "target step ms", "(after the sweep)", "stock-equiv. step ms"]
   header += ["target prefill ms"] + [f"v({t})" for t in range(2, t_max + 1)]
-  lines = section(
-    "Cost model (measured)",
-    "Per-call times of warm jitted `extend` calls on a realistic cache (encoder run on the "
-    "real inputs, decoder cache prefilled to a mid-sentence position), median of repeats. "
-    "c = draft step / target step; v(T) = target T-token call / target 1-token call.",
-    markdown.table(header, rows),
-  )
-  paths = [(b, cm["decode_path"]["line"]) for b, cm in _by_batch(report) if "decode_path" in cm]
-  if paths:
-    lines += [
-      "Decode path of our baseline and speculative methods (the stock-equivalent loop and stock "
-      "T5X run XLA's dot): " + "; ".join(f"batch {b}: {line}" for b, line in paths) + ".",
-      "",
-    ]
+  paths = [
+    f"batch {b}: {cm['decode_path']['line']}" for b, cm in _by_batch(report) if "decode_path" in cm
+  ]
   draft_rows = []
   for b, cm in _by_batch(report):
     for name, dc in cm.get("drafters", {}).items():
@@ -130,13 +118,24 @@ def _cost_section(report: dict[str, Any]) -> list[str]:
       else:
         per_gamma = ", ".join(f"{k}: {1e3 * s:.3f}" for k, s in dc["propose_s"].items())
         draft_rows.append([b, name, f"propose ms {per_gamma}", "-", "per γ", "-"])
-  if draft_rows:
-    header = ["batch", "drafter", "draft step ms", "draft 2-token call ms", "c", "draft prefill ms"]
-    lines += [markdown.table(header, draft_rows), ""]
-  return lines + _noise_lines(report)
+  draft_header = ["batch", "drafter", "draft step ms", "draft 2-token call ms", "c"]
+  draft_header += ["draft prefill ms"]
+  return section(
+    "Cost model (measured)",
+    "Per-call times of warm jitted `extend` calls on a realistic cache (encoder run on the "
+    "real inputs, decoder cache prefilled to a mid-sentence position), median of repeats. "
+    "c = draft step / target step; v(T) = target T-token call / target 1-token call.",
+    markdown.table(header, rows),
+    "Decode path of our baseline and speculative methods (the stock-equivalent loop and stock "
+    f"T5X run XLA's dot): {'; '.join(paths)}."
+    if paths
+    else None,
+    markdown.table(draft_header, draft_rows) if draft_rows else None,
+    *_noise_paragraphs(report),
+  )
 
 
-def _noise_lines(report: dict[str, Any]) -> list[str]:
+def _noise_paragraphs(report: dict[str, Any]) -> list[str]:
   """The noise verdict of every cost estimate (none in results measured before it existed)."""
   rows, noise = [], None
   for b, cm in _by_batch(report):
@@ -153,9 +152,7 @@ def _noise_lines(report: dict[str, Any]) -> list[str]:
     f"overheads that use it are reported as \"{TOO_NOISY}\", when its spread exceeds "
     f"{noise['max_spread']:.2f}, when fewer than {noise['min_rounds']} rounds were timed, when a "
     "round did not resolve it above timer jitter, or when v(T) < 1 (impossible).",
-    "",
     markdown.table(["batch", "estimate", "value", "spread", "rounds", "verdict"], rows),
-    "",
   ]
 
 
@@ -192,9 +189,7 @@ def _tabled(
     if not found:
       return []
     text = [t(report) if callable(t) else t for t in (before, after)]
-    return section(
-      title, *[p for p in (text[0], markdown.columns_table(columns, found), text[1]) if p]
-    )
+    return section(title, text[0], markdown.columns_table(columns, found), text[1])
 
   return write
 
@@ -554,11 +549,7 @@ def render(results_json: str, output_dir: str | None = None) -> dict[str, Any]:
       except json.JSONDecodeError as e:
         raise ValueError(f"{results_json} is not a results.json: {e}") from e
     needed = ("groups", "costs", "config", "machine")
-    if (
-      not isinstance(report, dict)
-      or not report.get("groups")
-      or any(k not in report for k in needed)
-    ):
+    if not (isinstance(report, dict) and report.get("groups") and set(needed) <= set(report)):
       raise ValueError(
         f"{results_json} is not the benchmark's results.json (it needs a non-empty 'groups' "
         f"and {', '.join(repr(k) for k in needed[1:])}; python -m speculative.benchmark writes it)"
