@@ -3,7 +3,8 @@ batches, cached per key.
 
 `GAMMA = 'auto'` compares the plain loop (gamma 0) with the speculative loops by their walltime per
 generated token (docs/auto_gamma.md). Each is measured on the job's own compiled loop while it
-decodes the job's own batches: a batch's warm walltime (the call the job times anyway) and, timed
+decodes the job's own batches: a batch's warm walltime (the call the job times anyway, or the warm
+call after the loop's compile where the job then decoded the batch at another gamma) and, timed
 beside it as calibration, the same compiled call with `max_steps = 0` (the encoders, the prefill,
 the loop's set-up: what a call pays once, whatever its steps). Their difference over the batch's
 loop steps (its rows' most target calls) is the gamma loop's step c(gamma); the stepless time over

@@ -15,8 +15,12 @@ batch is: the plain loop on the baseline mode's batches (or its own first batche
 the job has no baseline mode), and each gamma the policy visits while measuring; the first of
 these batches are also timed with one stepless call of the same compiled program (`max_steps = 0`:
 what a call pays once, timed apart as calibration, not decode time; no extra program), until they
-cover costs.STEPLESS_TOKENS tokens (`AutoGamma.stepless`). Once the policy chooses a measured
-gamma the costs are cached. Every later batch still adds its timing (and the
+cover costs.STEPLESS_TOKENS tokens (`AutoGamma.stepless`). A gamma the policy would decode a batch
+at to measure it, whose program has not run at the batch's input length, is first measured on the
+warm call that program's compile makes anyway (`AutoGamma.measure`); where the policy then chooses
+another gamma, the batch is decoded at that one and the measurement kept as calibration (at batch
+32 the first, longest batch measures gamma 1 and is decoded plain). Once the policy chooses a
+measured gamma the costs are cached. Every later batch still adds its timing (and the
 baseline's beside it) to the loop times the costs come from, so the costs of the gammas the job
 decodes at, the runner-up's among them (policy.REFRESH), sharpen over the job; at its end the job
 writes them back to the cache, where the next job with the same key starts from them (and adds

@@ -103,6 +103,7 @@ def decode_all(
             # it at this shape and run it warm, it is not compiled and warmed again.
             if (encoder_tokens.shape,) in plain.compiled_shapes:
               run.compiled_shapes.add((encoder_tokens.shape, 0))
+              run.compile_s = run.compile_s or 0.0  # (a mode that decoded and compiled nothing)
           stepless = auto.stepless(choice.gamma)
         elif run is plain and choice is not None:
           stepless = auto_run.decode.plain_beside and auto_run.decode.stepless(choice.gamma)

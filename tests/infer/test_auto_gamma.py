@@ -161,6 +161,8 @@ def test_where_only_plain_decoding_pays_the_job_never_drafts(pair, inject, tmp_p
   # No speculative loop was even asked for: every batch ran the baseline's program (no draft
   # call), and every batch timed (its times join the cached ones) was a plain one.
   assert requested == [0] * 5 and set(timed) == {0}
+  # Its plain batches ran the baseline's program, compiled and warm at each length: not again.
+  assert summary["speculative"]["compile_s"] == 0.0 and summary["baseline"]["compile_s"] > 0
   policy_summary = summary["gamma_policy"]
   calls_of = {r["index"]: r["target_calls"] for r in spec}
   steps = sum(  # the loop's steps: each batch's (length-sorted, as the job forms them) longest row
