@@ -133,7 +133,8 @@ def measuring_cost(jobs: dict[str, list[dict[str, Any]]]) -> dict[str, Any] | No
     'decode_ratio_median': float(np.median(ratios)),
     'compile_s_uncached': [u['speculative_compile_s'] for u, _ in pairs],
     'compile_s_cached': [c['speculative_compile_s'] for _, c in pairs],
-    # The stepless calls that time what a call pays once: calibration, outside the decode time.
+    # Calibration, outside the decode time: the stepless calls that time what a call pays once,
+    # and the measurements of gammas a batch was then not decoded at.
     'calibration_of_decode': [u['calibration_s'] / u['speculative_decode_s'] for u, _ in pairs],
   }
 
@@ -168,7 +169,7 @@ def format_table(rows: list[dict[str, Any]], cost: dict[str, Any] | None = None)
       + ', '.join(f'{t:.1f}' for t in cost['compile_s_uncached'])
       + ', cached '
       + ', '.join(f'{t:.1f}' for t in cost['compile_s_cached'])
-      + '; the uncached job\'s stepless calls (calibration, not decode time) '
+      + '; the uncached job\'s calibration (stepless calls and measurements, not decode time) '
       + ', '.join(f'{100 * f:.1f}%' for f in cost['calibration_of_decode'])
       + ' of its decode time.'
     )

@@ -63,23 +63,23 @@ def decode_all(
       # 'auto' chooses the batch's gamma first (from the batches before it); while that choice
       # still measures the costs, its first batches' calls are also timed without their loop
       # steps (`_decode_batch`'s stepless call; `AutoGamma.stepless`): the auto mode's, and the
-      # baseline's beside it.
-      # A gamma 'auto' calibrates, where its program has not run at the batch's shape, is first
-      # measured on the warm call that program's compile makes anyway (`_measure_batch`); the
-      # batch is then decoded at the gamma chosen with that measurement (`AutoGamma.measure`).
+      # baseline's beside it. A gamma it would decode the batch at to measure it, whose program
+      # has not run at the batch's length, is first measured on the warm call that program's
+      # compile makes anyway (`_measure_batch`), and the batch decoded at the gamma chosen with
+      # that measurement (`AutoGamma.measure`).
       choice = None
       if auto_run is not None and not all(e.index in auto_run.records for e in batch_examples):
         choice = auto_run.decode.choose()
       for run in runs:
         if all(e.index in run.records for e in batch_examples):
           continue
-        decode, variant, stepless, measured = run.decode, (), False, {}
+        decode, variant, stepless, measured, stepless_s = run.decode, (), False, {}, None
         if run is auto_run:
           auto = run.decode
           beside = auto_gamma.plain_rows(plain and plain.records, batch_examples)
           if auto.measures(choice, batch_examples):
             auto.ran(batch_examples, choice.gamma)
-            measured, seconds = _measure_batch(
+            measured, seconds, measured_stepless_s = _measure_batch(
               run,
               auto.decode_fn(choice.gamma),
               choice.gamma,
@@ -92,7 +92,8 @@ def decode_all(
               choice, auto_gamma.measurement_rows(list(measured.values())), beside
             )
             if measured_choice.gamma == choice.gamma:
-              measured = {}  # dropped: the batch's decode at this gamma measures it
+              # Dropped: the batch's decode at this gamma measures it (its stepless call: this).
+              measured, stepless_s = {}, measured_stepless_s
             else:
               run.compile_s -= seconds  # the warm call was the measurement: calibration
               choice = measured_choice
@@ -104,11 +105,19 @@ def decode_all(
             if (encoder_tokens.shape,) in plain.compiled_shapes:
               run.compiled_shapes.add((encoder_tokens.shape, 0))
               run.compile_s = run.compile_s or 0.0  # (a mode that decoded and compiled nothing)
-          stepless = auto.stepless(choice.gamma)
+          stepless = stepless_s is None and auto.stepless(choice.gamma)
         elif run is plain and choice is not None:
           stepless = auto_run.decode.plain_beside and auto_run.decode.stepless(choice.gamma)
         records = _decode_batch(
-          run, decode, variant, batch_examples, encoder_tokens, rng, inputs.vocabulary, stepless
+          run,
+          decode,
+          variant,
+          batch_examples,
+          encoder_tokens,
+          rng,
+          inputs.vocabulary,
+          stepless,
+          stepless_s,
         )
         if run is auto_run:
           for index, row in records.items():
@@ -135,19 +144,19 @@ def _decode_batch(
   rng,
   vocabulary,
   stepless: bool = False,
+  stepless_s: float | None = None,
 ) -> dict[int, dict]:
   """One mode over one batch with `decode`, timed warm (the first call of each `variant`, an
   'auto' mode's gamma, at each input length compiles, and a second call runs it once more, both
   timed apart as compile time): {example index: its record}. `stepless`: the same compiled call
   with `max_steps = 0` is timed too (what the call pays once: 'auto's calibration, recorded as
-  `stepless_s`, not decode time)."""
+  `stepless_s`, not decode time); `stepless_s`: that call's seconds, timed already."""
   compiled = (encoder_tokens.shape, *variant)
   if compiled not in run.compiled_shapes:  # compile this shape outside the timing
     _compile(run, decode, compiled, encoder_tokens, rng)
   with resources.CompileCounter() as compiles:  # the time 'auto' measures its costs with, too
     seconds, result = timing.timed(lambda: decode(encoder_tokens, rng))
   run.compiles_warm += compiles.count
-  stepless_s = None
   if stepless:
     stepless_s, _ = timing.timed(lambda: decode(encoder_tokens, rng, max_steps=0))
   tokens, lengths = np.asarray(result.tokens), np.asarray(result.lengths)
@@ -191,12 +200,12 @@ def _measure_batch(
   encoder_tokens: jax.Array,
   rng,
   stepless: bool,
-) -> tuple[dict[int, dict], float]:
+) -> tuple[dict[int, dict], float, float | None]:
   """'auto' measuring `gamma` on a batch its program has not run at: the program compiled there
   (`_compile`), its warm second call timed, and with `stepless` its call with `max_steps = 0`.
   Returns ({example index: the fields its record keeps where the measurement is kept: `measured`
   (gamma, num_tokens, target_calls, drafted) and its shares of the two calls' seconds,
-  `measured_s` and `measured_stepless_s`}, the warm call's seconds)."""
+  `measured_s` and `measured_stepless_s`}, the warm call's seconds, the stepless call's or None)."""
   seconds, result = _compile(run, decode, (encoder_tokens.shape, gamma), encoder_tokens, rng)
   stepless_s = None
   if stepless:
@@ -204,19 +213,23 @@ def _measure_batch(
   lengths = np.asarray(result.lengths)
   metrics = _metrics(result, batch_examples)
   rows = len(batch_examples)
-  return {
-    example.index: {
-      "measured": {
-        "gamma": gamma,
-        "num_tokens": int(lengths[row]),
-        "target_calls": int(metrics["target_calls"][row]),
-        "drafted": int(metrics["drafted"][row]),
-      },
-      "measured_s": seconds / rows,
-      **({} if stepless_s is None else {"measured_stepless_s": stepless_s / rows}),
-    }
-    for row, example in enumerate(batch_examples)
-  }, seconds
+  return (
+    {
+      example.index: {
+        "measured": {
+          "gamma": gamma,
+          "num_tokens": int(lengths[row]),
+          "target_calls": int(metrics["target_calls"][row]),
+          "drafted": int(metrics["drafted"][row]),
+        },
+        "measured_s": seconds / rows,
+        **({} if stepless_s is None else {"measured_stepless_s": stepless_s / rows}),
+      }
+      for row, example in enumerate(batch_examples)
+    },
+    seconds,
+    stepless_s,
+  )
 
 
 def _metrics(result, batch_examples: Sequence[infer_inputs.Example]) -> dict[str, np.ndarray]:

@@ -58,7 +58,7 @@ def test_rounds_rotate_and_the_table_compares_auto_with_the_best_fixed_gamma(mon
   assert cost['calibration_of_decode'] == pytest.approx([0.02] * 3)
   text = bench.format_table(bench.table(jobs), cost)
   assert 'auto uncached: 1.000x of plain decoding, 0.741 x the best fixed gamma' in text
-  assert 'stepless calls (calibration, not decode time) 2.0%, 2.0%, 2.0% of its decode' in text
+  assert 'calibration (stepless calls and measurements, not decode time) 2.0%, 2.0%, 2.0%' in text
 
 
 def test_gamma_max_reaches_every_job_and_is_refused_below_the_fixed_gammas(monkeypatch, capsys):
