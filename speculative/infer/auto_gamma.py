@@ -163,12 +163,20 @@ class AutoGamma:
 
   def measures(self, choice: policy.Choice, batch_examples: Sequence[Any]) -> bool:
     """Whether the batch chosen at `choice` is measured at its gamma before it is decoded
-    (`measure`): while measuring, a CALIBRATE choice of a gamma >= 1 whose program has not run
-    at the batch's padded input length in this job (`ran`), so that its compile's warm call, made
-    anyway, is the measurement. A function of the job's batches, not of what the process has
-    compiled, so that a resumed job measures where the uninterrupted one did."""
+    (`measure`): at batch > 1 while measuring, a CALIBRATE choice of a gamma >= 1 whose program
+    has not run at the batch's padded input length in this job (`ran`), so that its compile's
+    warm call, made anyway, is the measurement. A function of the job's batches, not of what the
+    process has compiled, so that a resumed job measures where the uninterrupted one did.
+
+    Not at batch 1: there a call takes milliseconds and the first one after a compile ran 1.2-1.5x
+    slower than the calls after it (one sentence at gamma 3, input length 16: 12 ms against 10 ms;
+    the baseline's 18 ms against 12-13 ms), which measured gammas too slow (a fresh `make run`
+    decoded 130 of its 200 sentences at gamma 1 and ran 1.10x, the cached job after it 1.01x);
+    decoding one sentence at the gamma to measure costs little. At batch 32 the warm call took
+    what the calls after it took (2.40 s against 2.38-2.44 s)."""
     return (
-      self.measuring
+      int(self.calibration.fields['batch_size']) > 1
+      and self.measuring
       and choice.reason == policy.CALIBRATE
       and choice.gamma >= 1
       and (self._length(batch_examples), choice.gamma) not in self._ran

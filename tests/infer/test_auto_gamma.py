@@ -191,6 +191,24 @@ def test_where_only_plain_decoding_pays_the_job_never_drafts(pair, inject, tmp_p
   assert alone["gamma_policy"]["calibration"]["source"] == "measured"
 
 
+def test_at_batch_1_a_batch_is_decoded_at_the_gamma_it_measures(pair, inject, tmp_path):
+  """At batch 1 the warm call after a compile runs slower than the calls after it, so no batch is
+  measured on it (`AutoGamma.measures`): the first batch is decoded at gamma 1, as the rules
+  choose to measure it, where at batch 2 the same costs decode every batch plain."""
+  root, kwargs = pair
+  inject(ONLY_PLAIN_PAYS)
+  summary = infer.infer(
+    output_dir=str(tmp_path / "out"),
+    batch_size=1,
+    calibration_file=str(tmp_path / "c.json"),
+    **kwargs,
+  )
+  spec = _records(tmp_path / "out", "speculative")
+  assert not any("measured" in r for r in spec)
+  assert spec[0]["gamma"] == 1 and summary["gamma_policy"]["calibration"]["measured_batches"] == 0
+  assert summary["gamma_policy"]["reasons"][policy.CALIBRATE] >= 1
+
+
 @pytest.mark.parametrize("batch_size", [1, 8])
 def test_greedy_auto_equals_the_baseline_with_drafts_accepted(pair, inject, tmp_path, batch_size):
   root, kwargs = pair
