@@ -347,11 +347,11 @@ def _gamma_policy_lines(summary: dict[str, Any]) -> list[str]:
   the speedup Theorem 3.8 predicts with these costs beside the measured one."""
   policy = summary["gamma_policy"]
   cal = policy["calibration"]
-  measured = cal.get("measured_batches", 0)
+  kept = cal.get("measured_batches", 0)  # batches measured on a warm call, then decoded otherwise
   measured = (
-    f"; {_batches(measured)} first measured at a gamma not then decoded, by the warm call of "
+    f"; {_batches(kept)} first measured at a gamma not then decoded, by the warm call of "
     "that gamma's compile"
-    if measured
+    if kept
     else ""
   )
   source = {
